@@ -1,0 +1,1 @@
+"""Flower app wiring: ServerApp, ClientApp and the validated run config."""

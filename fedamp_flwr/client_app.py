@@ -1,0 +1,138 @@
+"""The ClientApp: a generic worker that does what the strategy's message says.
+
+Data and model come from the run config (``dataset``, ``partitioning``,
+``data-dir``, ``seed``) and the node config (``partition-id``,
+``num-partitions``). What a round does comes from the message's config:
+
+train (reply: ``arrays`` and ``metrics`` with ``num-examples``, ``train-loss``, ``client-id``)
+    ``local-epochs``, ``local-steps`` (> 0: that many mini-batch steps instead
+    of epochs), ``batch-size``, ``lr``, ``optimizer`` ("adam"/"sgd") and
+    ``proximal-mu`` (adds ``proximal-mu / 2 ||w - w_received||^2``: FedProx's
+    term, FedAMP's ``lambda / alpha_k``). Training starts from the received arrays.
+evaluate (reply: ``metrics`` with ``accuracy``, ``loss``, ``num-examples``, ``client-id``)
+    ``finetune-epochs`` (> 0: first train that many epochs on the local
+    training data, then test). Tests the received arrays on the client's own
+    test split.
+query (reply: ``info`` ConfigRecord)
+    ``client-id``, ``num-partitions``, ``num-train``, ``num-test``, or
+    ``error`` saying why the client cannot take part (bad data folder, too
+    many clients for the data, ...).
+"""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+import tasks
+from tasks.train import evaluate as evaluate_model
+from tasks.train import train as train_model
+
+from .config import ConfigError, RunConfig
+
+app = ClientApp()
+
+
+def _ids(context: Context) -> tuple[int, int]:
+    try:
+        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    except KeyError as err:
+        raise ConfigError(
+            f"node config lacks {err}; start SuperNodes with "
+            '--node-config "partition-id=I num-partitions=N"'
+        ) from None
+
+
+def _setup(context: Context) -> tuple[RunConfig, int, tasks.ClientData]:
+    """Validate the configs and load this client's data; errors name the key."""
+    cfg = RunConfig.from_run_config(context.run_config)
+    pid, n = _ids(context)
+    if not 0 <= pid < n:
+        raise ConfigError(f"node config 'partition-id' = {pid} is outside [0, num-partitions={n})")
+    try:
+        train, _ = tasks.load_pool(cfg.dataset, cfg.data_dir, cfg.seed)
+    except FileNotFoundError as err:
+        raise ConfigError(f"run config 'data-dir' = {cfg.data_dir!r}: {err}") from None
+    if n > len(train.y):
+        raise ConfigError(
+            f"num-partitions = {n} clients (SuperNodes) but dataset '{cfg.dataset}' has only "
+            f"{len(train.y)} training samples; allowed: at most one client per sample"
+        )
+    try:
+        data = tasks.load_client_data(cfg.dataset, cfg.data_dir, cfg.partitioning, pid, n,
+                                      cfg.seed, cfg.dirichlet_alpha, cfg.test_samples)
+    except ValueError as err:
+        raise ConfigError(
+            f"run config 'partitioning' = {cfg.partitioning!r} with {n} clients: {err}"
+        ) from None
+    return cfg, pid, data
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _model(cfg: RunConfig, arrays: ArrayRecord) -> torch.nn.Module:
+    model = tasks.get_task(cfg.dataset).build_model()
+    model.load_state_dict(arrays.to_torch_state_dict())
+    return model
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Say who this client is, or why it cannot take part."""
+    try:
+        _, pid, data = _setup(context)
+        n = _ids(context)[1]
+        info = {"client-id": pid, "num-partitions": n,
+                "num-train": len(data.y_train), "num-test": len(data.y_test)}
+    except Exception as err:  # reported to the server, which stops the run
+        pid = context.node_config.get("partition-id", -1)
+        info = {"client-id": int(pid), "error": f"{type(err).__name__}: {err}"}
+    return Message(RecordDict({"info": ConfigRecord(info)}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Train the received model on the local data as the message's config says."""
+    cfg, pid, data = _setup(context)
+    c = msg.content["config"]
+    server_round = int(c.get("server-round", 0))
+    model = _model(cfg, msg.content["arrays"])
+    loss = train_model(
+        model, data.x_train, data.y_train,
+        epochs=int(c.get("local-epochs", cfg.local_epochs)),
+        steps=int(c.get("local-steps", 0)),
+        batch_size=int(c.get("batch-size", cfg.batch_size)),
+        lr=float(c.get("lr", cfg.learning_rate)),
+        optimizer=str(c.get("optimizer", cfg.optimizer)),
+        proximal_mu=float(c.get("proximal-mu", 0.0)),
+        device=_device(),
+        seed=cfg.seed * 100_003 + server_round * 1_009 + pid,
+    )
+    metrics = MetricRecord({"num-examples": len(data.y_train), "train-loss": loss,
+                            "client-id": pid, "server-round": server_round})
+    arrays = ArrayRecord(model.to("cpu").state_dict())
+    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Test the received model (optionally fine-tuned first) on the local test split."""
+    cfg, pid, data = _setup(context)
+    c = msg.content["config"]
+    server_round = int(c.get("server-round", 0))
+    model = _model(cfg, msg.content["arrays"])
+    device = _device()
+    finetune = int(c.get("finetune-epochs", 0))
+    if finetune > 0:
+        train_model(model, data.x_train, data.y_train, epochs=finetune,
+                    batch_size=int(c.get("batch-size", cfg.batch_size)),
+                    lr=float(c.get("lr", cfg.learning_rate)),
+                    optimizer=str(c.get("optimizer", cfg.optimizer)), device=device,
+                    seed=cfg.seed * 100_003 + server_round * 1_009 + pid + 7)
+    loss, acc = evaluate_model(model, data.x_test, data.y_test, device=device)
+    metrics = MetricRecord({"num-examples": len(data.y_test), "loss": loss, "accuracy": acc,
+                            "client-id": pid, "server-round": server_round})
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)

@@ -1,0 +1,163 @@
+"""The typed, validated run config.
+
+Every key of ``[tool.flwr.app.config]`` is a field of :class:`RunConfig`
+(hyphens become underscores). :meth:`RunConfig.from_run_config` checks names,
+types and ranges and raises :class:`ConfigError` naming the key, the value
+and what is allowed, before any work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import strategies
+import tasks
+from tasks.partitioners import PARTITIONINGS
+
+
+class ConfigError(ValueError):
+    """An invalid run-config value."""
+
+
+def _bad(key: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"run config '{key}' = {value!r} is invalid; allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The run config of this app, validated. See pyproject.toml for the defaults."""
+
+    strategy: str = "fedamp"
+    dataset: str = "synthetic"
+    partitioning: str = "practical"
+    data_dir: str = ""
+    dirichlet_alpha: float = 0.5
+    test_samples: int = 100
+    seed: int = 42
+    results_dir: str = "results"
+    run_name: str = ""
+    num_server_rounds: int = 10
+    fraction_train: float = 1.0
+    min_nodes: int = 2
+    local_epochs: int = 5
+    batch_size: int = 100
+    learning_rate: float = 1e-3
+    optimizer: str = "adam"
+    server_device: str = "auto"
+    fedamp_alpha_k: float = 1e4
+    fedamp_alpha_decay: float = 0.1
+    fedamp_alpha_decay_every: int = 30
+    fedamp_lambda: float = 1.0
+    fedamp_sigma: float | str = "auto"
+    heurfedamp_sigma: float | str = "auto"
+    heurfedamp_self_weight: float = 0.1
+    fedprox_mu: float = 0.01
+
+    @classmethod
+    def from_run_config(cls, run_config: dict[str, Any]) -> "RunConfig":
+        """Validate Flower's ``context.run_config`` and return the typed config."""
+        known = {f.name.replace("_", "-"): f for f in fields(cls)}
+        unknown = sorted(set(run_config) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"unknown run config key(s) {unknown}; allowed: {', '.join(sorted(known))}"
+            )
+        values: dict[str, Any] = {}
+        for key, value in run_config.items():
+            f = known[key]
+            values[f.name] = _coerce(key, value, f.type)
+        cfg = cls(**values)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Check every value's range; raise :class:`ConfigError` on the first bad one."""
+        def choice(key: str, value: str, allowed) -> None:
+            if value not in allowed:
+                raise _bad(key, value, ", ".join(allowed))
+
+        def check(key: str, ok: bool, allowed: str) -> None:
+            if not ok:
+                raise _bad(key, getattr(self, key.replace("-", "_")), allowed)
+
+        choice("strategy", self.strategy, list(strategies.STRATEGIES))
+        choice("dataset", self.dataset, list(tasks.TASKS))
+        choice("partitioning", self.partitioning, PARTITIONINGS)
+        choice("optimizer", self.optimizer, ["adam", "sgd"])
+        for key in ("num-server-rounds", "local-epochs", "batch-size", "test-samples",
+                    "fedamp-alpha-decay-every", "min-nodes"):
+            check(key, getattr(self, key.replace("-", "_")) >= 1, "an integer >= 1")
+        check("learning-rate", self.learning_rate > 0, "a number > 0")
+        check("fraction-train", 0 < self.fraction_train <= 1, "a number in (0, 1]")
+        check("dirichlet-alpha", self.dirichlet_alpha > 0, "a number > 0")
+        check("fedamp-alpha-k", self.fedamp_alpha_k > 0, "a number > 0")
+        check("fedamp-alpha-decay", 0 < self.fedamp_alpha_decay <= 1, "a number in (0, 1]")
+        check("fedamp-lambda", self.fedamp_lambda >= 0, "a number >= 0")
+        for key in ("fedamp-sigma", "heurfedamp-sigma"):
+            v = getattr(self, key.replace("-", "_"))
+            check(key, v == "auto" or (not isinstance(v, str) and v > 0), '"auto" or a number > 0')
+        check("heurfedamp-self-weight", 0 <= self.heurfedamp_self_weight < 1, "a number in [0, 1)")
+        check("fedprox-mu", self.fedprox_mu >= 0, "a number >= 0")
+        check("server-device", self.server_device in ("auto", "cpu")
+              or self.server_device.startswith("cuda"), '"auto", "cpu" or "cuda[:N]"')
+        spec = tasks.get_task(self.dataset)
+        if not spec.embedded and not self.data_dir and spec.hub is None:
+            raise _bad("data-dir", self.data_dir, f"a folder with the {self.dataset} files")
+        for key in ("fedamp-sigma", "heurfedamp-sigma"):
+            strategy = key.split("-")[0]
+            if (self.strategy == strategy and getattr(self, key.replace("-", "_")) == "auto"
+                    and strategy not in spec.paper_sigma):
+                raise _bad(key, "auto", f"a number > 0 (the paper gives no sigma for {self.dataset})")
+
+    def sigma(self, strategy: str) -> float | None:
+        """sigma of ``strategy`` ("fedamp"/"heurfedamp"); "auto" = the paper's value (None if none)."""
+        value = getattr(self, f"{strategy}_sigma")
+        if value == "auto":
+            value = tasks.get_task(self.dataset).paper_sigma.get(strategy)
+        return None if value is None else float(value)
+
+    @property
+    def name(self) -> str:
+        """Run name: ``run-name`` or ``<strategy>-<dataset>-<partitioning>-s<seed>``."""
+        return self.run_name or f"{self.strategy}-{self.dataset}-{self.partitioning}-s{self.seed}"
+
+    def results_path(self) -> Path:
+        """Folder of this run's outputs (``<results-dir>/<run name>``), made absolute."""
+        return (Path(self.results_dir).expanduser() / self.name).resolve()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config with Flower's hyphenated keys."""
+        return {k.replace("_", "-"): v for k, v in dataclasses.asdict(self).items()}
+
+
+def _coerce(key: str, value: Any, annotation: str) -> Any:
+    """Convert ``value`` to the field's type or raise a ConfigError naming ``key``."""
+    ann = str(annotation)
+    if ann == "str":
+        if not isinstance(value, str):
+            raise _bad(key, value, "a string")
+        return value
+    if ann == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise _bad(key, value, "an integer")
+        return value
+    if ann == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _bad(key, value, "a number")
+        return float(value)
+    # float | str: "auto" or a number
+    if isinstance(value, str):
+        if value == "auto":
+            return value
+        try:
+            return float(value)
+        except ValueError:
+            raise _bad(key, value, '"auto" or a number > 0') from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(key, value, '"auto" or a number > 0')
+    return float(value)

@@ -1,0 +1,252 @@
+"""FedAMP and HeurFedAMP (Huang et al., "Personalized Cross-Silo Federated
+Learning on Non-IID Data", AAAI 2021).
+
+The server keeps every client's latest personalized model w_i. In round k each
+sampled client i receives its cloud model
+
+    u_i = sum_j xi_ij w_j                                   (paper Eq. 6)
+
+a convex combination of all clients' models, and trains from u_i on
+F_i(w) + lambda / (2 alpha_k) ||w - u_i||^2               (paper Eq. 7)
+
+The weights are computed by two pure functions on a stacked (m, d) tensor of
+flattened models, tested on their own:
+
+* :func:`fedamp_weights` (Eq. 6 with the attention-inducing function
+  A(x) = 1 - exp(-x / sigma), whose derivative A'(x) = exp(-x / sigma) / sigma
+  is used): xi_ij = alpha_k A'(||w_i - w_j||^2) for j != i and
+  xi_ii = 1 - sum_{j != i} xi_ij.
+* :func:`heurfedamp_weights` (Eq. 8): xi_ii is a fixed self weight and
+  xi_ij = (1 - xi_ii) softmax_{j != i}(sigma cos(w_i, w_j)).
+
+Which tensors the distances use: the trainable parameters only (the first
+``layout.num_params`` entries of the flat vector, see
+:class:`strategies.base.FlatLayout`); the mix u_i covers every floating-point
+tensor of the state dict, batch-norm running statistics included. Integer
+tensors (batch-norm counters) are taken from the initial model.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from logging import INFO, WARNING
+
+import torch
+from flwr.app import ConfigRecord
+from flwr.supercore import log
+
+from .base import PersonalizedStrategy
+
+
+class RowsRescaledWarning(UserWarning):
+    """Some rows' off-diagonal FedAMP weights summed above 1 and were rescaled."""
+
+
+class WeightsUnderflowWarning(UserWarning):
+    """All off-diagonal FedAMP weights underflowed to 0: training is purely local."""
+
+
+def pairwise_sq_distances(models: torch.Tensor) -> torch.Tensor:
+    """Return the (m, m) float64 matrix of ||w_i - w_j||^2 from one Gram matrix.
+
+    The models are centred on their mean first (distances do not change), so
+    that ||w_i||^2 + ||w_j||^2 - 2 <w_i, w_j> cancels less in float32. The
+    Gram product runs in the models' dtype and device; the result is float64,
+    clamped at 0, with an exact zero diagonal.
+    """
+    centred = models - models.mean(dim=0, keepdim=True)
+    gram = (centred @ centred.T).double()
+    sq = gram.diagonal()
+    d2 = (sq[:, None] + sq[None, :] - 2.0 * gram).clamp_min_(0.0)
+    d2.fill_diagonal_(0.0)
+    return d2
+
+
+def _off_diagonal(m: int, device: torch.device) -> torch.Tensor:
+    return ~torch.eye(m, dtype=torch.bool, device=device)
+
+
+def fedamp_weights(models: torch.Tensor, alpha_k: float, sigma: float) -> torch.Tensor:
+    """FedAMP message-passing weights (paper Eq. 6 with A'(x) = exp(-x/sigma)/sigma).
+
+    Parameters
+    ----------
+    models : torch.Tensor
+        (m, d) stacked flattened models, one row per client.
+    alpha_k : float
+        Step size alpha_k of round k (> 0).
+    sigma : float
+        Scale sigma of the attention-inducing function (> 0).
+
+    Returns
+    -------
+    torch.Tensor
+        (m, m) float64 matrix xi; row i holds the weights of u_i and is a
+        convex combination: xi_ij = alpha_k exp(-||w_i - w_j||^2 / sigma) /
+        sigma for j != i and xi_ii = 1 - sum_{j != i} xi_ij.
+
+    Deviation (numerical safeguard, not in the paper): where a row's
+    off-diagonal weights sum above 1, xi_ii would be negative; they are scaled
+    to sum to 1 and xi_ii is set to 0, with a :class:`RowsRescaledWarning`.
+    Where every off-diagonal weight underflows to 0 (sigma too small for the
+    distances), FedAMP has become local training: a
+    :class:`WeightsUnderflowWarning` gives the distances and sigma.
+    """
+    if alpha_k <= 0 or sigma <= 0:
+        raise ValueError(f"alpha_k and sigma must be > 0, got alpha_k={alpha_k}, sigma={sigma}")
+    m = models.shape[0]
+    d2 = pairwise_sq_distances(models)
+    off = _off_diagonal(m, d2.device)
+    xi = torch.where(off, alpha_k * torch.exp(-d2 / sigma) / sigma, torch.zeros_like(d2))
+    row_sum = xi.sum(dim=1)
+    over = row_sum > 1.0
+    if bool(over.any()):
+        xi[over] = xi[over] / row_sum[over, None]
+        warnings.warn(
+            f"{int(over.sum())} of {m} rows had off-diagonal weights summing above 1 "
+            f"(max {float(row_sum.max()):.3g}); rescaled to 1 with xi_ii = 0",
+            RowsRescaledWarning, stacklevel=2,
+        )
+    if m > 1 and not bool((xi[off] > 0).any()):
+        dist = d2[off]
+        warnings.warn(
+            f"all off-diagonal FedAMP weights underflowed to 0: squared distances "
+            f"{float(dist.min()):.4g}..{float(dist.max()):.4g} with sigma={sigma:g} "
+            f"(exp(-d/sigma) = 0); every client trains alone. Increase fedamp-sigma.",
+            WeightsUnderflowWarning, stacklevel=2,
+        )
+    xi.diagonal().copy_((1.0 - xi.sum(dim=1)).clamp_min(0.0))
+    return xi
+
+
+def heurfedamp_weights(models: torch.Tensor, sigma: float, self_weight: float) -> torch.Tensor:
+    """HeurFedAMP message-passing weights (paper Eq. 8).
+
+    Parameters
+    ----------
+    models : torch.Tensor
+        (m, d) stacked flattened models, one row per client.
+    sigma : float
+        Scale of the cosine similarities in the softmax (> 0).
+    self_weight : float
+        xi_ii, in [0, 1).
+
+    Returns
+    -------
+    torch.Tensor
+        (m, m) float64 matrix: xi_ii = self_weight and, for j != i,
+        xi_ij = (1 - self_weight) exp(sigma cos(w_i, w_j)) /
+        sum_{h != i} exp(sigma cos(w_i, w_h)). With a single client xi = [[1]].
+        Cosines come from one Gram matrix; the softmax is taken in float64
+        (max-subtracted). A zero model has cosine 0 with every other.
+    """
+    if sigma <= 0:
+        raise ValueError(f"sigma must be > 0, got {sigma}")
+    if not 0.0 <= self_weight < 1.0:
+        raise ValueError(f"self_weight must be in [0, 1), got {self_weight}")
+    m = models.shape[0]
+    if m == 1:
+        return torch.ones(1, 1, dtype=torch.float64, device=models.device)
+    gram = (models @ models.T).double()
+    norms = gram.diagonal().clamp_min(0.0).sqrt().clamp_min(1e-12)
+    cos = gram / norms[:, None] / norms[None, :]
+    off = _off_diagonal(m, cos.device)
+    logits = torch.where(off, sigma * cos, torch.full_like(cos, float("-inf")))
+    xi = (1.0 - self_weight) * torch.softmax(logits, dim=1)
+    xi.diagonal().fill_(self_weight)
+    return xi
+
+
+class FedAMP(PersonalizedStrategy):
+    """FedAMP: attentive message passing between personalized models.
+
+    Parameters
+    ----------
+    alpha_k : float (default: 1e4)
+        alpha_k of the first round (paper: 1e4).
+    alpha_decay : float (default: 0.1)
+        alpha_k is multiplied by this every ``alpha_decay_every`` rounds.
+    alpha_decay_every : int (default: 30)
+        Rounds between two decays of alpha_k.
+    lam : float (default: 1.0)
+        lambda; clients get the proximal coefficient lambda / alpha_k.
+    sigma : float (default: 100.0)
+        sigma of A'(x) = exp(-x / sigma) / sigma (paper: MNIST 100, FMNIST 10,
+        EMNIST 10, CIFAR-100 1e6).
+    **kwargs
+        Passed to :class:`strategies.base.PersonalizedStrategy` (fraction_train,
+        param_keys, device, seed).
+    """
+
+    def __init__(self, alpha_k: float = 1e4, alpha_decay: float = 0.1,
+                 alpha_decay_every: int = 30, lam: float = 1.0, sigma: float = 100.0,
+                 **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.alpha_k = alpha_k
+        self.alpha_decay = alpha_decay
+        self.alpha_decay_every = alpha_decay_every
+        self.lam = lam
+        self.sigma = sigma
+        self._underflow_warned = False
+
+    def summary(self) -> None:  # noqa: D102
+        super().summary()
+        log(INFO, "\t└── alpha_k %g (x%g every %d rounds), lambda %g, sigma %g",
+            self.alpha_k, self.alpha_decay, self.alpha_decay_every, self.lam, self.sigma)
+
+    def alpha_at(self, server_round: int) -> float:
+        """alpha_k of round ``server_round`` (1-based)."""
+        return self.alpha_k * self.alpha_decay ** ((server_round - 1) // self.alpha_decay_every)
+
+    def weights(self, server_round: int, params: torch.Tensor) -> torch.Tensor:
+        """The (m, m) weights xi of this round from the clients' parameters."""
+        return fedamp_weights(params, self.alpha_at(server_round), self.sigma)
+
+    def personalize(self, server_round: int, rows: torch.Tensor, config: ConfigRecord
+                    ) -> tuple[torch.Tensor, ConfigRecord]:
+        """Cloud models u_i = sum_j xi_ij w_j of the sampled clients, and lambda / alpha_k."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            xi = self.weights(server_round, self.models[:, : self.layout.num_params])
+        self._log_warnings(server_round, caught)
+        self.history.record_xi(server_round, self.client_ids, xi)
+        clouds = xi[rows.to(xi.device)].to(self.models.dtype) @ self.models
+        cfg = ConfigRecord(dict(config))
+        cfg["proximal-mu"] = self.lam / self.alpha_at(server_round)
+        return clouds, cfg
+
+    def _log_warnings(self, server_round: int, caught: Sequence[warnings.WarningMessage]) -> None:
+        for w in caught:
+            if issubclass(w.category, WeightsUnderflowWarning):
+                if self._underflow_warned:
+                    continue
+                self._underflow_warned = True
+            log(WARNING, "Round %d: %s", server_round, w.message)
+
+
+class HeurFedAMP(FedAMP):
+    """HeurFedAMP: FedAMP with the cosine-similarity weights of paper Eq. 8.
+
+    Parameters
+    ----------
+    sigma : float (default: 25.0)
+        Scale of the cosine similarities (paper: MNIST 25, FMNIST 100, EMNIST
+        50, CIFAR-100 10).
+    self_weight : float (default: 0.1)
+        xi_ii, in [0, 1).
+    **kwargs
+        Passed to :class:`FedAMP` (alpha_k and lambda set the proximal
+        coefficient lambda / alpha_k, as in FedAMP).
+    """
+
+    def __init__(self, sigma: float = 25.0, self_weight: float = 0.1, **kwargs) -> None:
+        super().__init__(sigma=sigma, **kwargs)
+        self.self_weight = self_weight
+
+    def summary(self) -> None:  # noqa: D102
+        super().summary()
+        log(INFO, "\t└── self weight xi_ii %g", self.self_weight)
+
+    def weights(self, server_round: int, params: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return heurfedamp_weights(params, self.sigma, self.self_weight)

@@ -1,0 +1,85 @@
+"""Real Flower runs: `flwr run .` in the simulation engine, and a SuperLink with two SuperNodes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from .conftest import ROOT, free_port
+
+FLWR = shutil.which("flwr")
+pytestmark = pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")
+
+
+def _write_connection(procs, port: int) -> None:
+    home = procs.tmp / "flwr-home"
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
+        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
+
+
+def _start_superlink(procs, simulation: bool) -> int:
+    port, control = free_port(), free_port()
+    args = ["flower-superlink", "--insecure", "--isolation", "subprocess",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--control-api-address", f"127.0.0.1:{control}"]
+    procs.start(args + (["--simulation"] if simulation else []), "superlink")
+    _write_connection(procs, port)
+    time.sleep(3)
+    return port
+
+
+def _flwr_run(procs, run_config: str, extra: list[str], timeout: float = 400) -> str:
+    args = [FLWR, "run", str(ROOT), "--stream", "--run-config", run_config, *extra]
+    out = subprocess.run(args, env=procs.env, cwd=procs.tmp, capture_output=True, text=True,
+                         timeout=timeout)
+    return out.stdout + out.stderr
+
+
+def _metrics(procs, name: str) -> dict:
+    path = procs.tmp / "results" / name / "metrics.json"
+    assert path.is_file(), f"{path} missing; superlink log:\n{procs.log('superlink')[-3000:]}"
+    return json.loads(path.read_text())
+
+
+def _check_two_rounds(m: dict, strategy: str) -> None:
+    assert m["strategy"] == strategy and m["num_clients"] == 2
+    assert [r["round"] for r in m["rounds"]] == [1, 2]
+    for r in m["rounds"]:
+        assert set(r["client_accuracy"]) == {"0", "1"} or set(r["client_accuracy"]) == {0, 1}
+        assert 0.0 <= r["mean_accuracy"] <= 1.0
+    assert m["bmta"] == pytest.approx(100 * max(r["mean_accuracy"] for r in m["rounds"]))
+
+
+def test_flwr_run_simulation_fedamp(processes):
+    _start_superlink(processes, simulation=True)
+    results = processes.tmp / "results"
+    out = _flwr_run(
+        processes,
+        f"num-server-rounds=2 local-epochs=1 results-dir='{results}' run-name='sim'",
+        ["--federation-config", "num-supernodes=2 client-resources-num-cpus=1"],
+    )
+    m = _metrics(processes, "sim")
+    _check_two_rounds(m, "fedamp")
+    assert set(m["xi"]["rounds"]) == {"1", "2"} and m["xi"]["client_ids"] == [0, 1]
+    assert "Round 2: mean test accuracy" in out
+
+
+def test_superlink_with_two_supernodes(processes):
+    port = _start_superlink(processes, simulation=False)
+    for pid in range(2):
+        processes.start(
+            ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
+             "--port", str(free_port()), "--node-config", f"partition-id={pid} num-partitions=2"],
+            f"supernode{pid}",
+        )
+    results = processes.tmp / "results"
+    _flwr_run(processes, f"strategy='heurfedamp' num-server-rounds=2 local-epochs=1 "
+                         f"results-dir='{results}' run-name='deploy'", [])
+    _check_two_rounds(_metrics(processes, "deploy"), "heurfedamp")
