@@ -1,0 +1,118 @@
+"""Time FedAMP/HeurFedAMP message passing: one Gram matrix vs a pairwise loop.
+
+For ``--clients`` models of the CNN's size (1,663,370 parameters) and
+ResNet-18's (11,173,962, CIFAR stem, 10 classes), it times, on the GPU when
+there is one:
+
+* vectorised: ``fedamp_weights`` / ``heurfedamp_weights`` (one Gram matrix)
+  plus every cloud model ``u = xi @ W`` (one matrix product);
+* loop: the same maths with a Python loop over pairs of clients (distances,
+  cosines) and over clients for the mix, the way a direct transcription of
+  the paper would do it. With ``--loop-rows k`` only the first k clients' rows
+  are looped and the time is scaled by clients / k (said in the output).
+
+and prints the ratio loop / vectorised. Usage:
+
+    python benchmarks/bench_message_passing.py [--clients 100] [--sizes cnn resnet18]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from strategies.fedamp import fedamp_weights, heurfedamp_weights  # noqa: E402
+
+SIZES = {"cnn": 1_663_370, "resnet18": 11_173_962}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def vectorised(models: torch.Tensor, kind: str) -> torch.Tensor:
+    if kind == "fedamp":
+        xi = fedamp_weights(models, alpha_k=1e4, sigma=1e6)
+    else:
+        xi = heurfedamp_weights(models, sigma=10.0, self_weight=0.1)
+    return xi.to(models.dtype) @ models
+
+
+def loop(models: torch.Tensor, kind: str, rows: int) -> torch.Tensor:
+    m = models.shape[0]
+    out = []
+    for i in range(rows):
+        w = torch.zeros(m, dtype=torch.float64)
+        for j in range(m):
+            if j == i:
+                continue
+            if kind == "fedamp":
+                d2 = float(((models[i] - models[j]) ** 2).sum())
+                w[j] = 1e4 * math.exp(-d2 / 1e6) / 1e6
+            else:
+                cos = float(torch.nn.functional.cosine_similarity(models[i], models[j], dim=0))
+                w[j] = 10.0 * cos
+        if kind == "fedamp":
+            s = w.sum()
+            w = w / s if s > 1 else w
+            w[i] = max(0.0, 1.0 - float(w.sum()))
+        else:
+            w[i] = float("-inf")
+            w = 0.9 * torch.softmax(w, 0)
+            w[i] = 0.1
+        u = torch.zeros_like(models[0])
+        for j in range(m):
+            u += float(w[j]) * models[j]
+        out.append(u)
+    return torch.stack(out)
+
+
+def timed(fn, device: torch.device, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--loop-rows", type=int, default=0,
+                        help="loop over only this many rows and scale (0 = all rows)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"device {name}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{args.clients} clients")
+    print(f"{'model':9} {'params':>11} {'method':10} {'vectorised s':>12} {'loop s':>10} {'ratio':>8}")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for size in args.sizes:
+        d = SIZES[size]
+        models = (0.05 * torch.randn(args.clients, d, generator=gen)).to(device)
+        rows = args.loop_rows or args.clients
+        for kind in ("fedamp", "heurfedamp"):
+            fast = timed(lambda: vectorised(models, kind), device, args.repeat)
+            slow = timed(lambda: loop(models, kind, rows), device, 1) * args.clients / rows
+            got, ref = vectorised(models, kind)[:rows], loop(models, kind, min(rows, 2))
+            assert torch.allclose(got[: len(ref)], ref, rtol=1e-3, atol=1e-5), "results differ"
+            note = "" if rows == args.clients else f"  (loop timed on {rows} rows, scaled)"
+            print(f"{size:9} {d:>11,} {kind:10} {fast:12.3f} {slow:10.2f} {slow / fast:8.1f}{note}")
+        del models
+
+
+if __name__ == "__main__":
+    main()

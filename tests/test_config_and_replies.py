@@ -1,0 +1,159 @@
+"""Bad input: invalid run configs, clients that cannot start, and bad replies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+
+RD = RecordDict
+
+import strategies
+import tasks
+from fedamp_flwr import client_app
+from fedamp_flwr.config import ConfigError, RunConfig
+from fedamp_flwr.server_app import strategy_settings
+from strategies.base import discover_clients
+
+
+@pytest.fixture(autouse=True)
+def task_identity():
+    """Messages made outside a Flower process need a run and node id."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    yield
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = None, None, None
+
+
+def test_defaults_are_valid():
+    cfg = RunConfig.from_run_config({})
+    assert cfg.strategy == "fedamp" and cfg.sigma("fedamp") == 1.0
+    assert RunConfig.from_run_config({"dataset": "fmnist", "data-dir": "x"}).sigma("fedamp") == 10.0
+
+
+@pytest.mark.parametrize(
+    "override, key, allowed",
+    [
+        ({"strategy": "fedsgd"}, "strategy", "fedavg, fedprox, fedamp, heurfedamp"),
+        ({"dataset": "imagenet"}, "dataset", "synthetic, mnist"),
+        ({"partitioning": "weird"}, "partitioning", "practical, iid"),
+        ({"fedamp-sigma": 0.0}, "fedamp-sigma", '"auto" or a number > 0'),
+        ({"fedamp-sigma": -2}, "fedamp-sigma", '"auto" or a number > 0'),
+        ({"heurfedamp-sigma": "big"}, "heurfedamp-sigma", '"auto" or a number > 0'),
+        ({"heurfedamp-self-weight": 1.0}, "heurfedamp-self-weight", "[0, 1)"),
+        ({"heurfedamp-self-weight": -0.1}, "heurfedamp-self-weight", "[0, 1)"),
+        ({"fraction-train": 0.0}, "fraction-train", "(0, 1]"),
+        ({"local-epochs": 0}, "local-epochs", "integer >= 1"),
+        ({"batch-size": "ten"}, "batch-size", "an integer"),
+        ({"learning-rate": -1.0}, "learning-rate", "> 0"),
+        ({"strategy": "fedamp", "dataset": "cifar10"}, "fedamp-sigma", "a number > 0"),
+    ],
+)
+def test_bad_values_name_key_value_and_allowed(override, key, allowed):
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_run_config(override)
+    msg = str(err.value)
+    assert f"'{key}'" in msg and allowed in msg
+
+
+def test_unknown_key_is_refused():
+    with pytest.raises(ConfigError, match="unknown run config key.*'sigma'"):
+        RunConfig.from_run_config({"sigma": 3})
+
+
+def _context(run_config, pid=0, n=2):
+    return Context(run_id=1, node_id=1, node_config={"partition-id": pid, "num-partitions": n},
+                   state=RecordDict(), run_config=run_config)
+
+
+def _query(ctx):
+    msg = Message(RD({"config": ConfigRecord({"query": "client-info"})}),
+                  message_type=MessageType.QUERY, dst_node_id=1)
+    return client_app.query(msg, ctx)
+
+
+def test_client_reports_missing_data_folder_and_too_many_clients():
+    info = _query(_context({"dataset": "mnist", "data-dir": "/no/such/folder"})).content["info"]
+    assert "data-dir" in info["error"] and "/no/such/folder" in info["error"]
+    info = _query(_context({}, pid=0, n=40_000)).content["info"]
+    assert "num-partitions = 40000" in info["error"]
+    ok = _query(_context({})).content["info"]
+    assert "error" not in ok and ok["client-id"] == 0 and ok["num-train"] == 500
+
+
+class FakeGrid:
+    """Answers queries like real nodes would (a stand-in for Flower's Grid)."""
+
+    def __init__(self, infos):
+        self.infos = infos
+
+    def get_node_ids(self):
+        return list(self.infos)
+
+    def send_and_receive(self, messages, timeout=None):
+        return [Message(RD({"info": ConfigRecord(self.infos[m.metadata.dst_node_id])}), reply_to=m)
+                for m in messages]
+
+
+def _reply_to(node: int, content: RecordDict) -> Message:
+    out = Message(RD({"config": ConfigRecord()}), message_type=MessageType.TRAIN, dst_node_id=node)
+    return Message(content, reply_to=out)
+
+
+def test_discover_clients_stops_on_a_client_error():
+    good = {"client-id": 0, "num-partitions": 2, "num-train": 5, "num-test": 5}
+    bad = {"client-id": 1, "error": "ConfigError: run config 'data-dir' = 'x' ..."}
+    with pytest.raises(RuntimeError, match="client 1 .*data-dir"):
+        discover_clients(FakeGrid({11: good, 12: bad}), min_nodes=2)
+    clients = discover_clients(FakeGrid({11: good, 12: {**good, "client-id": 1}}), min_nodes=2)
+    assert {n: i.client_id for n, i in clients.items()} == {11: 0, 12: 1}
+
+
+def _setup_strategy(name):
+    cfg = RunConfig.from_run_config({"strategy": name})
+    model = tasks.get_task("synthetic").build_model()
+    keys = [k for k, _ in model.named_parameters()]
+    strategy = strategies.build_strategy(name, strategy_settings(cfg, 3, keys))
+    good = {"num-partitions": 3, "num-train": 5, "num-test": 5}
+    strategy.setup_tracking(discover_clients(
+        FakeGrid({10 + i: {**good, "client-id": i} for i in range(3)}), min_nodes=3))
+    return strategy, model
+
+
+def _train_reply(node, state, cid):
+    return _reply_to(node, RD({"arrays": ArrayRecord(state),
+                               "metrics": MetricRecord({"num-examples": 5, "client-id": cid})}))
+
+
+def test_fedamp_leaves_bad_replies_out_and_keeps_their_models(caplog):
+    strategy, model = _setup_strategy("fedamp")
+    init = ArrayRecord(model.state_dict())
+    list(strategy.configure_train(1, init, ConfigRecord(), FakeGrid({})))
+    before = strategy.models.clone()
+    nan_state = {k: v.clone() for k, v in model.state_dict().items()}
+    nan_state["net.0.weight"][0, 0] = float("nan")
+    shape_state = {k: v.clone() for k, v in model.state_dict().items()}
+    shape_state["net.0.bias"] = torch.zeros(3)
+    good_state = {k: v + 1.0 for k, v in model.state_dict().items()}
+    no_arrays = _reply_to(10, RD({"metrics": MetricRecord({"num-examples": 5})}))
+    replies = [no_arrays, _train_reply(11, nan_state, 1), _train_reply(12, shape_state, 2)]
+    strategy.aggregate_train(1, replies)
+    assert torch.equal(strategy.models, before)  # nothing changed
+    assert "client 1" in caplog.text and "non-finite" in caplog.text
+    assert "client 2" in caplog.text and "shape" in caplog.text
+    assert "client 0" in caplog.text and "ArrayRecord" in caplog.text
+    strategy.aggregate_train(2, [_train_reply(12, good_state, 2), _train_reply(11, nan_state, 1)])
+    assert torch.allclose(strategy.models[2], before[2] + 1.0)
+    assert torch.equal(strategy.models[:2], before[:2])
+
+
+def test_fedavg_aggregates_only_valid_replies():
+    strategy, model = _setup_strategy("fedavg")
+    init = ArrayRecord(model.state_dict())
+    strategy._shapes = {k: tuple(v.numpy().shape) for k, v in init.items()}
+    nan_state = {k: torch.full_like(v, float("nan")) for k, v in model.state_dict().items()}
+    ones = {k: torch.ones_like(v) for k, v in model.state_dict().items()}
+    arrays, _ = strategy.aggregate_train(1, [_train_reply(10, ones, 0), _train_reply(11, nan_state, 1)])
+    assert all(np.all(a.numpy() == 1.0) for a in arrays.values())

@@ -1,0 +1,105 @@
+"""Partitioners: the practical 80/20 mix, sizes, determinism; real MNIST files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tasks
+from tasks.partitioners import (
+    PracticalPartitioner,
+    build_partitioner,
+    matching_test_indices,
+    partition_pool,
+    practical_class_counts,
+)
+
+from .conftest import needs_data
+
+
+def _labels(n_per_class=1000, classes=10, seed=0):
+    y = np.repeat(np.arange(classes), n_per_class)
+    return np.random.default_rng(seed).permutation(y)
+
+
+def test_practical_class_counts_are_80_20():
+    counts = practical_class_counts(500, (2, 3), 10)
+    assert counts.sum() == 500
+    assert counts[[2, 3]].tolist() == [200, 200]
+    assert counts[[0, 1, 4, 5, 6, 7, 8, 9]].sum() == 100
+    assert counts.max() - counts[[0, 1, 4, 5, 6, 7, 8, 9]].min() == 200 - 12
+
+
+def test_practical_partitions_sizes_mix_disjoint_and_deterministic():
+    train, test = _labels(), _labels(300, seed=1)
+    parts = [partition_pool(train, test, PracticalPartitioner(20, seed=3), 100, 3) for _ in range(2)]
+    (tr, te), (tr2, te2) = parts
+    assert all(np.array_equal(a, b) for a, b in zip(tr + te, tr2 + te2))  # deterministic
+    sizes = [len(i) for i in tr]
+    assert sizes == [500] * 4 + [400] * 4 + [300] * 4 + [200] * 4 + [100] * 4
+    all_idx = np.concatenate(tr)
+    assert len(np.unique(all_idx)) == len(all_idx)  # disjoint
+    for pid, (idx, tidx) in enumerate(zip(tr, te)):
+        g = pid // 4
+        dominant = np.isin(train[idx], (2 * g, 2 * g + 1)).mean()
+        assert dominant == pytest.approx(0.8, abs=1e-9)
+        assert len(tidx) == 100
+        assert np.isin(test[tidx], (2 * g, 2 * g + 1)).mean() == pytest.approx(0.8, abs=1e-9)
+    other = partition_pool(train, test, PracticalPartitioner(20, seed=4), 100, 4)[0]
+    assert not np.array_equal(other[0], tr[0])  # the seed matters
+
+
+def test_practical_scales_to_fewer_clients_and_refuses_too_many():
+    p = PracticalPartitioner(7)
+    assert [p.group_of(i) for i in range(7)] == [0, 0, 1, 2, 2, 3, 4]
+    assert [PracticalPartitioner(2).group_of(i) for i in range(2)] == [0, 1]
+    with pytest.raises(ValueError, match="needs .* samples of class"):
+        partition_pool(_labels(50), _labels(50), PracticalPartitioner(20), 100, 0)
+
+
+def test_test_split_follows_the_training_mixture():
+    counts = np.array([[30, 10, 0], [0, 0, 7]])
+    idx = matching_test_indices(np.array([0, 1, 2] * 50), counts, 20, seed=0)
+    labels = np.array([0, 1, 2] * 50)
+    assert np.bincount(labels[idx[0]], minlength=3).tolist() == [15, 5, 0]
+    assert np.bincount(labels[idx[1]], minlength=3).tolist() == [0, 0, 20]
+
+
+@pytest.mark.parametrize("name", ["iid", "pathological", "dirichlet"])
+def test_flower_partitioners_cover_the_data(name):
+    train = _labels(200)
+    tr, te = partition_pool(train, _labels(50, seed=2), build_partitioner(name, 10, 0), 40, 0)
+    assert len(tr) == 10 and all(len(i) > 0 for i in tr)
+    allidx = np.concatenate(tr)
+    assert len(np.unique(allidx)) == len(allidx)
+    if name == "pathological":
+        assert all(len(np.unique(train[i])) <= 2 for i in tr)
+    assert all(len(i) == 40 for i in te)
+
+
+def test_unknown_partitioning_names_the_allowed():
+    with pytest.raises(ValueError, match="allowed: practical, iid, pathological, dirichlet"):
+        build_partitioner("bogus", 2, 0)
+
+
+def test_real_fmnist_practical_preset():
+    folder = needs_data("fashion_mnist")
+    data = tasks.load_client_data("fmnist", str(folder), "practical", 0, 20, 42)
+    assert tuple(data.x_train.shape) == (600, 1, 28, 28)
+    assert np.isin(data.y_train.numpy(), (0, 1)).mean() == pytest.approx(0.8)
+    assert float(data.x_train.min()) == -1.0 and float(data.x_train.max()) == 1.0
+    last = tasks.load_client_data("fmnist", str(folder), "practical", 19, 20, 42)
+    assert len(last.y_train) == 200 and len(last.y_test) == 100
+
+
+def test_real_mnist_idx_files():
+    train, test = tasks.load_pool("mnist", str(needs_data("mnist")), 0)
+    assert train.x.shape == (60_000, 1, 28, 28) and test.x.shape == (10_000, 1, 28, 28)
+    assert np.bincount(train.y).tolist()[:2] == [5923, 6742]
+
+
+def test_synthetic_default_sizes():
+    a = tasks.load_client_data("synthetic", "", "practical", 0, 10, 42)
+    b = tasks.load_client_data("synthetic", "", "practical", 9, 10, 42)
+    assert a.x_train.shape[1] == b.x_train.shape[1] == 32
+    assert len(a.y_train) == 500 and len(b.y_train) == 100

@@ -1,0 +1,106 @@
+"""FedAMP and HeurFedAMP weights against values worked by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from strategies.fedamp import (
+    RowsRescaledWarning,
+    WeightsUnderflowWarning,
+    fedamp_weights,
+    heurfedamp_weights,
+    pairwise_sq_distances,
+)
+
+
+def t(rows):
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def test_fedamp_two_clients_by_hand():
+    # ||w0 - w1||^2 = 3^2 + 4^2 = 25; sigma = 25, alpha = 2:
+    # xi_01 = 2 * exp(-25/25) / 25 = 0.08 / e = 0.029430...
+    xi = fedamp_weights(t([[0.0, 0.0], [3.0, 4.0]]), alpha_k=2.0, sigma=25.0)
+    off = 2.0 * math.exp(-1.0) / 25.0
+    assert xi.dtype == torch.float64
+    assert torch.allclose(xi, t([[1 - off, off], [off, 1 - off]]), atol=1e-15)
+
+
+def test_fedamp_three_clients_by_hand():
+    # points 0, (1,0), (0,2): squared distances 1, 4, 5; alpha = sigma = 1
+    xi = fedamp_weights(t([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]]), alpha_k=1.0, sigma=1.0)
+    e1, e4, e5 = math.exp(-1), math.exp(-4), math.exp(-5)
+    expected = t([[1 - e1 - e4, e1, e4], [e1, 1 - e1 - e5, e5], [e4, e5, 1 - e4 - e5]])
+    assert torch.allclose(xi, expected, atol=1e-15)
+    assert torch.allclose(xi.sum(1), torch.ones(3, dtype=torch.float64))
+
+
+def test_fedamp_rows_above_one_are_rescaled_with_zero_self_weight():
+    # d^2(0,1) = 1, d^2(0,2) = 4; alpha = 10, sigma = 1: row 0 off-diagonals
+    # 10 e^-1 = 3.68 and 10 e^-4 = 0.18 sum above 1 -> scaled, xi_00 = 0
+    models = t([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]])
+    with pytest.warns(RowsRescaledWarning):
+        xi = fedamp_weights(models, alpha_k=10.0, sigma=1.0)
+    a, b = math.exp(-1), math.exp(-4)
+    assert xi[0, 0] == 0.0
+    assert xi[0, 1].item() == pytest.approx(a / (a + b), abs=1e-15)
+    assert xi[0, 2].item() == pytest.approx(b / (a + b), abs=1e-15)
+    assert torch.allclose(xi.sum(1), torch.ones(3, dtype=torch.float64))
+    assert (xi >= 0).all()
+
+
+def test_fedamp_underflow_warns_with_distances_and_sigma():
+    with pytest.warns(WeightsUnderflowWarning, match=r"sigma=0\.001"):
+        xi = fedamp_weights(t([[0.0], [30.0]]), alpha_k=1e4, sigma=1e-3)
+    assert torch.equal(xi, torch.eye(2, dtype=torch.float64))
+
+
+def test_fedamp_single_client_keeps_its_model():
+    assert torch.equal(fedamp_weights(t([[1.0, 2.0]]), 1e4, 1.0), t([[1.0]]))
+
+
+def test_fedamp_rejects_bad_parameters():
+    with pytest.raises(ValueError, match="sigma"):
+        fedamp_weights(t([[0.0]]), 1.0, 0.0)
+
+
+def test_heurfedamp_two_clients_gets_all_remaining_weight():
+    xi = heurfedamp_weights(t([[1.0, 0.0], [0.0, 1.0]]), sigma=5.0, self_weight=0.3)
+    assert torch.allclose(xi, t([[0.3, 0.7], [0.7, 0.3]]), atol=1e-15)
+
+
+def test_heurfedamp_three_clients_by_hand():
+    # w0 = (1,0), w1 = (1,1), w2 = (0,1): cos01 = cos12 = 1/sqrt2, cos02 = 0
+    models = t([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
+    sigma, s = 2.0, 0.25
+    xi = heurfedamp_weights(models, sigma=sigma, self_weight=s)
+    c = 1 / math.sqrt(2)
+    p = math.exp(sigma * c) / (math.exp(sigma * c) + 1.0)  # softmax over {cos c, cos 0}
+    expected = t([[s, (1 - s) * p, (1 - s) * (1 - p)],
+                  [(1 - s) / 2, s, (1 - s) / 2],
+                  [(1 - s) * (1 - p), (1 - s) * p, s]])
+    assert torch.allclose(xi, expected, atol=1e-14)
+
+
+def test_heurfedamp_large_sigma_does_not_overflow():
+    xi = heurfedamp_weights(t([[1.0, 0.0], [1.0, 1e-3], [-1.0, 0.0]]), sigma=1e6, self_weight=0.0)
+    assert torch.isfinite(xi).all()
+    assert xi[0, 1].item() == pytest.approx(1.0)
+
+
+def test_heurfedamp_single_client_and_bad_parameters():
+    assert torch.equal(heurfedamp_weights(t([[3.0]]), 10.0, 0.5), t([[1.0]]))
+    with pytest.raises(ValueError, match="self_weight"):
+        heurfedamp_weights(t([[1.0], [2.0]]), 10.0, 1.0)
+
+
+def test_gram_distances_match_a_pairwise_loop_in_float32():
+    gen = torch.Generator().manual_seed(0)
+    models = 5.0 + 0.01 * torch.randn(6, 10_000, generator=gen)  # large norms, close models
+    d2 = pairwise_sq_distances(models)
+    m64 = models.double()
+    loop = torch.tensor([[((a - b) ** 2).sum().item() for b in m64] for a in m64], dtype=torch.float64)
+    assert torch.allclose(d2, loop, rtol=1e-4)
