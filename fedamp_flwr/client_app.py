@@ -93,24 +93,33 @@ def query(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"info": ConfigRecord(info)}), reply_to=msg)
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    """Train the received model on the local data as the message's config says."""
+def _start(msg: Message, context: Context):
+    """Common start of train and evaluate: config, data, round and received model."""
     cfg, pid, data = _setup(context)
     c = msg.content["config"]
-    server_round = int(c.get("server-round", 0))
-    model = _model(cfg, msg.content["arrays"])
-    loss = train_model(
-        model, data.x_train, data.y_train,
-        epochs=int(c.get("local-epochs", cfg.local_epochs)),
-        steps=int(c.get("local-steps", 0)),
+    return cfg, pid, data, c, int(c.get("server-round", 0)), _model(cfg, msg.content["arrays"])
+
+
+def _fit(model, cfg: RunConfig, data: tasks.ClientData, c: ConfigRecord, seed: int,
+         epochs: int, steps: int = 0, proximal_mu: float = 0.0) -> float:
+    """Train ``model`` on the local training data with the message's optimizer settings."""
+    return train_model(
+        model, data.x_train, data.y_train, epochs=epochs, steps=steps,
         batch_size=int(c.get("batch-size", cfg.batch_size)),
         lr=float(c.get("lr", cfg.learning_rate)),
         optimizer=str(c.get("optimizer", cfg.optimizer)),
-        proximal_mu=float(c.get("proximal-mu", 0.0)),
-        device=_device(),
-        seed=cfg.seed * 100_003 + server_round * 1_009 + pid,
+        proximal_mu=proximal_mu, device=_device(), seed=seed,
     )
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Train the received model on the local data as the message's config says."""
+    cfg, pid, data, c, server_round, model = _start(msg, context)
+    loss = _fit(model, cfg, data, c, seed=cfg.seed * 100_003 + server_round * 1_009 + pid,
+                epochs=int(c.get("local-epochs", cfg.local_epochs)),
+                steps=int(c.get("local-steps", 0)),
+                proximal_mu=float(c.get("proximal-mu", 0.0)))
     metrics = MetricRecord({"num-examples": len(data.y_train), "train-loss": loss,
                             "client-id": pid, "server-round": server_round})
     arrays = ArrayRecord(model.to("cpu").state_dict())
@@ -120,19 +129,12 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Test the received model (optionally fine-tuned first) on the local test split."""
-    cfg, pid, data = _setup(context)
-    c = msg.content["config"]
-    server_round = int(c.get("server-round", 0))
-    model = _model(cfg, msg.content["arrays"])
-    device = _device()
+    cfg, pid, data, c, server_round, model = _start(msg, context)
     finetune = int(c.get("finetune-epochs", 0))
     if finetune > 0:
-        train_model(model, data.x_train, data.y_train, epochs=finetune,
-                    batch_size=int(c.get("batch-size", cfg.batch_size)),
-                    lr=float(c.get("lr", cfg.learning_rate)),
-                    optimizer=str(c.get("optimizer", cfg.optimizer)), device=device,
-                    seed=cfg.seed * 100_003 + server_round * 1_009 + pid + 7)
-    loss, acc = evaluate_model(model, data.x_test, data.y_test, device=device)
+        _fit(model, cfg, data, c, seed=cfg.seed * 100_003 + server_round * 1_009 + pid + 7,
+             epochs=finetune)
+    loss, acc = evaluate_model(model, data.x_test, data.y_test, device=_device())
     metrics = MetricRecord({"num-examples": len(data.y_test), "loss": loss, "accuracy": acc,
                             "client-id": pid, "server-round": server_round})
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
