@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Run several strategies one after another with `flwr run .` and print their BMTA.
+#
+#   experiments/compare.sh NUM_CLIENTS RESULTS_DIR "RUN CONFIG" STRATEGY...
+#
+# e.g. the README's Fashion-MNIST comparison (practical setting, 20 clients):
+#   experiments/compare.sh 20 "$PWD/results/fmnist" \
+#     "dataset='fmnist' data-dir='$PWD/../shared/data/fashion_mnist' num-server-rounds=3 local-epochs=5" \
+#     fedamp heurfedamp fedavg fedprox
+#
+# Uses the local SuperLink that `flwr run` starts (stop it by its process id
+# afterwards); set FLWR_HOME to keep it apart from other runs.
+set -euo pipefail
+n=$1; out=$2; cfg=$3; shift 3
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+cd "$(dirname "$0")/.."
+mkdir -p "$out"
+for s in "$@"; do
+  echo "== $s"
+  flwr run . --stream --federation-config "num-supernodes=$n" \
+    --run-config "strategy='$s' min-nodes=$n run-name='$s' results-dir='$out' $cfg" \
+    > "$out/$s.log" 2>&1 || { echo "run failed, see $out/$s.log"; exit 1; }
+  grep -h "mean test accuracy" "$out/$s.log" || true
+done
+python - "$out" "$@" <<'PY'
+import json, sys
+out, names = sys.argv[1], sys.argv[2:]
+print(f"\n| strategy | BMTA (%) | mean accuracy per round |\n|---|---|---|")
+for s in names:
+    m = json.load(open(f"{out}/{s}/metrics.json"))
+    accs = ", ".join(f"{100 * r['mean_accuracy']:.2f}" for r in m["rounds"])
+    print(f"| {s} | {m['bmta']:.2f} | {accs} |")
+PY
