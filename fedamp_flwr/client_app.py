@@ -9,7 +9,10 @@ train (reply: ``arrays`` and ``metrics`` with ``num-examples``, ``train-loss``, 
     of epochs), ``batch-size``, ``lr``, ``optimizer`` ("adam"/"sgd") and
     ``proximal-mu`` (adds ``proximal-mu / 2 ||w - w_received||^2``: FedProx's
     term, FedAMP's ``lambda / alpha_k``). Training starts from the received arrays.
-evaluate (reply: ``metrics`` with ``accuracy``, ``loss``, ``num-examples``, ``client-id``)
+    A client that the ``attack-ratio`` scenario makes an attacker trains on
+    uniformly random labels (see :mod:`tasks.scenarios`).
+evaluate (reply: ``metrics`` with ``accuracy`` (classification) or ``mse`` (regression),
+    ``loss``, ``num-examples``, ``client-id``)
     ``finetune-epochs`` (> 0: first train that many epochs on the local
     training data, then test). Tests the received arrays on the client's own
     test split.
@@ -26,6 +29,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 import tasks
+from tasks.scenarios import flip_labels
 from tasks.train import evaluate as evaluate_model
 from tasks.train import train as train_model
 
@@ -44,37 +48,36 @@ def _ids(context: Context) -> tuple[int, int]:
         ) from None
 
 
-def _setup(context: Context) -> tuple[RunConfig, int, tasks.ClientData]:
+def _setup(context: Context) -> tuple[RunConfig, int, tasks.DataConfig, tasks.ClientData]:
     """Validate the configs and load this client's data; errors name the key."""
     cfg = RunConfig.from_run_config(context.run_config)
     pid, n = _ids(context)
     if not 0 <= pid < n:
         raise ConfigError(f"node config 'partition-id' = {pid} is outside [0, num-partitions={n})")
+    dc = cfg.data_config(n)
     try:
-        train, _ = tasks.load_pool(cfg.dataset, cfg.data_dir, cfg.seed)
+        fed = tasks.load_federated(dc)
     except FileNotFoundError as err:
         raise ConfigError(f"run config 'data-dir' = {cfg.data_dir!r}: {err}") from None
-    if n > len(train.y):
-        raise ConfigError(
-            f"num-partitions = {n} clients (SuperNodes) but dataset '{cfg.dataset}' has only "
-            f"{len(train.y)} training samples; allowed: at most one client per sample"
-        )
-    try:
-        data = tasks.load_client_data(cfg.dataset, cfg.data_dir, cfg.partitioning, pid, n,
-                                      cfg.seed, cfg.dirichlet_alpha, cfg.test_samples)
     except ValueError as err:
         raise ConfigError(
-            f"run config 'partitioning' = {cfg.partitioning!r} with {n} clients: {err}"
+            f"run config 'dataset' = {cfg.dataset!r}, 'partitioning' = {cfg.partitioning!r} "
+            f"with num-partitions = {n} clients: {err}"
         ) from None
-    return cfg, pid, data
+    if fed.num_clients != n:
+        raise ConfigError(
+            f"dataset {cfg.dataset!r} defines {fed.num_clients} clients but num-partitions = {n}; "
+            f"allowed: run {fed.num_clients} SuperNodes"
+        )
+    return cfg, pid, dc, tasks.load_client_data(dc, pid)
 
 
 def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _model(cfg: RunConfig, arrays: ArrayRecord) -> torch.nn.Module:
-    model = tasks.get_task(cfg.dataset).build_model()
+def _model(dc: tasks.DataConfig, arrays: ArrayRecord) -> torch.nn.Module:
+    model = tasks.build_model(dc)
     model.load_state_dict(arrays.to_torch_state_dict())
     return model
 
@@ -83,7 +86,7 @@ def _model(cfg: RunConfig, arrays: ArrayRecord) -> torch.nn.Module:
 def query(msg: Message, context: Context) -> Message:
     """Say who this client is, or why it cannot take part."""
     try:
-        _, pid, data = _setup(context)
+        _, pid, _, data = _setup(context)
         n = _ids(context)[1]
         info = {"client-id": pid, "num-partitions": n,
                 "num-train": len(data.y_train), "num-test": len(data.y_test)}
@@ -95,16 +98,17 @@ def query(msg: Message, context: Context) -> Message:
 
 def _start(msg: Message, context: Context):
     """Common start of train and evaluate: config, data, round and received model."""
-    cfg, pid, data = _setup(context)
+    cfg, pid, dc, data = _setup(context)
     c = msg.content["config"]
-    return cfg, pid, data, c, int(c.get("server-round", 0)), _model(cfg, msg.content["arrays"])
+    return cfg, pid, dc, data, c, int(c.get("server-round", 0)), _model(dc, msg.content["arrays"])
 
 
 def _fit(model, cfg: RunConfig, data: tasks.ClientData, c: ConfigRecord, seed: int,
-         epochs: int, steps: int = 0, proximal_mu: float = 0.0) -> float:
+         epochs: int, steps: int = 0, proximal_mu: float = 0.0,
+         labels: torch.Tensor | None = None) -> float:
     """Train ``model`` on the local training data with the message's optimizer settings."""
     return train_model(
-        model, data.x_train, data.y_train, epochs=epochs, steps=steps,
+        model, data.x_train, data.y_train if labels is None else labels, epochs=epochs, steps=steps,
         batch_size=int(c.get("batch-size", cfg.batch_size)),
         lr=float(c.get("lr", cfg.learning_rate)),
         optimizer=str(c.get("optimizer", cfg.optimizer)),
@@ -115,11 +119,16 @@ def _fit(model, cfg: RunConfig, data: tasks.ClientData, c: ConfigRecord, seed: i
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train the received model on the local data as the message's config says."""
-    cfg, pid, data, c, server_round, model = _start(msg, context)
-    loss = _fit(model, cfg, data, c, seed=cfg.seed * 100_003 + server_round * 1_009 + pid,
+    cfg, pid, dc, data, c, server_round, model = _start(msg, context)
+    seed = cfg.seed * 100_003 + server_round * 1_009 + pid
+    labels = None
+    if pid in cfg.roles(dc.num_clients).attackers:  # the attack-ratio scenario
+        classes = tasks.data_info(dc).num_outputs
+        labels = flip_labels(data.y_train, classes, torch.Generator().manual_seed(seed))
+    loss = _fit(model, cfg, data, c, seed=seed,
                 epochs=int(c.get("local-epochs", cfg.local_epochs)),
-                steps=int(c.get("local-steps", 0)),
-                proximal_mu=float(c.get("proximal-mu", 0.0)))
+                steps=int(c.get("local-steps", cfg.local_steps)),
+                proximal_mu=float(c.get("proximal-mu", 0.0)), labels=labels)
     metrics = MetricRecord({"num-examples": len(data.y_train), "train-loss": loss,
                             "client-id": pid, "server-round": server_round})
     arrays = ArrayRecord(model.to("cpu").state_dict())
@@ -129,12 +138,12 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Test the received model (optionally fine-tuned first) on the local test split."""
-    cfg, pid, data, c, server_round, model = _start(msg, context)
+    cfg, pid, _, data, c, server_round, model = _start(msg, context)
     finetune = int(c.get("finetune-epochs", 0))
     if finetune > 0:
         _fit(model, cfg, data, c, seed=cfg.seed * 100_003 + server_round * 1_009 + pid + 7,
              epochs=finetune)
-    loss, acc = evaluate_model(model, data.x_test, data.y_test, device=_device())
-    metrics = MetricRecord({"num-examples": len(data.y_test), "loss": loss, "accuracy": acc,
+    result = evaluate_model(model, data.x_test, data.y_test, device=_device())
+    metrics = MetricRecord({"num-examples": len(data.y_test), **result,
                             "client-id": pid, "server-round": server_round})
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)

@@ -16,6 +16,9 @@ from typing import Any
 import strategies
 import tasks
 from tasks.partitioners import PARTITIONINGS
+from tasks.scenarios import Roles, scenario_roles
+
+GRAPHS = ("task", "file", "groups", "none")
 
 
 class ConfigError(ValueError):
@@ -55,6 +58,21 @@ class RunConfig:
     heurfedamp_sigma: float | str = "auto"
     heurfedamp_self_weight: float = 0.1
     fedprox_mu: float = 0.01
+    local_steps: int = 0
+    graph: str = "task"
+    graph_file: str = ""
+    novel_client_fraction: float = 0.0
+    attack_ratio: float = 0.0
+    fl60_noise_std: float = 1.0
+    panacea_embed_dim: int = 100
+    panacea_gnn_layers: int = 3
+    panacea_hidden: int = 100
+    panacea_mlp_layers: int = 3
+    panacea_server_lr: float = 0.01
+    panacea_server_momentum: float = 0.9
+    panacea_server_steps: int = 1
+    panacea_lambda_d: float = 1.0
+    panacea_client_lr: float = 0.05
 
     @classmethod
     def from_run_config(cls, run_config: dict[str, Any]) -> "RunConfig":
@@ -87,8 +105,10 @@ class RunConfig:
         choice("dataset", self.dataset, list(tasks.TASKS))
         choice("partitioning", self.partitioning, PARTITIONINGS)
         choice("optimizer", self.optimizer, ["adam", "sgd"])
+        choice("graph", self.graph, GRAPHS)
         for key in ("num-server-rounds", "local-epochs", "batch-size", "test-samples",
-                    "fedamp-alpha-decay-every", "min-nodes"):
+                    "fedamp-alpha-decay-every", "min-nodes", "panacea-embed-dim",
+                    "panacea-hidden", "panacea-mlp-layers", "panacea-server-steps"):
             check(key, getattr(self, key.replace("-", "_")) >= 1, "an integer >= 1")
         check("learning-rate", self.learning_rate > 0, "a number > 0")
         check("fraction-train", 0 < self.fraction_train <= 1, "a number in (0, 1]")
@@ -101,16 +121,42 @@ class RunConfig:
             check(key, v == "auto" or (not isinstance(v, str) and v > 0), '"auto" or a number > 0')
         check("heurfedamp-self-weight", 0 <= self.heurfedamp_self_weight < 1, "a number in [0, 1)")
         check("fedprox-mu", self.fedprox_mu >= 0, "a number >= 0")
+        check("local-steps", self.local_steps >= 0, "an integer >= 0 (0: use local-epochs)")
+        check("panacea-gnn-layers", self.panacea_gnn_layers >= 1, "an integer >= 1")
+        for key in ("panacea-server-lr", "panacea-client-lr", "fl60-noise-std"):
+            check(key, getattr(self, key.replace("-", "_")) > 0, "a number > 0")
+        check("panacea-server-momentum", 0 <= self.panacea_server_momentum < 1, "a number in [0, 1)")
+        check("panacea-lambda-d", self.panacea_lambda_d >= 0, "a number >= 0")
+        check("novel-client-fraction", 0 <= self.novel_client_fraction < 1, "a number in [0, 1)")
+        check("attack-ratio", 0 <= self.attack_ratio <= 0.5, "a number in [0, 0.5]")
+        if self.graph == "file" and not self.graph_file:
+            raise _bad("graph-file", self.graph_file, 'the path of an edge-list CSV when graph = "file"')
         check("server-device", self.server_device in ("auto", "cpu")
               or self.server_device.startswith("cuda"), '"auto", "cpu" or "cuda[:N]"')
         spec = tasks.get_task(self.dataset)
-        if not spec.embedded and not self.data_dir and spec.hub is None:
-            raise _bad("data-dir", self.data_dir, f"a folder with the {self.dataset} files")
+        if spec.needs_data_dir and not self.data_dir:
+            raise _bad("data-dir", self.data_dir, f"the path of the {self.dataset} data")
+        if spec.info is not None and spec.info.kind == tasks.REGRESSION and self.attack_ratio > 0:
+            raise _bad("attack-ratio", self.attack_ratio,
+                       f"0 for the regression task {self.dataset} (label flipping needs classes)")
         for key in ("fedamp-sigma", "heurfedamp-sigma"):
             strategy = key.split("-")[0]
             if (self.strategy == strategy and getattr(self, key.replace("-", "_")) == "auto"
                     and strategy not in spec.paper_sigma):
                 raise _bad(key, "auto", f"a number > 0 (the paper gives no sigma for {self.dataset})")
+
+    def data_config(self, num_clients: int) -> tasks.DataConfig:
+        """The :class:`tasks.DataConfig` of this run with ``num_clients`` clients."""
+        return tasks.DataConfig(
+            dataset=self.dataset, data_dir=self.data_dir, num_clients=num_clients,
+            seed=self.seed, partitioning=self.partitioning,
+            dirichlet_alpha=self.dirichlet_alpha, test_samples=self.test_samples,
+            fl60_noise_std=self.fl60_noise_std,
+        )
+
+    def roles(self, num_clients: int) -> Roles:
+        """Novel clients and attackers of this run (the same on server and clients)."""
+        return scenario_roles(num_clients, self.seed, self.novel_client_fraction, self.attack_ratio)
 
     def sigma(self, strategy: str) -> float | None:
         """sigma of ``strategy`` ("fedamp"/"heurfedamp"); "auto" = the paper's value (None if none)."""

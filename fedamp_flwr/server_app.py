@@ -13,6 +13,7 @@ from flwr.supercore import log
 
 import strategies
 import tasks
+from tasks.graphs import build_graph
 
 from .config import RunConfig
 
@@ -26,9 +27,12 @@ def server_device(cfg: RunConfig) -> str:
     return cfg.server_device
 
 
-def strategy_settings(cfg: RunConfig, num_clients: int, param_keys: list[str]) -> dict:
+def strategy_settings(cfg: RunConfig, num_clients: int, param_keys: list[str],
+                      adjacency: torch.Tensor | None = None) -> dict:
     """The settings the strategy factories of :mod:`strategies` read."""
     return {
+        "adjacency": adjacency, "local_steps": cfg.local_steps,
+        **{f.replace("-", "_"): v for f, v in cfg.to_dict().items() if f.startswith("panacea-")},
         "num_clients": num_clients, "fraction_train": cfg.fraction_train,
         "param_keys": param_keys, "device": server_device(cfg), "seed": cfg.seed,
         "fedamp_alpha_k": cfg.fedamp_alpha_k, "fedamp_alpha_decay": cfg.fedamp_alpha_decay,
@@ -37,6 +41,20 @@ def strategy_settings(cfg: RunConfig, num_clients: int, param_keys: list[str]) -
         "heurfedamp_sigma": cfg.sigma("heurfedamp"),
         "heurfedamp_self_weight": cfg.heurfedamp_self_weight, "fedprox_mu": cfg.fedprox_mu,
     }
+
+
+def client_graph(cfg: RunConfig, dc: tasks.DataConfig, client_ids: list[int]) -> torch.Tensor | None:
+    """The validated client graph of the run (only for strategies that use one)."""
+    if cfg.strategy not in strategies.GRAPH_STRATEGIES or cfg.graph == "none":
+        return None
+    if client_ids != list(range(len(client_ids))):
+        raise ValueError(f"a client graph needs partition ids 0..{len(client_ids) - 1}, "
+                         f"got {client_ids}")
+    task_adj = tasks.load_federated(dc).adjacency if cfg.graph == "task" else None
+    adj = build_graph(cfg.graph, len(client_ids), task_adj, cfg.graph_file, cfg.dataset)
+    log(INFO, "Client graph '%s': %d clients, %d edges", cfg.graph, len(client_ids),
+        int(adj.sum()) // 2)
+    return torch.from_numpy(adj)
 
 
 @app.main()
@@ -48,13 +66,20 @@ def main(grid: Grid, context: Context) -> None:
         cfg.name, cfg.strategy, cfg.dataset, cfg.partitioning, out_dir)
 
     clients = strategies.discover_clients(grid, cfg.min_nodes)
+    n = len(clients)
+    dc = cfg.data_config(n)
+    adjacency = client_graph(cfg, dc, sorted(i.client_id for i in clients.values()))
     torch.manual_seed(cfg.seed)
-    model = tasks.get_task(cfg.dataset).build_model()
+    model = tasks.build_model(dc)
     param_keys = [name for name, _ in model.named_parameters()]
     strategy = strategies.build_strategy(
-        cfg.strategy, strategy_settings(cfg, len(clients), param_keys)
+        cfg.strategy, strategy_settings(cfg, n, param_keys, adjacency)
     )
-    strategy.setup_tracking(clients)
+    roles = cfg.roles(n)
+    if roles.novel or roles.attackers:
+        log(INFO, "Scenario: novel clients %s, attackers %s", sorted(roles.novel),
+            sorted(roles.attackers))
+    strategy.setup_tracking(clients, roles)
 
     train_config = ConfigRecord({
         "local-epochs": cfg.local_epochs, "batch-size": cfg.batch_size,
@@ -78,5 +103,9 @@ def main(grid: Grid, context: Context) -> None:
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "metrics.json").write_text(json.dumps(record, indent=1))
-    log(INFO, "BMTA %.2f%% over %d rounds; wrote %s", record["bmta"] or float("nan"),
-        cfg.num_server_rounds, out_dir / "metrics.json")
+    if "bmta" in record:
+        log(INFO, "BMTA %.2f%% over %d rounds", record["bmta"], cfg.num_server_rounds)
+    if "best_mean_mse" in record:
+        log(INFO, "Best mean test MSE %.4g over %d rounds", record["best_mean_mse"],
+            cfg.num_server_rounds)
+    log(INFO, "Wrote %s", out_dir / "metrics.json")

@@ -14,6 +14,7 @@ from flwr.serverapp import strategy as flwr_strategy
 
 from .base import PersonalizedStrategy, RunHistory, TrackedStrategy, discover_clients, mean_metrics
 from .fedamp import FedAMP, HeurFedAMP, fedamp_weights, heurfedamp_weights
+from .panacea import GraphHyperNetwork, Panacea, server_step
 
 
 class FedAvg(TrackedStrategy, flwr_strategy.FedAvg):
@@ -44,6 +45,22 @@ def _fedamp_kwargs(s: dict[str, Any]) -> dict[str, Any]:
                 alpha_decay_every=s["fedamp_alpha_decay_every"], lam=s["fedamp_lambda"])
 
 
+def _panacea_kwargs(s: dict[str, Any], graph: bool, generator: bool) -> dict[str, Any]:
+    if graph and s["adjacency"] is None:
+        raise ValueError("run config 'graph' = 'none' is invalid for Panacea and Panacea-GN; "
+                         "allowed: task, file, groups (pfedhn needs no graph)")
+    return dict(adjacency=s["adjacency"] if graph else None, generator=generator,
+                embed_dim=s["panacea_embed_dim"], gnn_layers=s["panacea_gnn_layers"],
+                hidden=s["panacea_hidden"], mlp_layers=s["panacea_mlp_layers"],
+                lambda_d=s["panacea_lambda_d"], server_lr=s["panacea_server_lr"],
+                server_momentum=s["panacea_server_momentum"],
+                server_steps=s["panacea_server_steps"], client_lr=s["panacea_client_lr"],
+                local_steps=s["local_steps"], **_personal_kwargs(s))
+
+
+# Strategies that use the client graph (the ServerApp builds it only for them).
+GRAPH_STRATEGIES = ("panacea", "panacea-gn")
+
 # name -> factory(settings) -> strategy; settings are the validated run config
 # (fedamp_flwr.config.RunConfig.strategy_settings()).
 STRATEGIES: dict[str, Callable[[dict[str, Any]], Any]] = {
@@ -53,6 +70,9 @@ STRATEGIES: dict[str, Callable[[dict[str, Any]], Any]] = {
     "heurfedamp": lambda s: HeurFedAMP(
         sigma=s["heurfedamp_sigma"], self_weight=s["heurfedamp_self_weight"],
         **_fedamp_kwargs(s), **_personal_kwargs(s)),
+    "panacea": lambda s: Panacea(**_panacea_kwargs(s, graph=True, generator=True)),
+    "panacea-gn": lambda s: Panacea(**_panacea_kwargs(s, graph=True, generator=False)),
+    "pfedhn": lambda s: Panacea(**_panacea_kwargs(s, graph=False, generator=False)),
 }
 
 
@@ -64,7 +84,8 @@ def build_strategy(name: str, settings: dict[str, Any]):
 
 
 __all__ = [
-    "STRATEGIES", "FedAMP", "FedAvg", "FedProx", "HeurFedAMP", "PersonalizedStrategy",
+    "GRAPH_STRATEGIES", "STRATEGIES", "FedAMP", "FedAvg", "FedProx", "GraphHyperNetwork",
+    "HeurFedAMP", "Panacea", "PersonalizedStrategy", "server_step",
     "RunHistory", "TrackedStrategy", "build_strategy", "discover_clients", "fedamp_weights",
     "heurfedamp_weights",
 ]

@@ -32,6 +32,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 
+from tasks.scenarios import Roles
+
 CLIENT_ID = "client-id"
 ROUND = "server-round"
 NUM_EXAMPLES = "num-examples"
@@ -216,15 +218,30 @@ def mean_metrics(contents: list[RecordDict], _weight_key: str = NUM_EXAMPLES) ->
 # ---------------------------------------------------------------------------
 # History
 # ---------------------------------------------------------------------------
+METRICS = ("accuracy", "mse", "loss")
+
+
 @dataclass
 class RunHistory:
     """Per-round records of a run; serialised into ``metrics.json``.
 
-    ``rounds[r]`` holds ``client_accuracy`` and ``client_loss`` (client id to
-    value), their means over clients (``mean_accuracy``, ``mean_loss``) and
-    ``train_loss``; ``xi[r]`` the collaboration weights of a FedAMP round.
+    ``rounds[r]`` holds, for each metric the clients report (``accuracy``
+    for classification, ``mse`` for regression, ``loss``), ``client_<m>``
+    (client id to value) and ``mean_<m>``, the mean over the benign training
+    clients (neither novel nor attackers); ``novel_mean_<m>`` over the novel
+    clients when there are any; and ``train_loss``. ``xi[r]`` holds the
+    collaboration weights of a FedAMP round.
+
+    Parameters
+    ----------
+    novel : Collection[int]
+        Client ids of the novel clients (recorded apart).
+    attackers : Collection[int]
+        Client ids of the attackers (left out of the means).
     """
 
+    novel: frozenset[int] = frozenset()
+    attackers: frozenset[int] = frozenset()
     rounds: dict[int, dict[str, Any]] = field(default_factory=dict)
     xi: dict[int, list[list[float]]] = field(default_factory=dict)
     xi_client_ids: list[int] = field(default_factory=list)
@@ -241,9 +258,8 @@ class RunHistory:
         rec["train_loss"] = float(np.mean(losses)) if losses else None
 
     def record_evaluation(self, server_round: int, replies: list[Message]) -> dict[str, float]:
-        """Record each client's test metrics; return the means over clients."""
-        acc: dict[int, float] = {}
-        loss: dict[int, float] = {}
+        """Record each client's test metrics; return the means over benign training clients."""
+        values: dict[str, dict[int, float]] = {m: {} for m in METRICS}
         for msg in replies:
             if msg.has_error():
                 continue
@@ -251,36 +267,65 @@ class RunHistory:
             if CLIENT_ID not in metrics:
                 continue
             cid = int(metrics[CLIENT_ID])
-            if "accuracy" in metrics:
-                acc[cid] = float(metrics["accuracy"])
-            if "loss" in metrics:
-                loss[cid] = float(metrics["loss"])
+            for m in METRICS:
+                if m in metrics:
+                    values[m][cid] = float(metrics[m])
         rec = self._round(server_round)
-        rec["client_accuracy"] = dict(sorted(acc.items()))
-        rec["client_loss"] = dict(sorted(loss.items()))
-        rec["mean_accuracy"] = float(np.mean(list(acc.values()))) if acc else None
-        rec["mean_loss"] = float(np.mean(list(loss.values()))) if loss else None
-        if acc:
-            log(INFO, "Round %d: mean test accuracy over %d clients %.4f (min %.4f, max %.4f)",
-                server_round, len(acc), rec["mean_accuracy"], min(acc.values()), max(acc.values()))
-        return {k: rec[k] for k in ("mean_accuracy", "mean_loss") if rec[k] is not None}
+        means: dict[str, float] = {}
+        for m, by_client in values.items():
+            if not by_client:
+                continue
+            rec[f"client_{m}"] = dict(sorted(by_client.items()))
+            benign = [v for c, v in by_client.items() if c not in self.novel | self.attackers]
+            novel = [v for c, v in by_client.items() if c in self.novel]
+            if benign:
+                means[f"mean_{m}"] = rec[f"mean_{m}"] = float(np.mean(benign))
+            if novel:
+                means[f"novel_mean_{m}"] = rec[f"novel_mean_{m}"] = float(np.mean(novel))
+        main = "accuracy" if values["accuracy"] else "mse"
+        if f"mean_{main}" in rec:
+            vals = values[main]
+            extra = (f", novel clients {rec[f'novel_mean_{main}']:.4g}"
+                     if f"novel_mean_{main}" in rec else "")
+            log(INFO, "Round %d: mean test %s over %d benign training clients %.4g "
+                "(min %.4g, max %.4g)%s", server_round, main,
+                len(vals) - len(set(vals) & (self.novel | self.attackers)),
+                rec[f"mean_{main}"], min(vals.values()), max(vals.values()), extra)
+        return means
 
     def record_xi(self, server_round: int, client_ids: list[int], xi: torch.Tensor) -> None:
         """Record the collaboration weights of one round (rows and columns: ``client_ids``)."""
         self.xi_client_ids = list(client_ids)
         self.xi[server_round] = xi.detach().cpu().double().tolist()
 
+    def _series(self, key: str) -> list[float]:
+        return [r[key] for r in self.rounds.values() if r.get(key) is not None]
+
     def bmta(self) -> float | None:
         """Best mean test accuracy over all rounds, in percent (the paper's metric)."""
-        accs = [r["mean_accuracy"] for r in self.rounds.values() if r.get("mean_accuracy") is not None]
+        accs = self._series("mean_accuracy")
         return 100.0 * max(accs) if accs else None
+
+    def best_mean_mse(self) -> float | None:
+        """Lowest mean test MSE over all rounds (regression tasks)."""
+        mses = self._series("mean_mse")
+        return min(mses) if mses else None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON-ready records."""
-        out: dict[str, Any] = {
-            "rounds": [self.rounds[r] for r in sorted(self.rounds)],
-            "bmta": self.bmta(),
-        }
+        out: dict[str, Any] = {"rounds": [self.rounds[r] for r in sorted(self.rounds)]}
+        if self.bmta() is not None:
+            out["bmta"] = self.bmta()
+            novel = self._series("novel_mean_accuracy")
+            if novel:
+                out["novel_bmta"] = 100.0 * max(novel)
+        if self.best_mean_mse() is not None:
+            out["best_mean_mse"] = self.best_mean_mse()
+            novel = self._series("novel_mean_mse")
+            if novel:
+                out["novel_best_mean_mse"] = min(novel)
+        out["novel_clients"] = sorted(self.novel)
+        out["attackers"] = sorted(self.attackers)
         if self.xi:
             out["xi"] = {"client_ids": self.xi_client_ids,
                          "rounds": {str(r): m for r, m in sorted(self.xi.items())}}
@@ -297,6 +342,7 @@ class TrackedStrategy:
     ``class FedAvg(TrackedStrategy, flwr.serverapp.strategy.FedAvg)``. It
 
     * remembers the shapes of the global model sent in ``configure_train``,
+    * leaves novel clients (which never train) out of ``configure_train``,
     * leaves replies that fail :func:`reply_problem` out of the aggregation,
       with a warning naming the client, so they never reach the global model,
     * records every client's evaluation in ``self.history``.
@@ -305,10 +351,11 @@ class TrackedStrategy:
     history: RunHistory
     clients: dict[int, ClientInfo]
 
-    def setup_tracking(self, clients: dict[int, ClientInfo]) -> None:
-        """Set the node-to-client map and start a fresh history."""
+    def setup_tracking(self, clients: dict[int, ClientInfo], roles: Roles | None = None) -> None:
+        """Set the node-to-client map and the scenario roles; start a fresh history."""
         self.clients = dict(clients)
-        self.history = RunHistory()
+        self.roles = roles or Roles(frozenset(), frozenset())
+        self.history = RunHistory(novel=self.roles.novel, attackers=self.roles.attackers)
         self._shapes: dict[str, tuple[int, ...]] | None = None
 
     def client_of(self, msg: Message) -> int | str:
@@ -330,7 +377,9 @@ class TrackedStrategy:
 
     def configure_train(self, server_round, arrays, config, grid):  # noqa: D102
         self._shapes = {k: tuple(v.numpy().shape) for k, v in arrays.items()}
-        return super().configure_train(server_round, arrays, config, grid)
+        messages = super().configure_train(server_round, arrays, config, grid)
+        novel = {n for n, i in self.clients.items() if i.client_id in self.roles.novel}
+        return [m for m in messages if m.metadata.dst_node_id not in novel]
 
     def aggregate_train(self, server_round, replies):  # noqa: D102
         good = self.valid_train_replies(server_round, replies)
@@ -394,26 +443,41 @@ class PersonalizedStrategy(TrackedStrategy, Strategy):
         """
         return self.models[rows], config
 
+    def update(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
+        """Take the valid trained models (len(rows) x d) of clients ``rows``.
+
+        The default stores them as the clients' personalized models.
+        """
+        self.models[rows] = trained
+
+    def evaluation_models(self) -> torch.Tensor:
+        """The (clients x d) models the clients test, row i for ``client_ids[i]``."""
+        return self.models
+
     # -- Strategy API --------------------------------------------------------
     def summary(self) -> None:
         """Log the strategy's settings."""
         log(INFO, "\t├── %s: fraction-train %.2f, server device %s",
             type(self).__name__, self.fraction_train, self.device)
 
-    def setup_tracking(self, clients: dict[int, ClientInfo]) -> None:  # noqa: D102
-        super().setup_tracking(clients)
+    def setup_tracking(self, clients: dict[int, ClientInfo], roles: Roles | None = None) -> None:  # noqa: D102
+        super().setup_tracking(clients, roles)
         self.client_ids = sorted(i.client_id for i in clients.values())
         self._row = {cid: r for r, cid in enumerate(self.client_ids)}
-        self.models = None
+        self.layout, self.models = None, None
 
     def _ensure_models(self, arrays: ArrayRecord) -> None:
-        if self.models is None:
+        """On first use: the flat layout of the model and :meth:`initial_models`."""
+        if self.layout is None:
             if not self.client_ids:
                 raise RuntimeError("no clients: call setup_tracking(discover_clients(...)) first")
             self.layout = FlatLayout.from_arrays(arrays, self.param_keys)
             self._shapes = dict(self.layout.shapes)
-            init = self.layout.flatten(arrays).to(self.device)
-            self.models = init.unsqueeze(0).repeat(len(self.client_ids), 1)
+            self.models = self.initial_models(self.layout.flatten(arrays).to(self.device))
+
+    def initial_models(self, initial: torch.Tensor) -> torch.Tensor | None:
+        """The per-client store at the start: every client holds the initial model."""
+        return initial.unsqueeze(0).repeat(len(self.client_ids), 1)
 
     def _messages(self, nodes: list[int], vectors: torch.Tensor, config: ConfigRecord,
                   message_type: str) -> list[Message]:
@@ -427,11 +491,11 @@ class PersonalizedStrategy(TrackedStrategy, Strategy):
         return {self._row[i.client_id]: n for n, i in self.clients.items()}
 
     def sample_rows(self, server_round: int) -> torch.Tensor:
-        """Rows (clients) sampled for training in ``server_round`` (seeded)."""
-        n = len(self.client_ids)
-        k = max(1, int(round(self.fraction_train * n)))
+        """Rows (clients) sampled for training in ``server_round`` (seeded; never novel clients)."""
+        pool = np.array([r for r, c in enumerate(self.client_ids) if c not in self.roles.novel])
+        k = max(1, int(round(self.fraction_train * len(pool))))
         rng = np.random.default_rng([self.seed, server_round])
-        return torch.as_tensor(np.sort(rng.choice(n, size=k, replace=False)))
+        return torch.as_tensor(np.sort(rng.choice(pool, size=k, replace=False)))
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -455,7 +519,7 @@ class PersonalizedStrategy(TrackedStrategy, Strategy):
             vectors = torch.stack(
                 [self.layout.flatten(next(iter(m.content.array_records.values()))) for m in good]
             )
-            self.models[rows] = vectors.to(self.device)
+            self.update(server_round, rows, vectors.to(self.device))
         return None, mean_metrics([m.content for m in good]) if good else None
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -465,7 +529,8 @@ class PersonalizedStrategy(TrackedStrategy, Strategy):
         config["server-round"] = server_round
         node_of = self._node_of_row()
         rows = list(range(len(self.client_ids)))
-        return self._messages([node_of[r] for r in rows], self.models, config, MessageType.EVALUATE)
+        return self._messages([node_of[r] for r in rows], self.evaluation_models(), config,
+                              MessageType.EVALUATE)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Record every client's test metrics; return their means over clients."""

@@ -1,5 +1,16 @@
 """Tasks: a registry from dataset name to its model, its data and its paper settings.
 
+Two kinds of task:
+
+* pool tasks (synthetic, MNIST, FMNIST, EMNIST, CIFAR): one dataset pool,
+  split among the clients by a partitioner (``partitioning``);
+* federated tasks (fl60, tpt48, npz): the data defines the clients (and
+  usually their graph); ``partitioning`` does not apply.
+
+Both end as a :class:`tasks.federated.FederatedData`, built once per process
+and cached (:func:`load_federated`); :func:`load_client_data` returns one
+client's tensors.
+
 torchvision is imported only by :func:`tasks.models.resnet18` (CIFAR tasks): the
 only torchvision wheel on the package index of CPU-only machines here is a
 CUDA build whose compiled ops fail to load beside the CPU torch.
@@ -17,8 +28,34 @@ import torch
 from torch import nn
 
 from . import data as _data
+from .federated import FederatedData, load_npz, load_tpt48, make_fl60
 from .models import MLP, McMahanCNN, resnet18
 from .partitioners import PRACTICAL_SIZES, PRACTICAL_SIZES_DEFAULT, build_partitioner, partition_pool
+
+CLASSIFICATION, REGRESSION = "classification", "regression"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What identifies a federated dataset (hashable: the cache key)."""
+
+    dataset: str
+    data_dir: str
+    num_clients: int
+    seed: int
+    partitioning: str = "practical"
+    dirichlet_alpha: float = 0.5
+    test_samples: int = 100
+    fl60_noise_std: float = 1.0
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """Shape of a task's data: input shape, model outputs, kind."""
+
+    input_shape: tuple[int, ...]
+    num_outputs: int
+    kind: str
 
 
 @dataclass(frozen=True)
@@ -29,79 +66,110 @@ class TaskSpec:
     ----------
     name : str
         Registry name (the ``dataset`` run-config value).
-    num_classes : int
-        Number of classes.
-    build_model : Callable[[], nn.Module]
-        Returns a freshly initialised target model.
-    load_local : Callable[[Path, int], tuple[Split, Split]]
-        Loads (train, test) from a local folder (``data-dir``); gets the seed.
+    build_model : Callable[[DataInfo], nn.Module]
+        Returns a freshly initialised target model for data of that shape.
+    load_pool : Callable[[Path, int], tuple[Split, Split]] | None
+        Pool tasks: loads (train, test) from a local folder (``data-dir``) or
+        generates them; gets the seed.
     hub : tuple[str, str, str] | None
-        (Hugging Face dataset, image column, label column) for flwr-datasets;
-        None for an embedded task, whose ``load_local`` generates the data.
+        Pool tasks: (Hugging Face dataset, image column, label column) for
+        flwr-datasets, used when ``data-dir`` is empty.
+    load_federated : Callable[[DataConfig], FederatedData] | None
+        Federated tasks: builds the clients' data (and graph).
     paper_sigma : dict[str, float]
         The FedAMP paper's sigma per strategy ("fedamp", "heurfedamp") for the
         practical setting; used when the run config says "auto".
     practical_sizes : tuple[int, ...]
-        Training samples per client of each practical group.
+        Pool tasks: training samples per client of each practical group.
     client_view : Callable[[Split, int, int, int], Split] | None
-        Optional per-client transform of a client's data, given (split,
-        partition_id, num_partitions, seed); the synthetic task's group rotations.
+        Optional per-client transform (split, client id, clients, seed); the
+        synthetic task's group rotations.
+    needs_data_dir : bool
+        Whether ``data-dir`` must be set (no generator, no hub).
+    info : DataInfo | None
+        Shape of the data when known without loading it (all tasks but npz),
+        so that a server without the data can build the model.
     """
 
     name: str
-    num_classes: int
-    build_model: Callable[[], nn.Module]
-    load_local: Callable[[Path, int], tuple[_data.Split, _data.Split]]
-    hub: tuple[str, str, str] | None
+    build_model: Callable[[DataInfo], nn.Module]
+    load_pool: Callable[[Path, int], tuple[_data.Split, _data.Split]] | None = None
+    hub: tuple[str, str, str] | None = None
+    load_federated: Callable[[DataConfig], FederatedData] | None = None
     paper_sigma: dict[str, float] = field(default_factory=dict)
     practical_sizes: tuple[int, ...] = PRACTICAL_SIZES_DEFAULT
     client_view: Callable[[_data.Split, int, int, int], _data.Split] | None = None
+    needs_data_dir: bool = False
+    info: DataInfo | None = None
 
     @property
-    def embedded(self) -> bool:
-        """True when the data is generated locally and needs no ``data-dir``."""
-        return self.hub is None
+    def federated(self) -> bool:
+        """True when the data defines the clients (partitioning does not apply)."""
+        return self.load_federated is not None
+
+
+def _cnn(info: DataInfo) -> nn.Module:
+    return McMahanCNN(info.input_shape[0], info.num_outputs, info.input_shape[-1])
+
+
+def _mlp(info: DataInfo) -> nn.Module:
+    return MLP(int(np.prod(info.input_shape)), info.num_outputs)
 
 
 TASKS: dict[str, TaskSpec] = {
     spec.name: spec
     for spec in (
         TaskSpec(
-            "synthetic", _data.SYNTHETIC_CLASSES,
-            lambda: MLP(_data.SYNTHETIC_FEATURES, _data.SYNTHETIC_CLASSES),
-            lambda _folder, seed: _data.make_synthetic(seed), None,
+            "synthetic", _mlp, lambda _folder, seed: _data.make_synthetic(seed),
             # Not from the paper: chosen for this task's MLP (see README).
             paper_sigma={"fedamp": 1.0, "heurfedamp": 25.0},
             client_view=_data.synthetic_group_view,
+            info=DataInfo((_data.SYNTHETIC_FEATURES,), _data.SYNTHETIC_CLASSES, CLASSIFICATION),
         ),
         TaskSpec(
-            "mnist", 10, lambda: McMahanCNN(1, 10),
-            lambda folder, _seed: _data.load_idx_folder(folder), ("ylecun/mnist", "image", "label"),
+            "mnist", _cnn, lambda folder, _seed: _data.load_idx_folder(folder),
+            ("ylecun/mnist", "image", "label"),
             paper_sigma={"fedamp": 100.0, "heurfedamp": 25.0},
-            practical_sizes=PRACTICAL_SIZES["mnist"],
+            practical_sizes=PRACTICAL_SIZES["mnist"], info=DataInfo((1, 28, 28), 10, CLASSIFICATION),
         ),
         TaskSpec(
-            "fmnist", 10, lambda: McMahanCNN(1, 10),
-            lambda folder, _seed: _data.load_idx_folder(folder),
+            "fmnist", _cnn, lambda folder, _seed: _data.load_idx_folder(folder),
             ("zalando-datasets/fashion_mnist", "image", "label"),
             paper_sigma={"fedamp": 10.0, "heurfedamp": 100.0},
-            practical_sizes=PRACTICAL_SIZES["fmnist"],
+            practical_sizes=PRACTICAL_SIZES["fmnist"], info=DataInfo((1, 28, 28), 10, CLASSIFICATION),
         ),
         TaskSpec(
-            "emnist", 62, lambda: McMahanCNN(1, 62),
-            lambda folder, _seed: _data.load_idx_folder(folder, transpose=True),
+            "emnist", _cnn, lambda folder, _seed: _data.load_idx_folder(folder, transpose=True),
             ("flwrlabs/femnist", "image", "character"),
             paper_sigma={"fedamp": 10.0, "heurfedamp": 50.0},
+            info=DataInfo((1, 28, 28), 62, CLASSIFICATION),
         ),
         TaskSpec(
-            "cifar10", 10, lambda: resnet18(10),
-            lambda folder, _seed: _data.load_cifar_binary(folder, 10), ("uoft-cs/cifar10", "img", "label"),
+            "cifar10", lambda info: resnet18(info.num_outputs),
+            lambda folder, _seed: _data.load_cifar_binary(folder, 10),
+            ("uoft-cs/cifar10", "img", "label"), info=DataInfo((3, 32, 32), 10, CLASSIFICATION),
         ),
         TaskSpec(
-            "cifar100", 100, lambda: resnet18(100),
+            "cifar100", lambda info: resnet18(info.num_outputs),
             lambda folder, _seed: _data.load_cifar_binary(folder, 100),
             ("uoft-cs/cifar100", "img", "fine_label"),
             paper_sigma={"fedamp": 1e6, "heurfedamp": 10.0},
+            info=DataInfo((3, 32, 32), 100, CLASSIFICATION),
+        ),
+        TaskSpec(
+            "fl60", lambda info: MLP(2, 2, (16,)), info=DataInfo((2,), 2, CLASSIFICATION),
+            load_federated=lambda dc: make_fl60(dc.num_clients, dc.seed,
+                                                noise_std=dc.fl60_noise_std),
+        ),
+        TaskSpec(
+            "tpt48", lambda info: MLP(info.input_shape[0], info.num_outputs, (64, 64)),
+            load_federated=lambda dc: load_tpt48(Path(dc.data_dir).expanduser()),
+            needs_data_dir=True, info=DataInfo((6,), 6, REGRESSION),
+        ),
+        TaskSpec(
+            "npz", lambda info: MLP(info.input_shape[0], info.num_outputs, (64, 64)),
+            load_federated=lambda dc: load_npz(Path(dc.data_dir).expanduser(), dc.seed),
+            needs_data_dir=True,
         ),
     )
 }
@@ -116,35 +184,65 @@ def get_task(name: str) -> TaskSpec:
 
 @functools.lru_cache(maxsize=2)
 def load_pool(dataset: str, data_dir: str, seed: int) -> tuple[_data.Split, _data.Split]:
-    """Load the whole (train, test) pool of ``dataset`` (cached per process)."""
+    """Load the whole (train, test) pool of a pool task (cached per process)."""
     spec = get_task(dataset)
-    if spec.embedded:
-        return spec.load_local(Path("."), seed)
+    if spec.hub is None:  # generated
+        return spec.load_pool(Path("."), seed)
     if data_dir:
         folder = Path(data_dir).expanduser()
         if not folder.is_dir():
             raise FileNotFoundError(f"data-dir '{data_dir}' is not a folder")
-        return spec.load_local(folder, seed)
-    if spec.hub is None:
-        raise ValueError(f"dataset '{dataset}' needs a data-dir")
+        return spec.load_pool(folder, seed)
     return _data.load_from_hub(*spec.hub)
 
 
-@functools.lru_cache(maxsize=4)
-def _partition(
-    dataset: str, data_dir: str, partitioning: str, num_partitions: int,
-    seed: int, dirichlet_alpha: float, test_samples: int,
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    train, test = load_pool(dataset, data_dir, seed)
-    partitioner = build_partitioner(
-        partitioning, num_partitions, seed, dirichlet_alpha, get_task(dataset).practical_sizes
-    )
-    return partition_pool(train.y, test.y, partitioner, test_samples, seed)
+@functools.lru_cache(maxsize=2)
+def load_federated(dc: DataConfig) -> FederatedData:
+    """The clients' data of ``dc`` (cached per process; deterministic by seed)."""
+    spec = get_task(dc.dataset)
+    if spec.needs_data_dir and not dc.data_dir:
+        raise FileNotFoundError(f"dataset '{dc.dataset}' needs data-dir")
+    if spec.federated:
+        return spec.load_federated(dc)
+    train, test = load_pool(dc.dataset, dc.data_dir, dc.seed)
+    if dc.num_clients > len(train.y):
+        raise ValueError(
+            f"{dc.num_clients} clients but dataset '{dc.dataset}' has only {len(train.y)} "
+            "training samples"
+        )
+    partitioner = build_partitioner(dc.partitioning, dc.num_clients, dc.seed,
+                                    dc.dirichlet_alpha, spec.practical_sizes)
+    train_idx, test_idx = partition_pool(train.y, test.y, partitioner, dc.test_samples, dc.seed)
+    parts = [(train.subset(a), test.subset(b)) for a, b in zip(train_idx, test_idx)]
+    if spec.client_view is not None:
+        parts = [tuple(spec.client_view(p, i, dc.num_clients, dc.seed) for p in pair)
+                 for i, pair in enumerate(parts)]
+    return FederatedData([p[0] for p in parts], [p[1] for p in parts])
+
+
+def data_info(dc: DataConfig) -> DataInfo:
+    """Input shape, number of model outputs and kind of the data of ``dc``.
+
+    Known without the data for every task but npz, whose file is read.
+    """
+    if get_task(dc.dataset).info is not None:
+        return get_task(dc.dataset).info
+    fed = load_federated(dc)
+    x, y = fed.train[0].x, fed.train[0].y
+    if np.issubdtype(y.dtype, np.integer):
+        classes = max(int(max(s.y.max(initial=0) for s in fed.train + fed.test)) + 1, 2)
+        return DataInfo(tuple(x.shape[1:]), classes, CLASSIFICATION)
+    return DataInfo(tuple(x.shape[1:]), int(np.prod(y.shape[1:])) or 1, REGRESSION)
+
+
+def build_model(dc: DataConfig) -> nn.Module:
+    """A freshly initialised target model for the data of ``dc``."""
+    return get_task(dc.dataset).build_model(data_info(dc))
 
 
 @dataclass(frozen=True)
 class ClientData:
-    """One client's tensors: training and test inputs and labels (on the CPU)."""
+    """One client's tensors: training and test inputs and targets (on the CPU)."""
 
     x_train: torch.Tensor
     y_train: torch.Tensor
@@ -152,22 +250,10 @@ class ClientData:
     y_test: torch.Tensor
 
 
-def load_client_data(
-    dataset: str, data_dir: str, partitioning: str, partition_id: int, num_partitions: int,
-    seed: int, dirichlet_alpha: float = 0.5, test_samples: int = 100,
-) -> ClientData:
-    """Return the training and test data of client ``partition_id``.
-
-    The whole pool is partitioned once per process (deterministically by
-    ``seed``) and cached, so every client of a simulation worker shares it.
-    """
-    train, test = load_pool(dataset, data_dir, seed)
-    train_idx, test_idx = _partition(
-        dataset, data_dir, partitioning, num_partitions, seed, dirichlet_alpha, test_samples
-    )
-    parts = [train.subset(train_idx[partition_id]), test.subset(test_idx[partition_id])]
-    view = get_task(dataset).client_view
-    if view is not None:
-        parts = [view(p, partition_id, num_partitions, seed) for p in parts]
-    (xtr, ytr), (xte, yte) = (_data.to_tensors(p) for p in parts)
+def load_client_data(dc: DataConfig, client_id: int) -> ClientData:
+    """Return the training and test data of client ``client_id``."""
+    fed = load_federated(dc)
+    if not 0 <= client_id < fed.num_clients:
+        raise ValueError(f"client {client_id} is outside the task's {fed.num_clients} clients")
+    (xtr, ytr), (xte, yte) = (_data.to_tensors(s) for s in (fed.train[client_id], fed.test[client_id]))
     return ClientData(xtr, ytr, xte, yte)

@@ -185,7 +185,7 @@ def load_from_hub(hub_name: str, image_key: str, label_key: str) -> tuple[Split,
 
 
 def to_tensors(split: Split) -> tuple[torch.Tensor, torch.Tensor]:
-    """Convert a split to float inputs and long labels.
+    """Convert a split to float inputs and long (classes) or float (regression) targets.
 
     ``uint8`` images are scaled to [-1, 1] ((x / 255 - 0.5) / 0.5); float
     features are kept as they are.
@@ -193,4 +193,5 @@ def to_tensors(split: Split) -> tuple[torch.Tensor, torch.Tensor]:
     x = torch.from_numpy(np.asarray(split.x))
     if x.dtype == torch.uint8:
         x = (x.float() / 255.0 - 0.5) / 0.5
-    return x.float(), torch.from_numpy(np.asarray(split.y)).long()
+    y = torch.from_numpy(np.asarray(split.y))
+    return x.float(), (y.long() if not torch.is_floating_point(y) else y.float())

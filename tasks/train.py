@@ -40,7 +40,7 @@ def train(
     optimizer: str = "adam",
     proximal_mu: float = 0.0,
     steps: int = 0,
-    loss_fn: LossFn = nn.functional.cross_entropy,
+    loss_fn: LossFn | None = None,
     device: torch.device | str = "cpu",
     seed: int = 0,
 ) -> float:
@@ -69,13 +69,14 @@ def train(
         Coefficient of the proximal term; 0 disables it.
     steps : int
         If > 0, train this many mini-batch steps instead of ``epochs`` epochs.
-    loss_fn : callable
-        Loss on (predictions, targets).
+    loss_fn : callable, optional
+        Loss on (predictions, targets); default :func:`loss_for` ``(y)``.
     device : torch.device or str
         Where to train.
     seed : int
         Seed of the mini-batch order.
     """
+    loss_fn = loss_fn or loss_for(y)
     model.to(device).train()
     opt = make_optimizer(optimizer, model.parameters(), lr)
     center = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None
@@ -100,6 +101,13 @@ def train(
     return total / max(count, 1)
 
 
+def loss_for(y: torch.Tensor) -> LossFn:
+    """Cross-entropy for integer class labels, mean squared error for float targets."""
+    if torch.is_floating_point(y):
+        return lambda out, target: nn.functional.mse_loss(out.reshape(target.shape), target)
+    return nn.functional.cross_entropy
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
@@ -107,16 +115,27 @@ def evaluate(
     y: torch.Tensor,
     *,
     batch_size: int = 500,
-    loss_fn: LossFn = nn.functional.cross_entropy,
     device: torch.device | str = "cpu",
-) -> tuple[float, float]:
-    """Return (mean loss, accuracy) of ``model`` on (x, y)."""
+) -> dict[str, float]:
+    """Test ``model`` on (x, y).
+
+    Classification (integer ``y``): ``{"loss": mean cross-entropy, "accuracy"}``;
+    regression (float ``y``): ``{"loss": MSE, "mse": MSE}`` (mean over all outputs).
+    """
     model.to(device).eval()
-    loss_sum, correct = 0.0, 0
+    regression = torch.is_floating_point(y)
+    loss_sum, correct, count = 0.0, 0, 0
     for start in range(0, len(x), batch_size):
         xb, yb = x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)
         out = model(xb)
-        loss_sum += loss_fn(out, yb, reduction="sum").item()
-        correct += (out.argmax(1) == yb).sum().item()
-    n = max(len(x), 1)
-    return loss_sum / n, correct / n
+        if regression:
+            loss_sum += nn.functional.mse_loss(out.reshape(yb.shape), yb, reduction="sum").item()
+            count += yb.numel()
+        else:
+            loss_sum += nn.functional.cross_entropy(out, yb, reduction="sum").item()
+            correct += (out.argmax(1) == yb).sum().item()
+            count += len(yb)
+    count = max(count, 1)
+    if regression:
+        return {"loss": loss_sum / count, "mse": loss_sum / count}
+    return {"loss": loss_sum / count, "accuracy": correct / count}

@@ -113,7 +113,7 @@ def test_discover_clients_stops_on_a_client_error():
 
 def _setup_strategy(name):
     cfg = RunConfig.from_run_config({"strategy": name})
-    model = tasks.get_task("synthetic").build_model()
+    model = tasks.build_model(cfg.data_config(3))
     keys = [k for k, _ in model.named_parameters()]
     strategy = strategies.build_strategy(name, strategy_settings(cfg, 3, keys))
     good = {"num-partitions": 3, "num-train": 5, "num-test": 5}

@@ -84,11 +84,12 @@ def test_unknown_partitioning_names_the_allowed():
 
 def test_real_fmnist_practical_preset():
     folder = needs_data("fashion_mnist")
-    data = tasks.load_client_data("fmnist", str(folder), "practical", 0, 20, 42)
+    dc = tasks.DataConfig("fmnist", str(folder), 20, 42, "practical")
+    data = tasks.load_client_data(dc, 0)
     assert tuple(data.x_train.shape) == (600, 1, 28, 28)
     assert np.isin(data.y_train.numpy(), (0, 1)).mean() == pytest.approx(0.8)
     assert float(data.x_train.min()) == -1.0 and float(data.x_train.max()) == 1.0
-    last = tasks.load_client_data("fmnist", str(folder), "practical", 19, 20, 42)
+    last = tasks.load_client_data(dc, 19)
     assert len(last.y_train) == 200 and len(last.y_test) == 100
 
 
@@ -99,7 +100,7 @@ def test_real_mnist_idx_files():
 
 
 def test_synthetic_default_sizes():
-    a = tasks.load_client_data("synthetic", "", "practical", 0, 10, 42)
-    b = tasks.load_client_data("synthetic", "", "practical", 9, 10, 42)
+    dc = tasks.DataConfig("synthetic", "", 10, 42)
+    a, b = tasks.load_client_data(dc, 0), tasks.load_client_data(dc, 9)
     assert a.x_train.shape[1] == b.x_train.shape[1] == 32
     assert len(a.y_train) == 500 and len(b.y_train) == 100

@@ -1,0 +1,308 @@
+"""Panacea: graph-hypernetwork personalization ("Graph-Relational Federated
+Learning: Enhanced Personalization and Robustness"), with its special cases
+Panacea-GN (no graph generator) and pFedHN (Shamsian et al., ICML 2021: no
+graph).
+
+The server-side model psi = {psi_e, psi_m} generates every client's model:
+
+    z = E(h^(0), A)          client embeddings h^(0) through a GCN encoder E
+    theta_t = M(z_t)         an MLP with one output head per target tensor
+
+psi_e = {h^(0), E} (and the graph generator D), psi_m = M. The graph
+generator D scores a client pair by s(f(z_u)^T f(z_v)) (f an MLP, s the
+sigmoid) and adds the reconstruction loss
+
+    L_d = E_{u,v}[-A_uv log s(.) - (1 - A_uv) log(1 - s(.))]
+
+with weight lambda_d, to psi_e's update only.
+
+After clients return trained models, a server step is
+
+    psi <- psi - alpha (d theta / d psi)^T (theta - theta_trained)  [- alpha lambda_d grad L_d]
+
+averaged over the sampled clients, computed with ``torch.autograd.grad(theta,
+psi, grad_outputs=(theta - theta_trained) / k)`` for k sampled clients.
+Deviation: the paper sums over the sampled clients; the mean is the sum with
+step alpha / k, so that alpha needs no retuning when the number of sampled
+clients changes (with 60+ clients the summed step diverges at pFedHN's
+alpha = 0.01). Sign: the paper writes the step
+with Delta theta = theta_trained - theta_sent; taken literally, psi <- psi -
+alpha J^T Delta theta would move theta away from the trained weights. The
+descent direction of 1/2 ||theta(psi) - theta_trained||^2, whose gradient is
+J^T (theta - theta_trained) = -J^T Delta theta, is what pFedHN's reference code
+does and what is implemented (``test_server_step_moves_toward_trained``). With
+``server_steps`` K_s > 1 the residual theta(psi) - theta_trained is recomputed
+at each step (the first step equals the paper's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from logging import INFO
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord
+from flwr.supercore import log
+from torch import nn
+
+from .base import PersonalizedStrategy
+
+
+def normalized_adjacency(adj: torch.Tensor) -> torch.Tensor:
+    """GCN propagation matrix D^-1/2 (A + I) D^-1/2 of a symmetric (n, n) adjacency."""
+    a = adj.float() + torch.eye(adj.shape[0], device=adj.device)
+    d = a.sum(dim=1).rsqrt()
+    return d[:, None] * a * d[None, :]
+
+
+def _mlp(sizes: Sequence[int]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class GCNLayer(nn.Module):
+    """One graph convolution H' = P H W (Kipf and Welling 2017), P the propagation matrix."""
+
+    def __init__(self, d_in: int, d_out: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(d_in, d_out)
+
+    def forward(self, h: torch.Tensor, prop: torch.Tensor) -> torch.Tensor:
+        return prop @ self.linear(h)
+
+
+class GraphHyperNetwork(nn.Module):
+    """GH(h^(0), A; psi): client embeddings -> GCN encoder -> MLP with per-tensor heads.
+
+    Parameters
+    ----------
+    num_clients : int
+        Number of clients (rows of the embedding table).
+    head_sizes : Sequence[int]
+        Number of values of each target tensor, in the order of the flat model
+        vector (:class:`strategies.base.FlatLayout`); the output is their concatenation.
+    embed_dim : int (default: 100)
+        Dimension of h^(0) (paper: 100).
+    gnn_layers : int (default: 3)
+        GCN layers of E (paper: 3); 0 means no encoder (pFedHN: z = h^(0)).
+    hidden : int (default: 100)
+        Width of E's layers and of M's hidden layers (paper: 100).
+    mlp_layers : int (default: 3)
+        Linear layers of M before the heads (paper: 3).
+    generator : bool (default: True)
+        Whether the graph generator D exists (False for Panacea-GN and pFedHN).
+    """
+
+    def __init__(self, num_clients: int, head_sizes: Sequence[int], embed_dim: int = 100,
+                 gnn_layers: int = 3, hidden: int = 100, mlp_layers: int = 3,
+                 generator: bool = True) -> None:
+        super().__init__()
+        self.embeddings = nn.Embedding(num_clients, embed_dim)
+        nn.init.normal_(self.embeddings.weight, std=1.0)
+        dims = [embed_dim] + [hidden] * gnn_layers
+        self.encoder = nn.ModuleList(GCNLayer(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        z_dim = dims[-1]
+        self.mlp = nn.Sequential(_mlp([z_dim] + [hidden] * mlp_layers), nn.ReLU())
+        self.heads = nn.ModuleList(nn.Linear(hidden, int(n)) for n in head_sizes)
+        self.generator = _mlp([z_dim, hidden, hidden]) if generator else None
+
+    def encoder_parameters(self) -> list[nn.Parameter]:
+        """psi_e: embeddings, encoder and graph generator."""
+        gen = list(self.generator.parameters()) if self.generator is not None else []
+        return [self.embeddings.weight, *self.encoder.parameters(), *gen]
+
+    def encode(self, prop: torch.Tensor | None) -> torch.Tensor:
+        """z for every client: h^(0) through the GCN layers (ReLU between), or h^(0) if none."""
+        h = self.embeddings.weight
+        for i, layer in enumerate(self.encoder):
+            h = layer(h, prop)
+            if i < len(self.encoder) - 1:
+                h = torch.relu(h)
+        return h
+
+    def generate(self, z: torch.Tensor) -> torch.Tensor:
+        """Flat target models (k, d) from embeddings z (k, z_dim)."""
+        features = self.mlp(z)
+        return torch.cat([head(features) for head in self.heads], dim=1)
+
+    def forward(self, prop: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
+        """theta for clients ``rows``: (len(rows), d)."""
+        return self.generate(self.encode(prop)[rows])
+
+
+def graph_reconstruction_loss(f: torch.Tensor, adj: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+    """L_d over ``pairs`` (P, 2): mean of -A log s(f_u.f_v) - (1 - A) log(1 - s(f_u.f_v))."""
+    scores = (f[pairs[:, 0]] * f[pairs[:, 1]]).sum(dim=1)
+    target = adj[pairs[:, 0], pairs[:, 1]].float()
+    return nn.functional.binary_cross_entropy_with_logits(scores, target)
+
+
+def sample_pairs(adj: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """All edges (u < v) and as many random non-adjacent pairs: the pairs of L_d.
+
+    A choice the paper leaves open ("sampled client pairs"): balancing edges
+    and non-edges keeps L_d informative on sparse graphs.
+    """
+    n = adj.shape[0]
+    upper = torch.triu(adj > 0, diagonal=1)
+    pos = upper.nonzero()
+    k = max(len(pos), 1)
+    u = torch.randint(0, n, (4 * k,), generator=generator)
+    v = torch.randint(0, n, (4 * k,), generator=generator)
+    keep = (u != v) & (adj[u, v] == 0)
+    neg = torch.stack([u[keep], v[keep]], dim=1)[:k]
+    return torch.cat([pos.cpu(), neg]).to(adj.device)
+
+
+def server_step(
+    hnet: GraphHyperNetwork,
+    optimizer: torch.optim.Optimizer,
+    prop: torch.Tensor | None,
+    rows: torch.Tensor,
+    trained: torch.Tensor,
+    adj: torch.Tensor | None = None,
+    lambda_d: float = 0.0,
+    pairs: torch.Tensor | None = None,
+) -> float:
+    """One update of psi toward the clients' trained models.
+
+    Gradients of the model term come from ``torch.autograd.grad(theta, psi,
+    grad_outputs=(theta - trained) / k)`` over the k rows (the gradient of
+    the mean of 1/2 ||theta_t - trained_t||^2); with a graph generator,
+    ``lambda_d * grad L_d`` is added to psi_e's gradients.
+
+    Returns
+    -------
+    float
+        The mean over rows of 1/2 ||theta_t - trained_t||^2 before the step.
+    """
+    params = [p for p in hnet.parameters() if p.requires_grad]
+    z = hnet.encode(prop)
+    theta = hnet.generate(z[rows])
+    residual = (theta - trained).detach()
+    grads = torch.autograd.grad(theta, params, grad_outputs=residual / len(rows), allow_unused=True,
+                                retain_graph=hnet.generator is not None and lambda_d > 0)
+    grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+    if hnet.generator is not None and lambda_d > 0 and adj is not None and pairs is not None:
+        loss_d = graph_reconstruction_loss(hnet.generator(z), adj, pairs)
+        psi_e = hnet.encoder_parameters()
+        extra = torch.autograd.grad(loss_d, psi_e, allow_unused=True)
+        index = {id(p): i for i, p in enumerate(params)}
+        for p, g in zip(psi_e, extra):
+            if g is not None:
+                grads[index[id(p)]] = grads[index[id(p)]] + lambda_d * g
+    optimizer.zero_grad(set_to_none=True)
+    for p, g in zip(params, grads):
+        p.grad = g
+    optimizer.step()
+    return 0.5 * float((residual ** 2).sum()) / len(rows)
+
+
+class Panacea(PersonalizedStrategy):
+    """Panacea (and, by its arguments, Panacea-GN and pFedHN) as a Flower strategy.
+
+    Each sampled client receives theta_t = GH(h_t, A) and the instruction to
+    train ``local_steps`` SGD steps (or ``local-epochs`` when 0) at
+    ``client_lr``; the server then runs ``server_steps`` steps of
+    :func:`server_step` on the valid trained models (SGD with momentum, whose
+    state lives across rounds). Every client, novel ones included, is
+    evaluated on the model generated for it, without fine-tuning.
+
+    Parameters
+    ----------
+    adjacency : torch.Tensor | None
+        (n, n) symmetric 0/1 client graph in the order of the sorted client
+        ids; None for pFedHN.
+    embed_dim, gnn_layers, hidden, mlp_layers : int
+        Sizes of GH (paper: 100, 3, 100, 3); ``gnn_layers`` is ignored without a graph.
+    generator : bool
+        Whether to train the graph generator D (Panacea: True; Panacea-GN: False).
+    lambda_d : float
+        Weight of L_d in psi_e's update.
+    server_lr, server_momentum : float
+        SGD of psi.
+    server_steps : int
+        K_s, server steps per round.
+    client_lr : float
+        Learning rate of the clients' SGD.
+    local_steps : int
+        K_c, SGD steps per client and round (0: the run's ``local-epochs``).
+    **kwargs
+        Passed to :class:`strategies.base.PersonalizedStrategy`.
+    """
+
+    def __init__(self, adjacency: torch.Tensor | None = None, embed_dim: int = 100,
+                 gnn_layers: int = 3, hidden: int = 100, mlp_layers: int = 3,
+                 generator: bool = True, lambda_d: float = 1.0, server_lr: float = 0.01,
+                 server_momentum: float = 0.9, server_steps: int = 1, client_lr: float = 0.05,
+                 local_steps: int = 0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.adjacency = adjacency
+        self.sizes = dict(embed_dim=embed_dim, gnn_layers=gnn_layers if adjacency is not None else 0,
+                          hidden=hidden, mlp_layers=mlp_layers)
+        self.use_generator = generator and adjacency is not None
+        self.lambda_d = lambda_d
+        self.server_lr, self.server_momentum = server_lr, server_momentum
+        self.server_steps = server_steps
+        self.client_lr, self.local_steps = client_lr, local_steps
+        self.hnet: GraphHyperNetwork | None = None
+
+    def summary(self) -> None:  # noqa: D102
+        super().summary()
+        log(INFO, "\t└── graph %s, generator %s, sizes %s, server lr %g x %d steps, client SGD lr %g",
+            "none" if self.adjacency is None else f"{int(self.adjacency.sum()) // 2} edges",
+            self.use_generator, self.sizes, self.server_lr, self.server_steps, self.client_lr)
+
+    def initial_models(self, initial: torch.Tensor) -> None:
+        """Build GH and its optimizer; no per-client store (GH generates the models)."""
+        n = len(self.client_ids)
+        if self.adjacency is not None and tuple(self.adjacency.shape) != (n, n):
+            raise ValueError(f"the graph has {self.adjacency.shape[0]} clients, the run {n}")
+        sizes = [int(np.prod(self.layout.shapes[k])) for k in self.layout.float_keys]
+        torch.manual_seed(self.seed)
+        self.hnet = GraphHyperNetwork(n, sizes, generator=self.use_generator, **self.sizes)
+        self.hnet.to(self.device)
+        self.optimizer = torch.optim.SGD(self.hnet.parameters(), lr=self.server_lr,
+                                         momentum=self.server_momentum)
+        self.adj = None if self.adjacency is None else self.adjacency.to(self.device)
+        self.prop = None if self.adj is None else normalized_adjacency(self.adj)
+        self.pair_gen = torch.Generator().manual_seed(self.seed)
+        log(INFO, "Hypernetwork: %d clients, %d parameters; target model of %d values",
+            n, sum(p.numel() for p in self.hnet.parameters()), self.layout.size)
+        return None
+
+    @torch.no_grad()
+    def generated(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """theta for ``rows`` (all clients if None), from the current psi."""
+        z = self.hnet.encode(self.prop)
+        return self.hnet.generate(z if rows is None else z[rows.to(z.device)])
+
+    def personalize(self, server_round: int, rows: torch.Tensor, config: ConfigRecord
+                    ) -> tuple[torch.Tensor, ConfigRecord]:
+        """theta_t = GH(h_t, A) for the sampled clients, with SGD settings."""
+        cfg = ConfigRecord(dict(config))
+        cfg["optimizer"] = "sgd"
+        cfg["lr"] = self.client_lr
+        if self.local_steps > 0:
+            cfg["local-steps"] = self.local_steps
+        return self.generated(rows), cfg
+
+    def update(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
+        """K_s server steps of psi toward the trained models."""
+        rows = rows.to(self.device)
+        loss = 0.0
+        for _ in range(self.server_steps):
+            pairs = sample_pairs(self.adj, self.pair_gen) if self.use_generator else None
+            loss = server_step(self.hnet, self.optimizer, self.prop, rows, trained,
+                               self.adj, self.lambda_d, pairs)
+        log(INFO, "Round %d: server step on %d clients, mean 1/2 ||theta - trained||^2 = %.4g",
+            server_round, len(rows), loss)
+
+    def evaluation_models(self) -> torch.Tensor:
+        """Every client's generated model (novel clients from their untrained embeddings)."""
+        return self.generated()

@@ -1,0 +1,97 @@
+"""Client relation graphs (the ``graph`` run-config key) and their validation.
+
+* ``task``: the graph the task defines (fl60, tpt48, an npz file's ``adjacency``);
+* ``file``: ``graph-file``, either a CSV edge list over client ids (one
+  ``u,v`` pair per line, an optional header line; edges are undirected) or an
+  ``.npz`` file with an (n, n) ``adjacency``;
+* ``groups``: clients of one partition group are connected (client ``i`` of
+  ``n`` is in group ``i * G // n``, ``G = min(5, n)``, the groups of the
+  practical partitioning);
+* ``none``: no graph.
+
+A graph is returned as a float32 0/1 (n, n) matrix with a zero diagonal
+(weights > 0 count as edges). A graph with the wrong number of clients, an
+edge to an unknown client or a non-symmetric adjacency raises
+:class:`GraphError`.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+
+
+class GraphError(ValueError):
+    """An invalid client graph."""
+
+
+def validate_adjacency(adj: np.ndarray, num_clients: int, source: str) -> np.ndarray:
+    """Check an adjacency matrix and return it as a 0/1 float32 matrix without self-loops."""
+    adj = np.asarray(adj)
+    if adj.shape != (num_clients, num_clients):
+        raise GraphError(f"{source}: adjacency is {adj.shape}, the run has {num_clients} clients")
+    if not np.isfinite(adj).all():
+        raise GraphError(f"{source}: adjacency has non-finite entries")
+    if not np.array_equal(adj, adj.T):
+        bad = np.argwhere(adj != adj.T)[0]
+        raise GraphError(f"{source}: adjacency is not symmetric (A[{bad[0]},{bad[1]}] != "
+                         f"A[{bad[1]},{bad[0]}]); give an undirected graph")
+    out = (adj > 0).astype(np.float32)
+    np.fill_diagonal(out, 0.0)
+    return out
+
+
+def read_edge_list(path: Path, num_clients: int) -> np.ndarray:
+    """Read an undirected CSV edge list over client ids 0..n-1."""
+    adj = np.zeros((num_clients, num_clients), dtype=np.float32)
+    with open(path, newline="") as f:
+        for line_no, row in enumerate(csv.reader(f), start=1):
+            if not row or row[0].strip().startswith("#"):
+                continue
+            try:
+                u, v = int(row[0]), int(row[1])
+            except (ValueError, IndexError):
+                if line_no == 1:
+                    continue  # header
+                raise GraphError(f"{path}:{line_no}: expected 'u,v' client ids, got {row}") from None
+            for c in (u, v):
+                if not 0 <= c < num_clients:
+                    raise GraphError(f"{path}:{line_no}: edge {u}-{v} names client {c}, "
+                                     f"outside 0..{num_clients - 1}")
+            adj[u, v] = adj[v, u] = 1.0
+    return adj
+
+
+def group_graph(num_clients: int, groups: int = 5) -> np.ndarray:
+    """Clients of the same group connected (groups of the practical partitioning)."""
+    g = np.arange(num_clients) * min(groups, num_clients) // num_clients
+    adj = (g[:, None] == g[None, :]).astype(np.float32)
+    np.fill_diagonal(adj, 0.0)
+    return adj
+
+
+def build_graph(kind: str, num_clients: int, task_adjacency: np.ndarray | None = None,
+                graph_file: str = "", dataset: str = "") -> np.ndarray | None:
+    """Return the client graph of ``kind`` (see the module docstring), validated."""
+    if kind == "none":
+        return None
+    if kind == "groups":
+        return group_graph(num_clients)
+    if kind == "task":
+        if task_adjacency is None:
+            raise GraphError(f"run config 'graph' = 'task' but dataset '{dataset}' defines no graph; "
+                             "allowed: file, groups, none")
+        return validate_adjacency(task_adjacency, num_clients, f"dataset '{dataset}'")
+    if kind == "file":
+        path = Path(graph_file).expanduser()
+        if not path.is_file():
+            raise GraphError(f"run config 'graph-file' = '{graph_file}' is not a file")
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as data:
+                if "adjacency" not in data.files:
+                    raise GraphError(f"{path}: no 'adjacency' array")
+                return validate_adjacency(data["adjacency"], num_clients, str(path))
+        return validate_adjacency(read_edge_list(path, num_clients), num_clients, str(path))
+    raise GraphError(f"run config 'graph' = '{kind}' is invalid; allowed: task, file, groups, none")

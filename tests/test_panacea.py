@@ -1,0 +1,189 @@
+"""Panacea's hypernetwork, server step, graph loss and graphs; fl60, tpt48 and npz data."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import tasks
+from strategies.panacea import (
+    GraphHyperNetwork,
+    graph_reconstruction_loss,
+    normalized_adjacency,
+    sample_pairs,
+    server_step,
+)
+from tasks.federated import fl60_oracle_accuracy, load_npz, load_tpt48, make_fl60
+from tasks.graphs import GraphError, build_graph, group_graph, validate_adjacency
+
+from .conftest import needs_data
+
+SIZES = [6 * 4, 4, 4 * 2, 2]  # an MLP 6-4-2: weight, bias, weight, bias
+
+
+def _hnet(n=5, generator=True, gnn_layers=3):
+    torch.manual_seed(0)
+    return GraphHyperNetwork(n, SIZES, embed_dim=8, gnn_layers=gnn_layers, hidden=16,
+                             mlp_layers=3, generator=generator)
+
+
+def _ring(n):
+    adj = torch.zeros(n, n)
+    for i in range(n):
+        adj[i, (i + 1) % n] = adj[(i + 1) % n, i] = 1.0
+    return adj
+
+
+def test_hypernetwork_shapes_and_parameter_groups():
+    hnet = _hnet()
+    prop = normalized_adjacency(_ring(5))
+    theta = hnet(prop, torch.tensor([0, 3]))
+    assert theta.shape == (2, sum(SIZES))
+    assert len(hnet.heads) == len(SIZES)
+    assert [h.out_features for h in hnet.heads] == SIZES
+    assert len(hnet.encoder) == 3 and hnet.encode(prop).shape == (5, 16)
+    psi_e = {id(p) for p in hnet.encoder_parameters()}
+    assert id(hnet.embeddings.weight) in psi_e
+    assert not psi_e & {id(p) for p in hnet.mlp.parameters()}
+    pfedhn = _hnet(generator=False, gnn_layers=0)
+    assert pfedhn.generator is None and len(pfedhn.encoder) == 0
+    assert torch.equal(pfedhn.encode(None), pfedhn.embeddings.weight)
+
+
+def test_normalized_adjacency_by_hand():
+    # path 0-1: A + I = [[1,1],[1,1]], degrees 2 -> every entry 1/2
+    prop = normalized_adjacency(torch.tensor([[0.0, 1.0], [1.0, 0.0]]))
+    assert torch.allclose(prop, torch.full((2, 2), 0.5))
+
+
+@pytest.mark.parametrize("generator", [True, False])
+def test_server_step_moves_toward_trained(generator):
+    hnet = _hnet(generator=generator)
+    adj = _ring(5)
+    prop = normalized_adjacency(adj)
+    rows = torch.tensor([1, 2, 4])
+    with torch.no_grad():
+        sent = hnet(prop, rows)
+    trained = sent + 0.1 * torch.randn(sent.shape, generator=torch.Generator().manual_seed(1))
+    opt = torch.optim.SGD(hnet.parameters(), lr=0.01)
+    pairs = sample_pairs(adj, torch.Generator().manual_seed(0)) if generator else None
+    before = 0.5 * float(((sent - trained) ** 2).sum()) / len(rows)
+    reported = server_step(hnet, opt, prop, rows, trained, adj, 0.0, pairs)
+    assert reported == pytest.approx(before, rel=1e-5)
+    with torch.no_grad():
+        after = hnet(prop, rows)
+    assert float(((after - trained) ** 2).sum()) < float(((sent - trained) ** 2).sum())
+    # the step follows the gradient of 1/2 ||theta - trained||^2 (a descent direction)
+    cos = torch.nn.functional.cosine_similarity((after - sent).flatten(), (trained - sent).flatten(), 0)
+    assert cos > 0
+
+
+def test_server_step_uses_autograd_grad_with_the_residual():
+    hnet = _hnet(generator=False)
+    prop = normalized_adjacency(_ring(5))
+    rows = torch.tensor([0, 2])
+    trained = torch.zeros(2, sum(SIZES))
+    hnet_ref = _hnet(generator=False)
+    theta = hnet_ref(prop, rows)
+    (0.5 * ((theta - trained) ** 2).sum() / len(rows)).backward()
+    expected = {n: p - 0.1 * p.grad for n, p in hnet_ref.named_parameters() if p.grad is not None}
+    server_step(hnet, torch.optim.SGD(hnet.parameters(), lr=0.1), prop, rows, trained)
+    for name, p in hnet.named_parameters():
+        if name in expected:
+            assert torch.allclose(p, expected[name], atol=1e-6), name
+
+
+def test_graph_loss_on_a_tiny_graph_by_hand():
+    f = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 2.0]])
+    adj = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    pairs = torch.tensor([[0, 1], [0, 2], [1, 2]])
+    # scores f_u.f_v: 1 (edge), 0 (no edge), 2 (no edge)
+    s = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    expected = (-math.log(s(1.0)) - math.log(1 - s(0.0)) - math.log(1 - s(2.0))) / 3
+    assert graph_reconstruction_loss(f, adj, pairs).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_sample_pairs_balances_edges_and_non_edges():
+    adj = _ring(10)
+    pairs = sample_pairs(adj, torch.Generator().manual_seed(0))
+    labels = adj[pairs[:, 0], pairs[:, 1]]
+    assert int(labels.sum()) == 10 and len(pairs) == 20
+    assert (pairs[:, 0] != pairs[:, 1]).all()
+
+
+def test_graph_validation_errors(tmp_path):
+    with pytest.raises(GraphError, match="not symmetric"):
+        validate_adjacency(np.array([[0, 1], [0, 0]]), 2, "x")
+    with pytest.raises(GraphError, match=r"\(3, 3\), the run has 2 clients"):
+        validate_adjacency(np.zeros((3, 3)), 2, "x")
+    edges = tmp_path / "g.csv"
+    edges.write_text("u,v\n0,1\n1,7\n")
+    with pytest.raises(GraphError, match="names client 7"):
+        build_graph("file", 3, graph_file=str(edges))
+    edges.write_text("u,v\n0,1\n1,2\n")
+    assert build_graph("file", 3, graph_file=str(edges)).tolist() == [[0, 1, 0], [1, 0, 1], [0, 1, 0]]
+    with pytest.raises(GraphError, match="defines no graph"):
+        build_graph("task", 3, None, dataset="mnist")
+    assert group_graph(10)[0].tolist() == [0, 1] + [0] * 8
+    assert build_graph("none", 3) is None
+
+
+def test_fl60_is_seeded_symmetric_and_has_an_oracle_ceiling():
+    a, b = make_fl60(60, seed=3), make_fl60(60, seed=3)
+    assert np.array_equal(a.adjacency, b.adjacency) and np.array_equal(a.train[5].x, b.train[5].x)
+    assert np.array_equal(a.adjacency, a.adjacency.T) and a.adjacency.diagonal().sum() == 0
+    assert len(a.train) == 60 and len(a.train[0].y) == 80 and len(a.test[0].y) == 20
+    assert 0.6 < fl60_oracle_accuracy(a) < 0.8  # unit noise: the classes overlap
+    assert fl60_oracle_accuracy(make_fl60(60, seed=3, noise_std=0.1)) > 0.93
+    assert make_fl60(7, seed=0).num_clients == 7
+
+
+def test_tpt48_real_files():
+    fed = load_tpt48(needs_data("tpt48"))
+    assert fed.num_clients == 48 and fed.names[0] == "AL"
+    assert int(fed.adjacency.sum()) // 2 == 105
+    assert fed.train[0].x.shape == (106, 6) and fed.test[0].y.shape == (27, 6)
+    allx = np.concatenate([s.x for s in fed.train + fed.test])
+    assert allx.min() >= 0.0 and allx.max() <= 1.0
+
+
+def test_npz_loading_and_refusals(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "data.npz"
+    x, y, client = rng.normal(size=(60, 3)), rng.integers(0, 3, 60), np.repeat(np.arange(3), 20)
+    adj = np.array([[0, 1, 0], [1, 0, 1], [0, 1, 0]], dtype=float)
+    np.savez(path, x=x, y=y, client=client, adjacency=adj)
+    fed = load_npz(path)
+    assert fed.num_clients == 3 and len(fed.train[0].y) == 16 and len(fed.test[0].y) == 4
+    info = tasks.data_info(tasks.DataConfig("npz", str(path), 3, 0))
+    assert info.kind == "classification" and info.num_outputs == 3 and info.input_shape == (3,)
+    np.savez(path, x=x, y=y.astype(float), client=client)
+    assert load_npz(path).train[0].y.dtype == np.float32
+    np.savez(path, x=x, client=client)
+    with pytest.raises(ValueError, match=r"missing key\(s\) \['y'\]"):
+        load_npz(path)
+    np.savez(path, x=x, y=y[:50], client=client)
+    with pytest.raises(ValueError, match="inconsistent lengths"):
+        load_npz(path)
+    np.savez(path, x=x, y=np.array([object()] * 60, dtype=object), client=client)
+    with pytest.raises(ValueError):
+        load_npz(path)  # object arrays need pickle, which is refused
+
+
+def test_panacea_hypernetwork_fits_325_clients_on_the_cpu():
+    data = np.load(needs_data("sensor_graphs") / "pems_bay_adjacency.npz")
+    adj = np.maximum(data["adjacency"], data["adjacency"].T)  # the raw graph is directed
+    adj = torch.from_numpy(validate_adjacency(adj, 325, "pems-bay"))
+    hnet = GraphHyperNetwork(325, [12 * 64, 64, 64 * 64, 64, 64 * 12, 12])  # paper sizes
+    prop = normalized_adjacency(adj)
+    rows = torch.arange(0, 325, 5)
+    with torch.no_grad():
+        sent = hnet(prop, rows)
+    opt = torch.optim.SGD(hnet.parameters(), lr=0.01, momentum=0.9)
+    pairs = sample_pairs(adj, torch.Generator().manual_seed(0))
+    first = server_step(hnet, opt, prop, rows, sent + 0.01, adj, 1.0, pairs)
+    second = server_step(hnet, opt, prop, rows, sent + 0.01, adj, 1.0, pairs)
+    assert math.isfinite(second) and second < first
