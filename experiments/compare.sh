@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run several strategies one after another with `flwr run .` and print their BMTA.
+# Run several strategies one after another with `flwr run .` and print their
+# BMTA (classification) or best mean test MSE (regression).
 #
 #   experiments/compare.sh NUM_CLIENTS RESULTS_DIR "RUN CONFIG" STRATEGY...
 #
@@ -20,14 +21,20 @@ for s in "$@"; do
   flwr run . --stream --federation-config "num-supernodes=$n" \
     --run-config "strategy='$s' min-nodes=$n run-name='$s' results-dir='$out' $cfg" \
     > "$out/$s.log" 2>&1 || { echo "run failed, see $out/$s.log"; exit 1; }
-  grep -h "mean test accuracy" "$out/$s.log" || true
+  grep -h "mean test" "$out/$s.log" || true
 done
 python - "$out" "$@" <<'PY'
 import json, sys
 out, names = sys.argv[1], sys.argv[2:]
-print(f"\n| strategy | BMTA (%) | mean accuracy per round |\n|---|---|---|")
-for s in names:
-    m = json.load(open(f"{out}/{s}/metrics.json"))
-    accs = ", ".join(f"{100 * r['mean_accuracy']:.2f}" for r in m["rounds"])
-    print(f"| {s} | {m['bmta']:.2f} | {accs} |")
+runs = {s: json.load(open(f"{out}/{s}/metrics.json")) for s in names}
+reg = "best_mean_mse" in next(iter(runs.values()))
+key, col, scale = ("best_mean_mse", "best mean MSE", 1) if reg else ("bmta", "BMTA (%)", 100)
+metric = "mean_mse" if reg else "mean_accuracy"
+novel = any(f"novel_{key}" in m for m in runs.values())
+head = f"| strategy | {col} |" + (f" novel clients |" if novel else "") + " per round |"
+print("\n" + head + "\n" + "|---" * (head.count("|") - 1) + "|")
+for s, m in runs.items():
+    per = ", ".join(f"{scale * r[metric]:.4g}" for r in m["rounds"])
+    extra = f" {m.get(f'novel_{key}', float('nan')):.4g} |" if novel else ""
+    print(f"| {s} | {m[key]:.4g} |{extra} {per} |")
 PY

@@ -68,11 +68,11 @@ class RunConfig:
     panacea_gnn_layers: int = 3
     panacea_hidden: int = 100
     panacea_mlp_layers: int = 3
-    panacea_server_lr: float = 0.01
+    panacea_server_lr: float = 0.1
     panacea_server_momentum: float = 0.9
-    panacea_server_steps: int = 1
+    panacea_server_steps: int = 10
     panacea_lambda_d: float = 1.0
-    panacea_client_lr: float = 0.05
+    panacea_client_lr: float = 0.1
 
     @classmethod
     def from_run_config(cls, run_config: dict[str, Any]) -> "RunConfig":

@@ -83,3 +83,40 @@ def test_superlink_with_two_supernodes(processes):
     _flwr_run(processes, f"strategy='heurfedamp' num-server-rounds=2 local-epochs=1 "
                          f"results-dir='{results}' run-name='deploy'", [])
     _check_two_rounds(_metrics(processes, "deploy"), "heurfedamp")
+
+
+def test_flwr_run_panacea_on_fl60_with_novel_clients_and_attackers(processes):
+    _start_superlink(processes, simulation=True)
+    results = processes.tmp / "results"
+    _flwr_run(
+        processes,
+        f"strategy='panacea' dataset='fl60' num-server-rounds=2 local-steps=5 batch-size=16 "
+        f"novel-client-fraction=0.2 attack-ratio=0.25 min-nodes=10 "
+        f"results-dir='{results}' run-name='fl60'",
+        ["--federation-config", "num-supernodes=10 client-resources-num-cpus=1"],
+    )
+    m = _metrics(processes, "fl60")
+    assert m["strategy"] == "panacea" and m["num_clients"] == 10
+    assert len(m["novel_clients"]) == 2 and len(m["attackers"]) == 2
+    last = m["rounds"][-1]
+    assert set(last["trained_clients"]).isdisjoint(m["novel_clients"])
+    assert len(last["client_accuracy"]) == 10  # novel clients are evaluated too
+    assert 0 <= last["mean_accuracy"] <= 1 and 0 <= last["novel_mean_accuracy"] <= 1
+    assert "novel_bmta" in m
+
+
+def test_flwr_run_fedavg_on_tpt48_reports_mse(processes):
+    from .conftest import needs_data
+
+    tpt48 = needs_data("tpt48")
+    _start_superlink(processes, simulation=True)
+    results = processes.tmp / "results"
+    _flwr_run(
+        processes,
+        f"strategy='fedavg' dataset='tpt48' data-dir='{tpt48}' num-server-rounds=2 "
+        f"local-epochs=1 batch-size=16 min-nodes=48 results-dir='{results}' run-name='tpt'",
+        ["--federation-config", "num-supernodes=48 client-resources-num-cpus=1"],
+    )
+    m = _metrics(processes, "tpt")
+    assert "bmta" not in m and 0 < m["best_mean_mse"] < 1
+    assert len(m["rounds"][-1]["client_mse"]) == 48
