@@ -120,3 +120,25 @@ def test_flwr_run_fedavg_on_tpt48_reports_mse(processes):
     m = _metrics(processes, "tpt")
     assert "bmta" not in m and 0 < m["best_mean_mse"] < 1
     assert len(m["rounds"][-1]["client_mse"]) == 48
+
+
+def test_flwr_run_panacea_gn_on_an_npz_file(processes):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    path = processes.tmp / "mine.npz"
+    client = np.repeat(np.arange(4), 30)
+    x = rng.normal(size=(120, 5)) + client[:, None]
+    adjacency = np.array([[0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 1], [0, 0, 1, 0]])
+    np.savez(path, x=x, y=(x[:, 0] > client).astype(np.int64), client=client, adjacency=adjacency)
+    _start_superlink(processes, simulation=True)
+    results = processes.tmp / "results"
+    _flwr_run(
+        processes,
+        f"strategy='panacea-gn' dataset='npz' data-dir='{path}' num-server-rounds=2 "
+        f"local-steps=5 batch-size=8 min-nodes=4 results-dir='{results}' run-name='npz'",
+        ["--federation-config", "num-supernodes=4 client-resources-num-cpus=1"],
+    )
+    m = _metrics(processes, "npz")
+    assert m["strategy"] == "panacea-gn" and m["num_clients"] == 4
+    assert len(m["rounds"]) == 2 and 0 <= m["bmta"] <= 100
