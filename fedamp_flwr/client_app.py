@@ -39,13 +39,16 @@ app = ClientApp()
 
 
 def _ids(context: Context) -> tuple[int, int]:
-    try:
-        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
-    except KeyError as err:
-        raise ConfigError(
-            f"node config lacks {err}; start SuperNodes with "
-            '--node-config "partition-id=I num-partitions=N"'
-        ) from None
+    ids = []
+    for key in ("partition-id", "num-partitions"):
+        value = context.node_config.get(key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(
+                f"node config '{key}' = {value!r} is invalid; allowed: an integer (start "
+                'SuperNodes with --node-config "partition-id=I num-partitions=N")'
+            )
+        ids.append(value)
+    return ids[0], ids[1]
 
 
 def _setup(context: Context) -> tuple[RunConfig, int, tasks.DataConfig, tasks.ClientData]:
@@ -60,16 +63,23 @@ def _setup(context: Context) -> tuple[RunConfig, int, tasks.DataConfig, tasks.Cl
     except FileNotFoundError as err:
         raise ConfigError(f"run config 'data-dir' = {cfg.data_dir!r}: {err}") from None
     except ValueError as err:
-        raise ConfigError(
-            f"run config 'dataset' = {cfg.dataset!r}, 'partitioning' = {cfg.partitioning!r} "
-            f"with num-partitions = {n} clients: {err}"
-        ) from None
+        setting = (f"'dataset' = {cfg.dataset!r}" if tasks.get_task(cfg.dataset).federated
+                   else f"'dataset' = {cfg.dataset!r}, 'partitioning' = {cfg.partitioning!r}")
+        raise ConfigError(f"run config {setting} with num-partitions = {n} clients: {err}") from None
+    if cfg.attack_ratio > 0 and tasks.data_info(dc).kind == tasks.REGRESSION:
+        raise ConfigError(f"run config 'attack-ratio' = {cfg.attack_ratio} is invalid for the "
+                          f"regression data of {cfg.dataset!r}; allowed: 0")
     if fed.num_clients != n:
         raise ConfigError(
             f"dataset {cfg.dataset!r} defines {fed.num_clients} clients but num-partitions = {n}; "
             f"allowed: run {fed.num_clients} SuperNodes"
         )
     return cfg, pid, dc, tasks.load_client_data(dc, pid)
+
+
+def _seed(cfg: RunConfig, server_round: int, pid: int) -> int:
+    """Seed of a client's mini-batch order (and random labels) in a round."""
+    return cfg.seed * 100_003 + server_round * 1_009 + pid
 
 
 def _device() -> torch.device:
@@ -92,7 +102,8 @@ def query(msg: Message, context: Context) -> Message:
                 "num-train": len(data.y_train), "num-test": len(data.y_test)}
     except Exception as err:  # reported to the server, which stops the run
         pid = context.node_config.get("partition-id", -1)
-        info = {"client-id": int(pid), "error": f"{type(err).__name__}: {err}"}
+        info = {"client-id": pid if isinstance(pid, int) else -1,
+                "error": f"{type(err).__name__}: {err}"}
     return Message(RecordDict({"info": ConfigRecord(info)}), reply_to=msg)
 
 
@@ -120,7 +131,7 @@ def _fit(model, cfg: RunConfig, data: tasks.ClientData, c: ConfigRecord, seed: i
 def train(msg: Message, context: Context) -> Message:
     """Train the received model on the local data as the message's config says."""
     cfg, pid, dc, data, c, server_round, model = _start(msg, context)
-    seed = cfg.seed * 100_003 + server_round * 1_009 + pid
+    seed = _seed(cfg, server_round, pid)
     labels = None
     if pid in cfg.roles(dc.num_clients).attackers:  # the attack-ratio scenario
         classes = tasks.data_info(dc).num_outputs
@@ -141,8 +152,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     cfg, pid, _, data, c, server_round, model = _start(msg, context)
     finetune = int(c.get("finetune-epochs", 0))
     if finetune > 0:
-        _fit(model, cfg, data, c, seed=cfg.seed * 100_003 + server_round * 1_009 + pid + 7,
-             epochs=finetune)
+        _fit(model, cfg, data, c, seed=_seed(cfg, server_round, pid) + 7, epochs=finetune)
     result = evaluate_model(model, data.x_test, data.y_test, device=_device())
     metrics = MetricRecord({"num-examples": len(data.y_test), **result,
                             "client-id": pid, "server-round": server_round})

@@ -9,6 +9,7 @@ and what is allowed, before any work starts.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,8 @@ class RunConfig:
         check("fedamp-lambda", self.fedamp_lambda >= 0, "a number >= 0")
         for key in ("fedamp-sigma", "heurfedamp-sigma"):
             v = getattr(self, key.replace("-", "_"))
-            check(key, v == "auto" or (not isinstance(v, str) and v > 0), '"auto" or a number > 0')
+            check(key, v == "auto" or (not isinstance(v, str) and 0 < v < math.inf),
+                  '"auto" or a finite number > 0')
         check("heurfedamp-self-weight", 0 <= self.heurfedamp_self_weight < 1, "a number in [0, 1)")
         check("fedprox-mu", self.fedprox_mu >= 0, "a number >= 0")
         check("local-steps", self.local_steps >= 0, "an integer >= 0 (0: use local-epochs)")
@@ -203,7 +205,7 @@ def _coerce(key: str, value: Any, annotation: str) -> Any:
         try:
             return float(value)
         except ValueError:
-            raise _bad(key, value, '"auto" or a number > 0') from None
+            raise _bad(key, value, '"auto" or a finite number > 0') from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _bad(key, value, '"auto" or a number > 0')
+        raise _bad(key, value, '"auto" or a finite number > 0')
     return float(value)

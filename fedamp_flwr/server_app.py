@@ -15,7 +15,7 @@ import strategies
 import tasks
 from tasks.graphs import build_graph
 
-from .config import RunConfig
+from .config import ConfigError, RunConfig
 
 app = ServerApp()
 
@@ -24,6 +24,12 @@ def server_device(cfg: RunConfig) -> str:
     """Where the server keeps and mixes models: ``server-device``, "auto" = cuda if present."""
     if cfg.server_device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if cfg.server_device.startswith("cuda"):
+        try:
+            torch.empty(0, device=cfg.server_device)
+        except (RuntimeError, AssertionError) as err:
+            raise ConfigError(f"run config 'server-device' = {cfg.server_device!r} is not usable "
+                              f"here ({err}); allowed: auto, cpu or an available cuda device") from None
     return cfg.server_device
 
 
@@ -31,7 +37,7 @@ def strategy_settings(cfg: RunConfig, num_clients: int, param_keys: list[str],
                       adjacency: torch.Tensor | None = None) -> dict:
     """The settings the strategy factories of :mod:`strategies` read."""
     return {
-        "adjacency": adjacency, "local_steps": cfg.local_steps,
+        "adjacency": adjacency,
         **{f.replace("-", "_"): v for f, v in cfg.to_dict().items() if f.startswith("panacea-")},
         "num_clients": num_clients, "fraction_train": cfg.fraction_train,
         "param_keys": param_keys, "device": server_device(cfg), "seed": cfg.seed,

@@ -55,14 +55,14 @@ def _panacea_kwargs(s: dict[str, Any], graph: bool, generator: bool) -> dict[str
                 lambda_d=s["panacea_lambda_d"], server_lr=s["panacea_server_lr"],
                 server_momentum=s["panacea_server_momentum"],
                 server_steps=s["panacea_server_steps"], client_lr=s["panacea_client_lr"],
-                local_steps=s["local_steps"], **_personal_kwargs(s))
+                **_personal_kwargs(s))
 
 
 # Strategies that use the client graph (the ServerApp builds it only for them).
 GRAPH_STRATEGIES = ("panacea", "panacea-gn")
 
 # name -> factory(settings) -> strategy; settings are the validated run config
-# (fedamp_flwr.config.RunConfig.strategy_settings()).
+# (fedamp_flwr.server_app.strategy_settings()).
 STRATEGIES: dict[str, Callable[[dict[str, Any]], Any]] = {
     "fedavg": lambda s: FedAvg(**_flower_kwargs(s)),
     "fedprox": lambda s: FedProx(proximal_mu=s["fedprox_mu"], **_flower_kwargs(s)),

@@ -37,6 +37,10 @@ from tasks.scenarios import Roles
 CLIENT_ID = "client-id"
 ROUND = "server-round"
 NUM_EXAMPLES = "num-examples"
+# Largest squared norm of a model taken from a client. Models of norm <= 1e9
+# have centred norms <= 2e9, so every float32 Gram entry of FedAMP stays
+# <= 4e18, far below float32's maximum (3.4e38).
+MAX_SQ_NORM = 1e18
 _ID_KEYS = (CLIENT_ID, ROUND)
 
 
@@ -109,6 +113,13 @@ def discover_clients(
     parts = {i.num_partitions for i in infos.values()}
     if len(parts) != 1:
         raise RuntimeError(f"nodes disagree on num-partitions: {sorted(parts)}")
+    (num_partitions,) = parts
+    if sorted(ids) != list(range(num_partitions)):
+        raise RuntimeError(
+            f"found clients {sorted(ids)} but num-partitions = {num_partitions}: every "
+            f"partition id 0..{num_partitions - 1} must have one node; set min-nodes = "
+            f"{num_partitions} so that the ServerApp waits for all of them"
+        )
     log(INFO, "Found %d clients (partition ids %s)", len(ids), sorted(ids))
     return infos
 
@@ -132,6 +143,7 @@ class FlatLayout:
     float_keys: tuple[str, ...]
     num_params: int
     constants: dict[str, np.ndarray]
+    num_param_keys: int = 0
 
     @classmethod
     def from_arrays(cls, arrays: ArrayRecord, param_keys: Sequence[str] | None = None) -> "FlatLayout":
@@ -146,6 +158,7 @@ class FlatLayout:
             float_keys=tuple(ordered),
             num_params=int(sum(nd[k].size for k in params)),
             constants={k: v.copy() for k, v in nd.items() if k not in set(floats)},
+            num_param_keys=len(params),
         )
 
     @property
@@ -172,7 +185,9 @@ def reply_problem(msg: Message, shapes: dict[str, tuple[int, ...]]) -> str | Non
     """Return why a training reply cannot be used, or None if it can.
 
     A usable reply has no error, exactly one ``ArrayRecord`` with the model's
-    keys and shapes, only finite values, and a ``MetricRecord``.
+    keys and shapes, values that are finite as float32 (the server's dtype),
+    a squared norm below ``MAX_SQ_NORM`` (so that the float32 Gram products of
+    FedAMP cannot overflow), and a ``MetricRecord``.
     """
     if msg.has_error():
         return f"error reply: {msg.error.reason}"
@@ -182,12 +197,19 @@ def reply_problem(msg: Message, shapes: dict[str, tuple[int, ...]]) -> str | Non
     record = arrays[0]
     if set(record.keys()) != set(shapes):
         return f"array keys differ from the model's ({sorted(set(record.keys()) ^ set(shapes))[:5]})"
+    sq_norm = 0.0
     for key, arr in record.items():
         a = arr.numpy()
         if tuple(a.shape) != shapes[key]:
             return f"array '{key}' has shape {tuple(a.shape)}, expected {shapes[key]}"
-        if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
-            return f"array '{key}' has non-finite values"
+        if np.issubdtype(a.dtype, np.floating):
+            with np.errstate(over="ignore"):
+                a32 = a.astype(np.float32)
+            if not np.isfinite(a32).all():
+                return f"array '{key}' has non-finite values (as float32)"
+            sq_norm += float(np.square(a32, dtype=np.float64).sum())
+    if sq_norm > MAX_SQ_NORM:
+        return f"squared norm {sq_norm:.3g} exceeds {MAX_SQ_NORM:.0e}"
     if not msg.content.metric_records:
         return "no MetricRecord"
     return None
@@ -257,16 +279,19 @@ class RunHistory:
         rec["trained_clients"] = sorted(client_of(m) for m in replies)
         rec["train_loss"] = float(np.mean(losses)) if losses else None
 
-    def record_evaluation(self, server_round: int, replies: list[Message]) -> dict[str, float]:
-        """Record each client's test metrics; return the means over benign training clients."""
+    def record_evaluation(self, server_round: int, replies: list[Message],
+                          client_of) -> dict[str, float]:
+        """Record each client's test metrics; return the means over benign training clients.
+
+        ``client_of`` maps a reply to its sender's client id (an int), or to
+        something else for nodes that were not discovered, whose replies are skipped.
+        """
         values: dict[str, dict[int, float]] = {m: {} for m in METRICS}
         for msg in replies:
-            if msg.has_error():
+            cid = client_of(msg)
+            if msg.has_error() or not isinstance(cid, int):
                 continue
             metrics = _metrics_of(msg)
-            if CLIENT_ID not in metrics:
-                continue
-            cid = int(metrics[CLIENT_ID])
             for m in METRICS:
                 if m in metrics:
                     values[m][cid] = float(metrics[m])
@@ -367,7 +392,8 @@ class TrackedStrategy:
         """Return the usable replies; warn about the others."""
         good = []
         for msg in replies:
-            problem = reply_problem(msg, self._shapes or {})
+            problem = (reply_problem(msg, self._shapes or {}) if msg.metadata.src_node_id in self.clients
+                       else "node joined after the start of the run")
             if problem is None:
                 good.append(msg)
             else:
@@ -388,7 +414,7 @@ class TrackedStrategy:
 
     def aggregate_evaluate(self, server_round, replies):  # noqa: D102
         replies = list(replies)
-        self.history.record_evaluation(server_round, replies)
+        self.history.record_evaluation(server_round, replies, self.client_of)
         return super().aggregate_evaluate(server_round, replies)
 
 
@@ -511,8 +537,7 @@ class PersonalizedStrategy(TrackedStrategy, Strategy):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Store each valid reply's model as its client's model; invalid ones change nothing."""
-        good = [m for m in self.valid_train_replies(server_round, replies)
-                if m.metadata.src_node_id in self.clients]
+        good = self.valid_train_replies(server_round, replies)
         self.history.record_train(server_round, good, self.client_of)
         if good:
             rows = torch.as_tensor([self._row[self.client_of(m)] for m in good])
@@ -534,5 +559,5 @@ class PersonalizedStrategy(TrackedStrategy, Strategy):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Record every client's test metrics; return their means over clients."""
-        means = self.history.record_evaluation(server_round, list(replies))
+        means = self.history.record_evaluation(server_round, list(replies), self.client_of)
         return MetricRecord(means) if means else None

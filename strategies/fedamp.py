@@ -206,15 +206,33 @@ class FedAMP(PersonalizedStrategy):
     def personalize(self, server_round: int, rows: torch.Tensor, config: ConfigRecord
                     ) -> tuple[torch.Tensor, ConfigRecord]:
         """Cloud models u_i = sum_j xi_ij w_j of the sampled clients, and lambda / alpha_k."""
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            xi = self.weights(server_round, self.models[:, : self.layout.num_params])
-        self._log_warnings(server_round, caught)
+        xi = self.collaboration(server_round)
         self.history.record_xi(server_round, self.client_ids, xi)
         clouds = xi[rows.to(xi.device)].to(self.models.dtype) @ self.models
         cfg = ConfigRecord(dict(config))
         cfg["proximal-mu"] = self.lam / self.alpha_at(server_round)
         return clouds, cfg
+
+    def collaboration(self, server_round: int) -> torch.Tensor:
+        """The (n, n) weights xi of this round over all clients.
+
+        Novel clients (which never train) take no part: their rows are the
+        identity and their columns are 0 in the other rows, so their untrained
+        models never enter a cloud model.
+        """
+        n, p = len(self.client_ids), self.layout.num_params
+        active = torch.tensor([r for r, c in enumerate(self.client_ids) if c not in self.roles.novel],
+                              device=self.models.device)
+        params = self.models[:, :p] if len(active) == n else self.models[active, :p]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            xi_active = self.weights(server_round, params)
+        self._log_warnings(server_round, caught)
+        if len(active) == n:
+            return xi_active
+        xi = torch.eye(n, dtype=xi_active.dtype, device=xi_active.device)
+        xi[active[:, None], active[None, :]] = xi_active
+        return xi
 
     def _log_warnings(self, server_round: int, caught: Sequence[warnings.WarningMessage]) -> None:
         for w in caught:

@@ -148,6 +148,7 @@ def sample_pairs(adj: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     A choice the paper leaves open ("sampled client pairs"): balancing edges
     and non-edges keeps L_d informative on sparse graphs.
     """
+    device, adj = adj.device, adj.cpu()  # drawn with a CPU generator
     n = adj.shape[0]
     upper = torch.triu(adj > 0, diagonal=1)
     pos = upper.nonzero()
@@ -156,7 +157,7 @@ def sample_pairs(adj: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     v = torch.randint(0, n, (4 * k,), generator=generator)
     keep = (u != v) & (adj[u, v] == 0)
     neg = torch.stack([u[keep], v[keep]], dim=1)[:k]
-    return torch.cat([pos.cpu(), neg]).to(adj.device)
+    return torch.cat([pos, neg]).to(device)
 
 
 def server_step(
@@ -207,8 +208,8 @@ class Panacea(PersonalizedStrategy):
     """Panacea (and, by its arguments, Panacea-GN and pFedHN) as a Flower strategy.
 
     Each sampled client receives theta_t = GH(h_t, A) and the instruction to
-    train ``local_steps`` SGD steps (or ``local-epochs`` when 0) at
-    ``client_lr``; the server then runs ``server_steps`` steps of
+    train with SGD at ``client_lr`` (for the run's ``local-steps``, or
+    ``local-epochs`` when 0); the server then runs ``server_steps`` steps of
     :func:`server_step` on the valid trained models (SGD with momentum, whose
     state lives across rounds). Every client, novel ones included, is
     evaluated on the model generated for it, without fine-tuning.
@@ -229,9 +230,8 @@ class Panacea(PersonalizedStrategy):
     server_steps : int
         K_s, server steps per round.
     client_lr : float
-        Learning rate of the clients' SGD.
-    local_steps : int
-        K_c, SGD steps per client and round (0: the run's ``local-epochs``).
+        Learning rate of the clients' SGD (which trains the run's
+        ``local-steps`` K_c, or ``local-epochs`` when that is 0).
     **kwargs
         Passed to :class:`strategies.base.PersonalizedStrategy`.
     """
@@ -240,7 +240,7 @@ class Panacea(PersonalizedStrategy):
                  gnn_layers: int = 3, hidden: int = 100, mlp_layers: int = 3,
                  generator: bool = True, lambda_d: float = 1.0, server_lr: float = 0.01,
                  server_momentum: float = 0.9, server_steps: int = 1, client_lr: float = 0.05,
-                 local_steps: int = 0, **kwargs) -> None:
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         self.adjacency = adjacency
         self.sizes = dict(embed_dim=embed_dim, gnn_layers=gnn_layers if adjacency is not None else 0,
@@ -249,7 +249,7 @@ class Panacea(PersonalizedStrategy):
         self.lambda_d = lambda_d
         self.server_lr, self.server_momentum = server_lr, server_momentum
         self.server_steps = server_steps
-        self.client_lr, self.local_steps = client_lr, local_steps
+        self.client_lr = client_lr
         self.hnet: GraphHyperNetwork | None = None
 
     def summary(self) -> None:  # noqa: D102
@@ -263,7 +263,12 @@ class Panacea(PersonalizedStrategy):
         n = len(self.client_ids)
         if self.adjacency is not None and tuple(self.adjacency.shape) != (n, n):
             raise ValueError(f"the graph has {self.adjacency.shape[0]} clients, the run {n}")
-        sizes = [int(np.prod(self.layout.shapes[k])) for k in self.layout.float_keys]
+        params = self.layout.float_keys[: self.layout.num_param_keys]
+        sizes = [int(np.prod(self.layout.shapes[k])) for k in params]
+        # Floating-point buffers (batch-norm statistics) are not generated: a
+        # linear head could make a running variance negative. They stay at
+        # the initial model's values.
+        self.buffers = initial[self.layout.num_params :]
         torch.manual_seed(self.seed)
         self.hnet = GraphHyperNetwork(n, sizes, generator=self.use_generator, **self.sizes)
         self.hnet.to(self.device)
@@ -278,9 +283,10 @@ class Panacea(PersonalizedStrategy):
 
     @torch.no_grad()
     def generated(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """theta for ``rows`` (all clients if None), from the current psi."""
+        """Full flat models for ``rows`` (all clients if None): generated parameters, initial buffers."""
         z = self.hnet.encode(self.prop)
-        return self.hnet.generate(z if rows is None else z[rows.to(z.device)])
+        theta = self.hnet.generate(z if rows is None else z[rows.to(z.device)])
+        return torch.cat([theta, self.buffers.expand(len(theta), -1)], dim=1)
 
     def personalize(self, server_round: int, rows: torch.Tensor, config: ConfigRecord
                     ) -> tuple[torch.Tensor, ConfigRecord]:
@@ -288,8 +294,6 @@ class Panacea(PersonalizedStrategy):
         cfg = ConfigRecord(dict(config))
         cfg["optimizer"] = "sgd"
         cfg["lr"] = self.client_lr
-        if self.local_steps > 0:
-            cfg["local-steps"] = self.local_steps
         return self.generated(rows), cfg
 
     def update(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
@@ -298,8 +302,8 @@ class Panacea(PersonalizedStrategy):
         loss = 0.0
         for _ in range(self.server_steps):
             pairs = sample_pairs(self.adj, self.pair_gen) if self.use_generator else None
-            loss = server_step(self.hnet, self.optimizer, self.prop, rows, trained,
-                               self.adj, self.lambda_d, pairs)
+            loss = server_step(self.hnet, self.optimizer, self.prop, rows,
+                               trained[:, : self.layout.num_params], self.adj, self.lambda_d, pairs)
         log(INFO, "Round %d: server step on %d clients, mean 1/2 ||theta - trained||^2 = %.4g",
             server_round, len(rows), loss)
 

@@ -87,8 +87,9 @@ def synthetic_group_view(split: Split, partition_id: int, num_partitions: int, s
     the same groups as the practical partitioning; each group has its own
     seeded random rotation of the feature space.
     """
-    groups = min(SYNTHETIC_GROUPS, num_partitions)
-    group = partition_id * groups // num_partitions
+    from .partitioners import client_group  # noqa: PLC0415 - partitioners imports this module's users
+
+    group = client_group(partition_id, num_partitions, SYNTHETIC_GROUPS)
     rng = np.random.default_rng([20_011 + seed, group])
     q, _ = np.linalg.qr(rng.normal(size=(SYNTHETIC_FEATURES, SYNTHETIC_FEATURES)))
     return Split((split.x @ q).astype(np.float32), split.y)

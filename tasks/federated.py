@@ -40,7 +40,7 @@ def split_80_20(split: Split, rng: np.random.Generator | None) -> tuple[Split, S
     """80/20 train/test split: shuffled with ``rng``, or in order (time series) if None."""
     n = len(split.y)
     order = np.arange(n) if rng is None else rng.permutation(n)
-    cut = int(round(0.8 * n))
+    cut = min(max(int(round(0.8 * n)), 1), n - 1)  # at least one row on each side
     return split.subset(order[:cut]), split.subset(order[cut:])
 
 
@@ -169,7 +169,8 @@ def load_npz(path: Path, seed: int = 0) -> FederatedData:
     for c in range(num_clients):
         rows = np.flatnonzero(client == c)
         if len(rows) < 2:
-            raise ValueError(f"{path}: client {c} has {len(rows)} row(s); needs at least 2")
+            raise ValueError(f"{path}: client {c} has {len(rows)} row(s); needs at least 2 "
+                             "(one for training, one for testing)")
         tr, te = split_80_20(Split(x[rows].astype(np.float32), y[rows]), rng)
         train.append(tr)
         test.append(te)

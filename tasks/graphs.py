@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .partitioners import client_group
+
 
 class GraphError(ValueError):
     """An invalid client graph."""
@@ -66,9 +68,12 @@ def read_edge_list(path: Path, num_clients: int) -> np.ndarray:
 
 def group_graph(num_clients: int, groups: int = 5) -> np.ndarray:
     """Clients of the same group connected (groups of the practical partitioning)."""
-    g = np.arange(num_clients) * min(groups, num_clients) // num_clients
+    g = np.array([client_group(i, num_clients, groups) for i in range(num_clients)])
     adj = (g[:, None] == g[None, :]).astype(np.float32)
     np.fill_diagonal(adj, 0.0)
+    if not adj.any():
+        raise GraphError(f"run config 'graph' = 'groups' gives no edges with {num_clients} "
+                         f"clients (each is its own group); allowed with more than {groups} clients")
     return adj
 
 

@@ -36,6 +36,15 @@ PRACTICAL_SIZES = {
 PRACTICAL_SIZES_DEFAULT = (500, 400, 300, 200, 100)
 
 
+def client_group(client_id: int, num_clients: int, num_groups: int = 5) -> int:
+    """Group of a client: consecutive ids, ``client_id * G // n`` with ``G = min(num_groups, n)``.
+
+    The groups of the practical partitioning, of the synthetic task's
+    rotations and of ``graph = "groups"``.
+    """
+    return client_id * min(num_groups, num_clients) // num_clients
+
+
 def split_evenly(total: int, parts: int) -> np.ndarray:
     """Split ``total`` into ``parts`` integers that differ by at most one."""
     base = np.full(parts, total // parts, dtype=np.int64)
@@ -158,7 +167,7 @@ class PracticalPartitioner(Partitioner):
 
     def group_of(self, partition_id: int) -> int:
         """Return the group of ``partition_id``."""
-        return partition_id * min(len(self._group_classes), self._num_partitions) // self._num_partitions
+        return client_group(partition_id, self._num_partitions, len(self._group_classes))
 
     def class_counts(self, num_classes: int) -> np.ndarray:
         """Per-client per-class training counts, shape (num_partitions, num_classes)."""

@@ -28,10 +28,6 @@ class Roles:
     novel: frozenset[int]
     attackers: frozenset[int]
 
-    def benign_training(self, client_ids) -> list[int]:
-        """The clients that train and do not attack."""
-        return [c for c in client_ids if c not in self.novel and c not in self.attackers]
-
 
 def scenario_roles(num_clients: int, seed: int, novel_fraction: float = 0.0,
                    attack_ratio: float = 0.0) -> Roles:

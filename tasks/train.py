@@ -78,6 +78,8 @@ def train(
     """
     loss_fn = loss_fn or loss_for(y)
     model.to(device).train()
+    if len(x) == 0:
+        return 0.0
     opt = make_optimizer(optimizer, model.parameters(), lr)
     center = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None
     gen = torch.Generator().manual_seed(seed)

@@ -39,9 +39,10 @@ def test_defaults_are_valid():
         ({"strategy": "fedsgd"}, "strategy", "fedavg, fedprox, fedamp, heurfedamp"),
         ({"dataset": "imagenet"}, "dataset", "synthetic, mnist"),
         ({"partitioning": "weird"}, "partitioning", "practical, iid"),
-        ({"fedamp-sigma": 0.0}, "fedamp-sigma", '"auto" or a number > 0'),
-        ({"fedamp-sigma": -2}, "fedamp-sigma", '"auto" or a number > 0'),
-        ({"heurfedamp-sigma": "big"}, "heurfedamp-sigma", '"auto" or a number > 0'),
+        ({"fedamp-sigma": 0.0}, "fedamp-sigma", '"auto" or a finite number > 0'),
+        ({"fedamp-sigma": -2}, "fedamp-sigma", '"auto" or a finite number > 0'),
+        ({"heurfedamp-sigma": "big"}, "heurfedamp-sigma", '"auto" or a finite number > 0'),
+        ({"fedamp-sigma": float("inf")}, "fedamp-sigma", '"auto" or a finite number > 0'),
         ({"heurfedamp-self-weight": 1.0}, "heurfedamp-self-weight", "[0, 1)"),
         ({"heurfedamp-self-weight": -0.1}, "heurfedamp-self-weight", "[0, 1)"),
         ({"fraction-train": 0.0}, "fraction-train", "(0, 1]"),
@@ -157,3 +158,38 @@ def test_fedavg_aggregates_only_valid_replies():
     ones = {k: torch.ones_like(v) for k, v in model.state_dict().items()}
     arrays, _ = strategy.aggregate_train(1, [_train_reply(10, ones, 0), _train_reply(11, nan_state, 1)])
     assert all(np.all(a.numpy() == 1.0) for a in arrays.values())
+
+
+def test_huge_and_float32_overflowing_replies_are_left_out(caplog):
+    strategy, model = _setup_strategy("fedamp")
+    init = ArrayRecord(model.state_dict())
+    list(strategy.configure_train(1, init, ConfigRecord(), FakeGrid({})))
+    before = strategy.models.clone()
+    overflow = {k: v.double() for k, v in model.state_dict().items()}
+    overflow["net.0.bias"][0] = 1e300  # finite in float64, inf in float32
+    huge = {k: torch.full_like(v, 1e12) for k, v in model.state_dict().items()}
+    strategy.aggregate_train(1, [_train_reply(10, overflow, 0), _train_reply(11, huge, 1)])
+    assert torch.equal(strategy.models, before)
+    assert "as float32" in caplog.text and "squared norm" in caplog.text
+    list(strategy.configure_train(2, init, ConfigRecord(), FakeGrid({})))
+    assert all(torch.isfinite(torch.tensor(row)).all() for row in strategy.history.xi[2])
+
+
+def test_discovery_needs_every_partition():
+    good = {"num-partitions": 3, "num-train": 5, "num-test": 5}
+    with pytest.raises(RuntimeError, match="set min-nodes = 3"):
+        discover_clients(FakeGrid({1: {**good, "client-id": 0}, 2: {**good, "client-id": 2}}), 2)
+
+
+def test_fedamp_leaves_novel_clients_out_of_the_cloud_models():
+    from tasks.scenarios import Roles
+
+    strategy, model = _setup_strategy("fedamp")
+    strategy.setup_tracking(strategy.clients, Roles(frozenset({1}), frozenset()))
+    strategy.alpha_k, strategy.sigma = 0.01, 1.0
+    messages = list(strategy.configure_train(1, ArrayRecord(model.state_dict()), ConfigRecord(),
+                                             FakeGrid({})))
+    assert len(messages) == 2  # the novel client does not train
+    xi = torch.tensor(strategy.history.xi[1])
+    assert xi[1].tolist() == [0.0, 1.0, 0.0] and xi[0, 1] == 0 and xi[2, 1] == 0
+    assert torch.allclose(xi.sum(1), torch.ones(3, dtype=xi.dtype))

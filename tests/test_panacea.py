@@ -129,6 +129,8 @@ def test_graph_validation_errors(tmp_path):
         build_graph("task", 3, None, dataset="mnist")
     assert group_graph(10)[0].tolist() == [0, 1] + [0] * 8
     assert build_graph("none", 3) is None
+    with pytest.raises(GraphError, match="no edges with 3 clients"):
+        build_graph("groups", 3)
 
 
 def test_fl60_is_seeded_symmetric_and_has_an_oracle_ceiling():
