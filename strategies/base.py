@@ -312,9 +312,9 @@ class RunHistory:
             vals = values[main]
             extra = (f", novel clients {rec[f'novel_mean_{main}']:.4g}"
                      if f"novel_mean_{main}" in rec else "")
-            log(INFO, "Round %d: mean test %s over %d benign training clients %.4g "
-                "(min %.4g, max %.4g)%s", server_round, main,
-                len(vals) - len(set(vals) & (self.novel | self.attackers)),
+            who = "benign training clients" if self.novel | self.attackers else "clients"
+            log(INFO, "Round %d: mean test %s over %d %s %.4g (min %.4g, max %.4g)%s",
+                server_round, main, len(set(vals) - (self.novel | self.attackers)), who,
                 rec[f"mean_{main}"], min(vals.values()), max(vals.values()), extra)
         return means
 
