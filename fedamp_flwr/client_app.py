@@ -96,9 +96,8 @@ def _model(dc: tasks.DataConfig, arrays: ArrayRecord) -> torch.nn.Module:
 def query(msg: Message, context: Context) -> Message:
     """Say who this client is, or why it cannot take part."""
     try:
-        _, pid, _, data = _setup(context)
-        n = _ids(context)[1]
-        info = {"client-id": pid, "num-partitions": n,
+        _, pid, dc, data = _setup(context)
+        info = {"client-id": pid, "num-partitions": dc.num_clients,
                 "num-train": len(data.y_train), "num-test": len(data.y_test)}
     except Exception as err:  # reported to the server, which stops the run
         pid = context.node_config.get("partition-id", -1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from logging import INFO
@@ -35,30 +36,30 @@ def server_device(cfg: RunConfig) -> str:
 
 def strategy_settings(cfg: RunConfig, num_clients: int, param_keys: list[str],
                       adjacency: torch.Tensor | None = None) -> dict:
-    """The settings the strategy factories of :mod:`strategies` read."""
+    """The settings the strategy factories of :mod:`strategies` read.
+
+    Every run-config value (underscored names, sigmas resolved from "auto")
+    plus what the run determines: clients, parameter keys, device and graph.
+    """
     return {
-        "adjacency": adjacency,
-        **{f.replace("-", "_"): v for f, v in cfg.to_dict().items() if f.startswith("panacea-")},
-        "num_clients": num_clients, "fraction_train": cfg.fraction_train,
-        "param_keys": param_keys, "device": server_device(cfg), "seed": cfg.seed,
-        "fedamp_alpha_k": cfg.fedamp_alpha_k, "fedamp_alpha_decay": cfg.fedamp_alpha_decay,
-        "fedamp_alpha_decay_every": cfg.fedamp_alpha_decay_every,
-        "fedamp_lambda": cfg.fedamp_lambda, "fedamp_sigma": cfg.sigma("fedamp"),
-        "heurfedamp_sigma": cfg.sigma("heurfedamp"),
-        "heurfedamp_self_weight": cfg.heurfedamp_self_weight, "fedprox_mu": cfg.fedprox_mu,
+        **dataclasses.asdict(cfg),
+        "fedamp_sigma": cfg.sigma("fedamp"), "heurfedamp_sigma": cfg.sigma("heurfedamp"),
+        "num_clients": num_clients, "param_keys": param_keys,
+        "device": server_device(cfg), "adjacency": adjacency,
     }
 
 
-def client_graph(cfg: RunConfig, dc: tasks.DataConfig, client_ids: list[int]) -> torch.Tensor | None:
-    """The validated client graph of the run (only for strategies that use one)."""
+def client_graph(cfg: RunConfig, dc: tasks.DataConfig) -> torch.Tensor | None:
+    """The validated client graph of the run (only for strategies that use one).
+
+    Rows are client ids 0..n-1 (:func:`strategies.discover_clients` ensures
+    that every partition id has its node).
+    """
     if cfg.strategy not in strategies.GRAPH_STRATEGIES or cfg.graph == "none":
         return None
-    if client_ids != list(range(len(client_ids))):
-        raise ValueError(f"a client graph needs partition ids 0..{len(client_ids) - 1}, "
-                         f"got {client_ids}")
     task_adj = tasks.load_federated(dc).adjacency if cfg.graph == "task" else None
-    adj = build_graph(cfg.graph, len(client_ids), task_adj, cfg.graph_file, cfg.dataset)
-    log(INFO, "Client graph '%s': %d clients, %d edges", cfg.graph, len(client_ids),
+    adj = build_graph(cfg.graph, dc.num_clients, task_adj, cfg.graph_file, cfg.dataset)
+    log(INFO, "Client graph '%s': %d clients, %d edges", cfg.graph, dc.num_clients,
         int(adj.sum()) // 2)
     return torch.from_numpy(adj)
 
@@ -74,7 +75,7 @@ def main(grid: Grid, context: Context) -> None:
     clients = strategies.discover_clients(grid, cfg.min_nodes)
     n = len(clients)
     dc = cfg.data_config(n)
-    adjacency = client_graph(cfg, dc, sorted(i.client_id for i in clients.values()))
+    adjacency = client_graph(cfg, dc)
     torch.manual_seed(cfg.seed)
     model = tasks.build_model(dc)
     param_keys = [name for name, _ in model.named_parameters()]
@@ -101,7 +102,7 @@ def main(grid: Grid, context: Context) -> None:
 
     record = {
         "run_name": cfg.name, "strategy": cfg.strategy, "dataset": cfg.dataset,
-        "partitioning": cfg.partitioning, "num_clients": len(clients),
+        "partitioning": cfg.partitioning, "num_clients": n,
         "seed": cfg.seed, "config": cfg.to_dict(),
         "sigma": {"fedamp": cfg.sigma("fedamp"), "heurfedamp": cfg.sigma("heurfedamp")},
         "wall_time_s": round(time.time() - started, 2),

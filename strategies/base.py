@@ -12,8 +12,8 @@
   FedProx, ...) that drops invalid replies before they are aggregated and
   records every client's evaluation.
 * :class:`PersonalizedStrategy`: a Message-API ``Strategy`` that keeps one
-  model per client on the server and sends each client its own model; FedAMP
-  and HeurFedAMP subclass it.
+  model per client on the server and sends each client its own model; FedAMP,
+  HeurFedAMP and Panacea subclass it.
 """
 
 from __future__ import annotations
@@ -120,7 +120,9 @@ def discover_clients(
             f"partition id 0..{num_partitions - 1} must have one node; set min-nodes = "
             f"{num_partitions} so that the ServerApp waits for all of them"
         )
-    log(INFO, "Found %d clients (partition ids %s)", len(ids), sorted(ids))
+    sizes = [i.num_train for i in infos.values()]
+    log(INFO, "Found %d clients (partition ids 0..%d), %d to %d training samples each",
+        len(ids), num_partitions - 1, min(sizes), max(sizes))
     return infos
 
 
@@ -490,6 +492,10 @@ class PersonalizedStrategy(TrackedStrategy, Strategy):
         super().setup_tracking(clients, roles)
         self.client_ids = sorted(i.client_id for i in clients.values())
         self._row = {cid: r for r, cid in enumerate(self.client_ids)}
+        self._node_of_row = {self._row[i.client_id]: n for n, i in clients.items()}
+        # rows of the clients that train (all but the novel ones)
+        self.training_rows = torch.tensor(
+            [r for r, c in enumerate(self.client_ids) if c not in self.roles.novel], dtype=torch.long)
         self.layout, self.models = None, None
 
     def _ensure_models(self, arrays: ArrayRecord) -> None:
@@ -513,12 +519,9 @@ class PersonalizedStrategy(TrackedStrategy, Strategy):
             for node, vec in zip(nodes, vectors)
         ]
 
-    def _node_of_row(self) -> dict[int, int]:
-        return {self._row[i.client_id]: n for n, i in self.clients.items()}
-
     def sample_rows(self, server_round: int) -> torch.Tensor:
         """Rows (clients) sampled for training in ``server_round`` (seeded; never novel clients)."""
-        pool = np.array([r for r, c in enumerate(self.client_ids) if c not in self.roles.novel])
+        pool = self.training_rows.numpy()
         k = max(1, int(round(self.fraction_train * len(pool))))
         rng = np.random.default_rng([self.seed, server_round])
         return torch.as_tensor(np.sort(rng.choice(pool, size=k, replace=False)))
@@ -530,9 +533,9 @@ class PersonalizedStrategy(TrackedStrategy, Strategy):
         rows = self.sample_rows(server_round)
         config["server-round"] = server_round
         vectors, cfg = self.personalize(server_round, rows, config)
-        node_of = self._node_of_row()
         log(INFO, "configure_train: %d of %d clients", len(rows), len(self.client_ids))
-        return self._messages([node_of[int(r)] for r in rows], vectors, cfg, MessageType.TRAIN)
+        return self._messages([self._node_of_row[int(r)] for r in rows], vectors, cfg,
+                              MessageType.TRAIN)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -552,10 +555,8 @@ class PersonalizedStrategy(TrackedStrategy, Strategy):
         """Send every client its own personalized model for testing."""
         self._ensure_models(arrays)
         config["server-round"] = server_round
-        node_of = self._node_of_row()
-        rows = list(range(len(self.client_ids)))
-        return self._messages([node_of[r] for r in rows], self.evaluation_models(), config,
-                              MessageType.EVALUATE)
+        nodes = [self._node_of_row[r] for r in range(len(self.client_ids))]
+        return self._messages(nodes, self.evaluation_models(), config, MessageType.EVALUATE)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Record every client's test metrics; return their means over clients."""

@@ -221,8 +221,7 @@ class FedAMP(PersonalizedStrategy):
         models never enter a cloud model.
         """
         n, p = len(self.client_ids), self.layout.num_params
-        active = torch.tensor([r for r, c in enumerate(self.client_ids) if c not in self.roles.novel],
-                              device=self.models.device)
+        active = self.training_rows.to(self.models.device)
         params = self.models[:, :p] if len(active) == n else self.models[active, :p]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

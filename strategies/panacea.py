@@ -24,8 +24,7 @@ averaged over the sampled clients, computed with ``torch.autograd.grad(theta,
 psi, grad_outputs=(theta - theta_trained) / k)`` for k sampled clients.
 Deviation: the paper sums over the sampled clients; the mean is the sum with
 step alpha / k, so that alpha needs no retuning when the number of sampled
-clients changes (with 60+ clients the summed step diverges at pFedHN's
-alpha = 0.01). Sign: the paper writes the step
+clients changes (the sum grows with it). Sign: the paper writes the step
 with Delta theta = theta_trained - theta_sent; taken literally, psi <- psi -
 alpha J^T Delta theta would move theta away from the trained weights. The
 descent direction of 1/2 ||theta(psi) - theta_trained||^2, whose gradient is

@@ -250,8 +250,13 @@ class ClientData:
     y_test: torch.Tensor
 
 
+@functools.lru_cache(maxsize=128)
 def load_client_data(dc: DataConfig, client_id: int) -> ClientData:
-    """Return the training and test data of client ``client_id``."""
+    """Return the training and test data of client ``client_id`` (cached per process).
+
+    A simulation worker serves many clients and every round; the tensors are
+    made once per client. They are never modified in place.
+    """
     fed = load_federated(dc)
     if not 0 <= client_id < fed.num_clients:
         raise ValueError(f"client {client_id} is outside the task's {fed.num_clients} clients")
