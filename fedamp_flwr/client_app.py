@@ -11,11 +11,20 @@ train (reply: ``arrays`` and ``metrics`` with ``num-examples``, ``train-loss``, 
     term, FedAMP's ``lambda / alpha_k``). Training starts from the received arrays.
     A client that the ``attack-ratio`` scenario makes an attacker trains on
     uniformly random labels (see :mod:`tasks.scenarios`).
+    Two options keep state on the client across rounds (``context.state``):
+
+    * ``scaffold`` (true; the message also carries the server control
+      variate c as the ArrayRecord ``control``): SCAFFOLD's local update
+      with the client's own control variate c_i; the reply adds the
+      ArrayRecord ``control-delta`` (c_i+ - c_i).
+    * ``apfl-alpha`` (> 0): APFL's update of the received shared model and of
+      the client's local model v (see :func:`tasks.train.train_apfl`).
 evaluate (reply: ``metrics`` with ``accuracy`` (classification) or ``mse`` (regression),
     ``loss``, ``num-examples``, ``client-id``)
-    ``finetune-epochs`` (> 0: first train that many epochs on the local
-    training data, then test). Tests the received arrays on the client's own
-    test split.
+    Tests the received arrays on the client's own test split, after
+    ``finetune-epochs`` (> 0) epochs of training on the local training data,
+    or (``apfl-alpha`` > 0) mixed with the client's local model v as
+    ``alpha v + (1 - alpha) w``.
 query (reply: ``info`` ConfigRecord)
     ``client-id``, ``num-partitions``, ``num-train``, ``num-test``, or
     ``error`` saying why the client cannot take part (bad data folder, too
@@ -24,6 +33,8 @@ query (reply: ``info`` ConfigRecord)
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -31,11 +42,16 @@ from flwr.clientapp import ClientApp
 import tasks
 from tasks.scenarios import flip_labels
 from tasks.train import evaluate as evaluate_model
+from tasks.train import mean_gradient, mix_parameters, train_apfl
 from tasks.train import train as train_model
 
 from .config import ConfigError, RunConfig
 
 app = ClientApp()
+
+# context.state keys of the state a client keeps across rounds
+SCAFFOLD_STATE = "scaffold-control"
+APFL_STATE = "apfl-local"
 
 
 def _ids(context: Context) -> tuple[int, int]:
@@ -113,17 +129,56 @@ def _start(msg: Message, context: Context):
     return cfg, pid, dc, data, c, int(c.get("server-round", 0)), _model(dc, msg.content["arrays"])
 
 
+def _optim(cfg: RunConfig, c: ConfigRecord) -> dict:
+    """The message's optimizer settings (the run config's where the message has none)."""
+    return dict(batch_size=int(c.get("batch-size", cfg.batch_size)),
+                lr=float(c.get("lr", cfg.learning_rate)),
+                optimizer=str(c.get("optimizer", cfg.optimizer)), device=_device())
+
+
 def _fit(model, cfg: RunConfig, data: tasks.ClientData, c: ConfigRecord, seed: int,
          epochs: int, steps: int = 0, proximal_mu: float = 0.0,
-         labels: torch.Tensor | None = None) -> float:
+         labels: torch.Tensor | None = None, grad_correction=None) -> float:
     """Train ``model`` on the local training data with the message's optimizer settings."""
     return train_model(
         model, data.x_train, data.y_train if labels is None else labels, epochs=epochs, steps=steps,
-        batch_size=int(c.get("batch-size", cfg.batch_size)),
-        lr=float(c.get("lr", cfg.learning_rate)),
-        optimizer=str(c.get("optimizer", cfg.optimizer)),
-        proximal_mu=proximal_mu, device=_device(), seed=seed,
+        proximal_mu=proximal_mu, grad_correction=grad_correction, seed=seed, **_optim(cfg, c),
     )
+
+
+def _scaffold(msg: Message, context: Context, model, cfg, data, c, seed, epochs, steps, labels
+              ) -> tuple[float, ArrayRecord]:
+    """SCAFFOLD's client update (Karimireddy et al. 2020, Alg. 1, lines 7-13, option I).
+
+    Trains with the gradient correction ``c - c_i``, then sets ``c_i+`` to the
+    gradient of the local loss at the received model x (option I, Eq. 4 (i):
+    correct for any optimizer, where option II's ``(x - y) / (K lr)`` is a
+    gradient only for plain SGD) and keeps it in ``context.state``; returns
+    the loss and ``c_i+ - c_i``.
+    """
+    if "control" not in msg.content.array_records:
+        raise ValueError("train config 'scaffold' = true but the message has no 'control' ArrayRecord")
+    server_c = msg.content["control"].to_torch_state_dict()
+    names = [k for k, _ in model.named_parameters()]
+    targets = data.y_train if labels is None else labels
+    opt = _optim(cfg, c)
+    new_c = dict(zip(names, (g.cpu() for g in mean_gradient(
+        model, data.x_train, targets, batch_size=opt["batch_size"], device=opt["device"]))))
+    own = context.state.array_records.get(SCAFFOLD_STATE)
+    client_c = (own.to_torch_state_dict() if own is not None
+                else {k: torch.zeros_like(v) for k, v in new_c.items()})
+    correction = [server_c[k] - client_c[k] for k in names]
+    loss = _fit(model, cfg, data, c, seed, epochs, steps, labels=labels, grad_correction=correction)
+    context.state[SCAFFOLD_STATE] = ArrayRecord(new_c)
+    return loss, ArrayRecord({k: new_c[k] - client_c[k] for k in names})
+
+
+def _apfl_local(context: Context, shared: torch.nn.Module) -> torch.nn.Module:
+    """The client's APFL local model v from ``context.state`` (first time: a copy of w)."""
+    local = copy.deepcopy(shared)
+    if APFL_STATE in context.state.array_records:
+        local.load_state_dict(context.state[APFL_STATE].to_torch_state_dict())
+    return local
 
 
 @app.train()
@@ -135,14 +190,25 @@ def train(msg: Message, context: Context) -> Message:
     if pid in cfg.roles(dc.num_clients).attackers:  # the attack-ratio scenario
         classes = tasks.data_info(dc).num_outputs
         labels = flip_labels(data.y_train, classes, torch.Generator().manual_seed(seed))
-    loss = _fit(model, cfg, data, c, seed=seed,
-                epochs=int(c.get("local-epochs", cfg.local_epochs)),
-                steps=int(c.get("local-steps", cfg.local_steps)),
-                proximal_mu=float(c.get("proximal-mu", 0.0)), labels=labels)
+    epochs = int(c.get("local-epochs", cfg.local_epochs))
+    steps = int(c.get("local-steps", cfg.local_steps))
+    apfl_alpha = float(c.get("apfl-alpha", 0.0))
+    extra = {}
+    if bool(c.get("scaffold", False)):
+        loss, extra["control-delta"] = _scaffold(msg, context, model, cfg, data, c, seed,
+                                                 epochs, steps, labels)
+    elif apfl_alpha > 0:
+        local = _apfl_local(context, model)
+        loss = train_apfl(model, local, data.x_train, data.y_train if labels is None else labels,
+                          alpha=apfl_alpha, epochs=epochs, steps=steps, seed=seed, **_optim(cfg, c))
+        context.state[APFL_STATE] = ArrayRecord(local.to("cpu").state_dict())
+    else:
+        loss = _fit(model, cfg, data, c, seed=seed, epochs=epochs, steps=steps,
+                    proximal_mu=float(c.get("proximal-mu", 0.0)), labels=labels)
     metrics = MetricRecord({"num-examples": len(data.y_train), "train-loss": loss,
                             "client-id": pid, "server-round": server_round})
     arrays = ArrayRecord(model.to("cpu").state_dict())
-    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+    return Message(RecordDict({"arrays": arrays, "metrics": metrics, **extra}), reply_to=msg)
 
 
 @app.evaluate()
@@ -150,8 +216,15 @@ def evaluate(msg: Message, context: Context) -> Message:
     """Test the received model (optionally fine-tuned first) on the local test split."""
     cfg, pid, _, data, c, server_round, model = _start(msg, context)
     finetune = int(c.get("finetune-epochs", 0))
+    apfl_alpha = float(c.get("apfl-alpha", 0.0))
     if finetune > 0:
         _fit(model, cfg, data, c, seed=_seed(cfg, server_round, pid) + 7, epochs=finetune)
+    if apfl_alpha > 0:  # APFL's personalized model alpha v + (1 - alpha) w
+        local = _apfl_local(context, model)
+        with torch.no_grad():
+            mixed = mix_parameters(local, model, apfl_alpha)
+            for name, p in model.named_parameters():
+                p.copy_(mixed[name])
     result = evaluate_model(model, data.x_test, data.y_test, device=_device())
     metrics = MetricRecord({"num-examples": len(data.y_test), **result,
                             "client-id": pid, "server-round": server_round})

@@ -74,6 +74,12 @@ class RunConfig:
     panacea_server_steps: int = 10
     panacea_lambda_d: float = 1.0
     panacea_client_lr: float = 0.1
+    drop_rate: float = 0.0
+    heterogeneous_epochs: bool = False
+    finetune_epochs: int = 1
+    apfl_alpha: float = 0.5
+    nonconvex_c: float = 1e-3
+    fedtrimmedavg_beta: float = 0.2
 
     @classmethod
     def from_run_config(cls, run_config: dict[str, Any]) -> "RunConfig":
@@ -131,6 +137,11 @@ class RunConfig:
         check("panacea-lambda-d", self.panacea_lambda_d >= 0, "a number >= 0")
         check("novel-client-fraction", 0 <= self.novel_client_fraction < 1, "a number in [0, 1)")
         check("attack-ratio", 0 <= self.attack_ratio <= 0.5, "a number in [0, 0.5]")
+        check("drop-rate", 0 <= self.drop_rate < 1, "a number in [0, 1)")
+        check("finetune-epochs", self.finetune_epochs >= 1, "an integer >= 1")
+        check("apfl-alpha", 0 < self.apfl_alpha <= 1, "a number in (0, 1]")
+        check("nonconvex-c", math.isfinite(self.nonconvex_c), "a finite number")
+        check("fedtrimmedavg-beta", 0 <= self.fedtrimmedavg_beta < 0.5, "a number in [0, 0.5)")
         if self.graph == "file" and not self.graph_file:
             raise _bad("graph-file", self.graph_file, 'the path of an edge-list CSV when graph = "file"')
         check("server-device", self.server_device in ("auto", "cpu")
@@ -157,8 +168,10 @@ class RunConfig:
         )
 
     def roles(self, num_clients: int) -> Roles:
-        """Novel clients and attackers of this run (the same on server and clients)."""
-        return scenario_roles(num_clients, self.seed, self.novel_client_fraction, self.attack_ratio)
+        """The scenario of this run: novel clients, attackers, drop-outs, epochs (the same
+        on server and clients)."""
+        return scenario_roles(num_clients, self.seed, self.novel_client_fraction, self.attack_ratio,
+                              self.drop_rate, self.heterogeneous_epochs)
 
     def sigma(self, strategy: str) -> float | None:
         """sigma of ``strategy`` ("fedamp"/"heurfedamp"); "auto" = the paper's value (None if none)."""
@@ -184,6 +197,10 @@ class RunConfig:
 def _coerce(key: str, value: Any, annotation: str) -> Any:
     """Convert ``value`` to the field's type or raise a ConfigError naming ``key``."""
     ann = str(annotation)
+    if ann == "bool":
+        if not isinstance(value, bool):
+            raise _bad(key, value, "true or false")
+        return value
     if ann == "str":
         if not isinstance(value, str):
             raise _bad(key, value, "a string")

@@ -46,6 +46,7 @@ def strategy_settings(cfg: RunConfig, num_clients: int, param_keys: list[str],
         "fedamp_sigma": cfg.sigma("fedamp"), "heurfedamp_sigma": cfg.sigma("heurfedamp"),
         "num_clients": num_clients, "param_keys": param_keys,
         "device": server_device(cfg), "adjacency": adjacency,
+        "num_attackers": len(cfg.roles(num_clients).attackers),
     }
 
 
@@ -83,13 +84,15 @@ def main(grid: Grid, context: Context) -> None:
         cfg.strategy, strategy_settings(cfg, n, param_keys, adjacency)
     )
     roles = cfg.roles(n)
-    if roles.novel or roles.attackers:
-        log(INFO, "Scenario: novel clients %s, attackers %s", sorted(roles.novel),
-            sorted(roles.attackers))
+    if roles.novel or roles.attackers or roles.drop_rate or roles.heterogeneous_epochs:
+        log(INFO, "Scenario: novel clients %s, attackers %s, drop-rate %.2f, heterogeneous "
+            "epochs %s", sorted(roles.novel), sorted(roles.attackers), roles.drop_rate,
+            roles.heterogeneous_epochs)
     strategy.setup_tracking(clients, roles)
 
     train_config = ConfigRecord({
-        "local-epochs": cfg.local_epochs, "batch-size": cfg.batch_size,
+        "local-epochs": cfg.local_epochs, "local-steps": cfg.local_steps,
+        "batch-size": cfg.batch_size,
         "lr": cfg.learning_rate, "optimizer": cfg.optimizer,
     })
     evaluate_config = ConfigRecord({"batch-size": cfg.batch_size})

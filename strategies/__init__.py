@@ -1,8 +1,8 @@
 """Strategies: one module per method, found by name in :data:`STRATEGIES`.
 
-Flower's own FedAvg and FedProx are used as they are, with
-:class:`strategies.base.TrackedStrategy` in front of them for reply checks and
-per-client records.
+Flower's own FedAvg, FedProx, FedMedian, FedTrimmedAvg and Krum are used as
+they are, with :class:`strategies.base.TrackedStrategy` in front of them for
+reply checks, scenarios and per-client records (:mod:`strategies.flower`).
 """
 
 from __future__ import annotations
@@ -10,19 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from flwr.serverapp import strategy as flwr_strategy
-
+from .apfl import APFL
 from .base import PersonalizedStrategy, RunHistory, TrackedStrategy, discover_clients, mean_metrics
 from .fedamp import FedAMP, HeurFedAMP, fedamp_weights, heurfedamp_weights
+from .flower import FedAvg, FedAvgFT, FedMedian, FedProx, FedProxFT, FedTrimmedAvg, Krum
+from .nonconvex import NonConvex, nonconvex_weights
 from .panacea import GraphHyperNetwork, Panacea, server_step
-
-
-class FedAvg(TrackedStrategy, flwr_strategy.FedAvg):
-    """Flower's FedAvg with this project's reply checks and records."""
-
-
-class FedProx(TrackedStrategy, flwr_strategy.FedProx):
-    """Flower's FedProx with this project's reply checks and records."""
+from .scaffold import Scaffold
+from .separate import Separate
 
 
 def _flower_kwargs(s: dict[str, Any]) -> dict[str, Any]:
@@ -64,8 +59,18 @@ GRAPH_STRATEGIES = ("panacea", "panacea-gn")
 # name -> factory(settings) -> strategy; settings are the validated run config
 # (fedamp_flwr.server_app.strategy_settings()).
 STRATEGIES: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "separate": lambda s: Separate(**_personal_kwargs(s)),
     "fedavg": lambda s: FedAvg(**_flower_kwargs(s)),
     "fedprox": lambda s: FedProx(proximal_mu=s["fedprox_mu"], **_flower_kwargs(s)),
+    "fedavg-ft": lambda s: FedAvgFT(finetune_epochs=s["finetune_epochs"], **_flower_kwargs(s)),
+    "fedprox-ft": lambda s: FedProxFT(finetune_epochs=s["finetune_epochs"],
+                                      proximal_mu=s["fedprox_mu"], **_flower_kwargs(s)),
+    "scaffold": lambda s: Scaffold(param_keys=s["param_keys"], **_flower_kwargs(s)),
+    "apfl": lambda s: APFL(alpha=s["apfl_alpha"], **_flower_kwargs(s)),
+    "nonconvex": lambda s: NonConvex(c=s["nonconvex_c"], **_flower_kwargs(s)),
+    "fedmedian": lambda s: FedMedian(**_flower_kwargs(s)),
+    "fedtrimmedavg": lambda s: FedTrimmedAvg(beta=s["fedtrimmedavg_beta"], **_flower_kwargs(s)),
+    "krum": lambda s: Krum(num_malicious_nodes=s["num_attackers"], **_flower_kwargs(s)),
     "fedamp": lambda s: FedAMP(sigma=s["fedamp_sigma"], **_fedamp_kwargs(s), **_personal_kwargs(s)),
     "heurfedamp": lambda s: HeurFedAMP(
         sigma=s["heurfedamp_sigma"], self_weight=s["heurfedamp_self_weight"],
@@ -84,7 +89,9 @@ def build_strategy(name: str, settings: dict[str, Any]):
 
 
 __all__ = [
-    "GRAPH_STRATEGIES", "STRATEGIES", "FedAMP", "FedAvg", "FedProx", "GraphHyperNetwork",
+    "APFL", "GRAPH_STRATEGIES", "STRATEGIES", "FedAMP", "FedAvg", "FedAvgFT", "FedMedian",
+    "FedProx", "FedProxFT", "FedTrimmedAvg", "GraphHyperNetwork", "Krum", "NonConvex", "Scaffold",
+    "Separate", "nonconvex_weights",
     "HeurFedAMP", "Panacea", "PersonalizedStrategy", "server_step",
     "RunHistory", "TrackedStrategy", "build_strategy", "discover_clients", "fedamp_weights",
     "heurfedamp_weights",

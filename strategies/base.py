@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -183,20 +184,13 @@ class FlatLayout:
         return ArrayRecord(OrderedDict((k, out[k].contiguous()) for k in self.keys))
 
 
-def reply_problem(msg: Message, shapes: dict[str, tuple[int, ...]]) -> str | None:
-    """Return why a training reply cannot be used, or None if it can.
+def arrays_problem(record: ArrayRecord, shapes: dict[str, tuple[int, ...]]) -> str | None:
+    """Return what is wrong with an ``ArrayRecord`` from a client, or None.
 
-    A usable reply has no error, exactly one ``ArrayRecord`` with the model's
-    keys and shapes, values that are finite as float32 (the server's dtype),
-    a squared norm below ``MAX_SQ_NORM`` (so that the float32 Gram products of
-    FedAMP cannot overflow), and a ``MetricRecord``.
+    It must have exactly the keys and shapes of ``shapes``, values that are
+    finite as float32 (the server's dtype) and a squared norm below
+    ``MAX_SQ_NORM`` (so that the float32 Gram products of FedAMP cannot overflow).
     """
-    if msg.has_error():
-        return f"error reply: {msg.error.reason}"
-    arrays = list(msg.content.array_records.values())
-    if len(arrays) != 1:
-        return f"expected one ArrayRecord, got {len(arrays)}"
-    record = arrays[0]
     if set(record.keys()) != set(shapes):
         return f"array keys differ from the model's ({sorted(set(record.keys()) ^ set(shapes))[:5]})"
     sq_norm = 0.0
@@ -212,8 +206,28 @@ def reply_problem(msg: Message, shapes: dict[str, tuple[int, ...]]) -> str | Non
             sq_norm += float(np.square(a32, dtype=np.float64).sum())
     if sq_norm > MAX_SQ_NORM:
         return f"squared norm {sq_norm:.3g} exceeds {MAX_SQ_NORM:.0e}"
+    return None
+
+
+def reply_problem(msg: Message, shapes: dict[str, tuple[int, ...]]) -> str | None:
+    """Return why a training reply cannot be used, or None if it can.
+
+    A usable reply has no error, exactly one ``ArrayRecord`` that passes
+    :func:`arrays_problem` and a ``MetricRecord`` with a non-negative ``num-examples``.
+    """
+    if msg.has_error():
+        return f"error reply: {msg.error.reason}"
+    arrays = list(msg.content.array_records.values())
+    if len(arrays) != 1:
+        return f"expected one ArrayRecord, got {len(arrays)}"
+    problem = arrays_problem(arrays[0], shapes)
+    if problem is not None:
+        return problem
     if not msg.content.metric_records:
         return "no MetricRecord"
+    count = _metrics_of(msg).get(NUM_EXAMPLES)
+    if isinstance(count, bool) or not isinstance(count, (int, float)) or not 0 <= count < math.inf:
+        return f"metric '{NUM_EXAMPLES}' = {count!r} is not a count"
     return None
 
 
@@ -385,10 +399,14 @@ class TrackedStrategy:
         self.history = RunHistory(novel=self.roles.novel, attackers=self.roles.attackers)
         self._shapes: dict[str, tuple[int, ...]] | None = None
 
+    def client_of_node(self, node_id: int) -> int | str:
+        """Client id of a node (the node id in brackets if unknown)."""
+        info = self.clients.get(node_id)
+        return info.client_id if info else f"[node {node_id}]"
+
     def client_of(self, msg: Message) -> int | str:
         """Client id of a reply's sender (the node id in brackets if unknown)."""
-        info = self.clients.get(msg.metadata.src_node_id)
-        return info.client_id if info else f"[node {msg.metadata.src_node_id}]"
+        return self.client_of_node(msg.metadata.src_node_id)
 
     def valid_train_replies(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
         """Return the usable replies; warn about the others."""
@@ -403,16 +421,53 @@ class TrackedStrategy:
                     server_round, self.client_of(msg), problem)
         return good
 
+    def participants(self, server_round: int, client_ids: Iterable[int]) -> list[int]:
+        """The sampled ``client_ids`` that train in ``server_round``: not novel, not dropped out."""
+        training = [c for c in client_ids if c not in self.roles.novel]
+        kept = self.roles.participants(server_round, training)
+        if len(kept) < len(training):
+            log(INFO, "Round %d: clients %s drop out (drop-rate %.2f)", server_round,
+                sorted(set(training) - set(kept)), self.roles.drop_rate)
+        return kept
+
+    def client_config(self, server_round: int, client_id: int, config: ConfigRecord) -> ConfigRecord:
+        """``config`` for one client: its own local epochs (or steps) under ``heterogeneous-epochs``."""
+        if not self.roles.heterogeneous_epochs:
+            return config
+        key = "local-steps" if int(config.get("local-steps", 0)) > 0 else "local-epochs"
+        if key not in config:
+            return config
+        own = ConfigRecord(dict(config))
+        own[key] = self.roles.local_units(server_round, client_id, int(config[key]))
+        return own
+
     def configure_train(self, server_round, arrays, config, grid):  # noqa: D102
         self._shapes = {k: tuple(v.numpy().shape) for k, v in arrays.items()}
-        messages = super().configure_train(server_round, arrays, config, grid)
-        novel = {n for n, i in self.clients.items() if i.client_id in self.roles.novel}
-        return [m for m in messages if m.metadata.dst_node_id not in novel]
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        cid = {m.metadata.dst_node_id: self.client_of_node(m.metadata.dst_node_id) for m in messages}
+        kept = set(self.participants(server_round, [c for c in cid.values() if isinstance(c, int)]))
+        out = []
+        for m in messages:
+            c = cid[m.metadata.dst_node_id]
+            if c not in kept:
+                continue
+            content = m.content
+            if self.roles.heterogeneous_epochs:  # Flower shares one RecordDict among all messages
+                content = RecordDict(dict(content.items()))
+                name = next(k for k, v in content.items() if isinstance(v, ConfigRecord))
+                content[name] = self.client_config(server_round, c, content[name])
+            out.append(Message(content, message_type=m.metadata.message_type,
+                               dst_node_id=m.metadata.dst_node_id))
+        return out
+
+    def before_aggregation(self, server_round: int, replies: list[Message]) -> list[Message]:
+        """Hook: the valid replies, just before the Flower strategy aggregates them."""
+        return replies
 
     def aggregate_train(self, server_round, replies):  # noqa: D102
         good = self.valid_train_replies(server_round, replies)
         self.history.record_train(server_round, good, self.client_of)
-        return super().aggregate_train(server_round, good)
+        return super().aggregate_train(server_round, self.before_aggregation(server_round, good))
 
     def aggregate_evaluate(self, server_round, replies):  # noqa: D102
         replies = list(replies)
@@ -511,20 +566,23 @@ class PersonalizedStrategy(TrackedStrategy, Strategy):
         """The per-client store at the start: every client holds the initial model."""
         return initial.unsqueeze(0).repeat(len(self.client_ids), 1)
 
-    def _messages(self, nodes: list[int], vectors: torch.Tensor, config: ConfigRecord,
-                  message_type: str) -> list[Message]:
+    def _messages(self, rows: Iterable[int], vectors: torch.Tensor,
+                  configs: Sequence[ConfigRecord], message_type: str) -> list[Message]:
         return [
-            Message(RecordDict({"arrays": self.layout.unflatten(vec), "config": config}),
-                    message_type=message_type, dst_node_id=node)
-            for node, vec in zip(nodes, vectors)
+            Message(RecordDict({"arrays": self.layout.unflatten(vec), "config": cfg}),
+                    message_type=message_type, dst_node_id=self._node_of_row[int(row)])
+            for row, vec, cfg in zip(rows, vectors, configs)
         ]
 
     def sample_rows(self, server_round: int) -> torch.Tensor:
-        """Rows (clients) sampled for training in ``server_round`` (seeded; never novel clients)."""
+        """Rows (clients) that train in ``server_round``: a seeded sample of ``fraction-train``
+        of the training clients, less those that drop out (``drop-rate``)."""
         pool = self.training_rows.numpy()
         k = max(1, int(round(self.fraction_train * len(pool))))
         rng = np.random.default_rng([self.seed, server_round])
-        return torch.as_tensor(np.sort(rng.choice(pool, size=k, replace=False)))
+        sampled = np.sort(rng.choice(pool, size=k, replace=False))
+        kept = set(self.participants(server_round, [self.client_ids[r] for r in sampled]))
+        return torch.as_tensor([r for r in sampled if self.client_ids[r] in kept], dtype=torch.long)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -534,8 +592,8 @@ class PersonalizedStrategy(TrackedStrategy, Strategy):
         config["server-round"] = server_round
         vectors, cfg = self.personalize(server_round, rows, config)
         log(INFO, "configure_train: %d of %d clients", len(rows), len(self.client_ids))
-        return self._messages([self._node_of_row[int(r)] for r in rows], vectors, cfg,
-                              MessageType.TRAIN)
+        configs = [self.client_config(server_round, self.client_ids[int(r)], cfg) for r in rows]
+        return self._messages(rows, vectors, configs, MessageType.TRAIN)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -555,8 +613,8 @@ class PersonalizedStrategy(TrackedStrategy, Strategy):
         """Send every client its own personalized model for testing."""
         self._ensure_models(arrays)
         config["server-round"] = server_round
-        nodes = [self._node_of_row[r] for r in range(len(self.client_ids))]
-        return self._messages(nodes, self.evaluation_models(), config, MessageType.EVALUATE)
+        n = len(self.client_ids)
+        return self._messages(range(n), self.evaluation_models(), [config] * n, MessageType.EVALUATE)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Record every client's test metrics; return their means over clients."""

@@ -6,6 +6,7 @@ take it as arguments. See ``fedamp_flwr/client_app.py`` for the keys.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -29,6 +30,36 @@ def _batches(n: int, batch_size: int, generator: torch.Generator):
         yield order[start : start + batch_size]
 
 
+def num_steps(n: int, batch_size: int, epochs: int, steps: int = 0) -> int:
+    """Mini-batch steps that :func:`train` takes on ``n`` samples (SCAFFOLD's K)."""
+    if n == 0:
+        return 0
+    return steps if steps > 0 else epochs * math.ceil(n / batch_size)
+
+
+def _run_batches(
+    x: torch.Tensor, y: torch.Tensor, step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    *, epochs: int, batch_size: int, steps: int, device: torch.device | str, seed: int,
+) -> float:
+    """Call ``step(xb, yb)`` (returns the batch loss) on shuffled mini-batches; mean loss.
+
+    ``steps`` > 0: that many steps (the order reshuffled each pass), else
+    ``epochs`` passes over the data.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    total, count, done = 0.0, 0, 0
+    target = num_steps(len(x), batch_size, epochs, steps)
+    while done < target:
+        for idx in _batches(len(x), batch_size, gen):
+            loss = step(x[idx].to(device), y[idx].to(device))
+            total += loss.item() * len(idx)
+            count += len(idx)
+            done += 1
+            if done >= target:
+                break
+    return total / max(count, 1)
+
+
 def train(
     model: nn.Module,
     x: torch.Tensor,
@@ -39,6 +70,7 @@ def train(
     lr: float,
     optimizer: str = "adam",
     proximal_mu: float = 0.0,
+    grad_correction: list[torch.Tensor] | None = None,
     steps: int = 0,
     loss_fn: LossFn | None = None,
     device: torch.device | str = "cpu",
@@ -67,6 +99,10 @@ def train(
         "adam" or "sgd".
     proximal_mu : float
         Coefficient of the proximal term; 0 disables it.
+    grad_correction : list of torch.Tensor, optional
+        Added to each parameter's gradient before every step, one tensor per
+        parameter in ``model.parameters()`` order (SCAFFOLD's ``c - c_i``,
+        Karimireddy et al. 2020, Alg. 1 line 10).
     steps : int
         If > 0, train this many mini-batch steps instead of ``epochs`` epochs.
     loss_fn : callable, optional
@@ -78,29 +114,99 @@ def train(
     """
     loss_fn = loss_fn or loss_for(y)
     model.to(device).train()
-    if len(x) == 0:
-        return 0.0
-    opt = make_optimizer(optimizer, model.parameters(), lr)
-    center = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None
-    gen = torch.Generator().manual_seed(seed)
-    total, count, done = 0.0, 0, 0
-    epoch_budget = epochs if steps <= 0 else 10**9
-    for _ in range(epoch_budget):
-        for idx in _batches(len(x), batch_size, gen):
-            xb, yb = x[idx].to(device), y[idx].to(device)
-            opt.zero_grad()
-            loss = loss_fn(model(xb), yb)
-            if center is not None:
-                prox = sum(((p - c) ** 2).sum() for p, c in zip(model.parameters(), center))
-                loss = loss + 0.5 * proximal_mu * prox
-            loss.backward()
-            opt.step()
-            total += loss.item() * len(idx)
-            count += len(idx)
-            done += 1
-            if 0 < steps <= done:
-                return total / max(count, 1)
-    return total / max(count, 1)
+    params = list(model.parameters())
+    opt = make_optimizer(optimizer, params, lr)
+    center = [p.detach().clone() for p in params] if proximal_mu > 0 else None
+    correction = [c.to(device) for c in grad_correction] if grad_correction is not None else None
+
+    def step(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad()
+        loss = loss_fn(model(xb), yb)
+        if center is not None:
+            prox = sum(((p - c) ** 2).sum() for p, c in zip(params, center))
+            loss = loss + 0.5 * proximal_mu * prox
+        loss.backward()
+        if correction is not None:
+            for p, c in zip(params, correction):
+                p.grad.add_(c)
+        opt.step()
+        return loss.detach()
+
+    return _run_batches(x, y, step, epochs=epochs, batch_size=batch_size, steps=steps,
+                        device=device, seed=seed)
+
+
+def mean_gradient(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int,
+    loss_fn: LossFn | None = None, device: torch.device | str = "cpu",
+) -> list[torch.Tensor]:
+    """Gradient of the mean loss over all of (x, y) at the model's weights, one tensor per
+    parameter (SCAFFOLD's option I control variate, Karimireddy et al. 2020, Eq. 4 (i))."""
+    loss_fn = loss_fn or loss_for(y)
+    model.to(device).train()
+    params = list(model.parameters())
+    grads = [torch.zeros_like(p) for p in params]
+    for start in range(0, len(x), batch_size):
+        xb, yb = x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)
+        loss = loss_fn(model(xb), yb) * (len(xb) / max(len(x), 1))
+        for g, d in zip(grads, torch.autograd.grad(loss, params)):
+            g.add_(d)
+    return [g.detach() for g in grads]
+
+
+def mix_parameters(local: nn.Module, shared: nn.Module, alpha: float) -> dict[str, torch.Tensor]:
+    """APFL's personalized parameters ``alpha * v + (1 - alpha) * w`` (Deng et al. 2020, Eq. 3).
+
+    ``local`` holds v, ``shared`` holds w; the result keeps v's autograd graph
+    (w is detached), for :func:`torch.func.functional_call` on ``local``.
+    """
+    w = dict(shared.named_parameters())
+    return {k: alpha * v + (1.0 - alpha) * w[k].detach() for k, v in local.named_parameters()}
+
+
+def train_apfl(
+    shared: nn.Module,
+    local: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    alpha: float,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    optimizer: str = "adam",
+    steps: int = 0,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> float:
+    """APFL's local update (Deng et al. 2020, Alg. 1); both models trained in place.
+
+    On every mini-batch, both gradients taken at the same (w, v), the shared
+    model takes a step on its own loss, ``w <- w - lr * grad f(w)``, and the
+    local model a step on the loss of the mixture,
+    ``v <- v - lr * grad_v f(alpha v + (1 - alpha) w)``. Returns the
+    mean loss of the mixture. The parameters are as in :func:`train`;
+    ``alpha`` is the mixture weight (fixed, the paper's non-adaptive variant).
+    """
+    loss_fn = loss_for(y)
+    shared.to(device).train()
+    local.to(device).train()
+    opt_w = make_optimizer(optimizer, shared.parameters(), lr)
+    opt_v = make_optimizer(optimizer, local.parameters(), lr)
+
+    def step(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        opt_w.zero_grad()
+        opt_v.zero_grad()
+        loss_fn(shared(xb), yb).backward()
+        mixed = torch.func.functional_call(local, mix_parameters(local, shared, alpha), (xb,))
+        loss = loss_fn(mixed, yb)
+        loss.backward()  # reaches v only: w is detached in the mixture
+        opt_w.step()
+        opt_v.step()
+        return loss.detach()
+
+    return _run_batches(x, y, step, epochs=epochs, batch_size=batch_size, steps=steps,
+                        device=device, seed=seed)
 
 
 def loss_for(y: torch.Tensor) -> LossFn:

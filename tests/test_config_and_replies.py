@@ -36,7 +36,11 @@ def test_defaults_are_valid():
 @pytest.mark.parametrize(
     "override, key, allowed",
     [
-        ({"strategy": "fedsgd"}, "strategy", "fedavg, fedprox, fedamp, heurfedamp"),
+        ({"strategy": "fedsgd"}, "strategy", "separate, fedavg, fedprox, fedavg-ft"),
+        ({"drop-rate": 1.0}, "drop-rate", "[0, 1)"),
+        ({"heterogeneous-epochs": 1}, "heterogeneous-epochs", "true or false"),
+        ({"apfl-alpha": 0.0}, "apfl-alpha", "(0, 1]"),
+        ({"finetune-epochs": 0}, "finetune-epochs", "integer >= 1"),
         ({"dataset": "imagenet"}, "dataset", "synthetic, mnist"),
         ({"partitioning": "weird"}, "partitioning", "practical, iid"),
         ({"fedamp-sigma": 0.0}, "fedamp-sigma", '"auto" or a finite number > 0'),

@@ -1,0 +1,459 @@
+"""The experiment runner: a grid of `flwr run` simulations, then the papers' tables and plots.
+
+    python simulation.py --preset quick --data-dir ../shared/data --output results/quick
+
+Every run of the grid (strategies x settings x scenarios x seeds) is one
+``flwr run`` of this app on Flower's simulation engine (Ray): the same
+ServerApp and ClientApp as ``flwr run .``, one after another, against a
+SuperLink that this script starts (``--simulation``, its own ``FLWR_HOME``
+under the output folder) and stops by its process id at the end. A run that
+already has ``runs/<name>/metrics.json`` with the same run config is not run
+again, so an interrupted grid resumes where it stopped. At the end
+:func:`experiments.report.write_report` writes ``results.csv``, ``table.md``
+and the plots into the output folder.
+
+Presets (``--preset``; ``--list`` prints them with their grids):
+
+* ``quick``: the FedAMP paper's practical setting on real MNIST and
+  Fashion-MNIST files, 20 clients, 5 rounds of 5 local epochs; Separate,
+  FedAvg, FedProx, FedAvg-FT, FedAMP and HeurFedAMP. Minutes on 2 CPU cores.
+* ``fedamp-tables``: Tables 1-3 of Huang et al. (AAAI 2021): IID,
+  pathological and practical settings of MNIST, FMNIST, EMNIST and CIFAR-100;
+  Separate, FedAvg, FedProx, FedAvg-FT, FedProx-FT, SCAFFOLD, APFL, FedAMP,
+  HeurFedAMP; 100 clients, 90 rounds of 10 epochs, batch 100, Adam 1e-3, the
+  paper's sigmas.
+* ``fedamp-scenarios``: the FedAMP appendix's robustness: drop rates 0, 0.1,
+  0.3, 0.5 and heterogeneous epochs on FMNIST (practical).
+* ``panacea-tables``: Tables 1 and 2 of the Panacea paper: fl60 and tpt48;
+  FedAvg, FedAvg-FT, pFedHN, Panacea-GN, Panacea.
+* ``panacea-robustness``: fl60 with 20% novel clients and attack ratios 0,
+  0.1, 0.2, 0.3; FedAvg, FedMedian, Krum, Panacea.
+
+``--strategies``, ``--seeds``, ``--rounds`` and ``--set key=value`` narrow or
+change a preset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+from experiments import report  # noqa: E402
+from fedamp_flwr.config import ConfigError, RunConfig  # noqa: E402
+
+# Subfolder of --data-dir for each dataset (laid out like ../shared/data).
+DATA_SUBDIRS = {"mnist": "mnist", "fmnist": "fashion_mnist", "emnist": "emnist",
+                "cifar10": "cifar10", "cifar100": "cifar100", "tpt48": "tpt48"}
+# Datasets whose number of clients is fixed by the data.
+FIXED_CLIENTS = {"fl60": 60, "tpt48": 48}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One data setting of a grid: dataset, partitioning and its number of clients."""
+
+    dataset: str
+    partitioning: str = "practical"
+    num_clients: int = 20
+    run_config: tuple[tuple[str, Any], ...] = ()  # extra keys for this setting
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """A grid of runs: every strategy x setting x scenario x seed.
+
+    Parameters
+    ----------
+    strategies : tuple of str
+        Strategy names (keys of ``strategies.STRATEGIES``).
+    settings : tuple of Setting
+        Data settings.
+    scenarios : tuple of dict
+        Scenario run-config overrides ({} is the plain setting).
+    seeds : tuple of int
+        Seeds; the table reports mean and std over them.
+    run_config : dict
+        Run-config values common to every run.
+    per_strategy : dict
+        Extra run-config values of single strategies (e.g. fedprox-mu).
+    """
+
+    strategies: tuple[str, ...]
+    settings: tuple[Setting, ...]
+    scenarios: tuple[dict[str, Any], ...] = ({},)
+    seeds: tuple[int, ...] = (0,)
+    run_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    per_strategy: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One run of a grid: its name, number of SuperNodes and full run-config overrides."""
+
+    name: str
+    num_clients: int
+    run_config: dict[str, Any]
+
+
+# The FedAMP paper's training: Adam 1e-3, batch 100, 10 local epochs, 90 rounds.
+_FEDAMP_TRAINING = {"num-server-rounds": 90, "local-epochs": 10, "batch-size": 100,
+                    "learning-rate": 1e-3, "optimizer": "adam"}
+_FEDAMP_BASELINES = ("separate", "fedavg", "fedprox", "fedavg-ft", "fedprox-ft", "scaffold",
+                     "apfl", "fedamp", "heurfedamp")
+_FL60 = {"local-steps": 20, "batch-size": 16}
+_TPT48 = {"local-steps": 50, "batch-size": 16, "panacea-client-lr": 0.2,
+          "panacea-server-steps": 20}
+
+PRESETS: dict[str, Grid] = {
+    "quick": Grid(
+        strategies=("separate", "fedavg", "fedprox", "fedavg-ft", "fedamp", "heurfedamp"),
+        settings=(Setting("mnist", "practical", 20), Setting("fmnist", "practical", 20)),
+        run_config={"num-server-rounds": 5, "local-epochs": 5, "batch-size": 100,
+                    "learning-rate": 1e-3, "optimizer": "adam"},
+    ),
+    "fedamp-tables": Grid(
+        strategies=_FEDAMP_BASELINES,
+        settings=tuple(Setting(d, p, 100) for p in ("iid", "pathological", "practical")
+                       for d in ("mnist", "fmnist", "emnist", "cifar100")),
+        run_config=_FEDAMP_TRAINING,
+    ),
+    "fedamp-scenarios": Grid(
+        strategies=("fedavg", "fedprox", "fedamp", "heurfedamp"),
+        settings=(Setting("fmnist", "practical", 100),),
+        scenarios=({}, {"drop-rate": 0.1}, {"drop-rate": 0.3}, {"drop-rate": 0.5},
+                   {"heterogeneous-epochs": True}),
+        run_config=_FEDAMP_TRAINING,
+    ),
+    "panacea-tables": Grid(
+        strategies=("fedavg", "fedavg-ft", "pfedhn", "panacea-gn", "panacea"),
+        settings=(Setting("fl60", "practical", 60, tuple(_FL60.items())),
+                  Setting("tpt48", "practical", 48, tuple(_TPT48.items()))),
+        seeds=(0, 1, 2),
+        run_config={"num-server-rounds": 60},
+    ),
+    "panacea-robustness": Grid(
+        strategies=("fedavg", "fedmedian", "krum", "panacea"),
+        settings=(Setting("fl60", "practical", 60, (*_FL60.items(), ("fl60-noise-std", 0.1))),),
+        scenarios=tuple({"novel-client-fraction": 0.2, "attack-ratio": a} for a in (0.0, 0.1, 0.2, 0.3)),
+        run_config={"num-server-rounds": 20},
+    ),
+}
+
+
+# ---------------------------------------------------------------------------
+# Building the grid
+# ---------------------------------------------------------------------------
+def _fmt(value: Any) -> str:
+    return str(value).replace(".", "p") if isinstance(value, float) else str(value)
+
+
+def run_name(strategy: str, setting: Setting, scenario: dict[str, Any], seed: int) -> str:
+    """``<strategy>-<dataset>-<partitioning>[-<scenario>]-s<seed>`` (file-name safe)."""
+    parts = [strategy, setting.dataset, setting.partitioning]
+    parts += [f"{k}{_fmt(v)}" for k, v in sorted(scenario.items())]
+    return "-".join(parts + [f"s{seed}"])
+
+
+def expand(grid: Grid, data_dir: str | None, output: Path) -> list[Run]:
+    """The runs of ``grid``, each with its validated run config.
+
+    Raises
+    ------
+    ConfigError
+        If any run's config is invalid (before anything runs).
+    """
+    runs = []
+    for setting, scenario, strategy, seed in itertools.product(
+            grid.settings, grid.scenarios, grid.strategies, grid.seeds):
+        name = run_name(strategy, setting, scenario, seed)
+        n = FIXED_CLIENTS.get(setting.dataset, setting.num_clients)
+        cfg: dict[str, Any] = {
+            **grid.run_config, **dict(setting.run_config), **scenario,
+            **grid.per_strategy.get(strategy, {}),
+            "strategy": strategy, "dataset": setting.dataset,
+            "partitioning": setting.partitioning, "seed": seed, "min-nodes": n,
+            "run-name": name, "results-dir": str((output / "runs").resolve()),
+        }
+        if setting.dataset in DATA_SUBDIRS and data_dir:
+            cfg["data-dir"] = str((Path(data_dir) / DATA_SUBDIRS[setting.dataset]).resolve())
+        try:
+            RunConfig.from_run_config(cfg)
+        except ConfigError as err:
+            raise ConfigError(f"run {name}: {err}") from None
+        runs.append(Run(name, n, cfg))
+    return runs
+
+
+def apply_overrides(grid: Grid, strategies: str | None, seeds: str | None,
+                    rounds: int | None, sets: Sequence[str], num_clients: int | None) -> Grid:
+    """Narrow or change a preset by the command line's options."""
+    changes: dict[str, Any] = {}
+    if strategies:
+        changes["strategies"] = tuple(s.strip() for s in strategies.split(",") if s.strip())
+    if seeds:
+        changes["seeds"] = tuple(int(s) for s in seeds.split(","))
+    run_config = dict(grid.run_config)
+    if rounds:
+        run_config["num-server-rounds"] = rounds
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r} is invalid; allowed: key=value")
+        run_config[key.strip()] = _parse_value(value.strip())
+    changes["run_config"] = run_config
+    if num_clients:
+        changes["settings"] = tuple(dataclasses.replace(s, num_clients=num_clients)
+                                    for s in grid.settings)
+    return dataclasses.replace(grid, **changes)
+
+
+def _parse_value(text: str) -> Any:
+    """A --set value: true/false, an int, a float, else a string (quotes optional)."""
+    if text in ("true", "false"):
+        return text == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text.strip("'\"")
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+# ---------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SuperLink:
+    """A local ``flower-superlink --simulation`` with its own FLWR_HOME; stopped by its pid.
+
+    Parameters
+    ----------
+    home : Path
+        Its FLWR_HOME (the connection "sim" is written into ``config.toml``).
+    ray_address : str or None
+        Passed to the simulation as ``RAY_ADDRESS`` (attach to a running Ray cluster).
+    """
+
+    def __init__(self, home: Path, ray_address: str | None = None) -> None:
+        self.home = home
+        self.env = dict(os.environ, FLWR_HOME=str(home), PYTHONUNBUFFERED="1",
+                        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+                        FLWR_DISABLE_UPDATE_CHECK="1")
+        if ray_address:
+            self.env["RAY_ADDRESS"] = ray_address
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "SuperLink":
+        exe = shutil.which("flower-superlink")
+        if exe is None:
+            raise RuntimeError("flower-superlink is not on PATH: activate the virtual environment")
+        self.home.mkdir(parents=True, exist_ok=True)
+        port, control = _free_port(), _free_port()
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "sim"\n\n[superlink.sim]\n'
+            f'address = "127.0.0.1:{port}"\ninsecure = true\n'
+        )
+        log = open(self.home / "superlink.log", "w")  # noqa: SIM115 - closed in __exit__
+        self.proc = subprocess.Popen(
+            [exe, "--insecure", "--simulation", "--isolation", "subprocess",
+             "--host", "127.0.0.1", "--port", str(port),
+             "--control-api-address", f"127.0.0.1:{control}"],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._log = log
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the SuperLink exited; see {self.home / 'superlink.log'}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return self
+            time.sleep(0.5)
+        raise RuntimeError(f"the SuperLink did not start; see {self.home / 'superlink.log'}")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+
+def metrics_path(output: Path, run: Run) -> Path:
+    return output / "runs" / run.name / "metrics.json"
+
+
+def is_done(output: Path, run: Run) -> bool:
+    """Whether ``run`` finished before with the same run config (resume)."""
+    path = metrics_path(output, run)
+    if not path.is_file():
+        return False
+    try:
+        done = json.loads(path.read_text())["config"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return all(done.get(k) == v for k, v in run.run_config.items())
+
+
+def federation_config(num_clients: int, cpus: float, gpus: float) -> str:
+    """The ``--federation-config`` of a run: SuperNodes and each ClientApp's resources."""
+    def num(v: float) -> str:  # Flower wants integral resources as integers
+        return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+    parts = [f"num-supernodes={num_clients}", f"client-resources-num-cpus={num(cpus)}",
+             f"client-resources-num-gpus={num(gpus)}"]
+    return " ".join(parts)
+
+
+def run_one(link: SuperLink, output: Path, run: Run, fed_config: str, prefix: str,
+            timeout: float) -> bool:
+    """One ``flwr run`` of this app; prints a line per round; True if metrics.json was written."""
+    run_dir = output / "runs" / run.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stale = metrics_path(output, run)
+    if stale.exists():
+        stale.unlink()
+    args = [shutil.which("flwr") or "flwr", "run", str(ROOT), "--stream",
+            "--federation-config", fed_config,
+            "--run-config", " ".join(f"{k}={_toml(v)}" for k, v in run.run_config.items())]
+    started = time.monotonic()
+    with open(run_dir / "log.txt", "w") as log:
+        proc = subprocess.Popen(args, env=link.env, cwd=run_dir, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                if "mean test" in line:
+                    text = re.sub(r"\x1b\[[0-9;]*m", "", line).split("INFO :", 1)[-1].strip()
+                    print(f"{prefix}   {text}", flush=True)
+                if time.monotonic() - started > timeout:
+                    raise TimeoutError
+            proc.wait()
+        except (TimeoutError, KeyboardInterrupt) as err:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+            if isinstance(err, KeyboardInterrupt):
+                raise
+            print(f"{prefix} timed out after {timeout:.0f}s", flush=True)
+    return metrics_path(output, run).is_file()
+
+
+def run_grid(runs: list[Run], output: Path, cpus: float, gpus: float, ray_address: str | None,
+             timeout: float) -> list[str]:
+    """Run every run not done yet; return the names of the runs that failed."""
+    todo = [r for r in runs if not is_done(output, r)]
+    print(f"{len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run", flush=True)
+    failed: list[str] = []
+    if not todo:
+        return failed
+    with SuperLink(output / ".flwr-home", ray_address) as link:
+        for i, run in enumerate(todo, 1):
+            prefix = f"[{i}/{len(todo)}] {run.name}"
+            print(f"{prefix}: {run.num_clients} clients", flush=True)
+            started = time.monotonic()
+            fed = federation_config(run.num_clients, cpus, gpus)
+            if run_one(link, output, run, fed, prefix, timeout):
+                m = json.loads(metrics_path(output, run).read_text())
+                score = (f"BMTA {m['bmta']:.2f}%" if "bmta" in m
+                         else f"best mean MSE {m.get('best_mean_mse', float('nan')):.4g}")
+                print(f"{prefix}: {score} ({time.monotonic() - started:.0f}s)", flush=True)
+            else:
+                failed.append(run.name)
+                print(f"{prefix}: FAILED, see {output / 'runs' / run.name / 'log.txt'}", flush=True)
+    return failed
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="quick")
+    p.add_argument("--list", action="store_true", help="print the presets' runs and exit")
+    p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"),
+                   help="folder with one subfolder per dataset, laid out like ../shared/data "
+                        "(mnist/, fashion_mnist/, tpt48/, ...); '' = the Hugging Face hub")
+    p.add_argument("--output", default=None, help="results folder (default results/<preset>)")
+    p.add_argument("--strategies", help="comma-separated subset/replacement of the preset's strategies")
+    p.add_argument("--seeds", help="comma-separated seeds (default: the preset's)")
+    p.add_argument("--rounds", type=int, help="num-server-rounds of every run")
+    p.add_argument("--num-supernodes", type=int,
+                   help="clients (SuperNodes) per run for partitioned datasets (fl60/tpt48 are fixed)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a run-config value for every run (repeatable)")
+    p.add_argument("--cpus-per-client", type=float, default=1.0,
+                   help="CPUs reserved for each ClientApp (Ray client resources)")
+    p.add_argument("--gpus-per-client", type=float, default=0.0,
+                   help="GPU share of each ClientApp, e.g. 0.1 = ten clients per GPU")
+    p.add_argument("--ray-address", default=None,
+                   help="attach to a running Ray cluster (e.g. 'auto' or 'HOST:6379')")
+    p.add_argument("--timeout", type=float, default=6 * 3600, help="seconds per run")
+    p.add_argument("--report-only", action="store_true", help="only (re)write table and plots")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        for name, grid in PRESETS.items():
+            n = len(grid.strategies) * len(grid.settings) * len(grid.scenarios) * len(grid.seeds)
+            print(f"{name}: {n} runs; strategies {', '.join(grid.strategies)}; settings "
+                  f"{', '.join(f'{s.dataset}/{s.partitioning}' for s in grid.settings)}; "
+                  f"scenarios {list(grid.scenarios)}; seeds {list(grid.seeds)}")
+        return 0
+    for key, value in (("--cpus-per-client", args.cpus_per_client),
+                       ("--gpus-per-client", args.gpus_per_client)):
+        if value < 0:
+            raise SystemExit(f"{key} = {value} is invalid; allowed: a number >= 0")
+    output = Path(args.output or ROOT / "results" / args.preset).resolve()
+    grid = apply_overrides(PRESETS[args.preset], args.strategies, args.seeds, args.rounds,
+                           args.set, args.num_supernodes)
+    data_dir = args.data_dir or None
+    try:
+        runs = expand(grid, data_dir, output)
+    except ConfigError as err:
+        raise SystemExit(f"error: {err}") from None
+    failed: list[str] = []
+    if not args.report_only:
+        failed = run_grid(runs, output, args.cpus_per_client, args.gpus_per_client,
+                          args.ray_address, args.timeout)
+    done = [metrics_path(output, r) for r in runs if metrics_path(output, r).is_file()]
+    written = report.write_report(report.load_runs(done), output, strategy_order=grid.strategies)
+    print(f"Wrote {', '.join(p.name for p in written)} to {output}")
+    if failed:
+        print(f"{len(failed)} run(s) failed: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+"""Separate: every client trains only on its own data (the FedAMP paper's "Separate").
+
+No collaboration at all: each client's model on the server is only ever
+replaced by that client's own training result, and each client is tested on
+its own model. It is :class:`strategies.base.PersonalizedStrategy` with its
+default hooks; the server merely keeps the models between rounds (and applies
+the scenarios: drop-outs, heterogeneous epochs).
+"""
+
+from __future__ import annotations
+
+from .base import PersonalizedStrategy
+
+
+class Separate(PersonalizedStrategy):
+    """Each client trains and tests its own model; nothing is shared.
+
+    Parameters are those of :class:`strategies.base.PersonalizedStrategy`.
+    """

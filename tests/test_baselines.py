@@ -1,0 +1,192 @@
+"""The baselines and scenarios: pure functions by hand, and every strategy for 2 rounds.
+
+The 2-round runs call the real ServerApp ``main`` with an in-process grid that
+hands each message to the real ClientApp functions, each node keeping its own
+``Context`` (and so its ``context.state``) across rounds, as Flower does.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+
+import strategies
+from fedamp_flwr import client_app, server_app
+from strategies.nonconvex import nonconvex_weights
+from strategies.scaffold import update_control
+from tasks.models import MLP
+from tasks.scenarios import Roles, scenario_roles
+from tasks.train import mean_gradient, mix_parameters, num_steps, train
+
+
+@pytest.fixture(autouse=True)
+def task_identity():
+    """Messages made outside a Flower process need a run and node id."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    yield
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = None, None, None
+
+
+class LocalGrid:
+    """A Flower ``Grid`` whose nodes are the real ClientApp functions, in this process."""
+
+    def __init__(self, run_config: dict, num_clients: int) -> None:
+        self.contexts = {
+            100 + i: Context(run_id=1, node_id=100 + i, state=RecordDict(), run_config=run_config,
+                             node_config={"partition-id": i, "num-partitions": num_clients})
+            for i in range(num_clients)
+        }
+        self.sent: list[Message] = []
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def send_and_receive(self, messages, timeout=None):
+        handlers = {MessageType.QUERY: client_app.query, MessageType.TRAIN: client_app.train,
+                    MessageType.EVALUATE: client_app.evaluate}
+        messages = list(messages)
+        self.sent += messages
+        return [handlers[m.metadata.message_type](m, self.contexts[m.metadata.dst_node_id])
+                for m in messages]
+
+
+def run_local(tmp_path, strategy: str, n: int = 3, **overrides) -> tuple[dict, LocalGrid]:
+    run_config = {"strategy": strategy, "num-server-rounds": 2, "local-epochs": 1,
+                  "min-nodes": n, "results-dir": str(tmp_path), "run-name": strategy,
+                  "server-device": "cpu", **overrides}
+    grid = LocalGrid(run_config, n)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config=run_config)
+    server_app.main(grid, context)
+    return json.loads((tmp_path / strategy / "metrics.json").read_text()), grid
+
+
+NEW = ["separate", "fedavg-ft", "fedprox-ft", "scaffold", "apfl", "nonconvex", "fedmedian",
+       "fedtrimmedavg", "krum"]
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_every_baseline_runs_two_rounds_on_the_default_task(tmp_path, name):
+    m, grid = run_local(tmp_path, name)
+    assert m["strategy"] == name and [r["round"] for r in m["rounds"]] == [1, 2]
+    for r in m["rounds"]:
+        assert r["trained_clients"] == [0, 1, 2]
+        assert len(r["client_accuracy"]) == 3 and 0 <= r["mean_accuracy"] <= 1
+    assert 0 <= m["bmta"] <= 100
+    states = [ctx.state for ctx in grid.contexts.values()]
+    if name == "scaffold":
+        assert all("scaffold-control" in s.array_records for s in states)
+        assert all("control" in msg.content.array_records for msg in grid.sent
+                   if msg.metadata.message_type == MessageType.TRAIN)
+    if name == "apfl":
+        assert all("apfl-local" in s.array_records for s in states)
+    if name.endswith("-ft"):
+        evals = [msg for msg in grid.sent if msg.metadata.message_type == MessageType.EVALUATE]
+        assert evals and all(msg.content["config"]["finetune-epochs"] == 1 for msg in evals)
+
+
+def test_fine_tuning_changes_what_fedavg_clients_are_tested_on(tmp_path):
+    plain, _ = run_local(tmp_path / "a", "fedavg", **{"finetune-epochs": 3})
+    tuned, _ = run_local(tmp_path / "b", "fedavg-ft", **{"finetune-epochs": 3})
+    # same training (all clients, same seeds); only the evaluation fine-tunes
+    assert plain["rounds"][0]["train_loss"] == pytest.approx(tuned["rounds"][0]["train_loss"])
+    assert tuned["rounds"][-1]["mean_accuracy"] > plain["rounds"][-1]["mean_accuracy"]
+
+
+def test_drop_rate_and_heterogeneous_epochs_reach_the_clients(tmp_path):
+    m, grid = run_local(tmp_path, "fedamp", n=5, **{"drop-rate": 0.4, "heterogeneous-epochs": True,
+                                                      "local-epochs": 3})
+    for r in m["rounds"]:
+        assert len(r["trained_clients"]) == 3  # 2 of 5 drop out each round
+    epochs = {msg.content["config"]["local-epochs"] for msg in grid.sent
+              if msg.metadata.message_type == MessageType.TRAIN}
+    assert epochs <= {1, 2, 3, 4, 5} and len(epochs) > 1
+
+
+def test_drop_rate_applies_to_flower_strategies_too(tmp_path):
+    m, _ = run_local(tmp_path, "fedavg", n=4, **{"drop-rate": 0.5})
+    assert all(len(r["trained_clients"]) == 2 for r in m["rounds"])
+
+
+# ---------------------------------------------------------------------------
+# Pure functions, against values worked by hand
+# ---------------------------------------------------------------------------
+def test_nonconvex_weights_by_hand():
+    # shares r = (0.25, 0.75); c = 2: exp(0.5), exp(1.5) normalised
+    w = nonconvex_weights(np.array([100, 300]), c=2.0)
+    e = np.exp([0.5, 1.5])
+    assert w == pytest.approx(e / e.sum())
+    assert nonconvex_weights(np.array([100, 300]), c=0.0) == pytest.approx([0.5, 0.5])
+    with pytest.raises(ValueError):
+        nonconvex_weights(np.array([0, 0]), c=1.0)
+
+
+def test_scaffold_server_control_update_by_hand():
+    c = torch.tensor([1.0, 2.0])
+    deltas = torch.tensor([[0.5, 1.0], [1.5, -3.0]])
+    # c + (1/N) sum_i delta_i with N = 4 clients in all (2 sampled)
+    assert torch.allclose(update_control(c, deltas, 4), torch.tensor([1.5, 1.5]))
+
+
+def test_grad_correction_shifts_an_sgd_step_by_lr_times_the_correction():
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    torch.manual_seed(0)
+    a = MLP(3, 2, (4,))
+    b = MLP(3, 2, (4,))
+    b.load_state_dict(a.state_dict())
+    corr = [torch.full_like(p, 0.5) for p in b.parameters()]
+    train(a, x, y, epochs=1, batch_size=8, lr=0.1, optimizer="sgd")
+    train(b, x, y, epochs=1, batch_size=8, lr=0.1, optimizer="sgd", grad_correction=corr)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.allclose(pb, pa - 0.05, atol=1e-6)
+
+
+def test_mean_gradient_equals_the_full_batch_gradient():
+    x, y = torch.randn(10, 3), torch.randint(0, 2, (10,))
+    model = MLP(3, 2, (4,))
+    full = torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), y),
+                               list(model.parameters()))
+    for g, f in zip(mean_gradient(model, x, y, batch_size=3), full):
+        assert torch.allclose(g, f, atol=1e-6)
+    assert num_steps(10, 3, epochs=2) == 8 and num_steps(10, 3, epochs=2, steps=5) == 5
+
+
+def test_apfl_mixture_by_hand():
+    v, w = MLP(2, 2, ()), MLP(2, 2, ())
+    with torch.no_grad():
+        for p in v.parameters():
+            p.fill_(1.0)
+        for p in w.parameters():
+            p.fill_(3.0)
+    mixed = mix_parameters(v, w, alpha=0.25)  # 0.25 * 1 + 0.75 * 3 = 2.5
+    assert all(torch.allclose(t, torch.full_like(t, 2.5)) for t in mixed.values())
+
+
+def test_scenario_draws_are_seeded_and_in_range():
+    roles = scenario_roles(10, seed=3, drop_rate=0.3, heterogeneous_epochs=True)
+    kept = roles.participants(1, list(range(10)))
+    assert len(kept) == 7 and kept == roles.participants(1, list(range(10)))
+    assert roles.participants(1, [4]) == [4]  # somebody always trains
+    draws = [roles.local_units(r, c, 10) for r in range(30) for c in range(10)]
+    assert min(draws) >= 1 and max(draws) <= 19 and 8.5 < np.mean(draws) < 11.5
+    assert Roles(frozenset(), frozenset()).local_units(1, 1, 10) == 10
+
+
+def test_strategy_registry_has_every_baseline():
+    assert set(NEW) | {"fedavg", "fedprox", "fedamp", "heurfedamp", "panacea"} <= set(
+        strategies.STRATEGIES)
+
+
+def test_client_config_only_copies_when_epochs_vary():
+    strategy = strategies.build_strategy("separate", {
+        "fraction_train": 1.0, "param_keys": [], "device": "cpu", "seed": 0})
+    strategy.setup_tracking({}, Roles(frozenset(), frozenset(), heterogeneous_epochs=True, seed=1))
+    cfg = ConfigRecord({"local-epochs": 10})
+    own = strategy.client_config(3, 2, cfg)
+    assert own is not cfg and 1 <= own["local-epochs"] <= 19 and cfg["local-epochs"] == 10

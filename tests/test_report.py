@@ -1,0 +1,173 @@
+"""experiments/report.py on fake but consistent metrics.json dicts.
+
+Expected table cells are computed by hand with the population std (numpy's
+default, ddof=0): BMTA 80 and 90 -> "85.00 ± 5.00", 70 and 72 -> "71.00 ± 1.00".
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import pytest
+
+from experiments import report
+
+CLIENTS = 4
+OFFSETS = [-0.02, -0.01, 0.01, 0.02]   # per-client deviation from the round's mean (sums to 0)
+
+
+def fake_run(strategy: str, seed: int, best: float, *, dataset: str = "fmnist",
+             partitioning: str = "practical", drop: float = 0.0, regression: bool = False,
+             xi: bool = False, failed_eval_round: int | None = None) -> dict:
+    """A metrics.json dict with 3 rounds whose best mean is ``best`` (round 2).
+
+    Parameters
+    ----------
+    strategy, seed, dataset, partitioning : the run's identity.
+    best : BMTA in % (classification) or best mean MSE (regression).
+    drop : the run config's drop-rate.
+    regression : MSE records instead of accuracy.
+    xi : record FedAMP's collaboration weights for rounds 1..3.
+    failed_eval_round : a round without evaluation records (as when evaluation failed).
+    """
+    name = "mse" if regression else "accuracy"
+    # classification: means 0.1 below, at and 0.05 below the best; regression: 2x, 1x, 1.5x
+    means = ([2 * best, best, 1.5 * best] if regression
+             else [best / 100 - 0.1, best / 100, best / 100 - 0.05])
+    rounds = []
+    for r, mean in enumerate(means, start=1):
+        rec = {"round": r, "train_loss": 1.0 / r, "trained_clients": list(range(CLIENTS))}
+        if r != failed_eval_round:
+            rec[f"client_{name}"] = {str(c): mean + OFFSETS[c] * (best if regression else 1)
+                                     for c in range(CLIENTS)}
+            rec[f"mean_{name}"] = mean
+            rec["client_loss"] = {str(c): 0.5 for c in range(CLIENTS)}
+            rec["mean_loss"] = 0.5
+        rounds.append(rec)
+    run = {
+        "run_name": f"{strategy}-{dataset}-{partitioning}-{seed}-d{drop}",
+        "strategy": strategy, "dataset": dataset, "partitioning": partitioning,
+        "num_clients": CLIENTS, "seed": seed,
+        "config": {"strategy": strategy, "dataset": dataset, "partitioning": partitioning,
+                   "seed": seed, "num-server-rounds": 3, "local-epochs": 5,
+                   "drop-rate": drop, "attack-ratio": 0.0, "novel-client-fraction": 0.0,
+                   "learning-rate": 0.001},
+        "sigma": {"fedamp": 1e5, "heurfedamp": 10.0}, "wall_time_s": 12.5,
+        "rounds": rounds, "novel_clients": [], "attackers": [],
+    }
+    run["best_mean_mse" if regression else "bmta"] = best
+    if xi:
+        w = [[0.7 if i == j else 0.1 for j in range(CLIENTS)] for i in range(CLIENTS)]
+        run["xi"] = {"client_ids": list(range(CLIENTS)), "rounds": {str(r): w for r in (1, 2, 3)}}
+    return run
+
+
+def fake_grid() -> list[dict]:
+    """2 strategies x 2 seeds on fmnist, one seed each with drop 0.3, plus FL-60 regression."""
+    return [
+        fake_run("fedamp", 1, 80.0, xi=True),
+        fake_run("fedamp", 2, 90.0, xi=True, failed_eval_round=3),
+        fake_run("fedavg", 1, 70.0),
+        fake_run("fedavg", 2, 72.0),
+        fake_run("fedamp", 1, 60.0, drop=0.3),
+        fake_run("fedavg", 1, 65.0, drop=0.3),
+        fake_run("fedamp", 1, 0.1234567, dataset="fl60", regression=True),
+        fake_run("fedavg", 1, 0.2, dataset="fl60", regression=True),
+    ]
+
+
+def read_table(path: Path) -> tuple[list[str], dict[str, dict[str, str]]]:
+    """Text lines before the first table, and its cells: method -> column header -> cell."""
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| Method"))
+    header = [c.strip() for c in lines[start].strip("|").split("|")]
+    cells = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        row = [c.strip() for c in line.strip("|").split("|")]
+        cells[row[0]] = dict(zip(header[1:], row[1:]))
+    return lines[:start], cells
+
+
+def test_write_report(tmp_path: Path) -> None:
+    runs = fake_grid()
+    written = report.write_report(runs, tmp_path, strategy_order=["fedavg", "fedamp"])
+    names = {p.name for p in written}
+    assert all(p.parent == tmp_path and p.is_file() for p in written)
+    assert names == {"results.csv", "table.md", "convergence.png", "client_accuracy.png",
+                     "xi_fmnist_practical_drop_0_fedamp.png", "vs_drop-rate.png"}
+
+    # results.csv: one row per run, its bmta / best MSE, the scenario and config columns
+    with (tmp_path / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(runs)
+    by_name = {r["run_name"]: r for r in rows}
+    for run in runs:
+        row = by_name[run["run_name"]]
+        if "bmta" in run:
+            assert float(row["bmta"]) == run["bmta"] and row["best_mean_mse"] == ""
+        else:
+            assert float(row["best_mean_mse"]) == run["best_mean_mse"] and row["bmta"] == ""
+        assert float(row["drop-rate"]) == run["config"]["drop-rate"]
+        assert row["config.local-epochs"] == "5" and row["novel_bmta"] == ""
+    assert float(by_name["fedamp-fmnist-practical-1-d0.0"]["final_mean"]) == 75.0  # last round
+    assert float(by_name["fedamp-fmnist-practical-2-d0.0"]["final_mean"]) == 90.0  # round 3 failed
+    assert list(rows[0])[:6] == ["run_name", "strategy", "dataset", "partitioning", "seed",
+                                 "num_clients"]
+
+    # table.md: mean ± std (population) over seeds, best per column bold, "–" if missing
+    intro, cells = read_table(tmp_path / "table.md")
+    assert list(cells) == ["fedavg", "fedamp"]
+    assert "BMTA" in intro[0] and "MSE" in intro[0] and "1–2 seed" in intro[0]
+    assert cells["fedamp"]["fmnist/practical, drop 0"] == "**85.00 ± 5.00**"
+    assert cells["fedavg"]["fmnist/practical, drop 0"] == "71.00 ± 1.00"
+    assert cells["fedamp"]["fmnist/practical, drop 0.3"] == "60.00"
+    assert cells["fedavg"]["fmnist/practical, drop 0.3"] == "**65.00**"
+    assert cells["fedamp"]["fl60/practical (MSE)"] == "**0.1235**"   # lower MSE is better
+    assert cells["fedavg"]["fl60/practical (MSE)"] == "0.2"
+    assert "Novel clients" not in (tmp_path / "table.md").read_text()
+
+    for path in written:
+        if path.suffix == ".png":
+            image = mpimg.imread(path)
+            assert image.shape[0] > 10 and image.shape[1] > 10, path
+
+    # one drop value only: no vs_drop-rate.png, no scenario suffix, a missing cell
+    only = [r for r in runs if r["config"]["drop-rate"] == 0.0]
+    out = tmp_path / "single"
+    names = {p.name for p in report.write_report(only[:-1], out)}
+    assert "vs_drop-rate.png" not in names and not (out / "vs_drop-rate.png").exists()
+    assert "xi_fmnist_practical_fedamp.png" in names
+    _, cells = read_table(out / "table.md")
+    assert list(cells) == ["fedamp", "fedavg"]          # first appearance
+    assert cells["fedamp"]["fmnist/practical"] == "**85.00 ± 5.00**"
+    assert cells["fedavg"]["fl60/practical (MSE)"] == "–"
+    assert cells["fedamp"]["fl60/practical (MSE)"] == "**0.1235**"
+
+
+def test_novel_table_and_load_runs(tmp_path: Path) -> None:
+    runs = [fake_run("fedamp", s, b) for s, b in ((1, 80.0), (2, 84.0))]
+    for run, novel in zip(runs, (50.0, 60.0)):
+        run["config"]["novel-client-fraction"] = 0.25
+        run["novel_clients"] = [3]
+        run["novel_bmta"] = novel
+    for i, run in enumerate(runs):
+        (tmp_path / f"r{i}").mkdir()
+        (tmp_path / f"r{i}" / "metrics.json").write_text(json.dumps(run))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "metrics.json").write_text("{not json")
+    loaded = report.load_runs([tmp_path])
+    assert [r["seed"] for r in loaded] == [1, 2]
+    assert report.setting_of(loaded[0]) == "fmnist/practical, novel 0.25"
+    # client 3 is novel: left out of the per-client values at the best round (round 2)
+    assert report.best_round_clients(loaded[0]).tolist() == pytest.approx([78.0, 79.0, 81.0])
+
+    report.write_table(loaded, tmp_path / "table.md")
+    text = (tmp_path / "table.md").read_text()
+    main, novel = text.split("## Novel clients")
+    assert "| fedamp | **82.00 ± 2.00** |" in main and "2 seed" in main
+    assert "| fedamp | **55.00 ± 5.00** |" in novel and "novel clients" in novel
