@@ -25,12 +25,12 @@ Presets (``--preset``; ``--list`` prints them with their grids):
 * ``fedamp-scenarios``: the FedAMP appendix's robustness: drop rates 0, 0.1,
   0.3, 0.5 and heterogeneous epochs on FMNIST (practical).
 * ``panacea-tables``: Tables 1 and 2 of the Panacea paper: fl60 and tpt48;
-  FedAvg, FedAvg-FT, pFedHN, Panacea-GN, Panacea.
+  FedAvg, FedAvg-FT, Per-FedAvg, pFedMe, pFedHN, Panacea-GN, Panacea; 3 seeds.
 * ``panacea-robustness``: fl60 with 20% novel clients and attack ratios 0,
   0.1, 0.2, 0.3; FedAvg, FedMedian, Krum, Panacea.
 
-``--strategies``, ``--seeds``, ``--rounds`` and ``--set key=value`` narrow or
-change a preset.
+``--strategies``, ``--datasets``, ``--seeds``, ``--rounds``,
+``--num-supernodes`` and ``--set key=value`` narrow or change a preset.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ PRESETS: dict[str, Grid] = {
         run_config=_FEDAMP_TRAINING,
     ),
     "panacea-tables": Grid(
-        strategies=("fedavg", "fedavg-ft", "pfedhn", "panacea-gn", "panacea"),
+        strategies=("fedavg", "fedavg-ft", "per-fedavg", "pfedme", "pfedhn", "panacea-gn", "panacea"),
         settings=(Setting("fl60", "practical", 60, tuple(_FL60.items())),
                   Setting("tpt48", "practical", 48, tuple(_TPT48.items()))),
         seeds=(0, 1, 2),
@@ -200,10 +200,25 @@ def expand(grid: Grid, data_dir: str | None, output: Path) -> list[Run]:
     return runs
 
 
+def with_datasets(settings: Sequence[Setting], datasets: Sequence[str]) -> tuple[Setting, ...]:
+    """The preset's settings of ``datasets``; a dataset the preset lacks gets each of the
+    preset's partitionings with the first setting's number of clients."""
+    out: list[Setting] = []
+    partitionings = list(dict.fromkeys(s.partitioning for s in settings))
+    for d in datasets:
+        own = [s for s in settings if s.dataset == d]
+        out += own or [Setting(d, p, settings[0].num_clients) for p in partitionings]
+    return tuple(out)
+
+
 def apply_overrides(grid: Grid, strategies: str | None, seeds: str | None,
-                    rounds: int | None, sets: Sequence[str], num_clients: int | None) -> Grid:
+                    rounds: int | None, sets: Sequence[str], num_clients: int | None,
+                    datasets: str | None = None) -> Grid:
     """Narrow or change a preset by the command line's options."""
     changes: dict[str, Any] = {}
+    if datasets:
+        changes["settings"] = with_datasets(
+            grid.settings, [d.strip() for d in datasets.split(",") if d.strip()])
     if strategies:
         changes["strategies"] = tuple(s.strip() for s in strategies.split(",") if s.strip())
     if seeds:
@@ -219,7 +234,7 @@ def apply_overrides(grid: Grid, strategies: str | None, seeds: str | None,
     changes["run_config"] = run_config
     if num_clients:
         changes["settings"] = tuple(dataclasses.replace(s, num_clients=num_clients)
-                                    for s in grid.settings)
+                                    for s in changes.get("settings", grid.settings))
     return dataclasses.replace(grid, **changes)
 
 
@@ -354,6 +369,7 @@ def run_one(link: SuperLink, output: Path, run: Run, fed_config: str, prefix: st
         try:
             for line in proc.stdout:
                 log.write(line)
+                log.flush()
                 if "mean test" in line:
                     text = re.sub(r"\x1b\[[0-9;]*m", "", line).split("INFO :", 1)[-1].strip()
                     print(f"{prefix}   {text}", flush=True)
@@ -404,6 +420,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "(mnist/, fashion_mnist/, tpt48/, ...); '' = the Hugging Face hub")
     p.add_argument("--output", default=None, help="results folder (default results/<preset>)")
     p.add_argument("--strategies", help="comma-separated subset/replacement of the preset's strategies")
+    p.add_argument("--datasets", help="comma-separated datasets instead of the preset's "
+                   "(with the preset's partitionings), e.g. 'synthetic' or 'mnist,fmnist'")
     p.add_argument("--seeds", help="comma-separated seeds (default: the preset's)")
     p.add_argument("--rounds", type=int, help="num-server-rounds of every run")
     p.add_argument("--num-supernodes", type=int,
@@ -436,7 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(f"{key} = {value} is invalid; allowed: a number >= 0")
     output = Path(args.output or ROOT / "results" / args.preset).resolve()
     grid = apply_overrides(PRESETS[args.preset], args.strategies, args.seeds, args.rounds,
-                           args.set, args.num_supernodes)
+                           args.set, args.num_supernodes, args.datasets)
     data_dir = args.data_dir or None
     try:
         runs = expand(grid, data_dir, output)

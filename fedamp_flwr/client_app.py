@@ -19,12 +19,20 @@ train (reply: ``arrays`` and ``metrics`` with ``num-examples``, ``train-loss``, 
       ArrayRecord ``control-delta`` (c_i+ - c_i).
     * ``apfl-alpha`` (> 0): APFL's update of the received shared model and of
       the client's local model v (see :func:`tasks.train.train_apfl`).
+    * ``pfedme-lambda`` (> 0, with ``pfedme-inner-steps``, ``pfedme-personal-lr``):
+      pFedMe's update (:func:`tasks.train.train_pfedme`); the personalized
+      model theta is kept as ``pfedme-personal``.
+
+    ``per-fedavg-alpha`` (> 0) trains with Per-FedAvg's first-order
+    meta-update (:func:`tasks.train.train_per_fedavg`).
 evaluate (reply: ``metrics`` with ``accuracy`` (classification) or ``mse`` (regression),
     ``loss``, ``num-examples``, ``client-id``)
     Tests the received arrays on the client's own test split, after
-    ``finetune-epochs`` (> 0) epochs of training on the local training data,
-    or (``apfl-alpha`` > 0) mixed with the client's local model v as
-    ``alpha v + (1 - alpha) w``.
+    ``finetune-epochs`` epochs or ``finetune-steps`` steps (> 0) of training on
+    the local training data (at ``finetune-lr`` with ``finetune-optimizer``
+    when given), or (``apfl-alpha`` > 0) mixed with the client's local model v
+    as ``alpha v + (1 - alpha) w``, or (``personal-state``) the model that the
+    client keeps under that name, if it has one.
 query (reply: ``info`` ConfigRecord)
     ``client-id``, ``num-partitions``, ``num-train``, ``num-test``, or
     ``error`` saying why the client cannot take part (bad data folder, too
@@ -42,7 +50,7 @@ from flwr.clientapp import ClientApp
 import tasks
 from tasks.scenarios import flip_labels
 from tasks.train import evaluate as evaluate_model
-from tasks.train import mean_gradient, mix_parameters, train_apfl
+from tasks.train import mean_gradient, mix_parameters, train_apfl, train_per_fedavg, train_pfedme
 from tasks.train import train as train_model
 
 from .config import ConfigError, RunConfig
@@ -52,6 +60,7 @@ app = ClientApp()
 # context.state keys of the state a client keeps across rounds
 SCAFFOLD_STATE = "scaffold-control"
 APFL_STATE = "apfl-local"
+PFEDME_STATE = "pfedme-personal"
 
 
 def _ids(context: Context) -> tuple[int, int]:
@@ -197,6 +206,19 @@ def train(msg: Message, context: Context) -> Message:
     if bool(c.get("scaffold", False)):
         loss, extra["control-delta"] = _scaffold(msg, context, model, cfg, data, c, seed,
                                                  epochs, steps, labels)
+    elif float(c.get("per-fedavg-alpha", 0.0)) > 0:
+        loss = train_per_fedavg(model, data.x_train, data.y_train if labels is None else labels,
+                                alpha=float(c["per-fedavg-alpha"]), epochs=epochs, steps=steps,
+                                seed=seed, **_optim(cfg, c))
+    elif float(c.get("pfedme-lambda", 0.0)) > 0:
+        personal = copy.deepcopy(model)
+        opt = _optim(cfg, c)
+        loss = train_pfedme(model, personal, data.x_train, data.y_train if labels is None else labels,
+                            lam=float(c["pfedme-lambda"]), inner_steps=int(c.get("pfedme-inner-steps", 5)),
+                            personal_lr=float(c.get("pfedme-personal-lr", 0.01)), epochs=epochs,
+                            steps=steps, batch_size=opt["batch_size"], lr=opt["lr"],
+                            device=opt["device"], seed=seed)
+        context.state[PFEDME_STATE] = ArrayRecord(personal.to("cpu").state_dict())
     elif apfl_alpha > 0:
         local = _apfl_local(context, model)
         loss = train_apfl(model, local, data.x_train, data.y_train if labels is None else labels,
@@ -215,10 +237,16 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Test the received model (optionally fine-tuned first) on the local test split."""
     cfg, pid, _, data, c, server_round, model = _start(msg, context)
-    finetune = int(c.get("finetune-epochs", 0))
+    finetune, finetune_steps = int(c.get("finetune-epochs", 0)), int(c.get("finetune-steps", 0))
     apfl_alpha = float(c.get("apfl-alpha", 0.0))
-    if finetune > 0:
-        _fit(model, cfg, data, c, seed=_seed(cfg, server_round, pid) + 7, epochs=finetune)
+    personal = str(c.get("personal-state", ""))
+    if finetune > 0 or finetune_steps > 0:
+        tune = ConfigRecord({**dict(c), "lr": float(c.get("finetune-lr", c.get("lr", cfg.learning_rate))),
+                             "optimizer": str(c.get("finetune-optimizer", c.get("optimizer", cfg.optimizer)))})
+        _fit(model, cfg, data, tune, seed=_seed(cfg, server_round, pid) + 7, epochs=finetune,
+             steps=finetune_steps)
+    if personal and personal in context.state.array_records:  # e.g. pFedMe's theta
+        model.load_state_dict(context.state[personal].to_torch_state_dict())
     if apfl_alpha > 0:  # APFL's personalized model alpha v + (1 - alpha) w
         local = _apfl_local(context, model)
         with torch.no_grad():

@@ -80,6 +80,11 @@ class RunConfig:
     apfl_alpha: float = 0.5
     nonconvex_c: float = 1e-3
     fedtrimmedavg_beta: float = 0.2
+    per_fedavg_alpha: float = 0.01
+    pfedme_lambda: float = 15.0
+    pfedme_inner_steps: int = 5
+    pfedme_personal_lr: float = 0.01
+    pfedme_beta: float = 1.0
 
     @classmethod
     def from_run_config(cls, run_config: dict[str, Any]) -> "RunConfig":
@@ -142,6 +147,9 @@ class RunConfig:
         check("apfl-alpha", 0 < self.apfl_alpha <= 1, "a number in (0, 1]")
         check("nonconvex-c", math.isfinite(self.nonconvex_c), "a finite number")
         check("fedtrimmedavg-beta", 0 <= self.fedtrimmedavg_beta < 0.5, "a number in [0, 0.5)")
+        for key in ("per-fedavg-alpha", "pfedme-lambda", "pfedme-personal-lr", "pfedme-beta"):
+            check(key, getattr(self, key.replace("-", "_")) > 0, "a number > 0")
+        check("pfedme-inner-steps", self.pfedme_inner_steps >= 1, "an integer >= 1")
         if self.graph == "file" and not self.graph_file:
             raise _bad("graph-file", self.graph_file, 'the path of an edge-list CSV when graph = "file"')
         check("server-device", self.server_device in ("auto", "cpu")

@@ -16,6 +16,8 @@ from .fedamp import FedAMP, HeurFedAMP, fedamp_weights, heurfedamp_weights
 from .flower import FedAvg, FedAvgFT, FedMedian, FedProx, FedProxFT, FedTrimmedAvg, Krum
 from .nonconvex import NonConvex, nonconvex_weights
 from .panacea import GraphHyperNetwork, Panacea, server_step
+from .per_fedavg import PerFedAvg
+from .pfedme import PFedMe
 from .scaffold import Scaffold
 from .separate import Separate
 
@@ -68,6 +70,10 @@ STRATEGIES: dict[str, Callable[[dict[str, Any]], Any]] = {
     "scaffold": lambda s: Scaffold(param_keys=s["param_keys"], **_flower_kwargs(s)),
     "apfl": lambda s: APFL(alpha=s["apfl_alpha"], **_flower_kwargs(s)),
     "nonconvex": lambda s: NonConvex(c=s["nonconvex_c"], **_flower_kwargs(s)),
+    "per-fedavg": lambda s: PerFedAvg(alpha=s["per_fedavg_alpha"], **_flower_kwargs(s)),
+    "pfedme": lambda s: PFedMe(lam=s["pfedme_lambda"], inner_steps=s["pfedme_inner_steps"],
+                               personal_lr=s["pfedme_personal_lr"], beta=s["pfedme_beta"],
+                               **_flower_kwargs(s)),
     "fedmedian": lambda s: FedMedian(**_flower_kwargs(s)),
     "fedtrimmedavg": lambda s: FedTrimmedAvg(beta=s["fedtrimmedavg_beta"], **_flower_kwargs(s)),
     "krum": lambda s: Krum(num_malicious_nodes=s["num_attackers"], **_flower_kwargs(s)),
@@ -90,7 +96,7 @@ def build_strategy(name: str, settings: dict[str, Any]):
 
 __all__ = [
     "APFL", "GRAPH_STRATEGIES", "STRATEGIES", "FedAMP", "FedAvg", "FedAvgFT", "FedMedian",
-    "FedProx", "FedProxFT", "FedTrimmedAvg", "GraphHyperNetwork", "Krum", "NonConvex", "Scaffold",
+    "FedProx", "FedProxFT", "FedTrimmedAvg", "GraphHyperNetwork", "Krum", "NonConvex", "PFedMe", "PerFedAvg", "Scaffold",
     "Separate", "nonconvex_weights",
     "HeurFedAMP", "Panacea", "PersonalizedStrategy", "server_step",
     "RunHistory", "TrackedStrategy", "build_strategy", "discover_clients", "fedamp_weights",

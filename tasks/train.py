@@ -209,6 +209,98 @@ def train_apfl(
                         device=device, seed=seed)
 
 
+def train_per_fedavg(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    alpha: float,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    optimizer: str = "adam",
+    steps: int = 0,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> float:
+    """Per-FedAvg's local update, first-order version (Fallah et al. 2020, Alg. 1, FO).
+
+    Each step uses two mini-batches D, D' (consecutive batches of the
+    shuffled data): ``w~ = w - alpha grad f(w; D)``, then the outer step
+    ``w <- w - lr * grad f(w~; D')`` (the Hessian term of the MAML gradient
+    dropped, as in Per-FedAvg (FO)); with ``optimizer`` = "adam" the outer
+    step is Adam's. Returns the mean loss at w~. Parameters as in :func:`train`.
+    """
+    loss_fn = loss_for(y)
+    model.to(device).train()
+    params = list(model.parameters())
+    opt = make_optimizer(optimizer, params, lr)
+    pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def step(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        if not pending:  # first batch of the pair: D
+            pending.append((xb, yb))
+            return loss_fn(model(xb), yb).detach()
+        xd, yd = pending.pop()
+        inner = torch.autograd.grad(loss_fn(model(xd), yd), params)
+        adapted = {k: p - alpha * g for (k, p), g in zip(model.named_parameters(), inner)}
+        loss = loss_fn(torch.func.functional_call(model, adapted, (xb,)), yb)
+        opt.zero_grad()
+        for p, g in zip(params, torch.autograd.grad(loss, list(adapted.values()))):
+            p.grad = g.detach()  # first-order: grad at w~ applied to w
+        opt.step()
+        return loss.detach()
+
+    return _run_batches(x, y, step, epochs=epochs, batch_size=batch_size,
+                        steps=2 * steps if steps > 0 else 0, device=device, seed=seed)
+
+
+def train_pfedme(
+    model: nn.Module,
+    personal: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    lam: float,
+    inner_steps: int,
+    personal_lr: float,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    steps: int = 0,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> float:
+    """pFedMe's local update (Dinh et al. 2020, Alg. 1); both models trained in place.
+
+    ``personal`` (theta) starts as a copy of ``model`` (the local w, received
+    from the server). On every mini-batch D: ``inner_steps`` gradient steps of
+    size ``personal_lr`` on ``f(theta; D) + lam/2 ||theta - w||^2`` (Eq. 7,
+    solved approximately), then ``w <- w - lr * lam * (w - theta)`` (line 8).
+    Returns the mean loss of theta. Other parameters as in :func:`train`.
+    """
+    loss_fn = loss_for(y)
+    model.to(device).train()
+    personal.to(device).train()
+    w, theta = list(model.parameters()), list(personal.parameters())
+    opt = torch.optim.SGD(theta, lr=personal_lr)
+
+    def step(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        for _ in range(inner_steps):
+            opt.zero_grad()
+            loss = loss_fn(personal(xb), yb)
+            prox = sum(((t - c.detach()) ** 2).sum() for t, c in zip(theta, w))
+            (loss + 0.5 * lam * prox).backward()
+            opt.step()
+        with torch.no_grad():
+            for p, t in zip(w, theta):
+                p.sub_(lr * lam * (p - t))
+        return loss.detach()
+
+    return _run_batches(x, y, step, epochs=epochs, batch_size=batch_size, steps=steps,
+                        device=device, seed=seed)
+
+
 def loss_for(y: torch.Tensor) -> LossFn:
     """Cross-entropy for integer class labels, mean squared error for float targets."""
     if torch.is_floating_point(y):

@@ -67,8 +67,8 @@ def run_local(tmp_path, strategy: str, n: int = 3, **overrides) -> tuple[dict, L
     return json.loads((tmp_path / strategy / "metrics.json").read_text()), grid
 
 
-NEW = ["separate", "fedavg-ft", "fedprox-ft", "scaffold", "apfl", "nonconvex", "fedmedian",
-       "fedtrimmedavg", "krum"]
+NEW = ["separate", "fedavg-ft", "fedprox-ft", "scaffold", "apfl", "nonconvex", "per-fedavg",
+       "pfedme", "fedmedian", "fedtrimmedavg", "krum"]
 
 
 @pytest.mark.parametrize("name", NEW)
@@ -86,6 +86,8 @@ def test_every_baseline_runs_two_rounds_on_the_default_task(tmp_path, name):
                    if msg.metadata.message_type == MessageType.TRAIN)
     if name == "apfl":
         assert all("apfl-local" in s.array_records for s in states)
+    if name == "pfedme":
+        assert all("pfedme-personal" in s.array_records for s in states)
     if name.endswith("-ft"):
         evals = [msg for msg in grid.sent if msg.metadata.message_type == MessageType.EVALUATE]
         assert evals and all(msg.content["config"]["finetune-epochs"] == 1 for msg in evals)
@@ -190,3 +192,39 @@ def test_client_config_only_copies_when_epochs_vary():
     cfg = ConfigRecord({"local-epochs": 10})
     own = strategy.client_config(3, 2, cfg)
     assert own is not cfg and 1 <= own["local-epochs"] <= 19 and cfg["local-epochs"] == 10
+
+
+def test_pfedme_server_mixing_by_hand():
+    from flwr.app import ArrayRecord
+
+    from strategies.pfedme import pfedme_global
+
+    old = ArrayRecord({"w": torch.tensor([1.0, 2.0]), "n": torch.tensor([3])})
+    avg = ArrayRecord({"w": torch.tensor([3.0, 0.0]), "n": torch.tensor([5])})
+    out = pfedme_global(old, avg, beta=2.0)  # (1 - 2) * old + 2 * avg
+    assert out["w"].numpy().tolist() == [5.0, -2.0] and out["n"].numpy().tolist() == [5]
+
+
+def test_per_fedavg_first_order_step_by_hand():
+    """One pair of batches, SGD: w <- w - lr * grad f(w - alpha grad f(w; D); D')."""
+    from tasks.train import train_per_fedavg
+
+    torch.manual_seed(1)
+    x, y = torch.randn(4, 2), torch.randint(0, 2, (4,))
+    model = MLP(2, 2, ())
+    w0 = [p.detach().clone() for p in model.parameters()]
+    train_per_fedavg(model, x, y, alpha=0.5, epochs=1, batch_size=2, lr=0.1, optimizer="sgd", seed=3)
+    order = torch.randperm(4, generator=torch.Generator().manual_seed(3))
+    d, d2 = order[:2], order[2:]
+    ref = MLP(2, 2, ())
+    with torch.no_grad():
+        for p, w in zip(ref.parameters(), w0):
+            p.copy_(w)
+    loss = torch.nn.functional.cross_entropy
+    g = torch.autograd.grad(loss(ref(x[d]), y[d]), list(ref.parameters()))
+    with torch.no_grad():
+        for p, gi in zip(ref.parameters(), g):
+            p.sub_(0.5 * gi)
+    g2 = torch.autograd.grad(loss(ref(x[d2]), y[d2]), list(ref.parameters()))
+    for p, w, gi in zip(model.parameters(), w0, g2):
+        assert torch.allclose(p, w - 0.1 * gi, atol=1e-6)
