@@ -170,8 +170,10 @@ def run_name(strategy: str, setting: Setting, scenario: dict[str, Any], seed: in
     return "-".join(parts + [f"s{seed}"])
 
 
-def expand(grid: Grid, data_dir: str | None, output: Path) -> list[Run]:
+def expand(grid: Grid, data_dir: str | None, output: Path, check_data: bool = True) -> list[Run]:
     """The runs of ``grid``, each with its validated run config.
+
+    ``check_data``: the dataset folders under ``data_dir`` must exist.
 
     Raises
     ------
@@ -191,7 +193,12 @@ def expand(grid: Grid, data_dir: str | None, output: Path) -> list[Run]:
             "run-name": name, "results-dir": str((output / "runs").resolve()),
         }
         if setting.dataset in DATA_SUBDIRS and data_dir:
-            cfg["data-dir"] = str((Path(data_dir) / DATA_SUBDIRS[setting.dataset]).resolve())
+            folder = Path(data_dir) / DATA_SUBDIRS[setting.dataset]
+            if check_data and not folder.is_dir():
+                raise ConfigError(f"--data-dir {data_dir!r} has no folder {DATA_SUBDIRS[setting.dataset]}/ "
+                                  f"for dataset {setting.dataset!r}; allowed: a folder laid out like "
+                                  "../shared/data, or --data-dir '' to load from the Hugging Face hub")
+            cfg["data-dir"] = str(folder.resolve())
         try:
             RunConfig.from_run_config(cfg)
         except ConfigError as err:

@@ -63,7 +63,9 @@ def test_bad_grid_values_fail_before_anything_runs(tmp_path):
 
 def test_presets_expand_to_valid_runs(tmp_path):
     for name, grid in simulation.PRESETS.items():
-        runs = simulation.expand(grid, "/data", tmp_path)
+        runs = simulation.expand(grid, "/data", tmp_path, check_data=False)
         assert len({r.name for r in runs}) == len(runs), name
-    quick = simulation.expand(simulation.PRESETS["quick"], "/data", tmp_path)
+    quick = simulation.expand(simulation.PRESETS["quick"], "/data", tmp_path, check_data=False)
     assert {r.run_config["data-dir"] for r in quick} == {"/data/mnist", "/data/fashion_mnist"}
+    with pytest.raises(ConfigError, match="no folder mnist/"):
+        simulation.expand(simulation.PRESETS["quick"], str(tmp_path), tmp_path)
