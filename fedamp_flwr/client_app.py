@@ -155,7 +155,7 @@ def _fit(model, cfg: RunConfig, data: tasks.ClientData, c: ConfigRecord, seed: i
     )
 
 
-def _scaffold(msg: Message, context: Context, model, cfg, data, c, seed, epochs, steps, labels
+def _scaffold(msg: Message, context: Context, model, cfg, data, c, seed, epochs, steps, targets
               ) -> tuple[float, ArrayRecord]:
     """SCAFFOLD's client update (Karimireddy et al. 2020, Alg. 1, lines 7-13, option I).
 
@@ -169,7 +169,6 @@ def _scaffold(msg: Message, context: Context, model, cfg, data, c, seed, epochs,
         raise ValueError("train config 'scaffold' = true but the message has no 'control' ArrayRecord")
     server_c = msg.content["control"].to_torch_state_dict()
     names = [k for k, _ in model.named_parameters()]
-    targets = data.y_train if labels is None else labels
     opt = _optim(cfg, c)
     new_c = dict(zip(names, (g.cpu() for g in mean_gradient(
         model, data.x_train, targets, batch_size=opt["batch_size"], device=opt["device"]))))
@@ -177,7 +176,7 @@ def _scaffold(msg: Message, context: Context, model, cfg, data, c, seed, epochs,
     client_c = (own.to_torch_state_dict() if own is not None
                 else {k: torch.zeros_like(v) for k, v in new_c.items()})
     correction = [server_c[k] - client_c[k] for k in names]
-    loss = _fit(model, cfg, data, c, seed, epochs, steps, labels=labels, grad_correction=correction)
+    loss = _fit(model, cfg, data, c, seed, epochs, steps, labels=targets, grad_correction=correction)
     context.state[SCAFFOLD_STATE] = ArrayRecord(new_c)
     return loss, ArrayRecord({k: new_c[k] - client_c[k] for k in names})
 
@@ -195,25 +194,25 @@ def train(msg: Message, context: Context) -> Message:
     """Train the received model on the local data as the message's config says."""
     cfg, pid, dc, data, c, server_round, model = _start(msg, context)
     seed = _seed(cfg, server_round, pid)
-    labels = None
+    targets = data.y_train
     if pid in cfg.roles(dc.num_clients).attackers:  # the attack-ratio scenario
         classes = tasks.data_info(dc).num_outputs
-        labels = flip_labels(data.y_train, classes, torch.Generator().manual_seed(seed))
+        targets = flip_labels(data.y_train, classes, torch.Generator().manual_seed(seed))
     epochs = int(c.get("local-epochs", cfg.local_epochs))
     steps = int(c.get("local-steps", cfg.local_steps))
     apfl_alpha = float(c.get("apfl-alpha", 0.0))
     extra = {}
     if bool(c.get("scaffold", False)):
         loss, extra["control-delta"] = _scaffold(msg, context, model, cfg, data, c, seed,
-                                                 epochs, steps, labels)
+                                                 epochs, steps, targets)
     elif float(c.get("per-fedavg-alpha", 0.0)) > 0:
-        loss = train_per_fedavg(model, data.x_train, data.y_train if labels is None else labels,
+        loss = train_per_fedavg(model, data.x_train, targets,
                                 alpha=float(c["per-fedavg-alpha"]), epochs=epochs, steps=steps,
                                 seed=seed, **_optim(cfg, c))
     elif float(c.get("pfedme-lambda", 0.0)) > 0:
         personal = copy.deepcopy(model)
         opt = _optim(cfg, c)
-        loss = train_pfedme(model, personal, data.x_train, data.y_train if labels is None else labels,
+        loss = train_pfedme(model, personal, data.x_train, targets,
                             lam=float(c["pfedme-lambda"]), inner_steps=int(c.get("pfedme-inner-steps", 5)),
                             personal_lr=float(c.get("pfedme-personal-lr", 0.01)), epochs=epochs,
                             steps=steps, batch_size=opt["batch_size"], lr=opt["lr"],
@@ -221,12 +220,12 @@ def train(msg: Message, context: Context) -> Message:
         context.state[PFEDME_STATE] = ArrayRecord(personal.to("cpu").state_dict())
     elif apfl_alpha > 0:
         local = _apfl_local(context, model)
-        loss = train_apfl(model, local, data.x_train, data.y_train if labels is None else labels,
+        loss = train_apfl(model, local, data.x_train, targets,
                           alpha=apfl_alpha, epochs=epochs, steps=steps, seed=seed, **_optim(cfg, c))
         context.state[APFL_STATE] = ArrayRecord(local.to("cpu").state_dict())
     else:
         loss = _fit(model, cfg, data, c, seed=seed, epochs=epochs, steps=steps,
-                    proximal_mu=float(c.get("proximal-mu", 0.0)), labels=labels)
+                    proximal_mu=float(c.get("proximal-mu", 0.0)), labels=targets)
     metrics = MetricRecord({"num-examples": len(data.y_train), "train-loss": loss,
                             "client-id": pid, "server-round": server_round})
     arrays = ArrayRecord(model.to("cpu").state_dict())
