@@ -235,18 +235,21 @@ def apply_overrides(grid: Grid, strategies: str | None, seeds: str | None,
         changes["strategies"] = tuple(s.strip() for s in strategies.split(",") if s.strip())
     if seeds:
         changes["seeds"] = tuple(int(s) for s in seeds.split(","))
-    run_config = dict(grid.run_config)
+    forced: dict[str, Any] = {}  # --rounds and --set: they win over a setting's or strategy's own
     if rounds:
-        run_config["num-server-rounds"] = rounds
+        forced["num-server-rounds"] = rounds
     for item in sets:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--set {item!r} is invalid; allowed: key=value")
-        run_config[key.strip()] = _parse_value(value.strip())
-    changes["run_config"] = run_config
-    if num_clients:
-        changes["settings"] = tuple(dataclasses.replace(s, num_clients=num_clients)
-                                    for s in changes.get("settings", grid.settings))
+        forced[key.strip()] = _parse_value(value.strip())
+    changes["run_config"] = {**grid.run_config, **forced}
+    changes["settings"] = tuple(
+        dataclasses.replace(s, num_clients=num_clients or s.num_clients,
+                            run_config=tuple((k, v) for k, v in s.run_config if k not in forced))
+        for s in changes.get("settings", grid.settings))
+    changes["per_strategy"] = {name: {k: v for k, v in values.items() if k not in forced}
+                               for name, values in grid.per_strategy.items()}
     return dataclasses.replace(grid, **changes)
 
 

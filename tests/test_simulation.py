@@ -69,3 +69,14 @@ def test_presets_expand_to_valid_runs(tmp_path):
     assert {r.run_config["data-dir"] for r in quick} == {"/data/mnist", "/data/fashion_mnist"}
     with pytest.raises(ConfigError, match="no folder mnist/"):
         simulation.expand(simulation.PRESETS["quick"], str(tmp_path), tmp_path)
+
+
+def test_command_line_values_win_over_a_settings_own(tmp_path):
+    preset = simulation.PRESETS["quick"]
+    sigma = {r.name: r.run_config.get("heurfedamp-sigma")
+             for r in simulation.expand(preset, "/data", tmp_path, check_data=False)}
+    assert sigma["heurfedamp-mnist-practical-s0"] == 5.0 and sigma["heurfedamp-fmnist-practical-s0"] is None
+    grid = simulation.apply_overrides(preset, "heurfedamp", None, 2, ["heurfedamp-sigma=25"], 4)
+    runs = simulation.expand(grid, "/data", tmp_path, check_data=False)
+    assert [r.run_config["heurfedamp-sigma"] for r in runs] == [25, 25]
+    assert all(r.run_config["num-server-rounds"] == 2 and r.num_clients == 4 for r in runs)
