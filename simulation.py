@@ -17,8 +17,8 @@ Presets (``--preset``; ``--list`` prints them with their grids):
 * ``quick``: the FedAMP paper's practical setting on real MNIST and
   Fashion-MNIST files, 20 clients, 5 rounds of the paper's 10 local epochs
   (Adam 1e-3, batch 100), 500 test samples per client; Separate, FedAvg,
-  FedProx, FedAvg-FT, FedAMP and HeurFedAMP (sigma 5 on MNIST). About 45
-  minutes on 2 CPU cores.
+  FedProx, FedAvg-FT, FedAMP and HeurFedAMP (sigma 5 on MNIST). Under an
+  hour on 2 CPU cores.
 * ``fedamp-tables``: Tables 1-3 of Huang et al. (AAAI 2021): IID,
   pathological and practical settings of MNIST, FMNIST, EMNIST and CIFAR-100;
   Separate, FedAvg, FedProx, FedAvg-FT, FedProx-FT, SCAFFOLD, APFL, FedAMP,
