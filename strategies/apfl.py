@@ -12,10 +12,10 @@ adaptive update of alpha is not implemented.
 
 from __future__ import annotations
 
-from .flower import FedAvg
+from .flower import ClientInstructions, FedAvg
 
 
-class APFL(FedAvg):
+class APFL(ClientInstructions, FedAvg):
     """APFL on top of Flower's FedAvg: the messages carry ``apfl-alpha``.
 
     Parameters
@@ -32,10 +32,7 @@ class APFL(FedAvg):
         self.alpha = alpha
         super().__init__(**kwargs)
 
-    def configure_train(self, server_round, arrays, config, grid):  # noqa: D102
-        config["apfl-alpha"] = self.alpha
-        return super().configure_train(server_round, arrays, config, grid)
+    def train_keys(self) -> dict:  # noqa: D102
+        return {"apfl-alpha": self.alpha}
 
-    def configure_evaluate(self, server_round, arrays, config, grid):  # noqa: D102
-        config["apfl-alpha"] = self.alpha
-        return super().configure_evaluate(server_round, arrays, config, grid)
+    evaluate_keys = train_keys

@@ -34,7 +34,31 @@ class Krum(TrackedStrategy, flwr_strategy.Krum):
     """Flower's Krum with this project's checks and records."""
 
 
-class FineTuned:
+class ClientInstructions:
+    """Mixin: add a strategy's instructions for the generic ClientApp to every config.
+
+    Subclasses override :meth:`train_keys` and :meth:`evaluate_keys`; their
+    entries are added to the config of every train / evaluate message.
+    """
+
+    def train_keys(self) -> dict:
+        """Keys added to every train config (none by default)."""
+        return {}
+
+    def evaluate_keys(self) -> dict:
+        """Keys added to every evaluate config (none by default)."""
+        return {}
+
+    def configure_train(self, server_round, arrays, config, grid):  # noqa: D102
+        config.update(self.train_keys())
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def configure_evaluate(self, server_round, arrays, config, grid):  # noqa: D102
+        config.update(self.evaluate_keys())
+        return super().configure_evaluate(server_round, arrays, config, grid)
+
+
+class FineTuned(ClientInstructions):
     """Mixin: ask every client to fine-tune the global model before testing it.
 
     Parameters
@@ -49,9 +73,8 @@ class FineTuned:
         self.finetune_epochs = finetune_epochs
         super().__init__(*args, **kwargs)
 
-    def configure_evaluate(self, server_round, arrays, config, grid):  # noqa: D102
-        config["finetune-epochs"] = self.finetune_epochs
-        return super().configure_evaluate(server_round, arrays, config, grid)
+    def evaluate_keys(self) -> dict:  # noqa: D102
+        return {"finetune-epochs": self.finetune_epochs}
 
 
 class FedAvgFT(FineTuned, FedAvg):

@@ -14,10 +14,10 @@ shuffled pass.
 
 from __future__ import annotations
 
-from .flower import FedAvg
+from .flower import ClientInstructions, FedAvg
 
 
-class PerFedAvg(FedAvg):
+class PerFedAvg(ClientInstructions, FedAvg):
     """Per-FedAvg (FO) on top of Flower's FedAvg.
 
     Parameters
@@ -34,10 +34,8 @@ class PerFedAvg(FedAvg):
         self.alpha = alpha
         super().__init__(**kwargs)
 
-    def configure_train(self, server_round, arrays, config, grid):  # noqa: D102
-        config["per-fedavg-alpha"] = self.alpha
-        return super().configure_train(server_round, arrays, config, grid)
+    def train_keys(self) -> dict:  # noqa: D102
+        return {"per-fedavg-alpha": self.alpha}
 
-    def configure_evaluate(self, server_round, arrays, config, grid):  # noqa: D102
-        config.update({"finetune-steps": 1, "finetune-lr": self.alpha, "finetune-optimizer": "sgd"})
-        return super().configure_evaluate(server_round, arrays, config, grid)
+    def evaluate_keys(self) -> dict:  # noqa: D102
+        return {"finetune-steps": 1, "finetune-lr": self.alpha, "finetune-optimizer": "sgd"}

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
-from .flower import FedAvg
+from .flower import ClientInstructions, FedAvg
 
 
 def pfedme_global(previous: ArrayRecord, averaged: ArrayRecord, beta: float) -> ArrayRecord:
@@ -29,7 +29,7 @@ def pfedme_global(previous: ArrayRecord, averaged: ArrayRecord, beta: float) -> 
     return ArrayRecord(out)
 
 
-class PFedMe(FedAvg):
+class PFedMe(ClientInstructions, FedAvg):
     """pFedMe on top of Flower's FedAvg.
 
     Parameters
@@ -52,10 +52,15 @@ class PFedMe(FedAvg):
         self._previous: ArrayRecord | None = None
         super().__init__(**kwargs)
 
+    def train_keys(self) -> dict:  # noqa: D102
+        return {"pfedme-lambda": self.lam, "pfedme-inner-steps": self.inner_steps,
+                "pfedme-personal-lr": self.personal_lr}
+
+    def evaluate_keys(self) -> dict:  # noqa: D102
+        return {"personal-state": "pfedme-personal"}
+
     def configure_train(self, server_round, arrays, config, grid):  # noqa: D102
         self._previous = arrays
-        config.update({"pfedme-lambda": self.lam, "pfedme-inner-steps": self.inner_steps,
-                       "pfedme-personal-lr": self.personal_lr})
         return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round, replies):  # noqa: D102
@@ -63,7 +68,3 @@ class PFedMe(FedAvg):
         if arrays is not None and self._previous is not None and self.beta != 1.0:
             arrays = pfedme_global(self._previous, arrays, self.beta)
         return arrays, metrics
-
-    def configure_evaluate(self, server_round, arrays, config, grid):  # noqa: D102
-        config["personal-state"] = "pfedme-personal"
-        return super().configure_evaluate(server_round, arrays, config, grid)

@@ -84,8 +84,15 @@ def test_every_baseline_runs_two_rounds_on_the_default_task(tmp_path, name):
         assert all("scaffold-control" in s.array_records for s in states)
         assert all("control" in msg.content.array_records for msg in grid.sent
                    if msg.metadata.message_type == MessageType.TRAIN)
+    configs = [(msg.metadata.message_type, msg.content["config"]) for msg in grid.sent
+               if msg.metadata.message_type in (MessageType.TRAIN, MessageType.EVALUATE)]
     if name == "apfl":
         assert all("apfl-local" in s.array_records for s in states)
+        assert all(c["apfl-alpha"] == 0.5 for _, c in configs)
+    if name == "per-fedavg":
+        assert all(c["per-fedavg-alpha"] == 0.01 for t, c in configs if t == MessageType.TRAIN)
+        assert all(c["finetune-steps"] == 1 and c["finetune-optimizer"] == "sgd"
+                   for t, c in configs if t == MessageType.EVALUATE)
     if name == "pfedme":
         assert all("pfedme-personal" in s.array_records for s in states)
     if name.endswith("-ft"):
