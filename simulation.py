@@ -6,9 +6,11 @@ Every run of the grid (strategies x settings x scenarios x seeds) is one
 ``flwr run`` of this app on Flower's simulation engine (Ray): the same
 ServerApp and ClientApp as ``flwr run .``, one after another, against a
 SuperLink that this script starts (``--simulation``, its own ``FLWR_HOME``
-under the output folder) and stops by its process id at the end. A run that
-already has ``runs/<name>/metrics.json`` with the same run config is not run
-again, so an interrupted grid resumes where it stopped. At the end
+under the output folder) and stops at the end, with the processes it started,
+by their process ids (also on Ctrl-C, and before the next run when a run
+times out). A run that already has ``runs/<name>/metrics.json`` with the
+same run config is not run again, so an interrupted grid resumes where it
+stopped. At the end
 :func:`experiments.report.write_report` writes ``results.csv``, ``table.md``
 and the plots into the output folder.
 
@@ -283,7 +285,10 @@ def _free_port() -> int:
 
 
 class SuperLink:
-    """A local ``flower-superlink --simulation`` with its own FLWR_HOME; stopped by its pid.
+    """A local ``flower-superlink --simulation`` with its own FLWR_HOME.
+
+    It is stopped, with every process it started, by their process ids
+    (:func:`stop_tree`).
 
     Parameters
     ----------
@@ -330,14 +335,75 @@ class SuperLink:
         raise RuntimeError(f"the SuperLink did not start; see {self.home / 'superlink.log'}")
 
     def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        if self.proc is not None:
+            stop_tree(self.proc.pid)
+            self.proc.wait()
         self._log.close()
+
+    def restart(self) -> None:
+        """Stop this SuperLink with everything it started, and start a fresh one."""
+        self.__exit__()
+        self.__enter__()
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (read from Linux's /proc; ``[pid]`` elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo.extend(children.get(tree[-1], []))
+    return tree
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    if Path("/proc/self").exists():
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return False
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def stop_tree(pid: int, timeout: float = 30.0) -> None:
+    """Stop process ``pid`` and everything it started, by their process ids.
+
+    The SuperLink starts a SuperExec in a session of its own, which starts the
+    simulation and its Ray processes: stopping the SuperLink's process group
+    alone leaves them running. Every process group of the tree (never this
+    script's own) gets SIGTERM; what is still alive after ``timeout`` seconds
+    gets SIGKILL.
+    """
+    tree = _process_tree(pid)
+    groups = set()
+    for p in tree:
+        try:
+            groups.add(os.getpgid(p))
+        except OSError:
+            pass
+    groups.discard(os.getpgrp())
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for group in groups:
+            try:
+                os.killpg(group, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(_alive(p) for p in tree):
+            time.sleep(0.2)
+        if not any(_alive(p) for p in tree):
+            return
 
 
 def metrics_path(output: Path, run: Run) -> Path:
@@ -392,10 +458,12 @@ def run_one(link: SuperLink, output: Path, run: Run, fed_config: str, prefix: st
                     raise TimeoutError
             proc.wait()
         except (TimeoutError, KeyboardInterrupt) as err:
-            os.killpg(proc.pid, signal.SIGTERM)
+            stop_tree(proc.pid)
             proc.wait()
             if isinstance(err, KeyboardInterrupt):
                 raise
+            # The run goes on in the SuperLink after `flwr run` stops: stop it all.
+            link.restart()
             print(f"{prefix} timed out after {timeout:.0f}s", flush=True)
     return metrics_path(output, run).is_file()
 
@@ -488,5 +556,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    signal.signal(signal.SIGTERM, _interrupted)  # `kill <pid>` cleans up like Ctrl-C
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted; finished runs are kept: the same command resumes the grid",
+              file=sys.stderr)
+        sys.exit(130)

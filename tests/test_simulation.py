@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import csv
+import os
 import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import matplotlib.image
 import pytest
@@ -80,3 +85,24 @@ def test_command_line_values_win_over_a_settings_own(tmp_path):
     runs = simulation.expand(grid, "/data", tmp_path, check_data=False)
     assert [r.run_config["heurfedamp-sigma"] for r in runs] == [25, 25]
     assert all(r.run_config["num-server-rounds"] == 2 and r.num_clients == 4 for r in runs)
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="reads the process tree from /proc")
+def test_stop_tree_stops_children_that_started_their_own_session():
+    # The SuperLink's shape: it starts a SuperExec in a session of its own, which
+    # starts the simulation. Stopping the SuperLink's group alone leaves those running.
+    child = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+             "'import time; time.sleep(120)'], start_new_session=True); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", child], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(tree := simulation._process_tree(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(tree) == 2
+        assert os.getpgid(tree[1]) != os.getpgid(proc.pid)  # its own session and group
+        simulation.stop_tree(proc.pid, timeout=10)
+        proc.wait(timeout=10)
+        assert not any(simulation._alive(p) for p in tree)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
