@@ -106,3 +106,30 @@ def test_stop_tree_stops_children_that_started_their_own_session():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _processes_with_home(home: Path) -> list[int]:
+    """Live processes whose environment has FLWR_HOME=home (the SuperLink and what it started)."""
+    needle = f"FLWR_HOME={home}".encode()
+    found = []
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            state = (env.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if needle in env.read_bytes().split(b"\0") and state != "Z":
+                found.append(int(env.parent.name))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="reads the process tree from /proc")
+def test_a_timed_out_run_is_stopped_and_the_grid_goes_on(tmp_path, capsys):
+    out = tmp_path / "grid"
+    args = ["--preset", "quick", "--datasets", "synthetic", "--strategies", "fedavg,fedamp",
+            "--rounds", "200", "--num-supernodes", "2", "--set", "local-epochs=1", "--timeout", "5"]
+    assert simulation.main([*args, "--output", str(out)]) == 1
+    printed = capsys.readouterr().out
+    assert printed.count("timed out after 5s") == 2  # the second run started after the first
+    assert "2 run(s) failed" in printed
+    time.sleep(1)
+    assert _processes_with_home(out / ".flwr-home") == []
