@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from simulation import stop_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("FEDAMP_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -29,7 +30,7 @@ def free_port() -> int:
 
 
 class Processes:
-    """Processes a test started; stopped by their own process-group ids at teardown."""
+    """Processes a test started; stopped at teardown with what they started, by process ids."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -53,15 +54,10 @@ class Processes:
         return (self.tmp / f"{name}.log").read_text()
 
     def stop(self) -> None:
+        """Stop each process with everything it started (see ``simulation.stop_tree``)."""
         for proc in reversed(self.procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in reversed(self.procs):
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_tree(proc.pid, timeout=20)
+            proc.wait()
 
 
 @pytest.fixture

@@ -114,8 +114,7 @@ def _processes_with_home(home: Path) -> list[int]:
     found = []
     for env in Path("/proc").glob("[0-9]*/environ"):
         try:
-            state = (env.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            if needle in env.read_bytes().split(b"\0") and state != "Z":
+            if needle in env.read_bytes().split(b"\0") and simulation._alive(int(env.parent.name)):
                 found.append(int(env.parent.name))
         except OSError:
             pass
