@@ -7,12 +7,11 @@ Every run of the grid (strategies x settings x scenarios x seeds) is one
 ServerApp and ClientApp as ``flwr run .``, one after another, against a
 SuperLink that this script starts (``--simulation``, its own ``FLWR_HOME``
 under the output folder) and stops at the end, with the processes it started,
-by their process ids (also on Ctrl-C, and before the next run when a run
-times out). A run that already has ``runs/<name>/metrics.json`` with the
-same run config is not run again, so an interrupted grid resumes where it
-stopped. At the end
-:func:`experiments.report.write_report` writes ``results.csv``, ``table.md``
-and the plots into the output folder.
+by their process ids (also on Ctrl-C or SIGTERM, and before the next run
+when a run times out). A run that already has ``runs/<name>/metrics.json``
+with the same run config is not run again, so an interrupted grid resumes
+where it stopped. At the end :func:`experiments.report.write_report` writes
+``results.csv``, ``table.md`` and the plots into the output folder.
 
 Presets (``--preset``; ``--list`` prints them with their grids):
 
@@ -346,15 +345,21 @@ class SuperLink:
         self.__enter__()
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state, ppid, ...); None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def _process_tree(pid: int) -> list[int]:
     """``pid`` and all its descendants (read from Linux's /proc; ``[pid]`` elsewhere)."""
     children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = _stat(int(entry.name))
+        if fields:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
     tree, todo = [], [pid]
     while todo:
         tree.append(todo.pop())
@@ -365,10 +370,8 @@ def _process_tree(pid: int) -> list[int]:
 def _alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie does not)."""
     if Path("/proc/self").exists():
-        try:
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except (OSError, IndexError):
-            return False
+        fields = _stat(pid)
+        return fields is not None and fields[0] != "Z"
     try:
         os.kill(pid, 0)
     except OSError:
@@ -400,9 +403,11 @@ def stop_tree(pid: int, timeout: float = 30.0) -> None:
             except OSError:
                 pass
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(_alive(p) for p in tree):
+        while any(_alive(p) for p in tree):
+            if time.monotonic() > deadline:
+                break
             time.sleep(0.2)
-        if not any(_alive(p) for p in tree):
+        else:
             return
 
 

@@ -132,3 +132,24 @@ def test_a_timed_out_run_is_stopped_and_the_grid_goes_on(tmp_path, capsys):
     assert "2 run(s) failed" in printed
     time.sleep(1)
     assert _processes_with_home(out / ".flwr-home") == []
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="reads the process tree from /proc")
+def test_sigterm_stops_the_grid_and_everything_it_started(tmp_path):
+    out = tmp_path / "grid"
+    args = [sys.executable, str(simulation.ROOT / "simulation.py"), "--preset", "quick",
+            "--datasets", "synthetic", "--strategies", "fedavg", "--rounds", "200",
+            "--num-supernodes", "2", "--set", "local-epochs=1", "--output", str(out)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:  # wait until the simulation reports its first round
+            if "Round 1:" in line:
+                break
+        assert _processes_with_home(out / ".flwr-home")
+        proc.terminate()
+        assert proc.wait(timeout=60) == 130
+        assert "the same command resumes the grid" in proc.stdout.read()
+        assert _processes_with_home(out / ".flwr-home") == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
