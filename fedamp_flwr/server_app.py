@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import time
 from logging import INFO
 
@@ -78,6 +79,7 @@ def main(grid: Grid, context: Context) -> None:
     dc = cfg.data_config(n)
     adjacency = client_graph(cfg, dc)
     torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)  # Flower's strategies sample nodes with the random module
     model = tasks.build_model(dc)
     param_keys = [name for name, _ in model.named_parameters()]
     strategy = strategies.build_strategy(

@@ -259,6 +259,11 @@ def mean_metrics(contents: list[RecordDict], _weight_key: str = NUM_EXAMPLES) ->
 METRICS = ("accuracy", "mse", "loss")
 
 
+def _client_order(client: int | str) -> tuple[int, int | str]:
+    """Sort key: client ids in order, then anything else (unknown senders)."""
+    return (0, client) if isinstance(client, int) else (1, str(client))
+
+
 @dataclass
 class RunHistory:
     """Per-round records of a run; serialised into ``metrics.json``.
@@ -303,7 +308,7 @@ class RunHistory:
         something else for nodes that were not discovered, whose replies are skipped.
         """
         values: dict[str, dict[int, float]] = {m: {} for m in METRICS}
-        for msg in replies:
+        for msg in sorted(replies, key=lambda m: _client_order(client_of(m))):
             cid = client_of(msg)
             if msg.has_error() or not isinstance(cid, int):
                 continue
@@ -409,7 +414,11 @@ class TrackedStrategy:
         return self.client_of_node(msg.metadata.src_node_id)
 
     def valid_train_replies(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
-        """Return the usable replies; warn about the others."""
+        """Return the usable replies, in the order of their client ids; warn about the others.
+
+        Replies arrive in whatever order the clients finish; sorting them makes
+        every sum over clients (the average, Panacea's step) the same in every run.
+        """
         good = []
         for msg in replies:
             problem = (reply_problem(msg, self._shapes or {}) if msg.metadata.src_node_id in self.clients
@@ -419,7 +428,7 @@ class TrackedStrategy:
             else:
                 log(WARNING, "Round %d: reply of client %s left out: %s",
                     server_round, self.client_of(msg), problem)
-        return good
+        return sorted(good, key=lambda m: self.client_of(m))
 
     def participants(self, server_round: int, client_ids: Iterable[int]) -> list[int]:
         """The sampled ``client_ids`` that train in ``server_round``: not novel, not dropped out."""
