@@ -5,7 +5,7 @@
 or, from the experiment runner, ``report.write_report(runs, out_dir, strategy_order)``.
 
 A run is the parsed ``metrics.json`` the ServerApp writes (see
-``fedamp_flwr/server_app.py`` and ``strategies.base.RunHistory.to_dict``).
+``fedamp_flwr/server_app.py`` and ``strategies.history.RunHistory.to_dict``).
 Runs are grouped by *setting* (:func:`setting_of`: dataset, partitioning and
 the scenario keys the runs vary) and by strategy; the seeds of a group are
 summarised by their mean and population standard deviation (numpy's default,

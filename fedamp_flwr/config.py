@@ -113,7 +113,7 @@ class RunConfig:
             if not ok:
                 raise _bad(key, getattr(self, key.replace("-", "_")), allowed)
 
-        choice("strategy", self.strategy, list(strategies.STRATEGIES))
+        choice("strategy", self.strategy, sorted(strategies.STRATEGIES))
         choice("dataset", self.dataset, list(tasks.TASKS))
         choice("partitioning", self.partitioning, PARTITIONINGS)
         choice("optimizer", self.optimizer, ["adam", "sgd"])
@@ -223,6 +223,8 @@ def _coerce(key: str, value: Any, annotation: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _bad(key, value, "a number")
         return float(value)
+    if ann != "float | str":
+        raise TypeError(f"run config '{key}': no coercion for the field type {ann!r}")
     # float | str: "auto" or a number
     if isinstance(value, str):
         if value == "auto":

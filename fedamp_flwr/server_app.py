@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 import time
@@ -15,6 +14,7 @@ from flwr.supercore import log
 
 import strategies
 import tasks
+from strategies.protocol import BATCH_SIZE, LOCAL_EPOCHS, LOCAL_STEPS, LR, OPTIMIZER
 from tasks.graphs import build_graph
 
 from .config import ConfigError, RunConfig
@@ -35,20 +35,13 @@ def server_device(cfg: RunConfig) -> str:
     return cfg.server_device
 
 
-def strategy_settings(cfg: RunConfig, num_clients: int, param_keys: list[str],
-                      adjacency: torch.Tensor | None = None) -> dict:
-    """The settings the strategy factories of :mod:`strategies` read.
-
-    Every run-config value (underscored names, sigmas resolved from "auto")
-    plus what the run determines: clients, parameter keys, device and graph.
-    """
-    return {
-        **dataclasses.asdict(cfg),
-        "fedamp_sigma": cfg.sigma("fedamp"), "heurfedamp_sigma": cfg.sigma("heurfedamp"),
-        "num_clients": num_clients, "param_keys": param_keys,
-        "device": server_device(cfg), "adjacency": adjacency,
-        "num_attackers": len(cfg.roles(num_clients).attackers),
-    }
+def run_setup(cfg: RunConfig, num_clients: int, param_keys: list[str],
+              adjacency: torch.Tensor | None = None) -> strategies.RunSetup:
+    """What the run determines beside its config: clients, parameter keys, device, graph."""
+    return strategies.RunSetup(
+        num_clients=num_clients, param_keys=list(param_keys), device=server_device(cfg),
+        adjacency=adjacency, num_attackers=len(cfg.roles(num_clients).attackers),
+    )
 
 
 def client_graph(cfg: RunConfig, dc: tasks.DataConfig) -> torch.Tensor | None:
@@ -57,7 +50,7 @@ def client_graph(cfg: RunConfig, dc: tasks.DataConfig) -> torch.Tensor | None:
     Rows are client ids 0..n-1 (:func:`strategies.discover_clients` ensures
     that every partition id has its node).
     """
-    if cfg.strategy not in strategies.GRAPH_STRATEGIES or cfg.graph == "none":
+    if not strategies.STRATEGIES[cfg.strategy].uses_graph or cfg.graph == "none":
         return None
     task_adj = tasks.load_federated(dc).adjacency if cfg.graph == "task" else None
     adj = build_graph(cfg.graph, dc.num_clients, task_adj, cfg.graph_file, cfg.dataset)
@@ -82,9 +75,8 @@ def main(grid: Grid, context: Context) -> None:
     random.seed(cfg.seed)  # Flower's strategies sample nodes with the random module
     model = tasks.build_model(dc)
     param_keys = [name for name, _ in model.named_parameters()]
-    strategy = strategies.build_strategy(
-        cfg.strategy, strategy_settings(cfg, n, param_keys, adjacency)
-    )
+    strategy = strategies.build_strategy(cfg.strategy, cfg,
+                                         run_setup(cfg, n, param_keys, adjacency))
     roles = cfg.roles(n)
     if roles.novel or roles.attackers or roles.drop_rate or roles.heterogeneous_epochs:
         log(INFO, "Scenario: novel clients %s, attackers %s, drop-rate %.2f, heterogeneous "
@@ -93,11 +85,10 @@ def main(grid: Grid, context: Context) -> None:
     strategy.setup_tracking(clients, roles)
 
     train_config = ConfigRecord({
-        "local-epochs": cfg.local_epochs, "local-steps": cfg.local_steps,
-        "batch-size": cfg.batch_size,
-        "lr": cfg.learning_rate, "optimizer": cfg.optimizer,
+        LOCAL_EPOCHS: cfg.local_epochs, LOCAL_STEPS: cfg.local_steps,
+        BATCH_SIZE: cfg.batch_size, LR: cfg.learning_rate, OPTIMIZER: cfg.optimizer,
     })
-    evaluate_config = ConfigRecord({"batch-size": cfg.batch_size})
+    evaluate_config = ConfigRecord({BATCH_SIZE: cfg.batch_size})
     started = time.time()
     strategy.start(
         grid=grid, initial_arrays=ArrayRecord(model.state_dict()),

@@ -1,22 +1,132 @@
 """APFL: adaptive personalized federated learning (Deng et al. 2020), fixed mixture weight.
 
-Every client keeps a local model v_i (in its ``context.state``) besides the
-shared model w. In a round each client runs APFL's local update (Alg. 1:
-a step of w on its own loss and a step of v_i on the loss of the mixture
-``alpha v_i + (1 - alpha) w``, on every mini-batch; see
-:func:`tasks.train.train_apfl`); the server averages the w's as FedAvg does.
-Each client is tested on its personalized model ``alpha v_i + (1 - alpha) w``
+Both halves of the method are here.
+
+Server (:class:`APFL`): averages the shared models w as Flower's FedAvg does.
+
+Client (:class:`APFLClient`, ``client-update = "apfl"``, key ``apfl-alpha``):
+every client keeps a local model v_i in its ``context.state`` (key
+``apfl-local``; a copy of w at first). In a round it runs APFL's local update
+(:func:`train_apfl`: on every mini-batch a step of w on its own loss and a
+step of v_i on the loss of the mixture ``alpha v_i + (1 - alpha) w``) and
+replies w. It is tested on its personalized model ``alpha v_i + (1 - alpha) w``
 (Eq. 3). ``alpha`` is fixed (the run config's ``apfl-alpha``); the paper's
 adaptive update of alpha is not implemented.
 """
 
 from __future__ import annotations
 
-from .flower import ClientInstructions, FedAvg
+import copy
+from typing import TYPE_CHECKING
+
+import torch
+from flwr.app import ArrayRecord
+from torch import nn
+
+from tasks.train import loss_for, make_optimizer, run_batches
+
+from .client import ClientJob, ClientUpdate, register_client_update
+from .flower import FedAvg
+from .registry import RunSetup, flower_kwargs, register_strategy
+
+if TYPE_CHECKING:
+    from fedamp_flwr.config import RunConfig
+
+APFL_NAME = "apfl"
+ALPHA = "apfl-alpha"
+STATE = "apfl-local"  # the client's local model v_i in context.state
 
 
-class APFL(ClientInstructions, FedAvg):
-    """APFL on top of Flower's FedAvg: the messages carry ``apfl-alpha``.
+def mix_parameters(local: nn.Module, shared: nn.Module, alpha: float) -> dict[str, torch.Tensor]:
+    """APFL's personalized parameters ``alpha * v + (1 - alpha) * w`` (Eq. 3).
+
+    ``local`` holds v, ``shared`` holds w; the result keeps v's autograd graph
+    (w is detached), for :func:`torch.func.functional_call` on ``local``.
+    """
+    w = dict(shared.named_parameters())
+    return {k: alpha * v + (1.0 - alpha) * w[k].detach() for k, v in local.named_parameters()}
+
+
+def train_apfl(
+    shared: nn.Module,
+    local: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    alpha: float,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    optimizer: str = "adam",
+    steps: int = 0,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> float:
+    """APFL's local update (Alg. 1); both models trained in place.
+
+    On every mini-batch, both gradients taken at the same (w, v), the shared
+    model takes a step on its own loss, ``w <- w - lr * grad f(w)``, and the
+    local model a step on the loss of the mixture,
+    ``v <- v - lr * grad_v f(alpha v + (1 - alpha) w)``. Returns the
+    mean loss of the mixture. The parameters are as in :func:`tasks.train.train`;
+    ``alpha`` is the mixture weight (fixed, the paper's non-adaptive variant).
+    """
+    loss_fn = loss_for(y)
+    shared.to(device).train()
+    local.to(device).train()
+    opt_w = make_optimizer(optimizer, shared.parameters(), lr)
+    opt_v = make_optimizer(optimizer, local.parameters(), lr)
+
+    def step(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        opt_w.zero_grad()
+        opt_v.zero_grad()
+        loss_fn(shared(xb), yb).backward()
+        mixed = torch.func.functional_call(local, mix_parameters(local, shared, alpha), (xb,))
+        loss = loss_fn(mixed, yb)
+        loss.backward()  # reaches v only: w is detached in the mixture
+        opt_w.step()
+        opt_v.step()
+        return loss.detach()
+
+    return run_batches(x, y, step, epochs=epochs, batch_size=batch_size, steps=steps,
+                       device=device, seed=seed)
+
+
+def _local_model(job: ClientJob) -> nn.Module:
+    """The client's local model v from its state (first time: a copy of the received w)."""
+    local = copy.deepcopy(job.model)
+    if STATE in job.state.array_records:
+        local.load_state_dict(job.state[STATE].to_torch_state_dict())
+    return local
+
+
+@register_client_update
+class APFLClient(ClientUpdate):
+    """APFL's client: trains w and its own v; is tested on their mixture."""
+
+    name = APFL_NAME
+    train_keys = (ALPHA,)
+    evaluate_keys = (ALPHA,)
+
+    def train(self, job: ClientJob) -> tuple[float, dict]:  # noqa: D102
+        local = _local_model(job)
+        loss = train_apfl(job.model, local, job.data.x_train, job.targets,
+                          alpha=float(job.config[ALPHA]), **job.loop_kwargs())
+        job.state[STATE] = ArrayRecord(local.to("cpu").state_dict())
+        return loss, {}
+
+    def evaluate(self, job: ClientJob) -> nn.Module:
+        """The personalized model ``alpha v + (1 - alpha) w``."""
+        model, local = job.model, _local_model(job)
+        with torch.no_grad():
+            mixed = mix_parameters(local, model, float(job.config[ALPHA]))
+            for name, p in model.named_parameters():
+                p.copy_(mixed[name])
+        return model
+
+
+class APFL(FedAvg):
+    """APFL's server: Flower's FedAvg; the messages name ``apfl`` and carry ``apfl-alpha``.
 
     Parameters
     ----------
@@ -26,6 +136,8 @@ class APFL(ClientInstructions, FedAvg):
         Flower FedAvg's arguments.
     """
 
+    client_update = APFL_NAME
+
     def __init__(self, alpha: float = 0.5, **kwargs) -> None:
         if not 0 < alpha <= 1:
             raise ValueError(f"apfl alpha = {alpha} is invalid; allowed: a number in (0, 1]")
@@ -33,6 +145,11 @@ class APFL(ClientInstructions, FedAvg):
         super().__init__(**kwargs)
 
     def train_keys(self) -> dict:  # noqa: D102
-        return {"apfl-alpha": self.alpha}
+        return {ALPHA: self.alpha}
 
     evaluate_keys = train_keys
+
+
+@register_strategy(APFL_NAME)
+def _apfl(cfg: RunConfig, run: RunSetup) -> APFL:
+    return APFL(alpha=cfg.apfl_alpha, **flower_kwargs(cfg, run))

@@ -21,7 +21,7 @@ flattened models, tested on their own:
 
 Which tensors the distances use: the trainable parameters only (the first
 ``layout.num_params`` entries of the flat vector, see
-:class:`strategies.base.FlatLayout`); the mix u_i covers every floating-point
+:class:`strategies.layout.FlatLayout`); the mix u_i covers every floating-point
 tensor of the state dict, batch-norm running statistics included. Integer
 tensors (batch-norm counters) are taken from the initial model.
 """
@@ -31,12 +31,18 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from logging import INFO, WARNING
+from typing import TYPE_CHECKING
 
 import torch
 from flwr.app import ConfigRecord
 from flwr.supercore import log
 
 from .base import PersonalizedStrategy
+from .flower import PROXIMAL, PROXIMAL_MU
+from .registry import RunSetup, personal_kwargs, register_strategy
+
+if TYPE_CHECKING:
+    from fedamp_flwr.config import RunConfig
 
 
 class RowsRescaledWarning(UserWarning):
@@ -161,6 +167,12 @@ def heurfedamp_weights(models: torch.Tensor, sigma: float, self_weight: float) -
 class FedAMP(PersonalizedStrategy):
     """FedAMP: attentive message passing between personalized models.
 
+    Client contract: train messages name ``proximal`` (the client half of
+    FedProx, :class:`strategies.flower.ProximalTraining`) and carry the cloud
+    model u_i and ``proximal-mu`` = lambda / alpha_k; the client trains from
+    u_i with that proximal term and replies its model w_i. Evaluate messages
+    carry the client's stored w_i, tested as received.
+
     Parameters
     ----------
     alpha_k : float (default: 1e4)
@@ -178,6 +190,8 @@ class FedAMP(PersonalizedStrategy):
         Passed to :class:`strategies.base.PersonalizedStrategy` (fraction_train,
         param_keys, device, seed).
     """
+
+    client_update = PROXIMAL
 
     def __init__(self, alpha_k: float = 1e4, alpha_decay: float = 0.1,
                  alpha_decay_every: int = 30, lam: float = 1.0, sigma: float = 100.0,
@@ -210,7 +224,7 @@ class FedAMP(PersonalizedStrategy):
         self.history.record_xi(server_round, self.client_ids, xi)
         clouds = xi[rows.to(xi.device)].to(self.models.dtype) @ self.models
         cfg = ConfigRecord(dict(config))
-        cfg["proximal-mu"] = self.lam / self.alpha_at(server_round)
+        cfg[PROXIMAL_MU] = self.lam / self.alpha_at(server_round)
         return clouds, cfg
 
     def collaboration(self, server_round: int) -> torch.Tensor:
@@ -267,3 +281,20 @@ class HeurFedAMP(FedAMP):
 
     def weights(self, server_round: int, params: torch.Tensor) -> torch.Tensor:  # noqa: D102
         return heurfedamp_weights(params, self.sigma, self.self_weight)
+
+
+def _fedamp_kwargs(cfg: RunConfig, run: RunSetup) -> dict:
+    return dict(alpha_k=cfg.fedamp_alpha_k, alpha_decay=cfg.fedamp_alpha_decay,
+                alpha_decay_every=cfg.fedamp_alpha_decay_every, lam=cfg.fedamp_lambda,
+                **personal_kwargs(cfg, run))
+
+
+@register_strategy("fedamp")
+def _fedamp(cfg: RunConfig, run: RunSetup) -> FedAMP:
+    return FedAMP(sigma=cfg.sigma("fedamp"), **_fedamp_kwargs(cfg, run))
+
+
+@register_strategy("heurfedamp")
+def _heurfedamp(cfg: RunConfig, run: RunSetup) -> HeurFedAMP:
+    return HeurFedAMP(sigma=cfg.sigma("heurfedamp"), self_weight=cfg.heurfedamp_self_weight,
+                      **_fedamp_kwargs(cfg, run))

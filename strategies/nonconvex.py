@@ -15,11 +15,18 @@ plain averaging does as c grows.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from flwr.app import Message
 
-from .base import NUM_EXAMPLES
 from .flower import FedAvg
+from .protocol import NUM_EXAMPLES
+from .registry import RunSetup, flower_kwargs, register_strategy
+
+if TYPE_CHECKING:
+    from fedamp_flwr.config import RunConfig
+
 
 def nonconvex_weights(num_examples: np.ndarray, c: float) -> np.ndarray:
     """``alpha_h = exp(c r_h) / sum_j exp(c r_j)`` with ``r_h = n_h / sum_j n_j``.
@@ -41,6 +48,9 @@ def nonconvex_weights(num_examples: np.ndarray, c: float) -> np.ndarray:
 
 class NonConvex(FedAvg):
     """Flower's FedAvg aggregation with the weights of :func:`nonconvex_weights`.
+
+    Client contract: plain local training (``local``) for ``local-epochs``;
+    replies carry ``num-examples``, from which the shares r_h are taken.
 
     Flower's FedAvg weighs each reply by its ``num-examples`` metric; just
     before it aggregates, that metric of each (already validated and recorded)
@@ -67,3 +77,8 @@ class NonConvex(FedAvg):
         for record, alpha in zip(records, alphas):
             record[NUM_EXAMPLES] = float(alpha)
         return replies
+
+
+@register_strategy("nonconvex")
+def _nonconvex(cfg: RunConfig, run: RunSetup) -> NonConvex:
+    return NonConvex(c=cfg.nonconvex_c, **flower_kwargs(cfg, run))

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from logging import INFO
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -46,6 +47,14 @@ from flwr.supercore import log
 from torch import nn
 
 from .base import PersonalizedStrategy
+from .client import ClientJob, ClientUpdate, register_client_update
+from .registry import RunSetup, personal_kwargs, register_strategy
+
+if TYPE_CHECKING:
+    from fedamp_flwr.config import RunConfig
+
+HYPERNETWORK = "hypernetwork"
+CLIENT_LR = "hn-client-lr"
 
 
 def normalized_adjacency(adj: torch.Tensor) -> torch.Tensor:
@@ -84,7 +93,7 @@ class GraphHyperNetwork(nn.Module):
         Number of clients (rows of the embedding table).
     head_sizes : Sequence[int]
         Number of values of each target tensor, in the order of the flat model
-        vector (:class:`strategies.base.FlatLayout`); the output is their concatenation.
+        vector (:class:`strategies.layout.FlatLayout`); the output is their concatenation.
     embed_dim : int (default: 100)
         Dimension of h^(0) (paper: 100).
     gnn_layers : int (default: 3)
@@ -203,11 +212,28 @@ def server_step(
     return 0.5 * float((residual ** 2).sum()) / len(rows)
 
 
+@register_client_update
+class HypernetworkClient(ClientUpdate):
+    """The client half of Panacea, Panacea-GN and pFedHN: plain SGD from the generated model.
+
+    Trains the received theta_t for the message's ``local-steps`` (or
+    ``local-epochs``) with SGD at ``hn-client-lr`` and replies the trained
+    model; it is tested on the generated model as received.
+    """
+
+    name = HYPERNETWORK
+    train_keys = (CLIENT_LR,)
+
+    def train(self, job: ClientJob) -> tuple[float, dict]:  # noqa: D102
+        return job.fit(optimizer="sgd", lr=float(job.config[CLIENT_LR])), {}
+
+
 class Panacea(PersonalizedStrategy):
     """Panacea (and, by its arguments, Panacea-GN and pFedHN) as a Flower strategy.
 
-    Each sampled client receives theta_t = GH(h_t, A) and the instruction to
-    train with SGD at ``client_lr`` (for the run's ``local-steps``, or
+    Each sampled client receives theta_t = GH(h_t, A) and trains it with SGD
+    at ``client_lr`` (client contract: train messages name ``hypernetwork``
+    and carry ``hn-client-lr``; the run's ``local-steps``, or
     ``local-epochs`` when 0); the server then runs ``server_steps`` steps of
     :func:`server_step` on the valid trained models (SGD with momentum, whose
     state lives across rounds). Every client, novel ones included, is
@@ -235,6 +261,8 @@ class Panacea(PersonalizedStrategy):
         Passed to :class:`strategies.base.PersonalizedStrategy`.
     """
 
+    client_update = HYPERNETWORK
+
     def __init__(self, adjacency: torch.Tensor | None = None, embed_dim: int = 100,
                  gnn_layers: int = 3, hidden: int = 100, mlp_layers: int = 3,
                  generator: bool = True, lambda_d: float = 1.0, server_lr: float = 0.01,
@@ -250,6 +278,9 @@ class Panacea(PersonalizedStrategy):
         self.server_steps = server_steps
         self.client_lr = client_lr
         self.hnet: GraphHyperNetwork | None = None
+
+    def train_keys(self) -> dict:  # noqa: D102
+        return {CLIENT_LR: self.client_lr}
 
     def summary(self) -> None:  # noqa: D102
         super().summary()
@@ -289,11 +320,8 @@ class Panacea(PersonalizedStrategy):
 
     def personalize(self, server_round: int, rows: torch.Tensor, config: ConfigRecord
                     ) -> tuple[torch.Tensor, ConfigRecord]:
-        """theta_t = GH(h_t, A) for the sampled clients, with SGD settings."""
-        cfg = ConfigRecord(dict(config))
-        cfg["optimizer"] = "sgd"
-        cfg["lr"] = self.client_lr
-        return self.generated(rows), cfg
+        """theta_t = GH(h_t, A) for the sampled clients."""
+        return self.generated(rows), config
 
     def update(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
         """K_s server steps of psi toward the trained models."""
@@ -309,3 +337,31 @@ class Panacea(PersonalizedStrategy):
     def evaluation_models(self) -> torch.Tensor:
         """Every client's generated model (novel clients from their untrained embeddings)."""
         return self.generated()
+
+
+def _panacea_kwargs(cfg: RunConfig, run: RunSetup, graph: bool, generator: bool) -> dict:
+    if graph and run.adjacency is None:
+        raise ValueError("run config 'graph' = 'none' is invalid for Panacea and Panacea-GN; "
+                         "allowed: task, file, groups (pfedhn needs no graph)")
+    return dict(adjacency=run.adjacency if graph else None, generator=generator,
+                embed_dim=cfg.panacea_embed_dim, gnn_layers=cfg.panacea_gnn_layers,
+                hidden=cfg.panacea_hidden, mlp_layers=cfg.panacea_mlp_layers,
+                lambda_d=cfg.panacea_lambda_d, server_lr=cfg.panacea_server_lr,
+                server_momentum=cfg.panacea_server_momentum,
+                server_steps=cfg.panacea_server_steps, client_lr=cfg.panacea_client_lr,
+                **personal_kwargs(cfg, run))
+
+
+@register_strategy("panacea", graph=True)
+def _panacea(cfg: RunConfig, run: RunSetup) -> Panacea:
+    return Panacea(**_panacea_kwargs(cfg, run, graph=True, generator=True))
+
+
+@register_strategy("panacea-gn", graph=True)
+def _panacea_gn(cfg: RunConfig, run: RunSetup) -> Panacea:
+    return Panacea(**_panacea_kwargs(cfg, run, graph=True, generator=False))
+
+
+@register_strategy("pfedhn")
+def _pfedhn(cfg: RunConfig, run: RunSetup) -> Panacea:
+    return Panacea(**_panacea_kwargs(cfg, run, graph=False, generator=False))

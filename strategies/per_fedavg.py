@@ -1,9 +1,13 @@
 """Per-FedAvg (Fallah et al., NeurIPS 2020), first-order version.
 
-Clients train the shared model with the MAML-style meta-update of
-:func:`tasks.train.train_per_fedavg` (inner step size ``per-fedavg-alpha``);
-the server averages the models as FedAvg does. Each client is tested on the
-global model after one step of plain gradient descent at ``per-fedavg-alpha``
+Both halves of the method are here.
+
+Server (:class:`PerFedAvg`): averages the models as Flower's FedAvg does.
+
+Client (:class:`PerFedAvgClient`, ``client-update = "per-fedavg"``, key
+``per-fedavg-alpha``): trains the shared model with the MAML-style
+meta-update of :func:`train_per_fedavg` (inner step size alpha). It is
+tested on the global model after one step of plain gradient descent at alpha
 on one mini-batch of its own training data: the personalization that the
 meta-objective ``f(w - alpha grad f(w))`` optimizes for.
 
@@ -14,11 +18,89 @@ shuffled pass.
 
 from __future__ import annotations
 
-from .flower import ClientInstructions, FedAvg
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from tasks.train import loss_for, make_optimizer, run_batches
+
+from .client import ClientJob, ClientUpdate, register_client_update
+from .flower import FedAvg, finetune
+from .registry import RunSetup, flower_kwargs, register_strategy
+
+if TYPE_CHECKING:
+    from fedamp_flwr.config import RunConfig
+
+PER_FEDAVG = "per-fedavg"
+ALPHA = "per-fedavg-alpha"
 
 
-class PerFedAvg(ClientInstructions, FedAvg):
-    """Per-FedAvg (FO) on top of Flower's FedAvg.
+def train_per_fedavg(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    alpha: float,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    optimizer: str = "adam",
+    steps: int = 0,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> float:
+    """Per-FedAvg's local update, first-order version (Alg. 1, FO).
+
+    Each step uses two mini-batches D, D' (consecutive batches of the
+    shuffled data): ``w~ = w - alpha grad f(w; D)``, then the outer step
+    ``w <- w - lr * grad f(w~; D')`` (the Hessian term of the MAML gradient
+    dropped, as in Per-FedAvg (FO)); with ``optimizer`` = "adam" the outer
+    step is Adam's. Returns the mean loss at w~. Parameters as in
+    :func:`tasks.train.train`.
+    """
+    loss_fn = loss_for(y)
+    model.to(device).train()
+    params = list(model.parameters())
+    opt = make_optimizer(optimizer, params, lr)
+    pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def step(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        if not pending:  # first batch of the pair: D
+            pending.append((xb, yb))
+            return loss_fn(model(xb), yb).detach()
+        xd, yd = pending.pop()
+        inner = torch.autograd.grad(loss_fn(model(xd), yd), params)
+        adapted = {k: p - alpha * g for (k, p), g in zip(model.named_parameters(), inner)}
+        loss = loss_fn(torch.func.functional_call(model, adapted, (xb,)), yb)
+        opt.zero_grad()
+        for p, g in zip(params, torch.autograd.grad(loss, list(adapted.values()))):
+            p.grad = g.detach()  # first-order: grad at w~ applied to w
+        opt.step()
+        return loss.detach()
+
+    return run_batches(x, y, step, epochs=epochs, batch_size=batch_size,
+                       steps=2 * steps if steps > 0 else 0, device=device, seed=seed)
+
+
+@register_client_update
+class PerFedAvgClient(ClientUpdate):
+    """Per-FedAvg's client: the first-order meta-update; one SGD step at alpha before testing."""
+
+    name = PER_FEDAVG
+    train_keys = (ALPHA,)
+    evaluate_keys = (ALPHA,)
+
+    def train(self, job: ClientJob) -> tuple[float, dict]:  # noqa: D102
+        return train_per_fedavg(job.model, job.data.x_train, job.targets,
+                                alpha=float(job.config[ALPHA]), **job.loop_kwargs()), {}
+
+    def evaluate(self, job: ClientJob) -> nn.Module:  # noqa: D102
+        return finetune(job, epochs=0, steps=1, lr=float(job.config[ALPHA]), optimizer="sgd")
+
+
+class PerFedAvg(FedAvg):
+    """Per-FedAvg (FO)'s server: Flower's FedAvg; messages name ``per-fedavg`` with alpha.
 
     Parameters
     ----------
@@ -28,6 +110,8 @@ class PerFedAvg(ClientInstructions, FedAvg):
         Flower FedAvg's arguments.
     """
 
+    client_update = PER_FEDAVG
+
     def __init__(self, alpha: float = 0.01, **kwargs) -> None:
         if not alpha > 0:
             raise ValueError(f"per-fedavg alpha = {alpha} is invalid; allowed: a number > 0")
@@ -35,7 +119,11 @@ class PerFedAvg(ClientInstructions, FedAvg):
         super().__init__(**kwargs)
 
     def train_keys(self) -> dict:  # noqa: D102
-        return {"per-fedavg-alpha": self.alpha}
+        return {ALPHA: self.alpha}
 
-    def evaluate_keys(self) -> dict:  # noqa: D102
-        return {"finetune-steps": 1, "finetune-lr": self.alpha, "finetune-optimizer": "sgd"}
+    evaluate_keys = train_keys
+
+
+@register_strategy(PER_FEDAVG)
+def _per_fedavg(cfg: RunConfig, run: RunSetup) -> PerFedAvg:
+    return PerFedAvg(alpha=cfg.per_fedavg_alpha, **flower_kwargs(cfg, run))

@@ -1,22 +1,93 @@
 """pFedMe (Dinh et al., NeurIPS 2020): personalization with Moreau envelopes.
 
-Each sampled client receives the global model w, runs pFedMe's local update
-(:func:`tasks.train.train_pfedme`: on every mini-batch, ``pfedme-inner-steps``
-steps towards ``theta = argmin f(theta) + lambda/2 ||theta - w_i||^2``, then
-``w_i <- w_i - lr * lambda * (w_i - theta)``) and returns w_i; it keeps its
-personalized model theta in ``context.state``. The server sets
-``w <- (1 - beta) w + beta * mean_i w_i`` (Alg. 1, line 11; the mean is
-Flower FedAvg's, weighted by sample counts). Each client is tested on its
-own theta (clients that never trained are tested on w).
+Both halves of the method are here.
+
+Server (:class:`PFedMe`): ``w <- (1 - beta) w + beta * mean_i w_i``
+(Alg. 1, line 11; the mean is Flower FedAvg's, weighted by sample counts).
+
+Client (:class:`PFedMeClient`, ``client-update = "pfedme"``, keys
+``pfedme-lambda``, ``pfedme-inner-steps``, ``pfedme-personal-lr``): runs
+pFedMe's local update (:func:`train_pfedme`: on every mini-batch,
+``pfedme-inner-steps`` steps towards ``theta = argmin f(theta) + lambda/2
+||theta - w_i||^2``, then ``w_i <- w_i - lr * lambda * (w_i - theta)``) from
+the received w and replies w_i; it keeps its personalized model theta in
+``context.state`` (key ``pfedme-personal``) and is tested on it (a client
+that never trained is tested on w).
 """
 
 from __future__ import annotations
 
+import copy
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from flwr.app import ArrayRecord
+from torch import nn
 
-from .flower import ClientInstructions, FedAvg
+from tasks.train import loss_for, run_batches
+
+from .client import ClientJob, ClientUpdate, register_client_update
+from .flower import FedAvg
+from .registry import RunSetup, flower_kwargs, register_strategy
+
+if TYPE_CHECKING:
+    from fedamp_flwr.config import RunConfig
+
+PFEDME = "pfedme"
+LAMBDA = "pfedme-lambda"
+INNER_STEPS = "pfedme-inner-steps"
+PERSONAL_LR = "pfedme-personal-lr"
+STATE = "pfedme-personal"  # the client's theta_i in context.state
+
+
+def train_pfedme(
+    model: nn.Module,
+    personal: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    lam: float,
+    inner_steps: int,
+    personal_lr: float,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    steps: int = 0,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    optimizer: str = "sgd",
+) -> float:
+    """pFedMe's local update (Alg. 1); both models trained in place.
+
+    ``personal`` (theta) starts as a copy of ``model`` (the local w, received
+    from the server). On every mini-batch D: ``inner_steps`` gradient steps of
+    size ``personal_lr`` on ``f(theta; D) + lam/2 ||theta - w||^2`` (Eq. 7,
+    solved approximately), then ``w <- w - lr * lam * (w - theta)`` (line 8).
+    Returns the mean loss of theta. Other parameters as in :func:`tasks.train.train`,
+    but for ``optimizer``, which is ignored: both updates are the paper's own
+    gradient steps (theta's with SGD, w's by line 8), whatever the run's optimizer.
+    """
+    loss_fn = loss_for(y)
+    model.to(device).train()
+    personal.to(device).train()
+    w, theta = list(model.parameters()), list(personal.parameters())
+    opt = torch.optim.SGD(theta, lr=personal_lr)
+
+    def step(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        for _ in range(inner_steps):
+            opt.zero_grad()
+            loss = loss_fn(personal(xb), yb)
+            prox = sum(((t - c.detach()) ** 2).sum() for t, c in zip(theta, w))
+            (loss + 0.5 * lam * prox).backward()
+            opt.step()
+        with torch.no_grad():
+            for p, t in zip(w, theta):
+                p.sub_(lr * lam * (p - t))
+        return loss.detach()
+
+    return run_batches(x, y, step, epochs=epochs, batch_size=batch_size, steps=steps,
+                       device=device, seed=seed)
 
 
 def pfedme_global(previous: ArrayRecord, averaged: ArrayRecord, beta: float) -> ArrayRecord:
@@ -29,8 +100,34 @@ def pfedme_global(previous: ArrayRecord, averaged: ArrayRecord, beta: float) -> 
     return ArrayRecord(out)
 
 
-class PFedMe(ClientInstructions, FedAvg):
-    """pFedMe on top of Flower's FedAvg.
+@register_client_update
+class PFedMeClient(ClientUpdate):
+    """pFedMe's client: trains w and its theta; is tested on theta."""
+
+    name = PFEDME
+    train_keys = (LAMBDA, INNER_STEPS, PERSONAL_LR)
+
+    def train(self, job: ClientJob) -> tuple[float, dict]:  # noqa: D102
+        personal = copy.deepcopy(job.model)
+        loss = train_pfedme(job.model, personal, job.data.x_train, job.targets,
+                            lam=float(job.config[LAMBDA]), inner_steps=int(job.config[INNER_STEPS]),
+                            personal_lr=float(job.config[PERSONAL_LR]), **job.loop_kwargs())
+        job.state[STATE] = ArrayRecord(personal.to("cpu").state_dict())
+        return loss, {}
+
+    def evaluate(self, job: ClientJob) -> nn.Module:
+        """The client's theta (the received w if it never trained)."""
+        if STATE in job.state.array_records:
+            job.model.load_state_dict(job.state[STATE].to_torch_state_dict())
+        return job.model
+
+
+class PFedMe(FedAvg):
+    """pFedMe's server on top of Flower's FedAvg.
+
+    Client contract: train messages name ``pfedme`` and carry lambda, K and
+    the personal step size; clients reply their w_i and keep theta_i, on
+    which they are tested (evaluate messages name ``pfedme`` too).
 
     Parameters
     ----------
@@ -46,6 +143,8 @@ class PFedMe(ClientInstructions, FedAvg):
         Flower FedAvg's arguments.
     """
 
+    client_update = PFEDME
+
     def __init__(self, lam: float = 15.0, inner_steps: int = 5, personal_lr: float = 0.01,
                  beta: float = 1.0, **kwargs) -> None:
         self.lam, self.inner_steps, self.personal_lr, self.beta = lam, inner_steps, personal_lr, beta
@@ -53,11 +152,7 @@ class PFedMe(ClientInstructions, FedAvg):
         super().__init__(**kwargs)
 
     def train_keys(self) -> dict:  # noqa: D102
-        return {"pfedme-lambda": self.lam, "pfedme-inner-steps": self.inner_steps,
-                "pfedme-personal-lr": self.personal_lr}
-
-    def evaluate_keys(self) -> dict:  # noqa: D102
-        return {"personal-state": "pfedme-personal"}
+        return {LAMBDA: self.lam, INNER_STEPS: self.inner_steps, PERSONAL_LR: self.personal_lr}
 
     def configure_train(self, server_round, arrays, config, grid):  # noqa: D102
         self._previous = arrays
@@ -68,3 +163,10 @@ class PFedMe(ClientInstructions, FedAvg):
         if arrays is not None and self._previous is not None and self.beta != 1.0:
             arrays = pfedme_global(self._previous, arrays, self.beta)
         return arrays, metrics
+
+
+@register_strategy(PFEDME)
+def _pfedme(cfg: RunConfig, run: RunSetup) -> PFedMe:
+    return PFedMe(lam=cfg.pfedme_lambda, inner_steps=cfg.pfedme_inner_steps,
+                  personal_lr=cfg.pfedme_personal_lr, beta=cfg.pfedme_beta,
+                  **flower_kwargs(cfg, run))

@@ -1,14 +1,21 @@
 """SCAFFOLD (Karimireddy et al. 2020): control variates against client drift, global step 1.
 
-The server keeps the global model x and the server control variate c (one
-tensor per trainable parameter, zero at the start); each client keeps its own
-control variate c_i across rounds in its ``context.state``. In a round
-(Alg. 1), the sampled clients receive (x, c), train with the gradient
-correction ``c - c_i`` and return their model y_i and ``delta c_i = c_i+ - c_i``
-(option I: ``c_i+`` is the client's full local gradient at x; see
-``fedamp_flwr/client_app.py``). The server sets ``x <- x + 1 * mean(y_i - x)``
-(global step size 1) and ``c <- c + (1/N) sum_i delta c_i`` (line 17, N the
-number of clients that train).
+Both halves of the method are here.
+
+Server (:class:`Scaffold`): keeps the global model x and the server control
+variate c (one tensor per trainable parameter, zero at the start). In a round
+(Alg. 1) the sampled clients receive (x, c); the server sets
+``x <- x + 1 * mean(y_i - x)`` (global step size 1: Flower's FedAvg of the
+y_i) and ``c <- c + (1/N) sum_i delta c_i`` (line 17, N the number of clients
+that train).
+
+Client (:class:`ScaffoldClient`, ``client-update = "scaffold"``): the message
+carries c as the ArrayRecord ``control``. The client keeps its own control
+variate c_i across rounds in ``context.state`` (key ``scaffold-control``;
+zero at first), trains with the gradient correction ``c - c_i`` added to
+every gradient (line 10), sets ``c_i+`` to the gradient of its local loss at
+the received x (option I, Eq. 4 (i)) and replies its model y_i and the
+ArrayRecord ``control-delta`` = ``c_i+ - c_i``.
 
 Choices: option I (the paper's Eq. 4 (i)) rather than option II, because
 option II's ``(x - y_i) / (K lr)`` estimates the gradient only under plain
@@ -21,16 +28,27 @@ equal client sizes).
 from __future__ import annotations
 
 from logging import WARNING
+from typing import TYPE_CHECKING
 
 import torch
 from flwr.app import ArrayRecord, Message
 from flwr.supercore import log
+from torch import nn
+
+from tasks.train import LossFn, loss_for
 
 from .base import FlatLayout, arrays_problem
+from .client import ClientJob, ClientUpdate, register_client_update
 from .flower import FedAvg
+from .registry import RunSetup, flower_kwargs, register_strategy
 
-CONTROL = "control"
-CONTROL_DELTA = "control-delta"
+if TYPE_CHECKING:
+    from fedamp_flwr.config import RunConfig
+
+SCAFFOLD = "scaffold"
+CONTROL = "control"  # the server control variate c, in train messages
+CONTROL_DELTA = "control-delta"  # c_i+ - c_i, in train replies
+STATE = "scaffold-control"  # the client's c_i in context.state
 
 
 def update_control(control: torch.Tensor, deltas: torch.Tensor, num_clients: int) -> torch.Tensor:
@@ -38,8 +56,53 @@ def update_control(control: torch.Tensor, deltas: torch.Tensor, num_clients: int
     return control + deltas.sum(0) / num_clients
 
 
+def mean_gradient(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int,
+    loss_fn: LossFn | None = None, device: torch.device | str = "cpu",
+) -> list[torch.Tensor]:
+    """Gradient of the mean loss over all of (x, y) at the model's weights, one tensor per
+    parameter (SCAFFOLD's option I control variate, Eq. 4 (i))."""
+    loss_fn = loss_fn or loss_for(y)
+    model.to(device).train()
+    params = list(model.parameters())
+    grads = [torch.zeros_like(p) for p in params]
+    for start in range(0, len(x), batch_size):
+        xb, yb = x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)
+        loss = loss_fn(model(xb), yb) * (len(xb) / max(len(x), 1))
+        for g, d in zip(grads, torch.autograd.grad(loss, params)):
+            g.add_(d)
+    return [g.detach() for g in grads]
+
+
+@register_client_update
+class ScaffoldClient(ClientUpdate):
+    """SCAFFOLD's client update (Alg. 1, lines 7-13, option I)."""
+
+    name = SCAFFOLD
+
+    def train(self, job: ClientJob) -> tuple[float, dict[str, ArrayRecord]]:
+        """Train with the correction ``c - c_i``; keep ``c_i+``; reply ``c_i+ - c_i``."""
+        if CONTROL not in job.content.array_records:
+            raise ValueError(f"a '{SCAFFOLD}' train message needs the ArrayRecord '{CONTROL}'")
+        server_c = job.content[CONTROL].to_torch_state_dict()
+        names = [k for k, _ in job.model.named_parameters()]
+        new_c = dict(zip(names, (g.cpu() for g in mean_gradient(
+            job.model, job.data.x_train, job.targets, batch_size=job.optim.batch_size,
+            device=job.optim.device))))
+        own = job.state.array_records.get(STATE)
+        client_c = (own.to_torch_state_dict() if own is not None
+                    else {k: torch.zeros_like(v) for k, v in new_c.items()})
+        loss = job.fit(grad_correction=[server_c[k] - client_c[k] for k in names])
+        job.state[STATE] = ArrayRecord(new_c)
+        return loss, {CONTROL_DELTA: ArrayRecord({k: new_c[k] - client_c[k] for k in names})}
+
+
 class Scaffold(FedAvg):
-    """SCAFFOLD on top of Flower's FedAvg (which averages the models).
+    """SCAFFOLD's server on top of Flower's FedAvg (which averages the models).
+
+    Client contract: train messages name ``scaffold`` and carry the ArrayRecord
+    ``control`` (c); replies carry the model and the ArrayRecord
+    ``control-delta`` (c_i+ - c_i), or are left out of the round.
 
     Parameters
     ----------
@@ -49,6 +112,8 @@ class Scaffold(FedAvg):
         Flower FedAvg's arguments.
     """
 
+    client_update = SCAFFOLD
+
     def __init__(self, param_keys: list[str], **kwargs) -> None:
         self.param_keys = list(param_keys)
         self.layout: FlatLayout | None = None  # of the trainable parameters
@@ -57,13 +122,13 @@ class Scaffold(FedAvg):
         super().__init__(**kwargs)
 
     def _num_training_clients(self) -> int:
-        return max(1, sum(1 for i in self.clients.values() if i.client_id not in self.roles.novel))
+        novel = self.tracker.roles.novel
+        return max(1, sum(1 for i in self.tracker.clients.values() if i.client_id not in novel))
 
     def configure_train(self, server_round, arrays, config, grid):  # noqa: D102
         if self.control is None:
             self.layout = FlatLayout.from_arrays(ArrayRecord({k: arrays[k] for k in self.param_keys}))
             self.control = torch.zeros(self.layout.size)
-        config["scaffold"] = True
         messages = super().configure_train(server_round, arrays, config, grid)
         record = self.layout.unflatten(self.control)
         for m in messages:
@@ -80,10 +145,10 @@ class Scaffold(FedAvg):
                 kept.append(m)
                 continue
             delta = m.content.array_records.get(CONTROL_DELTA)
-            problem = "no 'control-delta' ArrayRecord" if delta is None else arrays_problem(delta, shapes)
+            problem = f"no '{CONTROL_DELTA}' ArrayRecord" if delta is None else arrays_problem(delta, shapes)
             if problem is not None:
                 log(WARNING, "Round %d: reply of client %s left out: %s", server_round,
-                    self.client_of(m), problem)
+                    self.tracker.client_of(m), problem)
                 continue
             del m.content[CONTROL_DELTA]
             self._deltas[id(m)] = delta
@@ -98,3 +163,8 @@ class Scaffold(FedAvg):
             self.control = update_control(self.control, stacked, self._num_training_clients())
         self._deltas = {}
         return replies
+
+
+@register_strategy(SCAFFOLD)
+def _scaffold(cfg: RunConfig, run: RunSetup) -> Scaffold:
+    return Scaffold(param_keys=run.param_keys, **flower_kwargs(cfg, run))

@@ -9,11 +9,24 @@ the scenarios: drop-outs, heterogeneous epochs).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .base import PersonalizedStrategy
+from .registry import RunSetup, personal_kwargs, register_strategy
+
+if TYPE_CHECKING:
+    from fedamp_flwr.config import RunConfig
 
 
 class Separate(PersonalizedStrategy):
     """Each client trains and tests its own model; nothing is shared.
 
-    Parameters are those of :class:`strategies.base.PersonalizedStrategy`.
+    Client contract: plain local training (``local``) of the received own
+    model; tested as received. Parameters are those of
+    :class:`strategies.base.PersonalizedStrategy`.
     """
+
+
+@register_strategy("separate")
+def _separate(cfg: RunConfig, run: RunSetup) -> Separate:
+    return Separate(**personal_kwargs(cfg, run))

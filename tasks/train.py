@@ -1,7 +1,10 @@
-"""Local training and evaluation loops, shared by every strategy.
+"""The generic local training and evaluation loops, shared by every method.
 
-What a round does is said by the strategy in the message config; these loops
-take it as arguments. See ``fedamp_flwr/client_app.py`` for the keys.
+:func:`train` runs epochs or steps of an optimizer on shuffled mini-batches,
+with an optional proximal term and gradient correction; :func:`run_batches`
+is its mini-batch schedule, on which a method's own loop (APFL's, pFedMe's,
+Per-FedAvg's, in their modules under ``strategies/``) builds; :func:`evaluate`
+tests a model.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ def num_steps(n: int, batch_size: int, epochs: int, steps: int = 0) -> int:
     return steps if steps > 0 else epochs * math.ceil(n / batch_size)
 
 
-def _run_batches(
+def run_batches(
     x: torch.Tensor, y: torch.Tensor, step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     *, epochs: int, batch_size: int, steps: int, device: torch.device | str, seed: int,
 ) -> float:
@@ -132,172 +135,7 @@ def train(
         opt.step()
         return loss.detach()
 
-    return _run_batches(x, y, step, epochs=epochs, batch_size=batch_size, steps=steps,
-                        device=device, seed=seed)
-
-
-def mean_gradient(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int,
-    loss_fn: LossFn | None = None, device: torch.device | str = "cpu",
-) -> list[torch.Tensor]:
-    """Gradient of the mean loss over all of (x, y) at the model's weights, one tensor per
-    parameter (SCAFFOLD's option I control variate, Karimireddy et al. 2020, Eq. 4 (i))."""
-    loss_fn = loss_fn or loss_for(y)
-    model.to(device).train()
-    params = list(model.parameters())
-    grads = [torch.zeros_like(p) for p in params]
-    for start in range(0, len(x), batch_size):
-        xb, yb = x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)
-        loss = loss_fn(model(xb), yb) * (len(xb) / max(len(x), 1))
-        for g, d in zip(grads, torch.autograd.grad(loss, params)):
-            g.add_(d)
-    return [g.detach() for g in grads]
-
-
-def mix_parameters(local: nn.Module, shared: nn.Module, alpha: float) -> dict[str, torch.Tensor]:
-    """APFL's personalized parameters ``alpha * v + (1 - alpha) * w`` (Deng et al. 2020, Eq. 3).
-
-    ``local`` holds v, ``shared`` holds w; the result keeps v's autograd graph
-    (w is detached), for :func:`torch.func.functional_call` on ``local``.
-    """
-    w = dict(shared.named_parameters())
-    return {k: alpha * v + (1.0 - alpha) * w[k].detach() for k, v in local.named_parameters()}
-
-
-def train_apfl(
-    shared: nn.Module,
-    local: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    alpha: float,
-    epochs: int,
-    batch_size: int,
-    lr: float,
-    optimizer: str = "adam",
-    steps: int = 0,
-    device: torch.device | str = "cpu",
-    seed: int = 0,
-) -> float:
-    """APFL's local update (Deng et al. 2020, Alg. 1); both models trained in place.
-
-    On every mini-batch, both gradients taken at the same (w, v), the shared
-    model takes a step on its own loss, ``w <- w - lr * grad f(w)``, and the
-    local model a step on the loss of the mixture,
-    ``v <- v - lr * grad_v f(alpha v + (1 - alpha) w)``. Returns the
-    mean loss of the mixture. The parameters are as in :func:`train`;
-    ``alpha`` is the mixture weight (fixed, the paper's non-adaptive variant).
-    """
-    loss_fn = loss_for(y)
-    shared.to(device).train()
-    local.to(device).train()
-    opt_w = make_optimizer(optimizer, shared.parameters(), lr)
-    opt_v = make_optimizer(optimizer, local.parameters(), lr)
-
-    def step(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        opt_w.zero_grad()
-        opt_v.zero_grad()
-        loss_fn(shared(xb), yb).backward()
-        mixed = torch.func.functional_call(local, mix_parameters(local, shared, alpha), (xb,))
-        loss = loss_fn(mixed, yb)
-        loss.backward()  # reaches v only: w is detached in the mixture
-        opt_w.step()
-        opt_v.step()
-        return loss.detach()
-
-    return _run_batches(x, y, step, epochs=epochs, batch_size=batch_size, steps=steps,
-                        device=device, seed=seed)
-
-
-def train_per_fedavg(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    alpha: float,
-    epochs: int,
-    batch_size: int,
-    lr: float,
-    optimizer: str = "adam",
-    steps: int = 0,
-    device: torch.device | str = "cpu",
-    seed: int = 0,
-) -> float:
-    """Per-FedAvg's local update, first-order version (Fallah et al. 2020, Alg. 1, FO).
-
-    Each step uses two mini-batches D, D' (consecutive batches of the
-    shuffled data): ``w~ = w - alpha grad f(w; D)``, then the outer step
-    ``w <- w - lr * grad f(w~; D')`` (the Hessian term of the MAML gradient
-    dropped, as in Per-FedAvg (FO)); with ``optimizer`` = "adam" the outer
-    step is Adam's. Returns the mean loss at w~. Parameters as in :func:`train`.
-    """
-    loss_fn = loss_for(y)
-    model.to(device).train()
-    params = list(model.parameters())
-    opt = make_optimizer(optimizer, params, lr)
-    pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def step(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        if not pending:  # first batch of the pair: D
-            pending.append((xb, yb))
-            return loss_fn(model(xb), yb).detach()
-        xd, yd = pending.pop()
-        inner = torch.autograd.grad(loss_fn(model(xd), yd), params)
-        adapted = {k: p - alpha * g for (k, p), g in zip(model.named_parameters(), inner)}
-        loss = loss_fn(torch.func.functional_call(model, adapted, (xb,)), yb)
-        opt.zero_grad()
-        for p, g in zip(params, torch.autograd.grad(loss, list(adapted.values()))):
-            p.grad = g.detach()  # first-order: grad at w~ applied to w
-        opt.step()
-        return loss.detach()
-
-    return _run_batches(x, y, step, epochs=epochs, batch_size=batch_size,
-                        steps=2 * steps if steps > 0 else 0, device=device, seed=seed)
-
-
-def train_pfedme(
-    model: nn.Module,
-    personal: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    lam: float,
-    inner_steps: int,
-    personal_lr: float,
-    epochs: int,
-    batch_size: int,
-    lr: float,
-    steps: int = 0,
-    device: torch.device | str = "cpu",
-    seed: int = 0,
-) -> float:
-    """pFedMe's local update (Dinh et al. 2020, Alg. 1); both models trained in place.
-
-    ``personal`` (theta) starts as a copy of ``model`` (the local w, received
-    from the server). On every mini-batch D: ``inner_steps`` gradient steps of
-    size ``personal_lr`` on ``f(theta; D) + lam/2 ||theta - w||^2`` (Eq. 7,
-    solved approximately), then ``w <- w - lr * lam * (w - theta)`` (line 8).
-    Returns the mean loss of theta. Other parameters as in :func:`train`.
-    """
-    loss_fn = loss_for(y)
-    model.to(device).train()
-    personal.to(device).train()
-    w, theta = list(model.parameters()), list(personal.parameters())
-    opt = torch.optim.SGD(theta, lr=personal_lr)
-
-    def step(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        for _ in range(inner_steps):
-            opt.zero_grad()
-            loss = loss_fn(personal(xb), yb)
-            prox = sum(((t - c.detach()) ** 2).sum() for t, c in zip(theta, w))
-            (loss + 0.5 * lam * prox).backward()
-            opt.step()
-        with torch.no_grad():
-            for p, t in zip(w, theta):
-                p.sub_(lr * lam * (p - t))
-        return loss.detach()
-
-    return _run_batches(x, y, step, epochs=epochs, batch_size=batch_size, steps=steps,
+    return run_batches(x, y, step, epochs=epochs, batch_size=batch_size, steps=steps,
                         device=device, seed=seed)
 
 

@@ -1,13 +1,25 @@
-"""Shared test helpers: where the real data is, and starting/stopping Flower processes."""
+"""Shared test helpers: real data, Flower processes, and an in-process Flower grid.
+
+* :class:`LocalGrid`: a Flower ``Grid`` whose nodes are the real ClientApp
+  functions, in this process, each node keeping its own ``Context`` (and so
+  its ``context.state``) across rounds, as Flower does; or nodes that answer
+  the query round with given infos.
+* :func:`run_local`: the real ServerApp ``main`` on a LocalGrid.
+* :func:`reply`: a reply to a train message, built by hand.
+* :func:`setup_strategy`: a registered strategy set up for n clients, as the
+  ServerApp does after the query round.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 from pathlib import Path
 
 import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 
 from simulation import stop_tree
 
@@ -29,6 +41,119 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(autouse=True)
+def task_identity():
+    """Messages made outside a Flower process need a run and node id."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    yield
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = None, None, None
+
+
+# ---------------------------------------------------------------------------
+# In-process Flower
+# ---------------------------------------------------------------------------
+class LocalGrid:
+    """A Flower ``Grid`` in this process: node ``100 + i`` is client ``i``.
+
+    Every message goes to the real ClientApp function of its type, with that
+    node's own ``Context``. With ``infos`` (node id -> the ``info`` a node
+    answers the query round with) the nodes only answer queries, as given.
+    """
+
+    def __init__(self, run_config: dict | None = None, num_clients: int = 0,
+                 infos: dict[int, dict] | None = None) -> None:
+        self.infos = infos
+        nodes = list(infos) if infos is not None else [100 + i for i in range(num_clients)]
+        self.contexts = {
+            node: Context(run_id=1, node_id=node, state=RecordDict(), run_config=run_config or {},
+                          node_config={"partition-id": i, "num-partitions": num_clients})
+            for i, node in enumerate(nodes)
+        }
+        self.sent: list[Message] = []
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def send_and_receive(self, messages, timeout=None):
+        from fedamp_flwr import client_app
+
+        messages = list(messages)
+        self.sent += messages
+        if self.infos is not None:
+            return [Message(RecordDict({"info": ConfigRecord(self.infos[m.metadata.dst_node_id])}),
+                            reply_to=m) for m in messages]
+        handlers = {MessageType.QUERY: client_app.query, MessageType.TRAIN: client_app.train,
+                    MessageType.EVALUATE: client_app.evaluate}
+        return [handlers[m.metadata.message_type](m, self.contexts[m.metadata.dst_node_id])
+                for m in messages]
+
+    def sent_configs(self, message_type: str) -> list[ConfigRecord]:
+        """The config records of the messages of one type sent so far."""
+        return [m.content["config"] for m in self.sent if m.metadata.message_type == message_type]
+
+
+def run_local(tmp_path: Path, strategy: str, n: int = 3, **overrides) -> tuple[dict, LocalGrid]:
+    """Run the real ServerApp for 2 rounds of 1 epoch on ``n`` in-process clients."""
+    from fedamp_flwr import server_app
+
+    run_config = {"strategy": strategy, "num-server-rounds": 2, "local-epochs": 1,
+                  "min-nodes": n, "results-dir": str(tmp_path), "run-name": strategy,
+                  "server-device": "cpu", **overrides}
+    grid = LocalGrid(run_config, n)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config=run_config)
+    server_app.main(grid, context)
+    return json.loads((tmp_path / run_config["run-name"] / "metrics.json").read_text()), grid
+
+
+def reply(node: int, arrays: dict | ArrayRecord | None = None, metrics: dict | None = None,
+          message_type: str = MessageType.TRAIN, **records) -> Message:
+    """A reply from ``node`` with the model ``arrays`` (a state dict), ``metrics`` and more records."""
+    content = RecordDict()
+    if arrays is not None:
+        content["arrays"] = arrays if isinstance(arrays, ArrayRecord) else ArrayRecord(arrays)
+    if metrics is not None:
+        content["metrics"] = MetricRecord(metrics)
+    for name, record in records.items():
+        content[name.replace("_", "-")] = record
+    sent = Message(RecordDict({"config": ConfigRecord()}), message_type=message_type, dst_node_id=node)
+    return Message(content, reply_to=sent)
+
+
+def client_infos(n: int, first_node: int = 10, **info) -> dict[int, dict]:
+    """Query answers of ``n`` healthy clients on nodes ``first_node + i``."""
+    base = {"num-partitions": n, "num-train": 5, "num-test": 5, **info}
+    return {first_node + i: {**base, "client-id": i} for i in range(n)}
+
+
+def setup_strategy(name: str, n: int = 3, roles=None, **run_config):
+    """Strategy ``name`` for the default task with ``n`` clients, set up as the ServerApp does.
+
+    Returns the strategy and a fresh model of the task (the initial arrays).
+    """
+    import strategies
+    import tasks
+    from fedamp_flwr.config import RunConfig
+    from fedamp_flwr.server_app import run_setup
+
+    cfg = RunConfig.from_run_config({"strategy": name, "server-device": "cpu", **run_config})
+    model = tasks.build_model(cfg.data_config(n))
+    keys = [k for k, _ in model.named_parameters()]
+    adjacency = None
+    if strategies.STRATEGIES[name].uses_graph:
+        import torch
+
+        adjacency = torch.ones(n, n) - torch.eye(n)
+    strategy = strategies.build_strategy(name, cfg, run_setup(cfg, n, keys, adjacency))
+    strategy.setup_tracking(strategies.discover_clients(LocalGrid(infos=client_infos(n)), n), roles)
+    return strategy, model
+
+
+# ---------------------------------------------------------------------------
+# Real Flower processes
+# ---------------------------------------------------------------------------
 class Processes:
     """Processes a test started; stopped at teardown with what they started, by process ids."""
 

@@ -1,71 +1,26 @@
 """The baselines and scenarios: pure functions by hand, and every strategy for 2 rounds.
 
-The 2-round runs call the real ServerApp ``main`` with an in-process grid that
-hands each message to the real ClientApp functions, each node keeping its own
-``Context`` (and so its ``context.state``) across rounds, as Flower does.
+The 2-round runs call the real ServerApp ``main`` on the in-process grid of
+``tests/conftest.py`` (the real ClientApp functions, each node with its own
+``Context`` and so its ``context.state`` across rounds, as Flower does).
 """
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, MessageType
 
 import strategies
-from fedamp_flwr import client_app, server_app
+from strategies.apfl import mix_parameters
 from strategies.nonconvex import nonconvex_weights
-from strategies.scaffold import update_control
+from strategies.scaffold import mean_gradient, update_control
 from tasks.models import MLP
 from tasks.scenarios import Roles, scenario_roles
-from tasks.train import mean_gradient, mix_parameters, num_steps, train
+from tasks.train import num_steps, train
 
-
-@pytest.fixture(autouse=True)
-def task_identity():
-    """Messages made outside a Flower process need a run and node id."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-    yield
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = None, None, None
-
-
-class LocalGrid:
-    """A Flower ``Grid`` whose nodes are the real ClientApp functions, in this process."""
-
-    def __init__(self, run_config: dict, num_clients: int) -> None:
-        self.contexts = {
-            100 + i: Context(run_id=1, node_id=100 + i, state=RecordDict(), run_config=run_config,
-                             node_config={"partition-id": i, "num-partitions": num_clients})
-            for i in range(num_clients)
-        }
-        self.sent: list[Message] = []
-
-    def get_node_ids(self):
-        return list(self.contexts)
-
-    def send_and_receive(self, messages, timeout=None):
-        handlers = {MessageType.QUERY: client_app.query, MessageType.TRAIN: client_app.train,
-                    MessageType.EVALUATE: client_app.evaluate}
-        messages = list(messages)
-        self.sent += messages
-        return [handlers[m.metadata.message_type](m, self.contexts[m.metadata.dst_node_id])
-                for m in messages]
-
-
-def run_local(tmp_path, strategy: str, n: int = 3, **overrides) -> tuple[dict, LocalGrid]:
-    run_config = {"strategy": strategy, "num-server-rounds": 2, "local-epochs": 1,
-                  "min-nodes": n, "results-dir": str(tmp_path), "run-name": strategy,
-                  "server-device": "cpu", **overrides}
-    grid = LocalGrid(run_config, n)
-    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
-                      run_config=run_config)
-    server_app.main(grid, context)
-    return json.loads((tmp_path / strategy / "metrics.json").read_text()), grid
-
+from .conftest import run_local, setup_strategy
 
 NEW = ["separate", "fedavg-ft", "fedprox-ft", "scaffold", "apfl", "nonconvex", "per-fedavg",
        "pfedme", "fedmedian", "fedtrimmedavg", "krum"]
@@ -80,24 +35,28 @@ def test_every_baseline_runs_two_rounds_on_the_default_task(tmp_path, name):
         assert len(r["client_accuracy"]) == 3 and 0 <= r["mean_accuracy"] <= 1
     assert 0 <= m["bmta"] <= 100
     states = [ctx.state for ctx in grid.contexts.values()]
+    train_cfgs = grid.sent_configs(MessageType.TRAIN)
+    eval_cfgs = grid.sent_configs(MessageType.EVALUATE)
+    # every message names the client half its strategy's module registers
+    updates = {"scaffold": ("scaffold", "scaffold"), "apfl": ("apfl", "apfl"),
+               "per-fedavg": ("per-fedavg", "per-fedavg"), "pfedme": ("pfedme", "pfedme"),
+               "fedavg-ft": ("local", "finetune"), "fedprox-ft": ("proximal", "finetune")}
+    train_update, eval_update = updates.get(name, ("local", "local"))
+    assert {c["client-update"] for c in train_cfgs} == {train_update}
+    assert {c["client-update"] for c in eval_cfgs} == {eval_update}
     if name == "scaffold":
         assert all("scaffold-control" in s.array_records for s in states)
         assert all("control" in msg.content.array_records for msg in grid.sent
                    if msg.metadata.message_type == MessageType.TRAIN)
-    configs = [(msg.metadata.message_type, msg.content["config"]) for msg in grid.sent
-               if msg.metadata.message_type in (MessageType.TRAIN, MessageType.EVALUATE)]
     if name == "apfl":
         assert all("apfl-local" in s.array_records for s in states)
-        assert all(c["apfl-alpha"] == 0.5 for _, c in configs)
+        assert all(c["apfl-alpha"] == 0.5 for c in train_cfgs + eval_cfgs)
     if name == "per-fedavg":
-        assert all(c["per-fedavg-alpha"] == 0.01 for t, c in configs if t == MessageType.TRAIN)
-        assert all(c["finetune-steps"] == 1 and c["finetune-optimizer"] == "sgd"
-                   for t, c in configs if t == MessageType.EVALUATE)
+        assert all(c["per-fedavg-alpha"] == 0.01 for c in train_cfgs + eval_cfgs)
     if name == "pfedme":
         assert all("pfedme-personal" in s.array_records for s in states)
     if name.endswith("-ft"):
-        evals = [msg for msg in grid.sent if msg.metadata.message_type == MessageType.EVALUATE]
-        assert evals and all(msg.content["config"]["finetune-epochs"] == 1 for msg in evals)
+        assert eval_cfgs and all(c["finetune-epochs"] == 1 for c in eval_cfgs)
 
 
 def test_fine_tuning_changes_what_fedavg_clients_are_tested_on(tmp_path):
@@ -193,11 +152,10 @@ def test_strategy_registry_has_every_baseline():
 
 
 def test_client_config_only_copies_when_epochs_vary():
-    strategy = strategies.build_strategy("separate", {
-        "fraction_train": 1.0, "param_keys": [], "device": "cpu", "seed": 0})
+    strategy, _ = setup_strategy("separate")
     strategy.setup_tracking({}, Roles(frozenset(), frozenset(), heterogeneous_epochs=True, seed=1))
     cfg = ConfigRecord({"local-epochs": 10})
-    own = strategy.client_config(3, 2, cfg)
+    own = strategy.tracker.client_config(3, 2, cfg)
     assert own is not cfg and 1 <= own["local-epochs"] <= 19 and cfg["local-epochs"] == 10
 
 
@@ -214,7 +172,7 @@ def test_pfedme_server_mixing_by_hand():
 
 def test_per_fedavg_first_order_step_by_hand():
     """One pair of batches, SGD: w <- w - lr * grad f(w - alpha grad f(w; D); D')."""
-    from tasks.train import train_per_fedavg
+    from strategies.per_fedavg import train_per_fedavg
 
     torch.manual_seed(1)
     x, y = torch.randn(4, 2), torch.randint(0, 2, (4,))

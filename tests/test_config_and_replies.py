@@ -5,26 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
-RD = RecordDict
-
-import strategies
-import tasks
 from fedamp_flwr import client_app
 from fedamp_flwr.config import ConfigError, RunConfig
-from fedamp_flwr.server_app import strategy_settings
-from strategies.base import discover_clients
+from strategies.discovery import discover_clients
 
+from .conftest import LocalGrid, reply, setup_strategy
 
-@pytest.fixture(autouse=True)
-def task_identity():
-    """Messages made outside a Flower process need a run and node id."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-    yield
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = None, None, None
+RD = RecordDict
 
 
 def test_defaults_are_valid():
@@ -36,7 +25,7 @@ def test_defaults_are_valid():
 @pytest.mark.parametrize(
     "override, key, allowed",
     [
-        ({"strategy": "fedsgd"}, "strategy", "separate, fedavg, fedprox, fedavg-ft"),
+        ({"strategy": "fedsgd"}, "strategy", "apfl, fedamp, fedavg, fedavg-ft"),
         ({"drop-rate": 1.0}, "drop-rate", "[0, 1)"),
         ({"heterogeneous-epochs": 1}, "heterogeneous-epochs", "true or false"),
         ({"apfl-alpha": 0.0}, "apfl-alpha", "(0, 1]"),
@@ -88,61 +77,30 @@ def test_client_reports_missing_data_folder_and_too_many_clients():
     assert "error" not in ok and ok["client-id"] == 0 and ok["num-train"] == 500
 
 
-class FakeGrid:
-    """Answers queries like real nodes would (a stand-in for Flower's Grid)."""
-
-    def __init__(self, infos):
-        self.infos = infos
-
-    def get_node_ids(self):
-        return list(self.infos)
-
-    def send_and_receive(self, messages, timeout=None):
-        return [Message(RD({"info": ConfigRecord(self.infos[m.metadata.dst_node_id])}), reply_to=m)
-                for m in messages]
-
-
-def _reply_to(node: int, content: RecordDict) -> Message:
-    out = Message(RD({"config": ConfigRecord()}), message_type=MessageType.TRAIN, dst_node_id=node)
-    return Message(content, reply_to=out)
-
-
 def test_discover_clients_stops_on_a_client_error():
     good = {"client-id": 0, "num-partitions": 2, "num-train": 5, "num-test": 5}
     bad = {"client-id": 1, "error": "ConfigError: run config 'data-dir' = 'x' ..."}
     with pytest.raises(RuntimeError, match="client 1 .*data-dir"):
-        discover_clients(FakeGrid({11: good, 12: bad}), min_nodes=2)
-    clients = discover_clients(FakeGrid({11: good, 12: {**good, "client-id": 1}}), min_nodes=2)
+        discover_clients(LocalGrid(infos={11: good, 12: bad}), min_nodes=2)
+    clients = discover_clients(LocalGrid(infos={11: good, 12: {**good, "client-id": 1}}), min_nodes=2)
     assert {n: i.client_id for n, i in clients.items()} == {11: 0, 12: 1}
 
 
-def _setup_strategy(name):
-    cfg = RunConfig.from_run_config({"strategy": name})
-    model = tasks.build_model(cfg.data_config(3))
-    keys = [k for k, _ in model.named_parameters()]
-    strategy = strategies.build_strategy(name, strategy_settings(cfg, 3, keys))
-    good = {"num-partitions": 3, "num-train": 5, "num-test": 5}
-    strategy.setup_tracking(discover_clients(
-        FakeGrid({10 + i: {**good, "client-id": i} for i in range(3)}), min_nodes=3))
-    return strategy, model
-
-
 def _train_reply(node, state, cid):
-    return _reply_to(node, RD({"arrays": ArrayRecord(state),
-                               "metrics": MetricRecord({"num-examples": 5, "client-id": cid})}))
+    return reply(node, state, {"num-examples": 5, "client-id": cid})
 
 
 def test_fedamp_leaves_bad_replies_out_and_keeps_their_models(caplog):
-    strategy, model = _setup_strategy("fedamp")
+    strategy, model = setup_strategy("fedamp")
     init = ArrayRecord(model.state_dict())
-    list(strategy.configure_train(1, init, ConfigRecord(), FakeGrid({})))
+    list(strategy.configure_train(1, init, ConfigRecord(), LocalGrid()))
     before = strategy.models.clone()
     nan_state = {k: v.clone() for k, v in model.state_dict().items()}
     nan_state["net.0.weight"][0, 0] = float("nan")
     shape_state = {k: v.clone() for k, v in model.state_dict().items()}
     shape_state["net.0.bias"] = torch.zeros(3)
     good_state = {k: v + 1.0 for k, v in model.state_dict().items()}
-    no_arrays = _reply_to(10, RD({"metrics": MetricRecord({"num-examples": 5})}))
+    no_arrays = reply(10, metrics={"num-examples": 5})
     replies = [no_arrays, _train_reply(11, nan_state, 1), _train_reply(12, shape_state, 2)]
     strategy.aggregate_train(1, replies)
     assert torch.equal(strategy.models, before)  # nothing changed
@@ -155,9 +113,9 @@ def test_fedamp_leaves_bad_replies_out_and_keeps_their_models(caplog):
 
 
 def test_fedavg_aggregates_only_valid_replies():
-    strategy, model = _setup_strategy("fedavg")
+    strategy, model = setup_strategy("fedavg")
     init = ArrayRecord(model.state_dict())
-    strategy._shapes = {k: tuple(v.numpy().shape) for k, v in init.items()}
+    strategy.tracker.shapes = {k: tuple(v.numpy().shape) for k, v in init.items()}
     nan_state = {k: torch.full_like(v, float("nan")) for k, v in model.state_dict().items()}
     ones = {k: torch.ones_like(v) for k, v in model.state_dict().items()}
     arrays, _ = strategy.aggregate_train(1, [_train_reply(10, ones, 0), _train_reply(11, nan_state, 1)])
@@ -165,9 +123,9 @@ def test_fedavg_aggregates_only_valid_replies():
 
 
 def test_huge_and_float32_overflowing_replies_are_left_out(caplog):
-    strategy, model = _setup_strategy("fedamp")
+    strategy, model = setup_strategy("fedamp")
     init = ArrayRecord(model.state_dict())
-    list(strategy.configure_train(1, init, ConfigRecord(), FakeGrid({})))
+    list(strategy.configure_train(1, init, ConfigRecord(), LocalGrid()))
     before = strategy.models.clone()
     overflow = {k: v.double() for k, v in model.state_dict().items()}
     overflow["net.0.bias"][0] = 1e300  # finite in float64, inf in float32
@@ -175,24 +133,23 @@ def test_huge_and_float32_overflowing_replies_are_left_out(caplog):
     strategy.aggregate_train(1, [_train_reply(10, overflow, 0), _train_reply(11, huge, 1)])
     assert torch.equal(strategy.models, before)
     assert "as float32" in caplog.text and "squared norm" in caplog.text
-    list(strategy.configure_train(2, init, ConfigRecord(), FakeGrid({})))
+    list(strategy.configure_train(2, init, ConfigRecord(), LocalGrid()))
     assert all(torch.isfinite(torch.tensor(row)).all() for row in strategy.history.xi[2])
 
 
 def test_discovery_needs_every_partition():
     good = {"num-partitions": 3, "num-train": 5, "num-test": 5}
     with pytest.raises(RuntimeError, match="set min-nodes = 3"):
-        discover_clients(FakeGrid({1: {**good, "client-id": 0}, 2: {**good, "client-id": 2}}), 2)
+        discover_clients(LocalGrid(infos={1: {**good, "client-id": 0}, 2: {**good, "client-id": 2}}), 2)
 
 
 def test_fedamp_leaves_novel_clients_out_of_the_cloud_models():
     from tasks.scenarios import Roles
 
-    strategy, model = _setup_strategy("fedamp")
-    strategy.setup_tracking(strategy.clients, Roles(frozenset({1}), frozenset()))
+    strategy, model = setup_strategy("fedamp", roles=Roles(frozenset({1}), frozenset()))
     strategy.alpha_k, strategy.sigma = 0.01, 1.0
     messages = list(strategy.configure_train(1, ArrayRecord(model.state_dict()), ConfigRecord(),
-                                             FakeGrid({})))
+                                             LocalGrid()))
     assert len(messages) == 2  # the novel client does not train
     xi = torch.tensor(strategy.history.xi[1])
     assert xi[1].tolist() == [0.0, 1.0, 0.0] and xi[0, 1] == 0 and xi[2, 1] == 0

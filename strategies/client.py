@@ -1,0 +1,226 @@
+"""The client half of a method: what a client does with a train or evaluate message.
+
+The ClientApp (``fedamp_flwr/client_app.py``) is a generic worker. It loads
+the client's data, builds the received model and hands both, as a
+:class:`ClientJob`, to the :class:`ClientUpdate` that the message names under
+``client-update``; it never names a method. A method that needs client-side
+behaviour defines its ``ClientUpdate`` subclass in its own module, beside its
+strategy, and registers it with :func:`register_client_update`:
+
+.. code:: python
+
+    @register_client_update
+    class ScaffoldClient(ClientUpdate):
+        name = "scaffold"
+        train_keys = ()              # config keys it reads (none: it reads a record)
+
+        def train(self, job):        # -> (training loss, extra records of the reply)
+            ...
+
+        def evaluate(self, job):     # -> the model to test (default: the received one)
+            ...
+
+Each update declares the config keys it owns (``train_keys``,
+``evaluate_keys``); :func:`instruction_problem` refuses a message naming an
+unknown update or carrying keys that another update owns, so that two methods'
+instructions can never be mixed silently. A message without ``client-update``
+runs :class:`LocalTraining`, plain local training (what Flower's own
+strategies expect of a client).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+from flwr.app import ConfigRecord, RecordDict
+from torch import nn
+
+from tasks import ClientData
+from tasks.train import train as train_loop
+
+from .protocol import CLIENT_UPDATE, GENERIC_KEYS
+
+LOCAL = "local"
+
+
+@dataclass(frozen=True)
+class Optim:
+    """The optimizer settings of a message (the run config's where the message has none)."""
+
+    batch_size: int
+    lr: float
+    optimizer: str
+    device: torch.device
+
+
+@dataclass
+class ClientJob:
+    """Everything a client update gets for one message.
+
+    Attributes
+    ----------
+    model : nn.Module
+        The received model; train updates train it in place and it is sent back.
+    data : ClientData
+        The client's training and test tensors (never modified).
+    targets : torch.Tensor
+        The training targets to use: the true labels, or random ones for a
+        client that the ``attack-ratio`` scenario makes an attacker.
+    content : RecordDict
+        The whole message content (a method's own records, e.g. SCAFFOLD's ``control``).
+    config : ConfigRecord
+        The message's config record.
+    state : RecordDict
+        The client's ``context.state``, kept across rounds; each method owns its keys.
+    server_round, seed, epochs, steps : int
+        The round, its seed (mini-batch order), and the local epochs or
+        steps (> 0: steps instead of epochs) that the message asks for.
+    optim : Optim
+        Batch size, learning rate, optimizer and device of local training.
+    """
+
+    model: nn.Module
+    data: ClientData
+    targets: torch.Tensor
+    content: RecordDict
+    config: ConfigRecord
+    state: RecordDict
+    server_round: int
+    seed: int
+    epochs: int
+    steps: int
+    optim: Optim
+
+    def loop_kwargs(self) -> dict:
+        """The keyword arguments of the generic loops for this job (epochs or steps,
+        batch size, learning rate, optimizer, device, seed)."""
+        o = self.optim
+        return dict(epochs=self.epochs, steps=self.steps, batch_size=o.batch_size, lr=o.lr,
+                    optimizer=o.optimizer, device=o.device, seed=self.seed)
+
+    def fit(self, model: nn.Module | None = None, *, seed: int | None = None,
+            epochs: int | None = None, steps: int | None = None, lr: float | None = None,
+            optimizer: str | None = None, proximal_mu: float = 0.0,
+            grad_correction: list[torch.Tensor] | None = None,
+            targets: torch.Tensor | None = None) -> float:
+        """Train ``model`` (default: the received one) on the local training data.
+
+        The generic loop :func:`tasks.train.train` with this job's settings;
+        each argument given replaces the job's. Returns the mean training loss.
+        """
+        given = dict(seed=seed, epochs=epochs, steps=steps, lr=lr, optimizer=optimizer)
+        kwargs = {**self.loop_kwargs(), **{k: v for k, v in given.items() if v is not None}}
+        return train_loop(self.model if model is None else model, self.data.x_train,
+                          self.targets if targets is None else targets,
+                          proximal_mu=proximal_mu, grad_correction=grad_correction, **kwargs)
+
+
+class ClientUpdate:
+    """A method's client half; subclass, set :attr:`name`, override what differs.
+
+    The defaults are plain local training (``train``) and testing the
+    received model as it is (``evaluate``).
+    """
+
+    name: ClassVar[str] = ""
+    #: config keys this update reads in train messages (owned: no other update may use them)
+    train_keys: ClassVar[tuple[str, ...]] = ()
+    #: config keys this update reads in evaluate messages
+    evaluate_keys: ClassVar[tuple[str, ...]] = ()
+
+    def train(self, job: ClientJob) -> tuple[float, Mapping[str, object]]:
+        """Train ``job.model`` in place; return the training loss and extra reply records."""
+        return job.fit(), {}
+
+    def evaluate(self, job: ClientJob) -> nn.Module:
+        """Return the model the client tests on its test split (default: the received one)."""
+        return job.model
+
+
+@dataclass
+class _Registry:
+    updates: dict[str, ClientUpdate] = field(default_factory=dict)
+    owner: dict[str, str] = field(default_factory=dict)  # config key -> update name
+
+
+_REGISTRY = _Registry()
+CLIENT_UPDATES = _REGISTRY.updates
+
+
+def register_client_update(cls: type[ClientUpdate]) -> type[ClientUpdate]:
+    """Class decorator: make ``cls`` the client update called ``cls.name``.
+
+    Raises ValueError if the name is taken by another class, or a key it
+    owns is a generic key or owned by another update.
+    """
+    name = cls.name
+    if not name:
+        raise ValueError(f"{cls.__name__} has no name")
+    current = _REGISTRY.updates.get(name)
+    if current is not None and type(current) is not cls:
+        raise ValueError(f"client update {name!r} is already registered by "
+                         f"{type(current).__name__}")
+    for key in set(cls.train_keys) | set(cls.evaluate_keys):
+        if key in GENERIC_KEYS:
+            raise ValueError(f"{cls.__name__}: {key!r} is a generic key and cannot be owned")
+        if _REGISTRY.owner.get(key, name) != name:
+            raise ValueError(f"{cls.__name__}: key {key!r} is owned by client update "
+                             f"{_REGISTRY.owner[key]!r}")
+        _REGISTRY.owner[key] = name
+    _REGISTRY.updates[name] = cls()
+    return cls
+
+
+def unregister_client_update(name: str) -> None:
+    """Remove the client update ``name`` and its keys (tests and plugins)."""
+    _REGISTRY.updates.pop(name, None)
+    for key in [k for k, v in _REGISTRY.owner.items() if v == name]:
+        del _REGISTRY.owner[key]
+
+
+def update_name(config: ConfigRecord) -> str:
+    """The client update a message names (``local`` when it names none)."""
+    return str(config.get(CLIENT_UPDATE, LOCAL))
+
+
+def instruction_problem(config: ConfigRecord) -> str | None:
+    """Why a train or evaluate config cannot be carried out, or None.
+
+    An unknown ``client-update``, or keys owned by another update than the
+    one named (e.g. ``apfl-alpha`` beside ``proximal-mu``), are refused with
+    the keys and their owners named. Used by both halves: the server checks
+    every message it sends, the client every message it receives.
+    """
+    name = update_name(config)
+    if name not in _REGISTRY.updates:
+        return (f"unknown client update '{CLIENT_UPDATE}' = {name!r}; allowed: "
+                f"{', '.join(sorted(_REGISTRY.updates))}")
+    foreign = {k: _REGISTRY.owner[k] for k in config.keys()
+               if _REGISTRY.owner.get(k, name) != name}
+    if foreign:
+        owned = ", ".join(f"'{k}' (of {v!r})" for k, v in sorted(foreign.items()))
+        return (f"the message names client update {name!r} but carries keys of other "
+                f"methods: {owned}")
+    return None
+
+
+def get_client_update(config: ConfigRecord) -> ClientUpdate:
+    """The client update a config names; raises ValueError with :func:`instruction_problem`."""
+    problem = instruction_problem(config)
+    if problem is not None:
+        raise ValueError(problem)
+    return _REGISTRY.updates[update_name(config)]
+
+
+@register_client_update
+class LocalTraining(ClientUpdate):
+    """Plain local training of the received model; tests it as received.
+
+    FedAvg, Separate, FedMedian, FedTrimmedAvg, Krum and the non-convex
+    combination need nothing else of a client.
+    """
+
+    name = LOCAL

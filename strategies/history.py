@@ -1,0 +1,137 @@
+"""The records of a run: per round, per client (the ``metrics.json`` of a run)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from logging import INFO
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Message
+from flwr.supercore import log
+
+from .protocol import ACCURACY, LOSS, MSE, TRAIN_LOSS
+from .replies import metrics_of
+
+METRICS = (ACCURACY, MSE, LOSS)
+
+
+def client_order(client: int | str) -> tuple[int, int | str]:
+    """Sort key: client ids in order, then anything else (unknown senders)."""
+    return (0, client) if isinstance(client, int) else (1, str(client))
+
+
+@dataclass
+class RunHistory:
+    """Per-round records of a run; serialised into ``metrics.json``.
+
+    ``rounds[r]`` holds, for each metric the clients report (``accuracy``
+    for classification, ``mse`` for regression, ``loss``), ``client_<m>``
+    (client id to value) and ``mean_<m>``, the mean over the benign training
+    clients (neither novel nor attackers); ``novel_mean_<m>`` over the novel
+    clients when there are any; and ``train_loss``. ``xi[r]`` holds the
+    collaboration weights of a FedAMP round.
+
+    Parameters
+    ----------
+    novel : Collection[int]
+        Client ids of the novel clients (recorded apart).
+    attackers : Collection[int]
+        Client ids of the attackers (left out of the means).
+    """
+
+    novel: frozenset[int] = frozenset()
+    attackers: frozenset[int] = frozenset()
+    rounds: dict[int, dict[str, Any]] = field(default_factory=dict)
+    xi: dict[int, list[list[float]]] = field(default_factory=dict)
+    xi_client_ids: list[int] = field(default_factory=list)
+
+    def _round(self, server_round: int) -> dict[str, Any]:
+        return self.rounds.setdefault(server_round, {"round": server_round})
+
+    def record_train(self, server_round: int, replies: list[Message], client_of) -> None:
+        """Record the mean training loss and the clients that trained."""
+        rec = self._round(server_round)
+        losses = [metrics_of(m).get(TRAIN_LOSS) for m in replies]
+        losses = [float(v) for v in losses if v is not None]
+        rec["trained_clients"] = sorted(client_of(m) for m in replies)
+        rec["train_loss"] = float(np.mean(losses)) if losses else None
+
+    def record_evaluation(self, server_round: int, replies: list[Message],
+                          client_of) -> dict[str, float]:
+        """Record each client's test metrics; return the means over benign training clients.
+
+        ``client_of`` maps a reply to its sender's client id (an int), or to
+        something else for nodes that were not discovered, whose replies are skipped.
+        """
+        values: dict[str, dict[int, float]] = {m: {} for m in METRICS}
+        for msg in sorted(replies, key=lambda m: client_order(client_of(m))):
+            cid = client_of(msg)
+            if msg.has_error() or not isinstance(cid, int):
+                continue
+            metrics = metrics_of(msg)
+            for m in METRICS:
+                if m in metrics:
+                    values[m][cid] = float(metrics[m])
+        rec = self._round(server_round)
+        means: dict[str, float] = {}
+        for m, by_client in values.items():
+            if not by_client:
+                continue
+            rec[f"client_{m}"] = dict(sorted(by_client.items()))
+            benign = [v for c, v in by_client.items() if c not in self.novel | self.attackers]
+            novel = [v for c, v in by_client.items() if c in self.novel]
+            if benign:
+                means[f"mean_{m}"] = rec[f"mean_{m}"] = float(np.mean(benign))
+            if novel:
+                means[f"novel_mean_{m}"] = rec[f"novel_mean_{m}"] = float(np.mean(novel))
+        main = ACCURACY if values[ACCURACY] else MSE
+        if f"mean_{main}" in rec:
+            vals = values[main]
+            extra = (f", novel clients {rec[f'novel_mean_{main}']:.4g}"
+                     if f"novel_mean_{main}" in rec else "")
+            who = "benign training clients" if self.novel | self.attackers else "clients"
+            log(INFO, "Round %d: mean test %s over %d %s %.4g (min %.4g, max %.4g)%s",
+                server_round, main, len(set(vals) - (self.novel | self.attackers)), who,
+                rec[f"mean_{main}"], min(vals.values()), max(vals.values()), extra)
+        return means
+
+    def record_xi(self, server_round: int, client_ids: list[int], xi: torch.Tensor) -> None:
+        """Record the collaboration weights of one round (rows and columns: ``client_ids``)."""
+        self.xi_client_ids = list(client_ids)
+        self.xi[server_round] = xi.detach().cpu().double().tolist()
+
+    def _series(self, key: str) -> list[float]:
+        return [r[key] for r in self.rounds.values() if r.get(key) is not None]
+
+    def bmta(self) -> float | None:
+        """Best mean test accuracy over all rounds, in percent (the paper's metric)."""
+        accs = self._series("mean_accuracy")
+        return 100.0 * max(accs) if accs else None
+
+    def best_mean_mse(self) -> float | None:
+        """Lowest mean test MSE over all rounds (regression tasks)."""
+        mses = self._series("mean_mse")
+        return min(mses) if mses else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON-ready records."""
+        out: dict[str, Any] = {"rounds": [self.rounds[r] for r in sorted(self.rounds)]}
+        if self.bmta() is not None:
+            out["bmta"] = self.bmta()
+            novel = self._series("novel_mean_accuracy")
+            if novel:
+                out["novel_bmta"] = 100.0 * max(novel)
+        if self.best_mean_mse() is not None:
+            out["best_mean_mse"] = self.best_mean_mse()
+            novel = self._series("novel_mean_mse")
+            if novel:
+                out["novel_best_mean_mse"] = min(novel)
+        out["novel_clients"] = sorted(self.novel)
+        out["attackers"] = sorted(self.attackers)
+        if self.xi:
+            out["xi"] = {"client_ids": self.xi_client_ids,
+                         "rounds": {str(r): m for r, m in sorted(self.xi.items())}}
+        return out
+

@@ -1,0 +1,60 @@
+"""The message vocabulary that both halves of every method share.
+
+Keys that every message or reply may carry live here, once; a method's own
+keys (SCAFFOLD's ``control``, APFL's ``apfl-alpha``, ...) live in that
+method's module, beside both of its halves. No key is spelled out in two files.
+
+Records of a message (``RecordDict`` names)
+    ``config`` (ConfigRecord), ``arrays`` (ArrayRecord: the model),
+    ``metrics`` (MetricRecord: in replies), ``info`` (ConfigRecord: the query reply).
+Config keys every train / evaluate message may carry
+    ``server-round``, ``client-update`` (the name of the client half to run,
+    :mod:`strategies.client`), ``local-epochs``, ``local-steps``,
+    ``batch-size``, ``lr``, ``optimizer``.
+Reply metrics
+    ``client-id``, ``server-round``, ``num-examples``, ``train-loss``;
+    evaluation: ``accuracy`` (classification) or ``mse`` (regression), and ``loss``.
+Query reply (``info``)
+    ``client-id``, ``num-partitions``, ``num-train``, ``num-test``, or ``error``.
+"""
+
+from __future__ import annotations
+
+# Records of a message
+CONFIG = "config"
+ARRAYS = "arrays"
+METRICS = "metrics"
+INFO = "info"
+
+# Config keys of train / evaluate messages
+SERVER_ROUND = "server-round"
+CLIENT_UPDATE = "client-update"
+LOCAL_EPOCHS = "local-epochs"
+LOCAL_STEPS = "local-steps"
+BATCH_SIZE = "batch-size"
+LR = "lr"
+OPTIMIZER = "optimizer"
+GENERIC_KEYS = frozenset({SERVER_ROUND, CLIENT_UPDATE, LOCAL_EPOCHS, LOCAL_STEPS, BATCH_SIZE,
+                          LR, OPTIMIZER})
+
+# Reply metrics
+CLIENT_ID = "client-id"
+NUM_EXAMPLES = "num-examples"
+TRAIN_LOSS = "train-loss"
+ACCURACY = "accuracy"
+MSE = "mse"
+LOSS = "loss"
+
+# The query round
+QUERY = "query"
+QUERY_CLIENT_INFO = "client-info"
+NUM_PARTITIONS = "num-partitions"
+NUM_TRAIN = "num-train"
+NUM_TEST = "num-test"
+ERROR = "error"
+
+# Error code of a reply in which a client refuses a message it cannot carry
+# out (an unknown client update, keys of two methods in one message). Flower's
+# own codes are small integers (flwr.common.constant.ErrorCode); the server
+# stops the run on this one (:meth:`strategies.tracking.Tracker.stop_on_refusals`).
+REFUSED = 1001

@@ -1,0 +1,192 @@
+"""Each method's server half on hand-made replies, and the contract between the two halves."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+
+import strategies
+from fedamp_flwr import client_app
+from fedamp_flwr.config import RunConfig, _coerce
+from strategies.client import (ClientUpdate, instruction_problem, register_client_update,
+                               unregister_client_update)
+from strategies.panacea import server_step
+from strategies.protocol import REFUSED
+
+from .conftest import LocalGrid, client_infos, reply, run_local, setup_strategy
+
+
+def _filled(model, value: float) -> dict[str, torch.Tensor]:
+    return {k: torch.full_like(v, value) for k, v in model.state_dict().items()}
+
+
+def _grid(n: int) -> LocalGrid:
+    return LocalGrid(infos=client_infos(n))  # nodes 10.. as in setup_strategy
+
+
+# ---------------------------------------------------------------------------
+# aggregate_train on replies built by hand
+# ---------------------------------------------------------------------------
+def test_scaffold_averages_models_and_updates_the_control_variate():
+    strategy, model = setup_strategy("scaffold", n=2)
+    messages = strategy.configure_train(1, ArrayRecord(model.state_dict()), ConfigRecord(), _grid(2))
+    assert all(torch.count_nonzero(torch.from_numpy(a.numpy())) == 0
+               for m in messages for a in m.content["control"].values())  # c starts at 0
+    params = dict(model.named_parameters())
+    delta0 = ArrayRecord({k: torch.full_like(v, 0.4) for k, v in params.items()})
+    delta1 = ArrayRecord({k: torch.full_like(v, 0.8) for k, v in params.items()})
+    replies = [reply(10, _filled(model, 1.0), {"num-examples": 1}, control_delta=delta0),
+               reply(11, _filled(model, 3.0), {"num-examples": 3}, control_delta=delta1)]
+    arrays, _ = strategy.aggregate_train(1, replies)
+    # x = (1 * 1 + 3 * 3) / 4 (FedAvg, weighted by samples); c = 0 + (0.4 + 0.8) / N, N = 2
+    assert all(torch.allclose(torch.from_numpy(a.numpy()), torch.tensor(2.5)) for a in arrays.values())
+    assert torch.allclose(strategy.control, torch.full_like(strategy.control, 0.6))
+
+
+def test_scaffold_leaves_out_a_reply_without_its_control_delta(caplog):
+    strategy, model = setup_strategy("scaffold", n=2)
+    strategy.configure_train(1, ArrayRecord(model.state_dict()), ConfigRecord(), _grid(2))
+    delta = ArrayRecord({k: torch.ones_like(v) for k, v in model.named_parameters()})
+    replies = [reply(10, _filled(model, 1.0), {"num-examples": 1}),
+               reply(11, _filled(model, 3.0), {"num-examples": 1}, control_delta=delta)]
+    arrays, _ = strategy.aggregate_train(1, replies)
+    assert "no 'control-delta'" in caplog.text and "client 0" in caplog.text
+    assert all(float(a.numpy().max()) == 3.0 for a in arrays.values())
+    assert torch.allclose(strategy.control, torch.full_like(strategy.control, 0.5))
+
+
+def test_pfedme_mixes_the_average_with_the_previous_global_model():
+    strategy, model = setup_strategy("pfedme", n=2, **{"pfedme-beta": 2.0})
+    strategy.configure_train(1, ArrayRecord(_filled(model, 1.0)), ConfigRecord(), _grid(2))
+    replies = [reply(10, _filled(model, 2.0), {"num-examples": 5}),
+               reply(11, _filled(model, 4.0), {"num-examples": 5})]
+    arrays, _ = strategy.aggregate_train(1, replies)
+    # (1 - beta) * 1 + beta * mean(2, 4) = -1 + 2 * 3 = 5
+    assert all(torch.allclose(torch.from_numpy(a.numpy()), torch.tensor(5.0)) for a in arrays.values())
+
+
+def test_panacea_aggregation_is_its_server_steps_on_the_valid_replies():
+    strategy, model = setup_strategy("panacea", n=4, **{"panacea-server-steps": 2})
+    messages = list(strategy.configure_train(1, ArrayRecord(model.state_dict()), ConfigRecord(),
+                                             _grid(4)))
+    assert {m.content["config"]["client-update"] for m in messages} == {"hypernetwork"}
+    assert {m.content["config"]["hn-client-lr"] for m in messages} == {0.1}
+    hnet = copy.deepcopy(strategy.hnet)
+    opt = torch.optim.SGD(hnet.parameters(), lr=strategy.server_lr, momentum=strategy.server_momentum)
+    pairs = torch.Generator().set_state(strategy.pair_gen.get_state())
+    by_node = {m.metadata.dst_node_id: m for m in messages}
+    sent = torch.stack([strategy.layout.flatten(by_node[10 + i].content["arrays"]) for i in range(4)])
+    trained = sent + 0.1
+    bad = {k: torch.full_like(v, float("nan")) for k, v in model.state_dict().items()}
+    replies = [reply(10 + i, strategy.layout.unflatten(trained[i]), {"num-examples": 5})
+               for i in (0, 2, 3)] + [reply(11, bad, {"num-examples": 5})]
+    strategy.aggregate_train(1, replies)
+    rows, p = torch.tensor([0, 2, 3]), strategy.layout.num_params
+    for _ in range(2):  # the same two steps by hand, client 1's NaN reply left out
+        server_step(hnet, opt, strategy.prop, rows, trained[rows, :p], strategy.adj,
+                    strategy.lambda_d, strategies.panacea.sample_pairs(strategy.adj, pairs))
+    for (name, a), b in zip(strategy.hnet.named_parameters(), hnet.parameters()):
+        assert torch.equal(a, b), name
+
+
+def test_fedamp_stores_each_valid_reply_as_its_clients_model():
+    strategy, model = setup_strategy("fedamp", n=3)
+    strategy.configure_train(1, ArrayRecord(model.state_dict()), ConfigRecord(), _grid(3))
+    before = strategy.models.clone()
+    replies = [reply(12, _filled(model, 2.0), {"num-examples": 5}),
+               reply(10, _filled(model, -1.0), {"num-examples": 5}),
+               reply(99, _filled(model, 7.0), {"num-examples": 5})]  # an unknown node
+    _, metrics = strategy.aggregate_train(1, replies)
+    assert torch.equal(strategy.models[0], torch.full_like(before[0], -1.0))
+    assert torch.equal(strategy.models[2], torch.full_like(before[2], 2.0))
+    assert torch.equal(strategy.models[1], before[1])
+    assert strategy.history.rounds[1]["trained_clients"] == [0, 2]
+
+
+# ---------------------------------------------------------------------------
+# The contract between the halves
+# ---------------------------------------------------------------------------
+def test_keys_of_two_methods_or_an_unknown_update_are_refused():
+    assert instruction_problem(ConfigRecord({"client-update": "apfl", "apfl-alpha": 0.5})) is None
+    assert instruction_problem(ConfigRecord({"local-epochs": 1})) is None  # plain local training
+    mixed = instruction_problem(ConfigRecord({"client-update": "apfl", "apfl-alpha": 0.5,
+                                              "proximal-mu": 0.1}))
+    assert "'apfl'" in mixed and "'proximal-mu' (of 'proximal')" in mixed
+    assert "'finetune-epochs' (of 'finetune')" in instruction_problem(
+        ConfigRecord({"finetune-epochs": 2}))
+    unknown = instruction_problem(ConfigRecord({"client-update": "fedsgd"}))
+    assert "'client-update' = 'fedsgd'" in unknown and "apfl, finetune, hypernetwork" in unknown
+
+
+@pytest.mark.parametrize("message_type", [MessageType.TRAIN, MessageType.EVALUATE])
+def test_the_client_refuses_a_message_it_cannot_carry_out(message_type):
+    _, model = setup_strategy("fedavg")
+    ctx = LocalGrid({}, 3).contexts[100]
+    config = ConfigRecord({"client-update": "pfedme", "pfedme-lambda": 15.0, "apfl-alpha": 0.5})
+    msg = Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": config}),
+                  message_type=message_type, dst_node_id=100)
+    handler = client_app.train if message_type == MessageType.TRAIN else client_app.evaluate
+    answer = handler(msg, ctx)
+    assert answer.has_error() and answer.error.code == REFUSED
+    assert "'apfl-alpha' (of 'apfl')" in answer.error.reason and len(ctx.state.array_records) == 0
+
+
+def test_the_server_stops_the_run_when_a_client_refuses(tmp_path, monkeypatch):
+    # a fleet whose clients run older code that knows no 'proximal' update
+    def old_code(config):
+        return "unknown client update 'proximal'" if config.get("client-update") == "proximal" else None
+
+    monkeypatch.setattr(client_app, "instruction_problem", old_code)
+    with pytest.raises(RuntimeError, match=r"round 1: clients refused the message:\n  client 0: "
+                                           r"unknown client update 'proximal'"):
+        run_local(tmp_path, "fedamp")
+
+
+def test_the_server_never_sends_a_message_with_keys_of_two_methods(tmp_path, monkeypatch):
+    monkeypatch.setattr(strategies.APFL, "train_keys", lambda self: {"apfl-alpha": 0.5,
+                                                                     "proximal-mu": 0.1})
+    with pytest.raises(ValueError, match="carries keys of other methods: 'proximal-mu'"):
+        run_local(tmp_path, "apfl")
+
+
+def test_registration_refuses_taken_names_and_keys():
+    class Other(ClientUpdate):
+        name = "apfl"
+
+    with pytest.raises(ValueError, match="already registered"):
+        register_client_update(Other)
+
+    class Thief(ClientUpdate):
+        name = "thief"
+        train_keys = ("pfedme-lambda",)
+
+    with pytest.raises(ValueError, match="owned by client update 'pfedme'"):
+        register_client_update(Thief)
+
+    class Generic(ClientUpdate):
+        name = "generic"
+        train_keys = ("lr",)
+
+    with pytest.raises(ValueError, match="generic key"):
+        register_client_update(Generic)
+    unregister_client_update("thief")
+    unregister_client_update("generic")
+    assert "thief" not in strategies.CLIENT_UPDATES
+    with pytest.raises(ValueError, match="already registered"):
+        strategies.register_strategy("fedavg")(lambda cfg, run: None)
+
+
+def test_factories_get_the_typed_run_config():
+    strategy, _ = setup_strategy("fedprox", **{"fedprox-mu": 0.25})
+    assert strategy.proximal_mu == 0.25 and strategy.client_update == "proximal"
+    strategy, _ = setup_strategy("heurfedamp", **{"heurfedamp-sigma": 3})
+    assert strategy.sigma == 3.0 and strategy.self_weight == 0.1
+
+
+def test_coercion_raises_on_a_type_it_does_not_know():
+    with pytest.raises(TypeError, match="no coercion for the field type 'list'"):
+        _coerce("k", [1], "list")
+    assert RunConfig.from_run_config({"fedamp-sigma": "2.5"}).fedamp_sigma == 2.5
