@@ -50,7 +50,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -415,16 +415,34 @@ def metrics_path(output: Path, run: Run) -> Path:
     return output / "runs" / run.name / "metrics.json"
 
 
+def previous_run(output: Path, run: Run) -> dict | None:
+    """The metrics.json ``run`` left before, if its run config is the same."""
+    path = metrics_path(output, run)
+    try:
+        metrics = json.loads(path.read_text())
+        config = metrics["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    same = all(config.get(k) == v for k, v in run.run_config.items()
+               if k != "num-server-rounds")
+    return metrics if same else None
+
+
 def is_done(output: Path, run: Run) -> bool:
     """Whether ``run`` finished before with the same run config (resume)."""
-    path = metrics_path(output, run)
-    if not path.is_file():
-        return False
-    try:
-        done = json.loads(path.read_text())["config"]
-    except (OSError, ValueError, KeyError):
-        return False
-    return all(done.get(k) == v for k, v in run.run_config.items())
+    metrics = previous_run(output, run)
+    return bool(metrics and metrics.get("finished")
+                and metrics["config"].get("num-server-rounds") == run.run_config.get("num-server-rounds"))
+
+
+def resumable(output: Path, run: Run) -> int:
+    """The rounds a half-finished ``run`` has done and checkpointed (0: start afresh)."""
+    metrics = previous_run(output, run)
+    checkpoint = output / "runs" / run.name / "checkpoint" / "state.pt"
+    if not metrics or not checkpoint.is_file():
+        return 0
+    done = int(metrics.get("completed_rounds", 0))
+    return done if done <= int(run.run_config.get("num-server-rounds", done)) else 0
 
 
 def federation_config(num_clients: int, cpus: float, gpus: float) -> str:
@@ -439,17 +457,21 @@ def federation_config(num_clients: int, cpus: float, gpus: float) -> str:
 
 def run_one(link: SuperLink, output: Path, run: Run, fed_config: str, prefix: str,
             timeout: float) -> bool:
-    """One ``flwr run`` of this app; prints a line per round; True if metrics.json was written."""
+    """One ``flwr run`` of this app (continuing a half-finished one from its checkpoint);
+    prints a line per round; True if the run finished."""
     run_dir = output / "runs" / run.name
     run_dir.mkdir(parents=True, exist_ok=True)
-    stale = metrics_path(output, run)
-    if stale.exists():
-        stale.unlink()
+    done = resumable(output, run)
+    # Continue a half-finished run from its checkpoint, else start afresh over what is there.
+    extra = {"resume": True} if done else {"overwrite": True}
+    if done:
+        print(f"{prefix}: resuming after round {done} from its checkpoint", flush=True)
+    run_config = {**run.run_config, **extra}
     args = [shutil.which("flwr") or "flwr", "run", str(ROOT), "--stream",
             "--federation-config", fed_config,
-            "--run-config", " ".join(f"{k}={_toml(v)}" for k, v in run.run_config.items())]
+            "--run-config", " ".join(f"{k}={_toml(v)}" for k, v in run_config.items())]
     started = time.monotonic()
-    with open(run_dir / "log.txt", "w") as log:
+    with open(run_dir / "log.txt", "a" if done else "w") as log:
         proc = subprocess.Popen(args, env=link.env, cwd=run_dir, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
@@ -470,7 +492,7 @@ def run_one(link: SuperLink, output: Path, run: Run, fed_config: str, prefix: st
             # The run goes on in the SuperLink after `flwr run` stops: stop it all.
             link.restart()
             print(f"{prefix} timed out after {timeout:.0f}s", flush=True)
-    return metrics_path(output, run).is_file()
+    return is_done(output, run)
 
 
 def run_grid(runs: list[Run], output: Path, cpus: float, gpus: float, ray_address: str | None,

@@ -38,10 +38,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricR
 from flwr.clientapp import ClientApp
 
 import tasks
-from strategies.client import CLIENT_UPDATES, ClientJob, ClientUpdate, Optim, instruction_problem, update_name
-from strategies.protocol import (ARRAYS, BATCH_SIZE, CLIENT_ID, CONFIG, ERROR, INFO, LOCAL_EPOCHS,
-                                 LOCAL_STEPS, LR, METRICS, NUM_EXAMPLES, NUM_PARTITIONS, NUM_TEST,
-                                 NUM_TRAIN, OPTIMIZER, REFUSED, SERVER_ROUND, TRAIN_LOSS)
+from strategies.client import (CLIENT_UPDATES, ClientJob, ClientUpdate, Optim, instruction_problem,
+                              update_name)
+from strategies.protocol import (ACCURACY, ARRAYS, BATCH_SIZE, CLIENT_ID, CONFIG, ERROR, INFO,
+                                LOCAL_EPOCHS, LOCAL_STEPS, LOSS, LR, METRICS, MSE, NUM_EXAMPLES,
+                                NUM_PARTITIONS, NUM_TEST, NUM_TRAIN, OPTIMIZER, REFUSED,
+                                SERVER_ROUND, TRAIN_LOSS)
 from tasks.scenarios import flip_labels
 from tasks.train import evaluate as evaluate_model
 
@@ -145,11 +147,15 @@ def _metrics(job: ClientJob, pid: int, **values) -> MetricRecord:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Run the named client update on the received model; reply the trained model."""
-    problem = instruction_problem(msg.content[CONFIG])
+    problem = instruction_problem(msg.content[CONFIG], train=True)
     if problem is not None:
         return _refusal(msg, problem)
     update, job, pid = _job(msg, context, train=True)
     loss, records = update.train(job)
+    taken = {ARRAYS, METRICS} & set(records)
+    if taken:
+        raise ValueError(f"client update {update.name!r} returned records named {sorted(taken)}, "
+                         "which the reply uses itself")
     metrics = _metrics(job, pid, **{NUM_EXAMPLES: len(job.data.y_train), TRAIN_LOSS: loss})
     arrays = ArrayRecord(job.model.to("cpu").state_dict())
     return Message(RecordDict({ARRAYS: arrays, METRICS: metrics, **records}), reply_to=msg)
@@ -158,10 +164,12 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Test the model that the named client update makes of the received one."""
-    problem = instruction_problem(msg.content[CONFIG])
+    problem = instruction_problem(msg.content[CONFIG], train=False)
     if problem is not None:
         return _refusal(msg, problem)
     update, job, pid = _job(msg, context, train=False)
     result = evaluate_model(update.evaluate(job), job.data.x_test, job.data.y_test, device=_device())
-    metrics = _metrics(job, pid, **{NUM_EXAMPLES: len(job.data.y_test), **result})
+    scores = {LOSS: result.loss, **({ACCURACY: result.accuracy} if result.accuracy is not None
+                                     else {MSE: result.mse})}
+    metrics = _metrics(job, pid, **{NUM_EXAMPLES: len(job.data.y_test), **scores})
     return Message(RecordDict({METRICS: metrics}), reply_to=msg)

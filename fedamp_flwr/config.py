@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,13 @@ class RunConfig:
     seed: int = 42
     results_dir: str = "results"
     run_name: str = ""
+    resume: bool = False
+    overwrite: bool = False
+    checkpoint_every: int = 1
     num_server_rounds: int = 10
+    round_timeout: float = 3600.0
+    node_wait_timeout: float = 600.0
+    max_update_ratio: float = 100.0
     fraction_train: float = 1.0
     min_nodes: int = 2
     local_epochs: int = 5
@@ -58,6 +65,7 @@ class RunConfig:
     fedamp_sigma: float | str = "auto"
     heurfedamp_sigma: float | str = "auto"
     heurfedamp_self_weight: float = 0.1
+    fedamp_offline_clients: str = "exclude"
     fedprox_mu: float = 0.01
     local_steps: int = 0
     graph: str = "task"
@@ -118,6 +126,17 @@ class RunConfig:
         choice("partitioning", self.partitioning, PARTITIONINGS)
         choice("optimizer", self.optimizer, ["adam", "sgd"])
         choice("graph", self.graph, GRAPHS)
+        choice("fedamp-offline-clients", self.fedamp_offline_clients, ["exclude", "include"])
+        check("checkpoint-every", self.checkpoint_every >= 0,
+              "an integer >= 0 (0: no checkpoints)")
+        for key in ("round-timeout", "node-wait-timeout", "max-update-ratio"):
+            v = getattr(self, key.replace("-", "_"))
+            check(key, 0 < v < math.inf, "a finite number > 0")
+        if self.resume and not self.run_name:
+            raise _bad("run-name", self.run_name, "the name of the run to continue when resume = true")
+        if self.resume and self.overwrite:
+            raise _bad("overwrite", True, "false when resume = true (resume continues a run, "
+                       "overwrite replaces it)")
         for key in ("num-server-rounds", "local-epochs", "batch-size", "test-samples",
                     "fedamp-alpha-decay-every", "min-nodes", "panacea-embed-dim",
                     "panacea-hidden", "panacea-mlp-layers", "panacea-server-steps"):
@@ -189,13 +208,23 @@ class RunConfig:
         return None if value is None else float(value)
 
     @property
-    def name(self) -> str:
-        """Run name: ``run-name`` or ``<strategy>-<dataset>-<partitioning>-s<seed>``."""
-        return self.run_name or f"{self.strategy}-{self.dataset}-{self.partitioning}-s{self.seed}"
+    def setting(self) -> str:
+        """``<strategy>-<dataset>[-<partitioning>]-s<seed>``: the partitioning only for pool
+        datasets (federated tasks such as fl60 and tpt48 define their clients)."""
+        parts = [self.strategy, self.dataset]
+        if not tasks.get_task(self.dataset).federated:
+            parts.append(self.partitioning)
+        return "-".join(parts) + f"-s{self.seed}"
 
-    def results_path(self) -> Path:
-        """Folder of this run's outputs (``<results-dir>/<run name>``), made absolute."""
-        return (Path(self.results_dir).expanduser() / self.name).resolve()
+    def results_path(self, name: str) -> Path:
+        """Folder of the run ``name``'s outputs (``<results-dir>/<name>``), made absolute."""
+        return (Path(self.results_dir).expanduser() / name).resolve()
+
+    def differences(self, other: dict[str, Any], allowed: Iterable[str] = ()) -> list[str]:
+        """Keys whose value differs from ``other`` (a :meth:`to_dict`), except ``allowed``."""
+        mine = self.to_dict()
+        return sorted(k for k in set(mine) | set(other)
+                      if k not in set(allowed) and mine.get(k) != other.get(k))
 
     def to_dict(self) -> dict[str, Any]:
         """The config with Flower's hyphenated keys."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from logging import INFO
@@ -15,9 +14,11 @@ from flwr.supercore import log
 import strategies
 import tasks
 from strategies.protocol import BATCH_SIZE, LOCAL_EPOCHS, LOCAL_STEPS, LR, OPTIMIZER
+from strategies.rounds import run_rounds
 from tasks.graphs import build_graph
 
 from .config import ConfigError, RunConfig
+from .results import RunFolder
 
 app = ServerApp()
 
@@ -61,13 +62,16 @@ def client_graph(cfg: RunConfig, dc: tasks.DataConfig) -> torch.Tensor | None:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Run ``num-server-rounds`` rounds of the configured strategy and write metrics.json."""
+    """Run the configured strategy round by round; write metrics.json and checkpoints."""
     cfg = RunConfig.from_run_config(context.run_config)
-    out_dir = cfg.results_path()
-    log(INFO, "Run '%s': strategy %s, dataset %s, partitioning %s; results in %s",
-        cfg.name, cfg.strategy, cfg.dataset, cfg.partitioning, out_dir)
+    folder = RunFolder(cfg)
+    folder.claim()
+    checkpoint = folder.load_checkpoint() if cfg.resume else None
+    log(INFO, "Run '%s': strategy %s, dataset %s, partitioning %s; results in %s%s",
+        folder.name, cfg.strategy, cfg.dataset, cfg.partitioning, folder.path,
+        f"; resuming after round {checkpoint['round']}" if checkpoint else "")
 
-    clients = strategies.discover_clients(grid, cfg.min_nodes)
+    clients = strategies.discover_clients(grid, cfg.min_nodes, timeout=cfg.node_wait_timeout)
     n = len(clients)
     dc = cfg.data_config(n)
     adjacency = client_graph(cfg, dc)
@@ -83,32 +87,64 @@ def main(grid: Grid, context: Context) -> None:
             "epochs %s", sorted(roles.novel), sorted(roles.attackers), roles.drop_rate,
             roles.heterogeneous_epochs)
     strategy.setup_tracking(clients, roles)
+    strategy.max_update_ratio = cfg.max_update_ratio
+
+    initial = ArrayRecord(model.state_dict())
+    arrays, done, spent = initial, 0, 0.0
+    if checkpoint is not None:
+        if checkpoint["num_clients"] != n:
+            raise ConfigError(f"run config 'resume' = true: the run had {checkpoint['num_clients']} "
+                              f"clients, {n} are connected; allowed: the same clients")
+        strategy.load_state_dict(checkpoint["strategy"], initial)
+        arrays = ArrayRecord(checkpoint["arrays"])
+        random.setstate(checkpoint["random_state"])
+        done, spent = checkpoint["round"], checkpoint["wall_time_s"]
+
+    started = time.time()
+
+    def record(completed: int) -> dict:
+        return {
+            "run_name": folder.name, "strategy": cfg.strategy, "dataset": cfg.dataset,
+            "partitioning": cfg.partitioning, "num_clients": n,
+            "seed": cfg.seed, "config": cfg.to_dict(),
+            "sigma": {"fedamp": cfg.sigma("fedamp"), "heurfedamp": cfg.sigma("heurfedamp")},
+            "completed_rounds": completed, "finished": completed == cfg.num_server_rounds,
+            "wall_time_s": round(spent + time.time() - started, 2),
+            **strategy.history.to_dict(),
+        }
+
+    def after_round(server_round: int, arrays: ArrayRecord) -> None:
+        # the checkpoint first: metrics.json never claims more rounds than can be resumed
+        last = server_round == cfg.num_server_rounds
+        if cfg.checkpoint_every and (server_round % cfg.checkpoint_every == 0 or last):
+            size, seconds = folder.save_checkpoint({
+                "round": server_round, "config": cfg.to_dict(), "num_clients": n,
+                "arrays": arrays.to_torch_state_dict(), "random_state": random.getstate(),
+                "strategy": strategy.state_dict(),
+                "wall_time_s": spent + time.time() - started,
+            })
+            log(INFO, "Round %d: checkpoint written (%.1f MB in %.2fs)", server_round,
+                size / 1e6, seconds)
+        folder.write_metrics(record(server_round))
 
     train_config = ConfigRecord({
         LOCAL_EPOCHS: cfg.local_epochs, LOCAL_STEPS: cfg.local_steps,
         BATCH_SIZE: cfg.batch_size, LR: cfg.learning_rate, OPTIMIZER: cfg.optimizer,
     })
     evaluate_config = ConfigRecord({BATCH_SIZE: cfg.batch_size})
-    started = time.time()
-    strategy.start(
-        grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
-        num_rounds=cfg.num_server_rounds, train_config=train_config,
-        evaluate_config=evaluate_config,
-    )
-
-    record = {
-        "run_name": cfg.name, "strategy": cfg.strategy, "dataset": cfg.dataset,
-        "partitioning": cfg.partitioning, "num_clients": n,
-        "seed": cfg.seed, "config": cfg.to_dict(),
-        "sigma": {"fedamp": cfg.sigma("fedamp"), "heurfedamp": cfg.sigma("heurfedamp")},
-        "wall_time_s": round(time.time() - started, 2),
-        **strategy.history.to_dict(),
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "metrics.json").write_text(json.dumps(record, indent=1))
-    if "bmta" in record:
-        log(INFO, "BMTA %.2f%% over %d rounds", record["bmta"], cfg.num_server_rounds)
-    if "best_mean_mse" in record:
-        log(INFO, "Best mean test MSE %.4g over %d rounds", record["best_mean_mse"],
+    if done < cfg.num_server_rounds:
+        run_rounds(strategy, grid, arrays, first_round=done + 1, last_round=cfg.num_server_rounds,
+                   train_config=train_config, evaluate_config=evaluate_config,
+                   round_timeout=cfg.round_timeout,
+                   query_timeout=min(cfg.node_wait_timeout, cfg.round_timeout),
+                   after_round=after_round)
+    else:
+        log(INFO, "The run has done its %d rounds already; raise num-server-rounds to go on", done)
+        folder.write_metrics(record(done))
+    result = record(cfg.num_server_rounds)
+    if "bmta" in result:
+        log(INFO, "BMTA %.2f%% over %d rounds", result["bmta"], cfg.num_server_rounds)
+    if "best_mean_mse" in result:
+        log(INFO, "Best mean test MSE %.4g over %d rounds", result["best_mean_mse"],
             cfg.num_server_rounds)
-    log(INFO, "Wrote %s", out_dir / "metrics.json")
+    log(INFO, "Wrote %s", folder.metrics_path)

@@ -43,16 +43,11 @@ from .scaffold import Scaffold
 from .separate import Separate
 
 
-def graph_strategies() -> list[str]:
-    """Names of the registered strategies that use the client graph."""
-    return [name for name, entry in STRATEGIES.items() if entry.uses_graph]
-
-
 __all__ = [
     "APFL", "CLIENT_UPDATES", "STRATEGIES", "ClientJob", "ClientUpdate", "FedAMP", "FedAvg",
     "FedAvgFT", "FedMedian", "FedProx", "FedProxFT", "FedTrimmedAvg", "GraphHyperNetwork",
     "HeurFedAMP", "Krum", "NonConvex", "PFedMe", "Panacea", "PerFedAvg", "PersonalizedStrategy",
     "RunHistory", "RunSetup", "Scaffold", "Separate", "TrackedStrategy", "build_strategy",
-    "discover_clients", "fedamp_weights", "graph_strategies", "heurfedamp_weights", "mean_metrics",
+    "discover_clients", "fedamp_weights", "heurfedamp_weights", "mean_metrics",
     "nonconvex_weights", "register_client_update", "register_strategy", "server_step",
 ]

@@ -95,8 +95,9 @@ def train_apfl(
 def _local_model(job: ClientJob) -> nn.Module:
     """The client's local model v from its state (first time: a copy of the received w)."""
     local = copy.deepcopy(job.model)
-    if STATE in job.state.array_records:
-        local.load_state_dict(job.state[STATE].to_torch_state_dict())
+    saved = job.saved_state(STATE)
+    if saved is not None:
+        local.load_state_dict(saved.to_torch_state_dict())
     return local
 
 

@@ -19,8 +19,8 @@ here: :mod:`strategies.discovery` (the query round), :mod:`strategies.layout`
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from logging import INFO
-from typing import ClassVar
+from logging import INFO, WARNING
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -36,11 +36,8 @@ from .discovery import ClientInfo, discover_clients
 from .history import RunHistory
 from .layout import FlatLayout
 from .protocol import ARRAYS, CLIENT_ID, CLIENT_UPDATE, CONFIG, NUM_EXAMPLES, SERVER_ROUND
-from .replies import MAX_SQ_NORM, arrays_problem, mean_metrics, reply_problem
-from .tracking import Tracker
-
-ROUND = SERVER_ROUND  # the name this module has always exported
-
+from .replies import MAX_SQ_NORM, ArraySpec, array_spec, arrays_problem, mean_metrics
+from .tracking import EVALUATE, TRAIN, Tracker
 
 class ClientInstructions:
     """What a strategy asks of the clients: which client half runs, with which keys.
@@ -53,6 +50,9 @@ class ClientInstructions:
 
     client_update: ClassVar[str] = LOCAL
     evaluate_update: ClassVar[str | None] = None
+    #: names of records a train reply carries beside ``arrays`` and ``metrics``
+    #: (SCAFFOLD's ``control-delta``), checked by :meth:`method_reply_problem`
+    reply_records: ClassVar[tuple[str, ...]] = ()
 
     def train_keys(self) -> dict:
         """The method's own entries of every train config (none by default)."""
@@ -62,14 +62,22 @@ class ClientInstructions:
         """The method's own entries of every evaluate config (none by default)."""
         return {}
 
+    def method_reply_problem(self, msg: Message) -> str | None:
+        """What is wrong with the method's own records of a train reply (``reply_records``)."""
+        return None
+
     def instruct(self, config: ConfigRecord, train: bool) -> ConfigRecord:
-        """Add the client update's name and the method's keys to ``config`` (in place)."""
+        """A copy of ``config`` with the client update's name and the method's keys.
+
+        A copy: Flower hands the same config record to every round, and no key
+        of one round may linger in the next.
+        """
         if train:
-            config.update({CLIENT_UPDATE: self.client_update, **self.train_keys()})
+            extra = {CLIENT_UPDATE: self.client_update, **self.train_keys()}
         else:
-            config.update({CLIENT_UPDATE: self.evaluate_update or self.client_update,
-                           **self.evaluate_keys()})
-        return config
+            extra = {CLIENT_UPDATE: self.evaluate_update or self.client_update,
+                     **self.evaluate_keys()}
+        return ConfigRecord({**dict(config), **extra})
 
 
 def check_instructions(messages: Iterable[Message]) -> None:
@@ -84,18 +92,26 @@ def check_instructions(messages: Iterable[Message]) -> None:
         if config is None or id(config) in seen:
             continue
         seen.add(id(config))
-        problem = instruction_problem(config)
+        problem = instruction_problem(config, train=m.metadata.message_type == MessageType.TRAIN)
         if problem is not None:
-            raise ValueError(f"{type(m).__name__} to node {m.metadata.dst_node_id}: {problem}")
+            raise ValueError(f"{m.metadata.message_type} message to node "
+                             f"{m.metadata.dst_node_id}: {problem}")
 
 
 # ---------------------------------------------------------------------------
 # Flower's own strategies, with validation and records
 # ---------------------------------------------------------------------------
 class Tracked(ClientInstructions):
-    """What both kinds of strategy share: a :class:`Tracker` and the client instructions."""
+    """What both kinds of strategy share: a :class:`Tracker`, the client instructions,
+    the update-norm check and the checkpoint state.
+
+    ``max_update_ratio``: a training reply w is left out when ``||w - w_sent||``
+    exceeds this times ``max(||w_sent||, 1)`` (w_sent: the model sent to that
+    client); the run config's ``max-update-ratio``.
+    """
 
     tracker: Tracker
+    max_update_ratio: float = 100.0
 
     def setup_tracking(self, clients: dict[int, ClientInfo], roles: Roles | None = None) -> None:
         """Start tracking a run: the node-to-client map and the scenario roles."""
@@ -106,21 +122,53 @@ class Tracked(ClientInstructions):
         """The run's records (``self.tracker.history``)."""
         return self.tracker.history
 
+    def state_dict(self) -> dict[str, Any]:
+        """The strategy's state between rounds, for a checkpoint (tensors and plain values)."""
+        return {"history": self.history.to_state()}
+
+    def load_state_dict(self, state: dict[str, Any], initial_arrays: ArrayRecord) -> None:
+        """Continue from :meth:`state_dict` (after ``setup_tracking`` of the resumed run)."""
+        self.history.load_state(state["history"])
+
+    def _screen_train(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
+        """The training replies that pass every check, the method's own included."""
+        t = self.tracker
+        good = []
+        for msg in t.screen(server_round, replies, TRAIN, extra_records=self.reply_records):
+            problem = self.method_reply_problem(msg)
+            if problem is None:
+                good.append(msg)
+            else:
+                t.reject(server_round, TRAIN, t.client_of(msg), problem)
+        return good
+
+    def _within_bound(self, server_round: int, replies: list[Message], distances: torch.Tensor,
+                      sent_norms: torch.Tensor) -> list[bool]:
+        """Whether each reply's update ||w - w_sent|| is within ``max_update_ratio``; record the others."""
+        bound = self.max_update_ratio * sent_norms.clamp_min(1.0)
+        ok = (distances <= bound).tolist()
+        for msg, fine, dist, b in zip(replies, ok, distances.tolist(), bound.tolist()):
+            if not fine:
+                self.tracker.reject(server_round, TRAIN, self.tracker.client_of(msg),
+                                    f"update norm {dist:.4g} exceeds {b:.4g} (max-update-ratio "
+                                    f"{self.max_update_ratio:g} x max(||w_sent||, 1))")
+        return ok
+
 
 class TrackedStrategy(Tracked):
     """Put in front of a Flower strategy: ``class FedAvg(TrackedStrategy, flwr...FedAvg)``.
 
-    It remembers the model's keys and shapes sent in ``configure_train``,
-    leaves novel and dropped-out clients out of the round, names the client
-    half in every message, leaves replies that fail
-    :func:`strategies.replies.reply_problem` out of the aggregation (with a
-    warning naming the client) and records every client's evaluation, all
+    It leaves novel and dropped-out clients out of the round, names the client
+    half in every message, screens every reply (:meth:`Tracker.screen`, the
+    update-norm bound) so that only valid replies reach the Flower
+    strategy's aggregation, and records every client's evaluation, all
     through ``self.tracker``.
     """
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.setup_tracking({})
+        self._sent: tuple[FlatLayout, torch.Tensor] | None = None
 
     def before_aggregation(self, server_round: int, replies: list[Message]) -> list[Message]:
         """Hook: the valid replies, just before the Flower strategy aggregates them."""
@@ -128,8 +176,10 @@ class TrackedStrategy(Tracked):
 
     def configure_train(self, server_round, arrays, config, grid):  # noqa: D102
         t = self.tracker
-        t.shapes = {k: tuple(v.numpy().shape) for k, v in arrays.items()}
-        self.instruct(config, train=True)
+        t.spec = array_spec(arrays)
+        layout = FlatLayout.from_arrays(arrays)
+        self._sent = (layout, layout.flatten(arrays))
+        config = self.instruct(config, train=True)
         messages = list(super().configure_train(server_round, arrays, config, grid))
         check_instructions(messages)
         cid = {m.metadata.dst_node_id: t.client_of_node(m.metadata.dst_node_id) for m in messages}
@@ -139,30 +189,36 @@ class TrackedStrategy(Tracked):
             c = cid[m.metadata.dst_node_id]
             if c not in kept:
                 continue
-            content = m.content
-            if t.roles.heterogeneous_epochs:  # Flower shares one RecordDict among all messages
-                content = RecordDict(dict(content.items()))
-                name = next(k for k, v in content.items() if isinstance(v, ConfigRecord))
-                content[name] = t.client_config(server_round, c, content[name])
+            content = RecordDict(dict(m.content.items()))  # Flower shares one among all messages
+            content[CONFIG] = t.client_config(server_round, c, content[CONFIG])
             out.append(Message(content, message_type=m.metadata.message_type,
                                dst_node_id=m.metadata.dst_node_id))
+        t.record_offline(server_round)
+        t.expect(TRAIN, out)
         return out
 
     def aggregate_train(self, server_round, replies):  # noqa: D102
-        good = self.tracker.valid_train_replies(server_round, replies)
+        good = self._screen_train(server_round, replies)
+        if good and self._sent is not None:
+            layout, sent = self._sent
+            vectors = torch.stack([layout.flatten(m.content[ARRAYS]) for m in good])
+            ok = self._within_bound(server_round, good, (vectors - sent).norm(dim=1),
+                                    sent.norm().expand(len(good)))
+            good = [m for m, fine in zip(good, ok) if fine]
         self.tracker.record_train(server_round, good)
         return super().aggregate_train(server_round, self.before_aggregation(server_round, good))
 
     def configure_evaluate(self, server_round, arrays, config, grid):  # noqa: D102
-        self.instruct(config, train=False)
+        config = self.instruct(config, train=False)
         messages = list(super().configure_evaluate(server_round, arrays, config, grid))
         check_instructions(messages)
+        self.tracker.expect(EVALUATE, messages)
         return messages
 
     def aggregate_evaluate(self, server_round, replies):  # noqa: D102
-        replies = list(replies)
-        self.tracker.record_evaluation(server_round, replies)
-        return super().aggregate_evaluate(server_round, replies)
+        good = self.tracker.screen(server_round, replies, EVALUATE)
+        self.tracker.record_evaluation(server_round, good)
+        return super().aggregate_evaluate(server_round, good)
 
 
 # ---------------------------------------------------------------------------
@@ -173,10 +229,11 @@ class PersonalizedStrategy(Tracked, Strategy):
 
     The models are rows of one tensor ``self.models`` (clients x parameters,
     float32, on ``device``), in the order of ``self.client_ids``; all rows
-    start as the initial model. In a round, the sampled clients each receive
-    the model and config that :meth:`personalize` makes for them, and their
-    valid replies replace their rows. In evaluation every client receives its
-    own row and tests it on its own test split.
+    start as the initial model. In a round, the sampled clients that are
+    connected each receive the model and config that :meth:`personalize`
+    makes for them, and their valid replies replace their rows. In evaluation
+    every connected client receives its own row and tests it on its own test
+    split.
 
     Parameters
     ----------
@@ -210,12 +267,12 @@ class PersonalizedStrategy(Tracked, Strategy):
         super().setup_tracking(clients, roles)
         self.client_ids = sorted(i.client_id for i in clients.values())
         self._row = {cid: r for r, cid in enumerate(self.client_ids)}
-        self._node_of_row = {self._row[i.client_id]: n for n, i in clients.items()}
         # rows of the clients that train (all but the novel ones)
         self.training_rows = torch.tensor(
             [r for r, c in enumerate(self.client_ids) if c not in self.tracker.roles.novel],
             dtype=torch.long)
         self.layout, self.models = None, None
+        self._sent_norms = torch.zeros(len(self.client_ids))
 
     # -- hooks for subclasses ------------------------------------------------
     def personalize(
@@ -226,6 +283,11 @@ class PersonalizedStrategy(Tracked, Strategy):
         The default sends each client its own stored model.
         """
         return self.models[rows], config
+
+    def sent_distances(self, rows: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
+        """``||vectors[i] - the model sent to rows[i]||``, before :meth:`update` (the default:
+        the stored models, which the default :meth:`personalize` sends)."""
+        return (vectors - self.models[rows]).norm(dim=1)
 
     def update(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
         """Take the valid trained models (len(rows) x d) of clients ``rows``.
@@ -242,6 +304,23 @@ class PersonalizedStrategy(Tracked, Strategy):
         """The per-client store at the start: every client holds the initial model."""
         return initial.unsqueeze(0).repeat(len(self.client_ids), 1)
 
+    # -- checkpoints ---------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:  # noqa: D102
+        state = super().state_dict()
+        if self.models is not None:
+            state["models"] = self.models.detach().cpu()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any], initial_arrays: ArrayRecord) -> None:  # noqa: D102
+        super().load_state_dict(state, initial_arrays)
+        self._ensure_models(initial_arrays)
+        if "models" in state:
+            models = state["models"]
+            if tuple(models.shape) != tuple(self.models.shape):
+                raise ValueError(f"checkpoint store is {tuple(models.shape)}, the run's "
+                                 f"{tuple(self.models.shape)}")
+            self.models = models.to(self.device, self.models.dtype)
+
     # -- Strategy API --------------------------------------------------------
     def summary(self) -> None:
         """Log the strategy's settings."""
@@ -254,23 +333,32 @@ class PersonalizedStrategy(Tracked, Strategy):
             if not self.client_ids:
                 raise RuntimeError("no clients: call setup_tracking(discover_clients(...)) first")
             self.layout = FlatLayout.from_arrays(arrays, self.param_keys)
-            self.tracker.shapes = dict(self.layout.shapes)
+            self.tracker.spec = array_spec(arrays)
             self.models = self.initial_models(self.layout.flatten(arrays).to(self.device))
 
     def _messages(self, rows: Iterable[int], vectors: torch.Tensor,
                   configs: Sequence[ConfigRecord], message_type: str) -> list[Message]:
         messages = [
             Message(RecordDict({ARRAYS: self.layout.unflatten(vec), CONFIG: cfg}),
-                    message_type=message_type, dst_node_id=self._node_of_row[int(row)])
+                    message_type=message_type,
+                    dst_node_id=self.tracker.node_of(self.client_ids[int(row)]))
             for row, vec, cfg in zip(rows, vectors, configs)
         ]
         check_instructions(messages)
+        self.tracker.expect(message_type, messages)
         return messages
+
+    def online_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The rows of ``rows`` whose clients are connected now."""
+        keep = [r for r in rows.tolist() if self.tracker.is_online(self.client_ids[r])]
+        return rows if len(keep) == len(rows) else torch.as_tensor(keep, dtype=torch.long)
 
     def sample_rows(self, server_round: int) -> torch.Tensor:
         """Rows (clients) that train in ``server_round``: a seeded sample of ``fraction-train``
-        of the training clients, less those that drop out (``drop-rate``)."""
-        pool = self.training_rows.numpy()
+        of the connected training clients, less those that drop out (``drop-rate``)."""
+        pool = self.online_rows(self.training_rows).numpy()
+        if len(pool) == 0:
+            return torch.zeros(0, dtype=torch.long)
         k = max(1, int(round(self.fraction_train * len(pool))))
         rng = np.random.default_rng([self.seed, server_round])
         sampled = np.sort(rng.choice(pool, size=k, replace=False))
@@ -282,9 +370,15 @@ class PersonalizedStrategy(Tracked, Strategy):
         """Send each sampled client the model :meth:`personalize` makes for it."""
         self._ensure_models(arrays)
         rows = self.sample_rows(server_round)
+        config = self.instruct(config, train=True)
         config[SERVER_ROUND] = server_round
-        self.instruct(config, train=True)
+        self.tracker.record_offline(server_round)
+        if len(rows) == 0:
+            log(WARNING, "Round %d: no client to train", server_round)
+            self.tracker.expect(TRAIN, [])
+            return []
         vectors, cfg = self.personalize(server_round, rows, config)
+        self._sent_norms[rows] = vectors.norm(dim=1).float().cpu()
         log(INFO, "configure_train: %d of %d clients", len(rows), len(self.client_ids))
         configs = [self.tracker.client_config(server_round, self.client_ids[int(r)], cfg)
                    for r in rows]
@@ -294,33 +388,43 @@ class PersonalizedStrategy(Tracked, Strategy):
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Store each valid reply's model as its client's model; invalid ones change nothing."""
         t = self.tracker
-        good = t.valid_train_replies(server_round, replies)
-        t.record_train(server_round, good)
+        good = self._screen_train(server_round, replies)
         if good:
             rows = torch.as_tensor([self._row[t.client_of(m)] for m in good])
-            vectors = torch.stack(
-                [self.layout.flatten(next(iter(m.content.array_records.values()))) for m in good]
-            )
-            self.update(server_round, rows, vectors.to(self.device))
+            vectors = torch.stack([self.layout.flatten(m.content[ARRAYS]) for m in good]
+                                  ).to(self.device)
+            ok = self._within_bound(server_round, good, self.sent_distances(rows, vectors).cpu(),
+                                    self._sent_norms[rows])
+            if not all(ok):
+                keep = torch.as_tensor(ok)
+                good = [m for m, fine in zip(good, ok) if fine]
+                rows, vectors = rows[keep], vectors[keep.to(vectors.device)]
+        t.record_train(server_round, good)
+        if good:
+            self.update(server_round, rows, vectors)
         return None, mean_metrics([m.content for m in good]) if good else None
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
-        """Send every client its own personalized model for testing."""
+        """Send every connected client its own personalized model for testing."""
         self._ensure_models(arrays)
+        config = self.instruct(config, train=False)
         config[SERVER_ROUND] = server_round
-        self.instruct(config, train=False)
-        n = len(self.client_ids)
-        return self._messages(range(n), self.evaluation_models(), [config] * n, MessageType.EVALUATE)
+        rows = self.online_rows(torch.arange(len(self.client_ids)))
+        models = self.evaluation_models()
+        return self._messages(rows, models if len(rows) == len(models) else models[rows],
+                              [config] * len(rows), MessageType.EVALUATE)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Record every client's test metrics; return their means over clients."""
-        means = self.tracker.record_evaluation(server_round, replies)
+        """Record every valid client's test metrics; return their means over clients."""
+        good = self.tracker.screen(server_round, replies, EVALUATE)
+        means = self.tracker.record_evaluation(server_round, good)
         return MetricRecord(means) if means else None
 
 
 __all__ = [
-    "CLIENT_ID", "MAX_SQ_NORM", "NUM_EXAMPLES", "ROUND", "ClientInfo", "ClientInstructions",
-    "FlatLayout", "PersonalizedStrategy", "RunHistory", "TrackedStrategy", "Tracker",
-    "arrays_problem", "check_instructions", "discover_clients", "mean_metrics", "reply_problem",
+    "CLIENT_ID", "MAX_SQ_NORM", "NUM_EXAMPLES", "ArraySpec", "ClientInfo",
+    "ClientInstructions", "FlatLayout", "PersonalizedStrategy", "RunHistory", "TrackedStrategy",
+    "Tracker", "array_spec", "arrays_problem", "check_instructions", "discover_clients",
+    "mean_metrics",
 ]

@@ -20,10 +20,13 @@ strategy, and registers it with :func:`register_client_update`:
         def evaluate(self, job):     # -> the model to test (default: the received one)
             ...
 
-Each update declares the config keys it owns (``train_keys``,
+Each update declares the config keys it owns and needs (``train_keys``,
 ``evaluate_keys``); :func:`instruction_problem` refuses a message naming an
-unknown update or carrying keys that another update owns, so that two methods'
-instructions can never be mixed silently. A message without ``client-update``
+unknown update, lacking one of its keys, or carrying a key that is neither
+generic nor its own (another method's, or nobody's), so that two methods'
+instructions are never mixed and a mistyped key is never ignored. The
+records a message carries (SCAFFOLD's ``control``) are the method's own
+business and are not checked here. A message without ``client-update``
 runs :class:`LocalTraining`, plain local training (what Flower's own
 strategies expect of a client).
 """
@@ -34,14 +37,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from logging import WARNING
+
 import torch
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.supercore import log
 from torch import nn
 
 from tasks import ClientData
 from tasks.train import train as train_loop
 
-from .protocol import CLIENT_UPDATE, GENERIC_KEYS
+from .protocol import CLIENT_UPDATE, GENERIC_KEYS, TRAINED_ROUNDS
 
 LOCAL = "local"
 
@@ -93,6 +99,25 @@ class ClientJob:
     epochs: int
     steps: int
     optim: Optim
+
+    @property
+    def trained_before(self) -> int:
+        """In how many earlier rounds this client's training was used (train messages)."""
+        return int(self.config.get(TRAINED_ROUNDS, 0))
+
+    def saved_state(self, key: str) -> ArrayRecord | None:
+        """The client's own state ``key`` from ``context.state``, or None if it has none.
+
+        A client that trained before but has no state has lost it: a restarted
+        SuperNode starts with an empty ``context.state``. That is said in a
+        warning; the method then starts the state afresh, as in its first round.
+        """
+        record = self.state.array_records.get(key)
+        if record is None and self.trained_before > 0:
+            log(WARNING, "Client state '%s' is missing although this client trained in %d "
+                "earlier round(s) (a restarted SuperNode starts with an empty context.state): "
+                "it starts afresh", key, self.trained_before)
+        return record
 
     def loop_kwargs(self) -> dict:
         """The keyword arguments of the generic loops for this job (epochs or steps,
@@ -153,8 +178,8 @@ CLIENT_UPDATES = _REGISTRY.updates
 def register_client_update(cls: type[ClientUpdate]) -> type[ClientUpdate]:
     """Class decorator: make ``cls`` the client update called ``cls.name``.
 
-    Raises ValueError if the name is taken by another class, or a key it
-    owns is a generic key or owned by another update.
+    Raises ValueError (and registers nothing) if the name is taken by another
+    class, or a key it owns is a generic key or owned by another update.
     """
     name = cls.name
     if not name:
@@ -163,13 +188,14 @@ def register_client_update(cls: type[ClientUpdate]) -> type[ClientUpdate]:
     if current is not None and type(current) is not cls:
         raise ValueError(f"client update {name!r} is already registered by "
                          f"{type(current).__name__}")
-    for key in set(cls.train_keys) | set(cls.evaluate_keys):
+    keys = sorted(set(cls.train_keys) | set(cls.evaluate_keys))
+    for key in keys:
         if key in GENERIC_KEYS:
             raise ValueError(f"{cls.__name__}: {key!r} is a generic key and cannot be owned")
         if _REGISTRY.owner.get(key, name) != name:
             raise ValueError(f"{cls.__name__}: key {key!r} is owned by client update "
                              f"{_REGISTRY.owner[key]!r}")
-        _REGISTRY.owner[key] = name
+    _REGISTRY.owner.update({key: name for key in keys})
     _REGISTRY.updates[name] = cls()
     return cls
 
@@ -186,33 +212,33 @@ def update_name(config: ConfigRecord) -> str:
     return str(config.get(CLIENT_UPDATE, LOCAL))
 
 
-def instruction_problem(config: ConfigRecord) -> str | None:
-    """Why a train or evaluate config cannot be carried out, or None.
+def instruction_problem(config: ConfigRecord, train: bool) -> str | None:
+    """Why a train (``train``) or evaluate config cannot be carried out, or None.
 
-    An unknown ``client-update``, or keys owned by another update than the
-    one named (e.g. ``apfl-alpha`` beside ``proximal-mu``), are refused with
-    the keys and their owners named. Used by both halves: the server checks
-    every message it sends, the client every message it receives.
+    The config must name a registered update (or none: ``local``), carry
+    every key that update declares for the phase, and no key but those and
+    the generic ones (:data:`strategies.protocol.GENERIC_KEYS`). A key of
+    another method (e.g. ``apfl-alpha`` beside ``proximal-mu``) is named with
+    its owner. Used by both halves: the server checks every message it
+    sends, the client every message it receives.
     """
     name = update_name(config)
-    if name not in _REGISTRY.updates:
+    update = _REGISTRY.updates.get(name)
+    if update is None:
         return (f"unknown client update '{CLIENT_UPDATE}' = {name!r}; allowed: "
                 f"{', '.join(sorted(_REGISTRY.updates))}")
-    foreign = {k: _REGISTRY.owner[k] for k in config.keys()
-               if _REGISTRY.owner.get(k, name) != name}
-    if foreign:
-        owned = ", ".join(f"'{k}' (of {v!r})" for k, v in sorted(foreign.items()))
-        return (f"the message names client update {name!r} but carries keys of other "
-                f"methods: {owned}")
+    phase = "train" if train else "evaluate"
+    own = set(update.train_keys if train else update.evaluate_keys)
+    missing = sorted(own - set(config.keys()))
+    if missing:
+        return f"{phase} message for client update {name!r} lacks the key(s) {missing}"
+    extra = sorted(set(config.keys()) - own - GENERIC_KEYS)
+    if extra:
+        owned = ", ".join(f"'{k}' (of {_REGISTRY.owner[k]!r})" if k in _REGISTRY.owner
+                          else f"'{k}' (of no method)" for k in extra)
+        return (f"the {phase} message names client update {name!r} but carries keys that "
+                f"are not its own: {owned}")
     return None
-
-
-def get_client_update(config: ConfigRecord) -> ClientUpdate:
-    """The client update a config names; raises ValueError with :func:`instruction_problem`."""
-    problem = instruction_problem(config)
-    if problem is not None:
-        raise ValueError(problem)
-    return _REGISTRY.updates[update_name(config)]
 
 
 @register_client_update

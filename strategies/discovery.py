@@ -30,55 +30,90 @@ class ClientInfo:
     num_test: int
 
 
+def _parse_info(node: int, reply: Message) -> ClientInfo | str:
+    """A node's query answer as a ClientInfo, or why it cannot take part (an untrusted reply)."""
+    if reply.has_error():
+        return f"node {node}: {reply.error.reason}"
+    cfg = reply.content.config_records.get(INFO_RECORD)
+    if cfg is None:
+        return f"node {node}: no '{INFO_RECORD}' record in the query answer"
+    if cfg.get(ERROR):
+        return f"client {cfg.get(CLIENT_ID, '?')} (node {node}): {cfg[ERROR]}"
+    values = {}
+    for key, low in ((CLIENT_ID, 0), (NUM_PARTITIONS, 1), (NUM_TRAIN, 0), (NUM_TEST, 0)):
+        v = cfg.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            return f"node {node}: query answer '{key}' = {v!r} is not an integer >= {low}"
+        values[key] = v
+    if values[CLIENT_ID] >= values[NUM_PARTITIONS]:
+        return (f"node {node}: query answer '{CLIENT_ID}' = {values[CLIENT_ID]} is outside "
+                f"[0, num-partitions = {values[NUM_PARTITIONS]})")
+    return ClientInfo(node, values[CLIENT_ID], values[NUM_PARTITIONS], values[NUM_TRAIN],
+                      values[NUM_TEST])
+
+
+def query_nodes(grid: Grid, node_ids: list[int], timeout: float
+                ) -> tuple[dict[int, ClientInfo], dict[int, str]]:
+    """Ask ``node_ids`` who they are; return their infos and, for the others, why not."""
+    messages = [Message(RecordDict({CONFIG: ConfigRecord({QUERY: QUERY_CLIENT_INFO})}),
+                        message_type=MessageType.QUERY, dst_node_id=n) for n in node_ids]
+    infos: dict[int, ClientInfo] = {}
+    errors: dict[int, str] = {}
+    for reply in grid.send_and_receive(messages, timeout=timeout):
+        node = reply.metadata.src_node_id
+        if node not in node_ids or node in infos or node in errors:
+            continue  # not asked, or a second answer
+        parsed = _parse_info(node, reply)
+        if isinstance(parsed, ClientInfo):
+            infos[node] = parsed
+        else:
+            errors[node] = parsed
+    for node in node_ids:
+        if node not in infos and node not in errors:
+            errors[node] = f"node {node}: no answer to the query within {timeout:.0f}s"
+    return infos, errors
+
+
 def discover_clients(
     grid: Grid, min_nodes: int, timeout: float = 600.0, poll: float = 1.0
 ) -> dict[int, ClientInfo]:
     """Query every connected node for its client id; return ``{node_id: info}``.
 
-    Waits until at least ``min_nodes`` nodes are connected, sends each a
-    ``query`` message, and checks the answers: every node must have loaded its
-    data (a node that could not says why, and that reason is raised here,
-    before any training), client ids must be unique and all nodes must agree
-    on the number of partitions.
+    Waits until at least ``min_nodes`` nodes are connected and have answered
+    (asking each node once, as it connects), then checks the answers: every
+    node must have loaded its data (a node that could not says why, and that
+    reason is raised here, before any training), client ids must be unique
+    and all nodes must agree on the number of partitions.
 
     Raises
     ------
     RuntimeError
-        If nodes do not connect within ``timeout`` or a node reports an error.
+        If ``min_nodes`` nodes do not connect within ``timeout`` (naming the
+        partition ids still missing) or a node reports an error.
     """
     deadline = time.monotonic() + timeout
-    while len(node_ids := sorted(grid.get_node_ids())) < min_nodes:
-        if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"only {len(node_ids)} node(s) connected after {timeout:.0f}s; "
-                f"min-nodes is {min_nodes}"
-            )
-        log(INFO, "Waiting for nodes: %d connected, min-nodes %d", len(node_ids), min_nodes)
-        time.sleep(poll)
-    messages = [
-        Message(RecordDict({CONFIG: ConfigRecord({QUERY: QUERY_CLIENT_INFO})}),
-                message_type=MessageType.QUERY, dst_node_id=n)
-        for n in node_ids
-    ]
     infos: dict[int, ClientInfo] = {}
-    errors: list[str] = []
-    for reply in grid.send_and_receive(messages, timeout=timeout):
-        node = reply.metadata.src_node_id
-        if reply.has_error():
-            errors.append(f"node {node}: {reply.error.reason}")
-            continue
-        cfg = reply.content[INFO_RECORD]
-        if cfg.get(ERROR):
-            errors.append(f"client {cfg.get(CLIENT_ID, '?')} (node {node}): {cfg[ERROR]}")
-            continue
-        infos[node] = ClientInfo(
-            node, int(cfg[CLIENT_ID]), int(cfg[NUM_PARTITIONS]),
-            int(cfg[NUM_TRAIN]), int(cfg[NUM_TEST]),
-        )
-    if errors:
-        raise RuntimeError("clients could not start:\n  " + "\n  ".join(errors))
-    if len(infos) < len(node_ids):
-        raise RuntimeError(f"only {len(infos)} of {len(node_ids)} nodes answered the query")
+    while True:
+        node_ids = sorted(grid.get_node_ids())
+        infos = {n: i for n, i in infos.items() if n in node_ids}  # forget nodes that left
+        new = [n for n in node_ids if n not in infos]
+        if new:
+            found, errors = query_nodes(grid, new, max(deadline - time.monotonic(), 1.0))
+            if errors:
+                raise RuntimeError("clients could not start:\n  " + "\n  ".join(errors.values()))
+            infos.update(found)
+        if len(infos) >= min_nodes:
+            break
+        if time.monotonic() > deadline:
+            parts = {i.num_partitions for i in infos.values()}
+            have = {i.client_id for i in infos.values()}
+            missing = (f"partition ids {sorted(set(range(max(parts))) - have)} of "
+                       f"num-partitions = {max(parts)} are missing" if parts else
+                       "no node has connected")
+            raise RuntimeError(f"only {len(infos)} node(s) connected after {timeout:.0f}s "
+                               f"(node-wait-timeout); min-nodes is {min_nodes}: {missing}")
+        log(INFO, "Waiting for nodes: %d connected, min-nodes %d", len(infos), min_nodes)
+        time.sleep(poll)
     ids = [i.client_id for i in infos.values()]
     if len(set(ids)) != len(ids):
         raise RuntimeError(f"two nodes have the same partition-id: {sorted(ids)}")
@@ -96,4 +131,3 @@ def discover_clients(
     log(INFO, "Found %d clients (partition ids 0..%d), %d to %d training samples each",
         len(ids), num_partitions - 1, min(sizes), max(sizes))
     return infos
-

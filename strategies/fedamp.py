@@ -45,6 +45,9 @@ if TYPE_CHECKING:
     from fedamp_flwr.config import RunConfig
 
 
+OFFLINE_CHOICES = ("exclude", "include")
+
+
 class RowsRescaledWarning(UserWarning):
     """Some rows' off-diagonal FedAMP weights summed above 1 and were rescaled."""
 
@@ -186,6 +189,9 @@ class FedAMP(PersonalizedStrategy):
     sigma : float (default: 100.0)
         sigma of A'(x) = exp(-x / sigma) / sigma (paper: MNIST 100, FMNIST 10,
         EMNIST 10, CIFAR-100 1e6).
+    offline_clients : str (default: "exclude")
+        "exclude": only this round's training clients collaborate; "include":
+        every training client's latest model (see :meth:`collaboration`).
     **kwargs
         Passed to :class:`strategies.base.PersonalizedStrategy` (fraction_train,
         param_keys, device, seed).
@@ -195,14 +201,18 @@ class FedAMP(PersonalizedStrategy):
 
     def __init__(self, alpha_k: float = 1e4, alpha_decay: float = 0.1,
                  alpha_decay_every: int = 30, lam: float = 1.0, sigma: float = 100.0,
-                 **kwargs) -> None:
+                 offline_clients: str = "exclude", **kwargs) -> None:
+        if offline_clients not in OFFLINE_CHOICES:
+            raise ValueError(f"offline_clients = {offline_clients!r}; allowed: {OFFLINE_CHOICES}")
         super().__init__(**kwargs)
         self.alpha_k = alpha_k
         self.alpha_decay = alpha_decay
         self.alpha_decay_every = alpha_decay_every
         self.lam = lam
         self.sigma = sigma
+        self.offline_clients = offline_clients
         self._underflow_warned = False
+        self._round_xi: torch.Tensor | None = None
 
     def summary(self) -> None:  # noqa: D102
         super().summary()
@@ -220,22 +230,37 @@ class FedAMP(PersonalizedStrategy):
     def personalize(self, server_round: int, rows: torch.Tensor, config: ConfigRecord
                     ) -> tuple[torch.Tensor, ConfigRecord]:
         """Cloud models u_i = sum_j xi_ij w_j of the sampled clients, and lambda / alpha_k."""
-        xi = self.collaboration(server_round)
+        xi = self.collaboration(server_round, rows)
         self.history.record_xi(server_round, self.client_ids, xi)
+        self._round_xi = xi
         clouds = xi[rows.to(xi.device)].to(self.models.dtype) @ self.models
         cfg = ConfigRecord(dict(config))
         cfg[PROXIMAL_MU] = self.lam / self.alpha_at(server_round)
         return clouds, cfg
 
-    def collaboration(self, server_round: int) -> torch.Tensor:
+    def sent_distances(self, rows: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
+        """``||w - u_i||`` from this round's xi and the store (the cloud models are not kept):
+        ``||w||^2 - 2 sum_j xi_ij <w, w_j> + ||u_i||^2``."""
+        xi = self._round_xi[rows.to(self._round_xi.device)]
+        wu = ((vectors @ self.models.T).double() * xi.to(vectors.device)).sum(dim=1)
+        ww = vectors.double().square().sum(dim=1)
+        uu = self._sent_norms[rows].double().square().to(vectors.device)
+        return (ww - 2.0 * wu + uu).clamp_min(0.0).sqrt()
+
+    def collaboration(self, server_round: int, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The (n, n) weights xi of this round over all clients.
 
-        Novel clients (which never train) take no part: their rows are the
-        identity and their columns are 0 in the other rows, so their untrained
-        models never enter a cloud model.
+        With ``offline_clients`` = "exclude" only the clients that train in
+        this round (``rows``: sampled, connected, not dropped out) collaborate,
+        the paper's "collaborations among online clients" (its dropped-clients
+        experiment); with "include" every training client's latest model takes
+        part. Clients outside the mix (novel clients, which never train, and
+        excluded ones) have identity rows and zero columns in the other rows,
+        so their models never enter a cloud model.
         """
         n, p = len(self.client_ids), self.layout.num_params
-        active = self.training_rows.to(self.models.device)
+        active = self.training_rows if self.offline_clients == "include" or rows is None else rows
+        active = active.to(self.models.device)
         params = self.models[:, :p] if len(active) == n else self.models[active, :p]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -246,6 +271,13 @@ class FedAMP(PersonalizedStrategy):
         xi = torch.eye(n, dtype=xi_active.dtype, device=xi_active.device)
         xi[active[:, None], active[None, :]] = xi_active
         return xi
+
+    def state_dict(self) -> dict:  # noqa: D102
+        return {**super().state_dict(), "underflow_warned": self._underflow_warned}
+
+    def load_state_dict(self, state: dict, initial_arrays) -> None:  # noqa: D102
+        super().load_state_dict(state, initial_arrays)
+        self._underflow_warned = bool(state.get("underflow_warned", False))
 
     def _log_warnings(self, server_round: int, caught: Sequence[warnings.WarningMessage]) -> None:
         for w in caught:
@@ -286,7 +318,7 @@ class HeurFedAMP(FedAMP):
 def _fedamp_kwargs(cfg: RunConfig, run: RunSetup) -> dict:
     return dict(alpha_k=cfg.fedamp_alpha_k, alpha_decay=cfg.fedamp_alpha_decay,
                 alpha_decay_every=cfg.fedamp_alpha_decay_every, lam=cfg.fedamp_lambda,
-                **personal_kwargs(cfg, run))
+                offline_clients=cfg.fedamp_offline_clients, **personal_kwargs(cfg, run))
 
 
 @register_strategy("fedamp")

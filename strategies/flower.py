@@ -48,13 +48,13 @@ class ProximalTraining(ClientUpdate):
 
 def finetune(job: ClientJob, *, epochs: int, steps: int = 0, lr: float | None = None,
              optimizer: str | None = None) -> nn.Module:
-    """Train the received model on the true local labels before it is tested; return it.
+    """Train the received model on the local training data before it is tested; return it.
 
     ``epochs`` (or ``steps`` > 0) of the generic loop, on the round's seed plus
     :data:`FINETUNE_SEED_OFFSET`; ``lr`` and ``optimizer`` default to the job's.
     """
     job.fit(seed=job.seed + FINETUNE_SEED_OFFSET, epochs=epochs, steps=steps, lr=lr,
-            optimizer=optimizer, targets=job.data.y_train)
+            optimizer=optimizer)
     return job.model
 
 

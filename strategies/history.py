@@ -30,7 +30,11 @@ class RunHistory:
     for classification, ``mse`` for regression, ``loss``), ``client_<m>``
     (client id to value) and ``mean_<m>``, the mean over the benign training
     clients (neither novel nor attackers); ``novel_mean_<m>`` over the novel
-    clients when there are any; and ``train_loss``. ``xi[r]`` holds the
+    clients when there are any; ``train_loss``; ``trained_clients``; and,
+    when clients did not take part, ``absent_clients`` (training) and
+    ``absent_evaluation`` (client id to the reason: node unavailable, an
+    error reply, no reply in time, or a rejected reply, which is also under
+    ``rejected`` / ``rejected_evaluation``). ``xi[r]`` holds the
     collaboration weights of a FedAMP round.
 
     Parameters
@@ -46,6 +50,7 @@ class RunHistory:
     rounds: dict[int, dict[str, Any]] = field(default_factory=dict)
     xi: dict[int, list[list[float]]] = field(default_factory=dict)
     xi_client_ids: list[int] = field(default_factory=list)
+    trained: dict[int, int] = field(default_factory=dict)  # client id -> rounds trained
 
     def _round(self, server_round: int) -> dict[str, Any]:
         return self.rounds.setdefault(server_round, {"round": server_round})
@@ -57,6 +62,48 @@ class RunHistory:
         losses = [float(v) for v in losses if v is not None]
         rec["trained_clients"] = sorted(client_of(m) for m in replies)
         rec["train_loss"] = float(np.mean(losses)) if losses else None
+        for cid in rec["trained_clients"]:
+            self.trained[cid] = self.trained.get(cid, 0) + 1
+
+    def times_trained(self, client_id: int) -> int:
+        """In how many rounds so far the client's training reply was used."""
+        return self.trained.get(client_id, 0)
+
+    def record_absent(self, server_round: int, phase: str, absent: dict[int, str],
+                      rejected: dict[int, str]) -> None:
+        """Record the clients of a ``phase`` ("train"/"evaluate") that did not take part."""
+        if not absent and not rejected:
+            return
+        rec = self._round(server_round)
+        suffix = "clients" if phase == "train" else "evaluation"
+        if absent:
+            rec.setdefault(f"absent_{suffix}", {}).update(absent)
+            rec[f"absent_{suffix}"] = dict(sorted(rec[f"absent_{suffix}"].items()))
+        if rejected:
+            key = "rejected" if phase == "train" else "rejected_evaluation"
+            rec.setdefault(key, {}).update(rejected)
+            rec[key] = dict(sorted(rec[key].items()))
+
+    def to_state(self) -> dict[str, Any]:
+        """Everything needed to continue the records after a resume (JSON-able)."""
+        return {"rounds": [self.rounds[r] for r in sorted(self.rounds)],
+                "xi": {str(r): m for r, m in self.xi.items()}, "xi_client_ids": self.xi_client_ids}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`to_state` (client ids come back as ints)."""
+        def ids(d):
+            return {int(k): v for k, v in d.items()} if isinstance(d, dict) else d
+        self.rounds = {}
+        for rec in state["rounds"]:
+            rec = {k: (ids(v) if k.startswith(("client_", "absent_", "rejected")) else v)
+                   for k, v in rec.items()}
+            self.rounds[int(rec["round"])] = rec
+        self.xi = {int(r): m for r, m in state.get("xi", {}).items()}
+        self.xi_client_ids = list(state.get("xi_client_ids", []))
+        self.trained = {}
+        for rec in self.rounds.values():
+            for cid in rec.get("trained_clients", []):
+                self.trained[cid] = self.trained.get(cid, 0) + 1
 
     def record_evaluation(self, server_round: int, replies: list[Message],
                           client_of) -> dict[str, float]:

@@ -323,6 +323,25 @@ class Panacea(PersonalizedStrategy):
         """theta_t = GH(h_t, A) for the sampled clients."""
         return self.generated(rows), config
 
+    def sent_distances(self, rows: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
+        """``||w - theta_t||``: GH has not changed since it generated what was sent."""
+        return (vectors - self.generated(rows)).norm(dim=1)
+
+    def state_dict(self) -> dict:
+        """GH (embeddings, encoder, generator, heads), its optimizer and the pair sampler."""
+        state = super().state_dict()
+        if self.hnet is not None:
+            state.update(hnet=self.hnet.state_dict(), optimizer=self.optimizer.state_dict(),
+                         pair_gen=self.pair_gen.get_state())
+        return state
+
+    def load_state_dict(self, state: dict, initial_arrays) -> None:  # noqa: D102
+        super().load_state_dict(state, initial_arrays)
+        if "hnet" in state:
+            self.hnet.load_state_dict(state["hnet"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.pair_gen.set_state(state["pair_gen"])
+
     def update(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
         """K_s server steps of psi toward the trained models."""
         rows = rows.to(self.device)
@@ -333,6 +352,12 @@ class Panacea(PersonalizedStrategy):
                                trained[:, : self.layout.num_params], self.adj, self.lambda_d, pairs)
         log(INFO, "Round %d: server step on %d clients, mean 1/2 ||theta - trained||^2 = %.4g",
             server_round, len(rows), loss)
+        if not all(bool(torch.isfinite(p).all()) for p in self.hnet.parameters()):
+            raise RuntimeError(
+                f"round {server_round}: the hypernetwork's parameters are no longer finite after "
+                f"{self.server_steps} server steps at lr {self.server_lr:g} (momentum "
+                f"{self.server_momentum:g}): the steps are too large for this task; lower "
+                f"panacea-server-lr or panacea-server-steps (the last checkpoint is intact)")
 
     def evaluation_models(self) -> torch.Tensor:
         """Every client's generated model (novel clients from their untrained embeddings)."""

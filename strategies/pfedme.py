@@ -56,7 +56,6 @@ def train_pfedme(
     steps: int = 0,
     device: torch.device | str = "cpu",
     seed: int = 0,
-    optimizer: str = "sgd",
 ) -> float:
     """pFedMe's local update (Alg. 1); both models trained in place.
 
@@ -64,9 +63,9 @@ def train_pfedme(
     from the server). On every mini-batch D: ``inner_steps`` gradient steps of
     size ``personal_lr`` on ``f(theta; D) + lam/2 ||theta - w||^2`` (Eq. 7,
     solved approximately), then ``w <- w - lr * lam * (w - theta)`` (line 8).
-    Returns the mean loss of theta. Other parameters as in :func:`tasks.train.train`,
-    but for ``optimizer``, which is ignored: both updates are the paper's own
-    gradient steps (theta's with SGD, w's by line 8), whatever the run's optimizer.
+    Returns the mean loss of theta. Other parameters as in :func:`tasks.train.train`;
+    there is no optimizer choice: both updates are the paper's own gradient
+    steps (theta's with SGD, w's by line 8), whatever the run's optimizer.
     """
     loss_fn = loss_for(y)
     model.to(device).train()
@@ -109,9 +108,10 @@ class PFedMeClient(ClientUpdate):
 
     def train(self, job: ClientJob) -> tuple[float, dict]:  # noqa: D102
         personal = copy.deepcopy(job.model)
+        loop = {k: v for k, v in job.loop_kwargs().items() if k != "optimizer"}
         loss = train_pfedme(job.model, personal, job.data.x_train, job.targets,
                             lam=float(job.config[LAMBDA]), inner_steps=int(job.config[INNER_STEPS]),
-                            personal_lr=float(job.config[PERSONAL_LR]), **job.loop_kwargs())
+                            personal_lr=float(job.config[PERSONAL_LR]), **loop)
         job.state[STATE] = ArrayRecord(personal.to("cpu").state_dict())
         return loss, {}
 

@@ -10,7 +10,7 @@ Records of a message (``RecordDict`` names)
 Config keys every train / evaluate message may carry
     ``server-round``, ``client-update`` (the name of the client half to run,
     :mod:`strategies.client`), ``local-epochs``, ``local-steps``,
-    ``batch-size``, ``lr``, ``optimizer``.
+    ``batch-size``, ``lr``, ``optimizer``; in train messages ``trained-rounds``.
 Reply metrics
     ``client-id``, ``server-round``, ``num-examples``, ``train-loss``;
     evaluation: ``accuracy`` (classification) or ``mse`` (regression), and ``loss``.
@@ -34,8 +34,12 @@ LOCAL_STEPS = "local-steps"
 BATCH_SIZE = "batch-size"
 LR = "lr"
 OPTIMIZER = "optimizer"
+# In train messages: in how many earlier rounds this client's training was used. A
+# client that keeps state across rounds and finds none although this is > 0 has lost
+# it (a restarted SuperNode starts with an empty context.state) and says so.
+TRAINED_ROUNDS = "trained-rounds"
 GENERIC_KEYS = frozenset({SERVER_ROUND, CLIENT_UPDATE, LOCAL_EPOCHS, LOCAL_STEPS, BATCH_SIZE,
-                          LR, OPTIMIZER})
+                          LR, OPTIMIZER, TRAINED_ROUNDS})
 
 # Reply metrics
 CLIENT_ID = "client-id"

@@ -90,18 +90,19 @@ def unregister_strategy(name: str) -> None:
 def build_strategy(name: str, cfg: "RunConfig", run: RunSetup):
     """Return a new strategy ``name`` configured from the run config and setup."""
     if name not in STRATEGIES:
-        raise ValueError(f"unknown strategy '{name}'; allowed: {', '.join(STRATEGIES)}")
+        raise ValueError(f"unknown strategy '{name}'; allowed: {', '.join(sorted(STRATEGIES))}")
     return STRATEGIES[name].factory(cfg, run)
 
 
 def flower_kwargs(cfg: "RunConfig", run: RunSetup) -> dict[str, Any]:
-    """Arguments of Flower's FedAvg family: every client evaluates, metrics are client means."""
-    n = run.num_clients
+    """Arguments of Flower's FedAvg family: every connected client evaluates, metrics are
+    client means. The ``min_*_nodes`` are 1: the round loop hands the strategy only the
+    connected clients (:class:`strategies.rounds.OnlineClients`), and Flower's sampler would
+    wait for ever for a node that is gone."""
     return dict(
         fraction_train=cfg.fraction_train, fraction_evaluate=1.0,
-        min_train_nodes=max(1, int(cfg.fraction_train * n)), min_evaluate_nodes=n,
-        min_available_nodes=n, train_metrics_aggr_fn=mean_metrics,
-        evaluate_metrics_aggr_fn=mean_metrics,
+        min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1,
+        train_metrics_aggr_fn=mean_metrics, evaluate_metrics_aggr_fn=mean_metrics,
     )
 
 

@@ -1,9 +1,21 @@
-"""Checks of what clients send back, and the mean of their metrics.
+"""Checks of everything a client sends back, and the mean of the metrics that passed them.
 
-* :func:`arrays_problem`, :func:`reply_problem`: what is wrong with a
-  reply's arrays or a whole training reply, if anything (None: usable).
-* :func:`mean_metrics`: the unweighted mean over clients of their metrics
-  (Flower's ``*_metrics_aggr_fn``).
+Every reply is untrusted. A reply is used only if these functions find
+nothing wrong with it (they return a reason, or None):
+
+* :func:`arrays_problem`: an ``ArrayRecord`` must have exactly the keys,
+  shapes and dtype kinds of the model that was sent, floating-point values
+  only where the model has them, finite in float32 (the server's dtype), and
+  a squared norm below :data:`MAX_SQ_NORM`;
+* :func:`train_reply_problem`: the ArrayRecord ``arrays`` passing
+  :func:`arrays_problem` (and no other but the method's own) and one MetricRecord with ``num-examples`` an integer in [1, the client's
+  training size], a finite ``train-loss`` when present, and ``client-id`` /
+  ``server-round`` that match the sender and the round when present;
+* :func:`evaluate_reply_problem`: one MetricRecord with the task's metric
+  (``accuracy`` in [0, 1], or ``mse`` >= 0), ``loss`` >= 0, all finite, and
+  ``num-examples`` an integer in [1, the client's test size].
+
+:func:`mean_metrics` averages only finite numbers (Flower's ``*_metrics_aggr_fn``).
 """
 
 from __future__ import annotations
@@ -14,7 +26,8 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
-from .protocol import CLIENT_ID, NUM_EXAMPLES, SERVER_ROUND
+from .protocol import (ACCURACY, ARRAYS, CLIENT_ID, LOSS, METRICS, MSE, NUM_EXAMPLES, SERVER_ROUND,
+                       TRAIN_LOSS)
 
 # Largest squared norm of a model taken from a client. Models of norm <= 1e9
 # have centred norms <= 2e9, so every float32 Gram entry of FedAMP stays
@@ -22,22 +35,41 @@ from .protocol import CLIENT_ID, NUM_EXAMPLES, SERVER_ROUND
 MAX_SQ_NORM = 1e18
 _ID_KEYS = (CLIENT_ID, SERVER_ROUND)
 
+#: what a reply's arrays must look like: key -> (shape, numpy dtype kind: "f", "i", "u", "b")
+ArraySpec = dict[str, tuple[tuple[int, ...], str]]
 
-def arrays_problem(record: ArrayRecord, shapes: dict[str, tuple[int, ...]]) -> str | None:
-    """Return what is wrong with an ``ArrayRecord`` from a client, or None.
 
-    It must have exactly the keys and shapes of ``shapes``, values that are
-    finite as float32 (the server's dtype) and a squared norm below
-    ``MAX_SQ_NORM`` (so that the float32 Gram products of FedAMP cannot overflow).
-    """
-    if set(record.keys()) != set(shapes):
-        return f"array keys differ from the model's ({sorted(set(record.keys()) ^ set(shapes))[:5]})"
+def array_spec(arrays: ArrayRecord) -> ArraySpec:
+    """The keys, shapes and dtype kinds of the arrays sent (what a reply must match)."""
+    spec = {}
+    for key, arr in arrays.items():
+        a = arr.numpy()
+        spec[key] = (tuple(a.shape), a.dtype.kind)
+    return spec
+
+
+def finite_number(value: Any) -> bool:
+    """Whether ``value`` is a finite int or float (not a bool, a list or a string)."""
+    return (not isinstance(value, bool) and isinstance(value, (int, float))
+            and math.isfinite(value))
+
+
+def arrays_problem(record: ArrayRecord, spec: ArraySpec) -> str | None:
+    """Return what is wrong with an ``ArrayRecord`` from a client, or None."""
+    if set(record.keys()) != set(spec):
+        return f"array keys differ from the model's ({sorted(set(record.keys()) ^ set(spec))[:5]})"
     sq_norm = 0.0
     for key, arr in record.items():
-        a = arr.numpy()
-        if tuple(a.shape) != shapes[key]:
-            return f"array '{key}' has shape {tuple(a.shape)}, expected {shapes[key]}"
-        if np.issubdtype(a.dtype, np.floating):
+        try:
+            a = arr.numpy()
+        except Exception as err:  # a malformed buffer or dtype string
+            return f"array '{key}' cannot be read ({type(err).__name__}: {err})"
+        shape, kind = spec[key]
+        if tuple(a.shape) != shape:
+            return f"array '{key}' has shape {tuple(a.shape)}, expected {shape}"
+        if a.dtype.kind != kind or (kind == "f" and a.dtype.itemsize not in (2, 4, 8)):
+            return f"array '{key}' has dtype {a.dtype}, expected a {_KINDS.get(kind, kind)} array"
+        if kind == "f":
             with np.errstate(over="ignore"):
                 a32 = a.astype(np.float32)
             if not np.isfinite(a32).all():
@@ -48,46 +80,96 @@ def arrays_problem(record: ArrayRecord, shapes: dict[str, tuple[int, ...]]) -> s
     return None
 
 
-def reply_problem(msg: Message, shapes: dict[str, tuple[int, ...]]) -> str | None:
-    """Return why a training reply cannot be used, or None if it can.
+_KINDS = {"f": "floating-point", "i": "signed integer", "u": "unsigned integer", "b": "boolean"}
 
-    A usable reply has no error, exactly one ``ArrayRecord`` that passes
-    :func:`arrays_problem` and a ``MetricRecord`` with a non-negative ``num-examples``.
-    """
-    if msg.has_error():
-        return f"error reply: {msg.error.reason}"
-    arrays = list(msg.content.array_records.values())
-    if len(arrays) != 1:
-        return f"expected one ArrayRecord, got {len(arrays)}"
-    problem = arrays_problem(arrays[0], shapes)
-    if problem is not None:
-        return problem
-    if not msg.content.metric_records:
-        return "no MetricRecord"
-    count = metrics_of(msg).get(NUM_EXAMPLES)
-    if isinstance(count, bool) or not isinstance(count, (int, float)) or not 0 <= count < math.inf:
-        return f"metric '{NUM_EXAMPLES}' = {count!r} is not a count"
+
+def _count_problem(metrics: dict[str, Any], most: int | None) -> str | None:
+    count = metrics.get(NUM_EXAMPLES)
+    if isinstance(count, float) and count.is_integer():
+        count = int(count)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        return f"metric '{NUM_EXAMPLES}' = {count!r} is not an integer >= 1"
+    if most is not None and count > most:
+        return f"metric '{NUM_EXAMPLES}' = {count} exceeds the client's {most} samples"
     return None
 
 
+def _ids_problem(metrics: dict[str, Any], client_id: int | None, server_round: int | None) -> str | None:
+    for key, expected in ((CLIENT_ID, client_id), (SERVER_ROUND, server_round)):
+        if key in metrics and expected is not None and metrics[key] != expected:
+            return f"metric '{key}' = {metrics[key]!r}, but the reply is for {expected}"
+    return None
+
+
+def _single_metrics(msg: Message) -> tuple[dict[str, Any] | None, str | None]:
+    names = sorted(msg.content.metric_records)
+    if names != [METRICS]:
+        return None, f"expected the one MetricRecord '{METRICS}', got {names[:5]}"
+    return dict(msg.content[METRICS]), None
+
+
+def train_reply_problem(msg: Message, spec: ArraySpec, most_examples: int | None = None,
+                        client_id: int | None = None, server_round: int | None = None,
+                        extra_records: tuple[str, ...] = ()) -> str | None:
+    """Return why a training reply cannot be used, or None if it can.
+
+    ``extra_records``: the method's own ArrayRecords that may come beside
+    ``arrays`` (the method checks them).
+    """
+    if msg.has_error():
+        return f"error reply: {msg.error.reason}"
+    names = set(msg.content.array_records)
+    if ARRAYS not in names:
+        return f"no ArrayRecord '{ARRAYS}' (got {sorted(names)[:5]})"
+    if names - {ARRAYS} - set(extra_records):
+        return f"unexpected ArrayRecords {sorted(names - {ARRAYS} - set(extra_records))[:5]}"
+    problem = arrays_problem(msg.content[ARRAYS], spec)
+    if problem is not None:
+        return problem
+    metrics, problem = _single_metrics(msg)
+    if problem is not None:
+        return problem
+    if TRAIN_LOSS in metrics and not finite_number(metrics[TRAIN_LOSS]):
+        return f"metric '{TRAIN_LOSS}' = {metrics[TRAIN_LOSS]!r} is not a finite number"
+    return _count_problem(metrics, most_examples) or _ids_problem(metrics, client_id, server_round)
+
+
+def evaluate_reply_problem(msg: Message, most_examples: int | None = None,
+                           client_id: int | None = None, server_round: int | None = None) -> str | None:
+    """Return why an evaluation reply cannot be used, or None if it can."""
+    if msg.has_error():
+        return f"error reply: {msg.error.reason}"
+    metrics, problem = _single_metrics(msg)
+    if problem is not None:
+        return problem
+    if (ACCURACY in metrics) == (MSE in metrics):
+        return f"expected exactly one of the metrics '{ACCURACY}' and '{MSE}'"
+    for key, low, high in ((ACCURACY, 0.0, 1.0), (MSE, 0.0, math.inf), (LOSS, 0.0, math.inf)):
+        if key in metrics and not (finite_number(metrics[key]) and low <= metrics[key] <= high):
+            allowed = f"in [{low:g}, {high:g}]" if high < math.inf else f">= {low:g}"
+            return f"metric '{key}' = {metrics[key]!r} is not a finite number {allowed}"
+    return _count_problem(metrics, most_examples) or _ids_problem(metrics, client_id, server_round)
+
+
 def metrics_of(msg: Message) -> dict[str, Any]:
+    """The (first) MetricRecord of a reply as a dict (empty if none)."""
     record = next(iter(msg.content.metric_records.values()), MetricRecord())
     return dict(record)
 
 
 def mean_metrics(contents: list[RecordDict], _weight_key: str = NUM_EXAMPLES) -> MetricRecord:
-    """Unweighted mean over clients of every metric (ids and counts left out).
+    """Unweighted mean over clients of every finite numeric metric (ids and counts left out).
 
     Used as Flower's ``*_metrics_aggr_fn``: the papers report the mean test
     accuracy over clients, each client counting once.
     """
     sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
     for content in contents:
         for record in content.metric_records.values():
             for k, v in record.items():
-                if k in _ID_KEYS or k == NUM_EXAMPLES or not isinstance(v, (int, float)):
+                if k in _ID_KEYS or k == NUM_EXAMPLES or not finite_number(v):
                     continue
                 sums[k] = sums.get(k, 0.0) + float(v)
-    n = max(len(contents), 1)
-    return MetricRecord({k: v / n for k, v in sums.items()})
-
+                counts[k] = counts.get(k, 0) + 1
+    return MetricRecord({k: v / counts[k] for k, v in sums.items()})

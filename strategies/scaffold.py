@@ -27,17 +27,16 @@ equal client sizes).
 
 from __future__ import annotations
 
-from logging import WARNING
 from typing import TYPE_CHECKING
 
 import torch
 from flwr.app import ArrayRecord, Message
-from flwr.supercore import log
 from torch import nn
 
 from tasks.train import LossFn, loss_for
 
-from .base import FlatLayout, arrays_problem
+from .layout import FlatLayout
+from .replies import array_spec, arrays_problem
 from .client import ClientJob, ClientUpdate, register_client_update
 from .flower import FedAvg
 from .registry import RunSetup, flower_kwargs, register_strategy
@@ -89,7 +88,7 @@ class ScaffoldClient(ClientUpdate):
         new_c = dict(zip(names, (g.cpu() for g in mean_gradient(
             job.model, job.data.x_train, job.targets, batch_size=job.optim.batch_size,
             device=job.optim.device))))
-        own = job.state.array_records.get(STATE)
+        own = job.saved_state(STATE)
         client_c = (own.to_torch_state_dict() if own is not None
                     else {k: torch.zeros_like(v) for k, v in new_c.items()})
         loss = job.fit(grad_correction=[server_c[k] - client_c[k] for k in names])
@@ -113,56 +112,59 @@ class Scaffold(FedAvg):
     """
 
     client_update = SCAFFOLD
+    reply_records = (CONTROL_DELTA,)
 
     def __init__(self, param_keys: list[str], **kwargs) -> None:
         self.param_keys = list(param_keys)
         self.layout: FlatLayout | None = None  # of the trainable parameters
         self.control: torch.Tensor | None = None  # c, flat
-        self._deltas: dict[int, ArrayRecord] = {}
         super().__init__(**kwargs)
 
     def _num_training_clients(self) -> int:
         novel = self.tracker.roles.novel
         return max(1, sum(1 for i in self.tracker.clients.values() if i.client_id not in novel))
 
-    def configure_train(self, server_round, arrays, config, grid):  # noqa: D102
+    def _ensure_control(self, arrays: ArrayRecord) -> None:
         if self.control is None:
             self.layout = FlatLayout.from_arrays(ArrayRecord({k: arrays[k] for k in self.param_keys}))
             self.control = torch.zeros(self.layout.size)
+
+    def configure_train(self, server_round, arrays, config, grid):  # noqa: D102
+        self._ensure_control(arrays)
         messages = super().configure_train(server_round, arrays, config, grid)
         record = self.layout.unflatten(self.control)
         for m in messages:
             m.content[CONTROL] = record
         return messages
 
-    def aggregate_train(self, server_round, replies):  # noqa: D102
-        """Take each reply's ``control-delta`` out (replies without a valid one are left out),
-        then aggregate the models as FedAvg and update c from the kept replies."""
-        shapes = self.layout.shapes if self.layout is not None else {}
-        kept, self._deltas = [], {}
-        for m in replies:
-            if m.has_error() or self.control is None:
-                kept.append(m)
-                continue
-            delta = m.content.array_records.get(CONTROL_DELTA)
-            problem = f"no '{CONTROL_DELTA}' ArrayRecord" if delta is None else arrays_problem(delta, shapes)
-            if problem is not None:
-                log(WARNING, "Round %d: reply of client %s left out: %s", server_round,
-                    self.tracker.client_of(m), problem)
-                continue
-            del m.content[CONTROL_DELTA]
-            self._deltas[id(m)] = delta
-            kept.append(m)
-        return super().aggregate_train(server_round, kept)
+    def method_reply_problem(self, msg: Message) -> str | None:
+        """A train reply needs a valid ``control-delta`` (the trainable parameters' keys and shapes)."""
+        delta = msg.content.array_records.get(CONTROL_DELTA)
+        if delta is None:
+            return f"no '{CONTROL_DELTA}' ArrayRecord"
+        return arrays_problem(delta, array_spec(self.layout.unflatten(self.control)))
 
     def before_aggregation(self, server_round: int, replies: list[Message]) -> list[Message]:
-        """Update c with the control deltas of the replies that FedAvg will aggregate."""
-        deltas = [self._deltas[id(m)] for m in replies if id(m) in self._deltas]
-        if deltas and self.control is not None:
+        """Take the control deltas out of the replies that FedAvg will aggregate; update c."""
+        deltas = [m.content.array_records[CONTROL_DELTA] for m in replies]
+        for m in replies:
+            del m.content[CONTROL_DELTA]
+        if deltas:
             stacked = torch.stack([self.layout.flatten(d) for d in deltas])
             self.control = update_control(self.control, stacked, self._num_training_clients())
-        self._deltas = {}
         return replies
+
+    def state_dict(self) -> dict:  # noqa: D102
+        state = super().state_dict()
+        if self.control is not None:
+            state["control"] = self.control.clone()
+        return state
+
+    def load_state_dict(self, state: dict, initial_arrays: ArrayRecord) -> None:  # noqa: D102
+        super().load_state_dict(state, initial_arrays)
+        self._ensure_control(initial_arrays)
+        if "control" in state:
+            self.control = state["control"].to(self.control.dtype)
 
 
 @register_strategy(SCAFFOLD)

@@ -6,28 +6,54 @@ from collections.abc import Iterable
 from logging import INFO, WARNING
 
 from flwr.app import ConfigRecord, Message
+from flwr.common.constant import ErrorCode
 from flwr.supercore import log
 
 from tasks.scenarios import Roles
 
 from .discovery import ClientInfo
 from .history import RunHistory, client_order
-from .protocol import LOCAL_EPOCHS, LOCAL_STEPS, REFUSED
-from .replies import reply_problem
+from .protocol import LOCAL_EPOCHS, LOCAL_STEPS, REFUSED, TRAINED_ROUNDS
+from .replies import ArraySpec, evaluate_reply_problem, train_reply_problem
+
+TRAIN, EVALUATE = "train", "evaluate"
+
+_ERROR_NAMES = {
+    ErrorCode.NODE_UNAVAILABLE: "node unavailable",
+    ErrorCode.CLIENT_APP_RAISED_EXCEPTION: "the ClientApp raised an exception",
+    ErrorCode.CLIENT_APP_CRASHED: "the ClientApp crashed",
+    ErrorCode.LOAD_CLIENT_APP_EXCEPTION: "the ClientApp could not be loaded",
+    ErrorCode.MESSAGE_UNAVAILABLE: "message unavailable",
+    ErrorCode.REPLY_MESSAGE_UNAVAILABLE: "reply unavailable",
+}
+
+
+def error_reason(msg: Message) -> str:
+    """A Flower error reply in words: what happened, and the reply's own reason."""
+    name = _ERROR_NAMES.get(msg.error.code, f"error code {msg.error.code}")
+    reason = str(msg.error.reason or "").strip().splitlines()
+    return f"{name}: {reason[-1][:300]}" if reason else name
 
 
 class Tracker:
     """Who the clients are, what the scenario asks of them, and what they answered.
 
     A strategy holds one (``strategy.tracker``; the ServerApp sets it up from
-    the query round with :meth:`Strategy.setup_tracking`). It
+    the query round with ``strategy.setup_tracking``). It
 
-    * maps Flower node ids to client ids (:meth:`client_of`),
-    * stops the run when a client refuses a message (:meth:`stop_on_refusals`),
-    * leaves unusable training replies out, with a warning naming the client
-      (:meth:`valid_train_replies`), so they never reach a stored model,
+    * maps Flower node ids to client ids, and back (:meth:`client_of`,
+      :meth:`node_of`); a client that comes back on a new node is mapped
+      again (:meth:`rejoin`);
+    * knows which clients are connected now (:meth:`set_online`);
+    * remembers which nodes it sent messages to in a round
+      (:meth:`expect`), and screens the replies (:meth:`screen`): a refusal
+      stops the run; a reply from a node that was sent nothing, or a second
+      reply of a node, is dropped with a warning; error replies, missing
+      replies and replies that fail the checks of :mod:`strategies.replies`
+      are recorded as absent (and rejected) with their reason, so that they
+      never reach a stored model;
     * applies the scenario: novel clients and drop-outs (:meth:`participants`),
-      per-client epochs (:meth:`client_config`),
+      per-client epochs (:meth:`client_config`);
     * records every round in :attr:`history`.
 
     Parameters
@@ -40,12 +66,16 @@ class Tracker:
 
     def __init__(self, clients: dict[int, ClientInfo] | None = None,
                  roles: Roles | None = None) -> None:
-        self.clients = dict(clients or {})
+        self.clients: dict[int, ClientInfo] = dict(clients or {})
         self.roles = roles or Roles(frozenset(), frozenset())
         self.history = RunHistory(novel=self.roles.novel, attackers=self.roles.attackers)
-        #: keys and shapes of the model sent for training (what replies must match)
-        self.shapes: dict[str, tuple[int, ...]] = {}
+        #: keys, shapes and dtype kinds of the model sent for training (what replies must match)
+        self.spec: ArraySpec = {}
+        self.online: set[int] = {i.client_id for i in self.clients.values()}
+        self._expected: dict[str, dict[int, int]] = {}  # phase -> {node id: client id}
+        self.round_timeout: float | None = None
 
+    # -- who is who ----------------------------------------------------------
     def client_of_node(self, node_id: int) -> int | str:
         """Client id of a node (the node id in brackets if unknown)."""
         info = self.clients.get(node_id)
@@ -54,6 +84,41 @@ class Tracker:
     def client_of(self, msg: Message) -> int | str:
         """Client id of a reply's sender (the node id in brackets if unknown)."""
         return self.client_of_node(msg.metadata.src_node_id)
+
+    def node_of(self, client_id: int) -> int:
+        """The node a client is on now."""
+        for node, info in self.clients.items():
+            if info.client_id == client_id:
+                return node
+        raise KeyError(f"client {client_id} has no node")
+
+    def info(self, client_id: int) -> ClientInfo:
+        """What the client said in the query round."""
+        return self.clients[self.node_of(client_id)]
+
+    def rejoin(self, info: ClientInfo) -> None:
+        """Map a client that answered from a new node to that node (its old node is forgotten)."""
+        old = [n for n, i in self.clients.items() if i.client_id == info.client_id]
+        for node in old:
+            del self.clients[node]
+        self.clients[info.node_id] = info
+        log(INFO, "Client %d is back, on node %d (was %s)", info.client_id, info.node_id,
+            ", ".join(str(n) for n in old) or "unknown")
+
+    def set_online(self, node_ids: Iterable[int]) -> None:
+        """The nodes connected now; clients whose node is not among them are offline."""
+        connected = set(node_ids)
+        self.online = {i.client_id for n, i in self.clients.items() if n in connected}
+
+    def is_online(self, client_id: int) -> bool:
+        """Whether the client's node is connected now."""
+        return client_id in self.online
+
+    # -- what was sent, what came back ---------------------------------------
+    def expect(self, phase: str, messages: Iterable[Message]) -> None:
+        """Remember the nodes (and so the clients) sent a ``phase`` message this round."""
+        self._expected[phase] = {m.metadata.dst_node_id: self.client_of_node(m.metadata.dst_node_id)
+                                 for m in messages}
 
     def stop_on_refusals(self, server_round: int, replies: Iterable[Message]) -> None:
         """Raise RuntimeError naming the clients that refused their message, if any.
@@ -69,35 +134,85 @@ class Tracker:
             raise RuntimeError(f"round {server_round}: clients refused the message:\n  "
                                + "\n  ".join(refusals))
 
-    def valid_train_replies(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
-        """Return the usable replies, in the order of their client ids; warn about the others.
+    def record_offline(self, server_round: int) -> None:
+        """Record the training clients whose node is not connected this round as absent."""
+        offline = {i.client_id: "node not connected" for i in self.clients.values()
+                   if i.client_id not in self.online and i.client_id not in self.roles.novel}
+        if offline:
+            self.record_absent(server_round, TRAIN, offline, {})
+
+    def screen(self, server_round: int, replies: Iterable[Message], phase: str,
+               extra_records: tuple[str, ...] = ()) -> list[Message]:
+        """The usable replies of a round's ``phase``, in client-id order; record the others.
+
+        ``extra_records``: names of ArrayRecords a train reply carries beside
+        ``arrays`` (checked by the strategy).
 
         Replies arrive in whatever order the clients finish; sorting them makes
         every sum over clients (the average, Panacea's step) the same in every run.
         """
         replies = list(replies)
         self.stop_on_refusals(server_round, replies)
-        good = []
+        expected = self._expected.get(phase)
+        seen: set[int] = set()
+        good, absent, rejected = [], {}, {}
         for msg in replies:
-            problem = (reply_problem(msg, self.shapes) if msg.metadata.src_node_id in self.clients
-                       else "node joined after the start of the run")
-            if problem is None:
-                good.append(msg)
-            else:
-                log(WARNING, "Round %d: reply of client %s left out: %s",
-                    server_round, self.client_of(msg), problem)
+            node = msg.metadata.src_node_id
+            if node not in self.clients or (expected is not None and node not in expected):
+                log(WARNING, "Round %d: %s reply from node %d dropped: that node was not sent a "
+                    "%s message this round", server_round, phase, node, phase)
+                continue
+            if node in seen:
+                log(WARNING, "Round %d: a second %s reply of client %s dropped", server_round,
+                    phase, self.client_of(msg))
+                continue
+            seen.add(node)
+            cid = self.client_of_node(node)
+            if msg.has_error():
+                absent[cid] = error_reason(msg)
+                continue
+            problem = self._content_problem(server_round, msg, phase, cid, extra_records)
+            if problem is not None:
+                absent[cid] = rejected[cid] = f"rejected: {problem}"
+                continue
+            good.append(msg)
+        timeout = f" ({self.round_timeout:g} s)" if self.round_timeout else ""
+        for node, cid in (expected or {}).items():
+            if node not in seen and isinstance(cid, int):
+                absent[cid] = f"no reply within the round timeout{timeout}"
+        self.record_absent(server_round, phase, absent, rejected)
         return sorted(good, key=lambda m: client_order(self.client_of(m)))
 
+    def reject(self, server_round: int, phase: str, client_id: int, reason: str) -> None:
+        """Record a reply that passed :meth:`screen` but that the strategy refuses."""
+        self.record_absent(server_round, phase, {client_id: f"rejected: {reason}"},
+                           {client_id: f"rejected: {reason}"})
+
+    def record_absent(self, server_round: int, phase: str, absent: dict, rejected: dict) -> None:
+        """Warn about and record the clients that did not take part (and why)."""
+        for cid in sorted(absent, key=client_order):
+            log(WARNING, "Round %d: client %s left out of %s: %s", server_round, cid, phase,
+                absent[cid])
+        self.history.record_absent(server_round, phase, absent, rejected)
+
+    def _content_problem(self, server_round: int, msg: Message, phase: str, cid: int,
+                         extra_records: tuple[str, ...]) -> str | None:
+        info = self.info(cid)
+        if phase == TRAIN:
+            return train_reply_problem(msg, self.spec, info.num_train, cid, server_round,
+                                       extra_records)
+        return evaluate_reply_problem(msg, info.num_test, cid, server_round)
+
+    # -- records -------------------------------------------------------------
     def record_train(self, server_round: int, replies: list[Message]) -> None:
         """Record the valid training replies of a round."""
         self.history.record_train(server_round, replies, self.client_of)
 
-    def record_evaluation(self, server_round: int, replies: Iterable[Message]) -> dict[str, float]:
-        """Record every client's test metrics; return the means (see :class:`RunHistory`)."""
-        replies = list(replies)
-        self.stop_on_refusals(server_round, replies)
+    def record_evaluation(self, server_round: int, replies: list[Message]) -> dict[str, float]:
+        """Record the valid evaluation replies; return the means (see :class:`RunHistory`)."""
         return self.history.record_evaluation(server_round, replies, self.client_of)
 
+    # -- the scenario --------------------------------------------------------
     def participants(self, server_round: int, client_ids: Iterable[int]) -> list[int]:
         """The sampled ``client_ids`` that train in ``server_round``: not novel, not dropped out."""
         training = [c for c in client_ids if c not in self.roles.novel]
@@ -108,12 +223,12 @@ class Tracker:
         return kept
 
     def client_config(self, server_round: int, client_id: int, config: ConfigRecord) -> ConfigRecord:
-        """``config`` for one client: its own local epochs (or steps) under ``heterogeneous-epochs``."""
-        if not self.roles.heterogeneous_epochs:
-            return config
-        key = LOCAL_STEPS if int(config.get(LOCAL_STEPS, 0)) > 0 else LOCAL_EPOCHS
-        if key not in config:
-            return config
+        """``config`` for one client: how often it trained before (so that it can tell a lost
+        state), and its own local epochs (or steps) under ``heterogeneous-epochs``."""
         own = ConfigRecord(dict(config))
-        own[key] = self.roles.local_units(server_round, client_id, int(config[key]))
+        own[TRAINED_ROUNDS] = self.history.times_trained(client_id)
+        if self.roles.heterogeneous_epochs:
+            key = LOCAL_STEPS if int(config.get(LOCAL_STEPS, 0)) > 0 else LOCAL_EPOCHS
+            if key in config:
+                own[key] = self.roles.local_units(server_round, client_id, int(config[key]))
         return own

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -146,6 +147,14 @@ def loss_for(y: torch.Tensor) -> LossFn:
     return nn.functional.cross_entropy
 
 
+class Evaluation(NamedTuple):
+    """What :func:`evaluate` measured: the mean loss, and accuracy or MSE (the other is None)."""
+
+    loss: float
+    accuracy: float | None
+    mse: float | None
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
@@ -154,11 +163,11 @@ def evaluate(
     *,
     batch_size: int = 500,
     device: torch.device | str = "cpu",
-) -> dict[str, float]:
+) -> Evaluation:
     """Test ``model`` on (x, y).
 
-    Classification (integer ``y``): ``{"loss": mean cross-entropy, "accuracy"}``;
-    regression (float ``y``): ``{"loss": MSE, "mse": MSE}`` (mean over all outputs).
+    Classification (integer ``y``): the mean cross-entropy and the accuracy;
+    regression (float ``y``): the MSE (mean over all outputs) as both loss and mse.
     """
     model.to(device).eval()
     regression = torch.is_floating_point(y)
@@ -175,5 +184,5 @@ def evaluate(
             count += len(yb)
     count = max(count, 1)
     if regression:
-        return {"loss": loss_sum / count, "mse": loss_sum / count}
-    return {"loss": loss_sum / count, "accuracy": correct / count}
+        return Evaluation(loss_sum / count, None, loss_sum / count)
+    return Evaluation(loss_sum / count, correct / count, None)

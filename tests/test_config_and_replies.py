@@ -11,7 +11,7 @@ from fedamp_flwr import client_app
 from fedamp_flwr.config import ConfigError, RunConfig
 from strategies.discovery import discover_clients
 
-from .conftest import LocalGrid, reply, setup_strategy
+from .conftest import LocalGrid, client_infos, reply, setup_strategy
 
 RD = RecordDict
 
@@ -115,7 +115,7 @@ def test_fedamp_leaves_bad_replies_out_and_keeps_their_models(caplog):
 def test_fedavg_aggregates_only_valid_replies():
     strategy, model = setup_strategy("fedavg")
     init = ArrayRecord(model.state_dict())
-    strategy.tracker.shapes = {k: tuple(v.numpy().shape) for k, v in init.items()}
+    strategy.configure_train(1, init, ConfigRecord(), LocalGrid(infos=client_infos(3)))
     nan_state = {k: torch.full_like(v, float("nan")) for k, v in model.state_dict().items()}
     ones = {k: torch.ones_like(v) for k, v in model.state_dict().items()}
     arrays, _ = strategy.aggregate_train(1, [_train_reply(10, ones, 0), _train_reply(11, nan_state, 1)])

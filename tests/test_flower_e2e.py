@@ -25,10 +25,10 @@ def _write_connection(procs, port: int) -> None:
 
 
 def _start_superlink(procs, simulation: bool) -> int:
-    port, control = free_port(), free_port()
+    """A SuperLink on a free port (Flower 1.41 serves the Fleet, Control and runtime APIs there)."""
+    port = free_port()
     args = ["flower-superlink", "--insecure", "--isolation", "subprocess",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--control-api-address", f"127.0.0.1:{control}"]
+            "--host", "127.0.0.1", "--port", str(port)]
     procs.start(args + (["--simulation"] if simulation else []), "superlink")
     _write_connection(procs, port)
     time.sleep(3)

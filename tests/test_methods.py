@@ -109,15 +109,24 @@ def test_fedamp_stores_each_valid_reply_as_its_clients_model():
 # ---------------------------------------------------------------------------
 # The contract between the halves
 # ---------------------------------------------------------------------------
-def test_keys_of_two_methods_or_an_unknown_update_are_refused():
-    assert instruction_problem(ConfigRecord({"client-update": "apfl", "apfl-alpha": 0.5})) is None
-    assert instruction_problem(ConfigRecord({"local-epochs": 1})) is None  # plain local training
-    mixed = instruction_problem(ConfigRecord({"client-update": "apfl", "apfl-alpha": 0.5,
-                                              "proximal-mu": 0.1}))
+def test_keys_of_two_methods_unknown_keys_or_an_unknown_update_are_refused():
+    def problem(train=True, **config):
+        return instruction_problem(ConfigRecord({k.replace("_", "-"): v for k, v in config.items()}),
+                                   train)
+
+    assert problem(client_update="apfl", apfl_alpha=0.5) is None
+    assert problem(False, client_update="apfl", apfl_alpha=0.5) is None
+    assert problem(local_epochs=1, lr=0.1) is None  # plain local training
+    mixed = problem(client_update="apfl", apfl_alpha=0.5, proximal_mu=0.1)
     assert "'apfl'" in mixed and "'proximal-mu' (of 'proximal')" in mixed
-    assert "'finetune-epochs' (of 'finetune')" in instruction_problem(
-        ConfigRecord({"finetune-epochs": 2}))
-    unknown = instruction_problem(ConfigRecord({"client-update": "fedsgd"}))
+    assert "'finetune-epochs' (of 'finetune')" in problem(finetune_epochs=2)
+    # a key of the update, but of the other phase; a key nobody owns; a key the update needs
+    assert "'finetune-epochs' (of 'finetune')" in problem(client_update="finetune",
+                                                             finetune_epochs=2)
+    assert problem(False, client_update="finetune", finetune_epochs=2) is None
+    assert "'apfl-alfa' (of no method)" in problem(client_update="local", apfl_alfa=1)
+    assert "lacks the key(s) ['apfl-alpha']" in problem(client_update="apfl")
+    unknown = problem(client_update="fedsgd")
     assert "'client-update' = 'fedsgd'" in unknown and "apfl, finetune, hypernetwork" in unknown
 
 
@@ -125,7 +134,7 @@ def test_keys_of_two_methods_or_an_unknown_update_are_refused():
 def test_the_client_refuses_a_message_it_cannot_carry_out(message_type):
     _, model = setup_strategy("fedavg")
     ctx = LocalGrid({}, 3).contexts[100]
-    config = ConfigRecord({"client-update": "pfedme", "pfedme-lambda": 15.0, "apfl-alpha": 0.5})
+    config = ConfigRecord({"client-update": "per-fedavg", "per-fedavg-alpha": 0.1, "apfl-alpha": 0.5})
     msg = Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": config}),
                   message_type=message_type, dst_node_id=100)
     handler = client_app.train if message_type == MessageType.TRAIN else client_app.evaluate
@@ -136,7 +145,7 @@ def test_the_client_refuses_a_message_it_cannot_carry_out(message_type):
 
 def test_the_server_stops_the_run_when_a_client_refuses(tmp_path, monkeypatch):
     # a fleet whose clients run older code that knows no 'proximal' update
-    def old_code(config):
+    def old_code(config, train):
         return "unknown client update 'proximal'" if config.get("client-update") == "proximal" else None
 
     monkeypatch.setattr(client_app, "instruction_problem", old_code)
@@ -148,7 +157,7 @@ def test_the_server_stops_the_run_when_a_client_refuses(tmp_path, monkeypatch):
 def test_the_server_never_sends_a_message_with_keys_of_two_methods(tmp_path, monkeypatch):
     monkeypatch.setattr(strategies.APFL, "train_keys", lambda self: {"apfl-alpha": 0.5,
                                                                      "proximal-mu": 0.1})
-    with pytest.raises(ValueError, match="carries keys of other methods: 'proximal-mu'"):
+    with pytest.raises(ValueError, match=r"not its own: 'proximal-mu' \(of 'proximal'\)"):
         run_local(tmp_path, "apfl")
 
 
@@ -190,3 +199,14 @@ def test_coercion_raises_on_a_type_it_does_not_know():
     with pytest.raises(TypeError, match="no coercion for the field type 'list'"):
         _coerce("k", [1], "list")
     assert RunConfig.from_run_config({"fedamp-sigma": "2.5"}).fedamp_sigma == 2.5
+
+
+def test_panacea_stops_with_a_clear_error_when_its_hypernetwork_diverges():
+    strategy, model = setup_strategy("panacea", n=4, **{"panacea-server-lr": 1e30})
+    messages = list(strategy.configure_train(1, ArrayRecord(model.state_dict()), ConfigRecord(),
+                                             _grid(4)))
+    replies = [reply(m.metadata.dst_node_id,
+                     {k: v + 0.5 for k, v in m.content["arrays"].to_torch_state_dict().items()},
+                     {"num-examples": 5}) for m in messages]
+    with pytest.raises(RuntimeError, match="no longer finite .* lower panacea-server-lr"):
+        strategy.aggregate_train(1, replies)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -153,3 +154,21 @@ def test_sigterm_stops_the_grid_and_everything_it_started(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_half_finished_run_is_continued_from_its_checkpoint(tmp_path, capsys):
+    args = ["--preset", "quick", "--datasets", "synthetic", "--strategies", "fedamp",
+            "--num-supernodes", "2", "--set", "local-epochs=1"]
+    out = tmp_path / "grid"
+    assert simulation.main([*args, "--output", str(out), "--rounds", "1"]) == 0
+    assert simulation.main([*args, "--output", str(out), "--rounds", "2"]) == 0  # one more round
+    assert "resuming after round 1 from its checkpoint" in capsys.readouterr().out
+    # the same 2 rounds in one go
+    assert simulation.main([*args, "--output", str(tmp_path / "whole"), "--rounds", "2"]) == 0
+    name = Path("runs") / "fedamp-synthetic-practical-s0" / "metrics.json"
+    resumed = json.loads((out / name).read_text())
+    whole = json.loads((tmp_path / "whole" / name).read_text())
+    assert resumed["finished"] and [r["round"] for r in resumed["rounds"]] == [1, 2]
+    for got, want in zip(resumed["rounds"], whole["rounds"]):
+        for key in ("client_accuracy", "train_loss", "mean_loss", "client_loss"):
+            assert got[key] == want[key], key  # to the last digit

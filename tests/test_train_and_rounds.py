@@ -31,7 +31,7 @@ def test_training_learns_and_proximal_term_holds_the_model_near_its_start():
     start = [p.detach().clone() for p in free.parameters()]
     train(free, x, y, epochs=30, batch_size=20, lr=1e-2)
     train(held, x, y, epochs=30, batch_size=20, lr=1e-2, proximal_mu=1e3)
-    assert evaluate(free, x, y)["accuracy"] > 0.9
+    assert evaluate(free, x, y).accuracy > 0.9
     assert _distance(held, start) < 0.05 * _distance(free, start)
 
 

@@ -1,0 +1,194 @@
+"""A run's folder: ``metrics.json`` after every round, the checkpoint, and the rules that keep
+results from being lost.
+
+``<results-dir>/<run name>/``
+
+* ``metrics.json``: the run's records, rewritten atomically (strict JSON, no
+  NaN) after every round; ``"finished": true`` once the last round is done.
+* ``checkpoint/state.pt``: everything the server needs to continue the run
+  (the strategy's state, the global model, the random state, the history,
+  the run config), written every ``checkpoint-every`` rounds to a temporary
+  file that replaces the previous checkpoint only once it is fully written
+  and synced to disk. Loaded with ``torch.load(weights_only=True)``: tensors
+  and plain values only, never code.
+
+Rules: the default run name is unique per run (it ends with the start
+time); a folder that already holds a run (metrics or a checkpoint) is used
+again only with ``resume = true`` (continue it from its checkpoint; only
+``num-server-rounds`` may change, and only upwards) or ``overwrite = true``
+(replace it).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import ConfigError, RunConfig
+
+CHECKPOINT_FORMAT = 1
+# Keys that may differ between a run and its resumption: how to treat the folder, and how long.
+RESUMABLE_CHANGES = ("num-server-rounds", "resume", "overwrite")
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (JSON has no NaN or infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some file systems do not open folders
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write) -> None:
+    """Write ``path`` through ``write(file)`` into a temporary file, sync it, then rename it
+    over ``path``: a reader sees the old file or the new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+
+
+def write_json(path: Path, record: dict[str, Any]) -> None:
+    """Write ``record`` as strict JSON (NaN and infinities become null), atomically."""
+    text = json.dumps(strict_json(record), indent=1, allow_nan=False)
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
+class RunFolder:
+    """The folder of one run, and the checks that keep its results.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run's config (``results-dir``, ``run-name``, ``resume``, ``overwrite``).
+    now : float | None
+        The start time for a default run name (default: now).
+    """
+
+    def __init__(self, cfg: RunConfig, now: float | None = None) -> None:
+        self.cfg = cfg
+        if cfg.run_name:
+            self.name = cfg.run_name
+        else:
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+            base, i = f"{cfg.setting}-{stamp}", 1
+            self.name = base
+            while cfg.results_path(self.name).exists():
+                i += 1
+                self.name = f"{base}-{i}"
+        self.path = cfg.results_path(self.name)
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.json"
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.path / "checkpoint" / "state.pt"
+
+    def previous(self) -> dict[str, Any] | None:
+        """The metrics.json a run left in this folder, if any."""
+        try:
+            return json.loads(self.metrics_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as err:
+            return {"finished": False, "unreadable": str(err)}
+
+    def claim(self) -> None:
+        """Check that this run may use the folder; raise ConfigError naming the keys if not.
+
+        With ``overwrite = true`` the old metrics and checkpoint are removed.
+        """
+        held = self.previous()
+        has_checkpoint = self.checkpoint_path.is_file()
+        if self.cfg.resume:
+            if not has_checkpoint:
+                raise ConfigError(
+                    f"run config 'resume' = true, but {self.path} holds no checkpoint "
+                    f"(checkpoint/state.pt); allowed: the run-name of a run that wrote one "
+                    f"(checkpoint-every > 0)")
+            return
+        if held is None and not has_checkpoint:
+            return
+        if self.cfg.overwrite:
+            self.metrics_path.unlink(missing_ok=True)
+            shutil.rmtree(self.path / "checkpoint", ignore_errors=True)
+            return
+        state = ("a finished run" if held and held.get("finished") else
+                 f"an unfinished run (round {held.get('completed_rounds', '?')} of "
+                 f"{held.get('config', {}).get('num-server-rounds', '?')})" if held else
+                 "a checkpoint")
+        raise ConfigError(
+            f"run config 'run-name' = {self.name!r}: {self.path} already holds {state}; allowed: "
+            f"another run-name, resume = true to continue it, or overwrite = true to replace it")
+
+    # -- checkpoints ---------------------------------------------------------
+    def save_checkpoint(self, state: dict[str, Any]) -> tuple[int, float]:
+        """Write the checkpoint atomically; return its size in bytes and the seconds it took."""
+        started = time.perf_counter()
+        atomic_write(self.checkpoint_path, lambda f: torch.save(
+            {"format": CHECKPOINT_FORMAT, **state}, f))
+        return self.checkpoint_path.stat().st_size, time.perf_counter() - started
+
+    def load_checkpoint(self) -> dict[str, Any]:
+        """The checkpoint of a run to resume, checked against this run's config.
+
+        Raises ConfigError naming the keys that differ (only ``num-server-rounds``
+        may change, and not below the rounds done) or if the file is unreadable.
+        """
+        try:
+            with open(self.checkpoint_path, "rb") as f:
+                state = torch.load(io.BytesIO(f.read()), weights_only=True)
+        except Exception as err:
+            raise ConfigError(f"run config 'resume' = true: cannot read {self.checkpoint_path} "
+                              f"({type(err).__name__}: {err})") from None
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            raise ConfigError(f"run config 'resume' = true: {self.checkpoint_path} is not a "
+                              f"checkpoint of this app (format {CHECKPOINT_FORMAT})")
+        differ = self.cfg.differences(state["config"], allowed=RESUMABLE_CHANGES)
+        if differ:
+            changes = ", ".join(f"'{k}' = {self.cfg.to_dict().get(k)!r} (was "
+                                f"{state['config'].get(k)!r})" for k in differ)
+            raise ConfigError(f"run config 'resume' = true, but the config differs from the run "
+                              f"being resumed: {changes}; allowed: the same config, with a larger "
+                              f"'num-server-rounds'")
+        if self.cfg.num_server_rounds < state["round"]:
+            raise ConfigError(f"run config 'num-server-rounds' = {self.cfg.num_server_rounds} is "
+                              f"below the {state['round']} rounds the run has done; allowed: an "
+                              f"integer >= {state['round']}")
+        return state
+
+    def write_metrics(self, record: dict[str, Any]) -> None:
+        """Rewrite metrics.json (atomic, strict JSON)."""
+        write_json(self.metrics_path, record)

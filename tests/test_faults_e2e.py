@@ -1,0 +1,103 @@
+"""Faults on real Flower processes: a SuperNode killed and restarted, a ServerApp killed and resumed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import simulation
+
+from .conftest import free_port
+from .test_flower_e2e import FLWR, ROOT, _flwr_run, _start_superlink
+
+pytestmark = pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")
+
+
+def _wait_for(path: Path, until, timeout: float, what: str) -> dict:
+    """Poll metrics.json until ``until(metrics)``; return it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            metrics = json.loads(path.read_text())
+            if until(metrics):
+                return metrics
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _supernode(processes, port: int, pid: int, n: int, name: str):
+    return processes.start(
+        ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
+         "--port", str(free_port()), "--node-config", f"partition-id={pid} num-partitions={n}"],
+        name)
+
+
+def test_a_supernode_killed_mid_run_and_restarted(processes):
+    port = _start_superlink(processes, simulation=False)
+    nodes = {pid: _supernode(processes, port, pid, 3, f"supernode{pid}") for pid in range(3)}
+    results = processes.tmp / "results"
+    log = open(processes.tmp / "run.log", "w")  # noqa: SIM115 - closed below
+    run = subprocess.Popen(
+        [FLWR, "run", str(ROOT), "--stream", "--run-config",
+         f"num-server-rounds=6 local-epochs=1 min-nodes=3 round-timeout=20 "
+         f"results-dir='{results}' run-name='fault'"],
+        env=processes.env, cwd=processes.tmp, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    path = results / "fault" / "metrics.json"
+    try:
+        _wait_for(path, lambda m: m["completed_rounds"] >= 2, 300, "round 2")
+        simulation.stop_tree(nodes[1].pid, timeout=10)  # client 1's SuperNode dies
+        _wait_for(path, lambda m: m["completed_rounds"] >= 3, 300, "round 3")
+        _supernode(processes, port, 1, 3, "supernode1-again")  # and comes back, as a new node
+        metrics = _wait_for(path, lambda m: m["finished"], 600, "the end of the run")
+        run.wait(timeout=60)
+    finally:
+        simulation.stop_tree(run.pid, timeout=10)
+        log.close()
+    rounds = {r["round"]: r for r in metrics["rounds"]}
+    missed = [r for r, rec in rounds.items() if 1 in [int(c) for c in rec.get("absent_clients", {})]]
+    assert missed and min(missed) == 3, rounds  # absent from the round it died in
+    assert rounds[6]["trained_clients"] == [0, 1, 2]  # back, and training again
+    assert "1" in rounds[6]["client_accuracy"]
+    for r in missed:
+        assert rounds[r]["trained_clients"] == [0, 2]
+        reason = rounds[r]["absent_clients"]["1"]
+        assert reason.startswith(("no reply within the round timeout (20 s)", "node not connected",
+                                  "node unavailable")), reason
+    assert "Client 1 is back, on node" in (processes.tmp / "run.log").read_text()
+
+
+@pytest.mark.parametrize("strategy, extra", [
+    ("fedamp", "min-nodes=3"),
+    ("panacea", "graph='groups' local-steps=3 min-nodes=6 panacea-server-lr=0.01"),
+])
+def test_a_server_killed_mid_run_and_resumed_gives_identical_metrics(processes, strategy, extra):
+    _start_superlink(processes, simulation=True)
+    n = 6 if strategy == "panacea" else 3
+    results = processes.tmp / "results"
+    config = (f"strategy='{strategy}' num-server-rounds=8 local-epochs=3 {extra} "
+              f"results-dir='{results}'")
+    federation = ["--federation-config", f"num-supernodes={n} client-resources-num-cpus=1"]
+    _flwr_run(processes, f"{config} run-name='whole'", federation)
+    subprocess.run([FLWR, "run", str(ROOT), "--run-config", f"{config} run-name='cut'", *federation],
+                   env=processes.env, cwd=processes.tmp, capture_output=True, timeout=120)
+    path = results / "cut" / "metrics.json"
+    _wait_for(path, lambda m: m["completed_rounds"] >= 2, 300, "round 2")
+    # the server machine dies: the SuperLink with its ServerApp, mid-run
+    simulation.stop_tree(processes.procs[0].pid, timeout=10)
+    half = json.loads(path.read_text())
+    assert not half["finished"] and half["completed_rounds"] < 8
+    _start_superlink(processes, simulation=True)  # a new SuperLink
+    _flwr_run(processes, f"{config} run-name='cut' resume=true", federation)
+    resumed = json.loads(path.read_text())
+    whole = json.loads((results / "whole" / "metrics.json").read_text())
+    assert resumed["finished"] and whole["finished"]
+    keys = ("client_accuracy", "client_loss", "train_loss", "trained_clients")
+    assert [{k: r[k] for k in keys} for r in resumed["rounds"]] == \
+        [{k: r[k] for k in keys} for r in whole["rounds"]]

@@ -1,0 +1,116 @@
+"""A hardened fleet on loopback, made and run as the README's "Deployment" section says.
+
+TLS (certificates from ``deploy/make-certs.sh``), SuperNode authentication
+(``--enable-supernode-auth``, keys registered with ``flwr supernode register``),
+the SuperLink on an admin-only address and the public Fleet endpoint behind
+``deploy/nginx-fleet.conf``, which forwards only the Fleet API.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from .conftest import ROOT, free_port
+
+FLWR = shutil.which("flwr")
+TOOLS = {t: shutil.which(t) for t in ("openssl", "ssh-keygen", "nginx")}
+pytestmark = pytest.mark.skipif(
+    FLWR is None or not all(TOOLS.values()),
+    reason=f"needs flwr, openssl, ssh-keygen and nginx (missing: "
+           f"{[t for t, p in TOOLS.items() if not p]})")
+
+
+def _post(port: int, path: str, cafile) -> int:
+    """HTTP status of an empty POST to https://localhost:<port><path>."""
+    ctx = ssl.create_default_context(cafile=str(cafile))
+    req = urllib.request.Request(f"https://localhost:{port}{path}", data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def _wait_exit(proc, timeout: float) -> int | None:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def test_tls_authentication_and_a_fleet_endpoint_without_the_control_api(processes):
+    tmp = processes.tmp
+    subprocess.run([str(ROOT / "deploy" / "make-certs.sh"), str(tmp), "3", "localhost", "127.0.0.1"],
+                   check=True, capture_output=True)
+    certs, keys = tmp / "certs", tmp / "keys"
+    admin, fleet = free_port(), free_port()
+    # the SuperLink, on an address for admins only
+    processes.start(["flower-superlink", "--ssl-ca-certfile", str(certs / "ca.crt"),
+                     "--ssl-certfile", str(certs / "server.pem"),
+                     "--ssl-keyfile", str(certs / "server.key"), "--enable-supernode-auth",
+                     "--host", "127.0.0.1", "--port", str(admin)], "superlink")
+    home = tmp / "flwr-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "admin"\n\n[superlink.admin]\naddress = "127.0.0.1:{admin}"\n'
+        f'root-certificates = "{certs / "ca.crt"}"\n')
+    # the public Fleet endpoint
+    conf = (ROOT / "deploy" / "nginx-fleet.conf").read_text()
+    for key, value in {"WORK": tmp, "FLEET": f"127.0.0.1:{fleet}", "SUPERLINK": f"127.0.0.1:{admin}",
+                       "CERTS": certs, "TLS_NAME": "localhost"}.items():
+        conf = conf.replace("${" + key + "}", str(value))
+    (tmp / "nginx.conf").write_text(conf)
+    processes.start(["nginx", "-c", str(tmp / "nginx.conf"), "-p", str(tmp), "-g", "daemon off;"],
+                    "nginx")
+    time.sleep(4)
+    for i in (0, 1):  # register two of the three keys
+        subprocess.run([FLWR, "supernode", "register", str(keys / f"client_{i}.pub"), "admin"],
+                       env=processes.env, cwd=tmp, check=True, capture_output=True, timeout=60)
+
+    def supernode(name: str, pid: int, *extra: str):
+        return processes.start(
+            ["flower-supernode", "--superlink", f"127.0.0.1:{fleet}", "--port", str(free_port()),
+             "--node-config", f"partition-id={pid} num-partitions=2", *extra], name)
+
+    for i in (0, 1):
+        supernode(f"supernode{i}", i, "--root-certificates", str(certs / "ca.crt"),
+                  "--auth-supernode-private-key", str(keys / f"client_{i}"))
+    retry = ("--max-retries", "1", "--max-wait-time", "10")
+    refused = {
+        "unregistered": supernode("unregistered", 0, "--root-certificates", str(certs / "ca.crt"),
+                                  "--auth-supernode-private-key", str(keys / "client_2"), *retry),
+        "without-ca": supernode("without-ca", 1, "--auth-supernode-private-key",
+                                str(keys / "client_0"), *retry),
+        "plaintext": supernode("plaintext", 1, "--insecure", *retry),
+    }
+    for name, proc in refused.items():
+        assert _wait_exit(proc, 90) not in (None, 0), f"{name} was not refused"
+    assert "Failed to activate SuperNode" in processes.log("unregistered")
+    assert "CERTIFICATE_VERIFY_FAILED" in processes.log("without-ca")
+    assert "could not establish a connection" in processes.log("plaintext")
+
+    # the Control API answers on the admin address only
+    assert _post(fleet, "/v1/control/list-nodes", certs / "ca.crt") == 404
+    assert _post(admin, "/v1/control/list-nodes", certs / "ca.crt") != 404
+
+    results = tmp / "results"
+    out = subprocess.run(
+        [FLWR, "run", str(ROOT), "admin", "--stream", "--run-config",
+         f"num-server-rounds=2 local-epochs=1 min-nodes=2 results-dir='{results}' run-name='tls'"],
+        env=processes.env, cwd=tmp, capture_output=True, text=True, timeout=400)
+    metrics_path = results / "tls" / "metrics.json"
+    assert metrics_path.is_file(), out.stdout[-3000:] + out.stderr[-2000:]
+    metrics = json.loads(metrics_path.read_text())
+    assert metrics["finished"] and [r["trained_clients"] for r in metrics["rounds"]] == [[0, 1]] * 2
+    listed = subprocess.run([FLWR, "supernode", "list", "admin", "--format", "json"],
+                            env=processes.env, cwd=tmp, capture_output=True, text=True, timeout=60)
+    online = [n for n in json.loads(listed.stdout)["nodes"] if n["status"] == "online"]
+    assert len(online) == 2

@@ -1,0 +1,200 @@
+"""Hostile and malformed replies: property-based fuzzing of what a client may send back.
+
+Every generated reply has at least one defect. Fed to FedAMP, Panacea, SCAFFOLD
+and Flower's FedAvg, they must never raise and never change what the server
+stores (the per-client models, the hypernetwork and its optimizer, the
+control variate, the global model), nor reach the records as a result.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.constant import ErrorCode
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from .conftest import LocalGrid, client_infos, setup_strategy
+
+N = 3  # clients 0..2 on nodes 10..12, 5 training and 5 test samples each (client_infos)
+
+ARRAY_DEFECTS = ["missing key", "extra key", "wrong shape", "int dtype", "float16 nan", "nan",
+                 "inf", "huge", "poison 1e7"]
+METRIC_DEFECTS = ["num-examples 0", "num-examples -3", "num-examples 1.5", "num-examples 1e300",
+                  "num-examples list", "num-examples too many",
+                  "no num-examples", "train-loss nan", "train-loss list", "train-loss inf",
+                  "wrong client-id", "wrong round", "two metric records", "no metric record"]
+ENVELOPE_DEFECTS = ["unknown node", "error reply", "no arrays", "two array records"]
+EVAL_DEFECTS = ["accuracy 1e9", "accuracy nan", "accuracy -0.1", "accuracy list", "no metric",
+                "accuracy and mse", "loss inf", "loss -1", "num-examples 0", "num-examples 99",
+                "num-examples 1.5", "unknown node", "error reply", "wrong client-id"]
+
+
+def _trained(sent: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v + 0.01 if v.is_floating_point() else v.clone() for k, v in sent.items()}
+
+
+def bad_train_reply(node: int, sent: dict[str, torch.Tensor], defects: list[str], extra=None) -> Message:
+    arrays = _trained(sent)
+    metrics = {"num-examples": 5, "train-loss": 0.5, "client-id": node - 10, "server-round": 1}
+    records: dict = {}
+    keys = list(arrays)
+    for i, d in enumerate(defects):
+        key = keys[i]  # each defect on a tensor of its own
+        if d == "missing key":
+            arrays.pop(key)
+        elif d == "extra key":
+            arrays["evil"] = torch.zeros(3)
+        elif d == "wrong shape":
+            arrays[key] = torch.zeros(7, 7)
+        elif d == "int dtype":
+            arrays[key] = arrays[key].to(torch.int32)
+        elif d == "float16 nan":
+            arrays[key] = torch.full_like(arrays[key], float("nan")).half()
+        elif d in ("nan", "inf"):
+            arrays[key] = arrays[key].clone()
+            arrays[key].view(-1)[0] = float(d)
+        elif d == "huge":
+            arrays[key] = torch.full_like(arrays[key], 1e12)
+        elif d == "poison 1e7":  # finite, below the absolute norm bound: the update-norm bound catches it
+            arrays[key] = torch.full_like(arrays[key], 1e7)
+        elif d.startswith("num-examples"):
+            metrics["num-examples"] = {"num-examples 0": 0, "num-examples -3": -3,
+                                       "num-examples 1.5": 1.5, "num-examples 1e300": 1e300,
+                                       "num-examples list": [5],
+                                       "num-examples too many": 6}[d]
+        elif d == "no num-examples":
+            metrics.pop("num-examples")
+        elif d.startswith("train-loss"):
+            metrics["train-loss"] = {"train-loss nan": float("nan"), "train-loss list": [0.1, 0.2],
+                                     "train-loss inf": float("inf")}[d]
+        elif d == "wrong client-id":
+            metrics["client-id"] = (node - 10 + 1) % N
+        elif d == "wrong round":
+            metrics["server-round"] = 7
+        elif d == "two metric records":
+            records["metrics-2"] = MetricRecord({"num-examples": 5})
+        elif d == "no metric record":
+            pass  # below
+        elif d == "unknown node":
+            node = 99
+        elif d == "two array records":
+            records["shadow"] = ArrayRecord(_trained(sent))
+    content = RecordDict()
+    if "no arrays" not in defects:
+        content["arrays"] = ArrayRecord(arrays)
+    if "no metric record" not in defects:
+        content["metrics"] = MetricRecord(metrics)
+    for name, record in {**(extra or {}), **records}.items():
+        content[name] = record
+    sent_msg = Message(RecordDict({"config": ConfigRecord()}), message_type=MessageType.TRAIN,
+                       dst_node_id=node)
+    if "error reply" in defects:
+        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason="boom"),
+                       reply_to=sent_msg)
+    return Message(content, reply_to=sent_msg)
+
+
+def snapshot(strategy) -> dict:
+    state = {}
+    if getattr(strategy, "models", None) is not None:
+        state["models"] = strategy.models.clone()
+    if getattr(strategy, "hnet", None) is not None:
+        state["hnet"] = copy.deepcopy(strategy.hnet.state_dict())
+        state["optimizer"] = copy.deepcopy(strategy.optimizer.state_dict())
+    if getattr(strategy, "control", None) is not None:
+        state["control"] = strategy.control.clone()
+    return state
+
+
+def same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+STRATEGIES = [("fedamp", {}), ("panacea", {"graph": "groups"}), ("scaffold", {}), ("fedavg", {})]
+defects = st.lists(st.sampled_from(ARRAY_DEFECTS + METRIC_DEFECTS + ENVELOPE_DEFECTS),
+                   min_size=1, max_size=3, unique=True)
+
+
+@pytest.mark.parametrize("name, overrides", STRATEGIES)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(replies=st.lists(st.tuples(st.integers(0, N - 1), defects, st.booleans()),
+                        min_size=1, max_size=6))
+def test_malformed_train_replies_never_crash_the_server_or_touch_its_state(name, overrides, replies):
+    strategy, model = setup_strategy(name, n=N, **overrides)
+    initial = ArrayRecord(model.state_dict())
+    messages = list(strategy.configure_train(1, initial, ConfigRecord(), LocalGrid(infos=client_infos(N))))
+    sent = {m.metadata.dst_node_id: m.content["arrays"].to_torch_state_dict() for m in messages}
+    before = snapshot(strategy)
+    built = []
+    for client, ds, twice in replies:
+        extra = None
+        if name == "scaffold" and "two array records" not in ds:  # a valid control delta
+            extra = {"control-delta": ArrayRecord({k: torch.zeros_like(v)
+                                                   for k, v in model.named_parameters()})}
+        msg = bad_train_reply(10 + client, sent[10 + client], ds, extra)
+        built += [msg, msg] if twice else [msg]
+    arrays, _ = strategy.aggregate_train(1, built)
+    assert arrays is None  # Flower strategies: nothing to aggregate
+    assert same(snapshot(strategy), before)
+    assert strategy.history.rounds.get(1, {}).get("trained_clients", []) == []
+
+
+@pytest.mark.parametrize("name, overrides", STRATEGIES)
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(replies=st.lists(st.tuples(st.integers(0, N - 1), st.sampled_from(EVAL_DEFECTS)),
+                        min_size=1, max_size=6))
+def test_malformed_evaluation_replies_are_never_recorded(name, overrides, replies):
+    strategy, model = setup_strategy(name, n=N, **overrides)
+    list(strategy.configure_evaluate(1, ArrayRecord(model.state_dict()), ConfigRecord(),
+                                     LocalGrid(infos=client_infos(N))))
+    built = []
+    for client, d in replies:
+        node = 99 if d == "unknown node" else 10 + client
+        metrics = {"num-examples": 5, "accuracy": 0.5, "loss": 1.0, "client-id": client,
+                   "server-round": 1}
+        bad = {"accuracy 1e9": {"accuracy": 1e9}, "accuracy nan": {"accuracy": float("nan")},
+               "accuracy -0.1": {"accuracy": -0.1}, "accuracy list": {"accuracy": [0.5]},
+               "accuracy and mse": {"mse": 0.1}, "loss inf": {"loss": float("inf")},
+               "loss -1": {"loss": -1.0}, "num-examples 0": {"num-examples": 0},
+               "num-examples 99": {"num-examples": 99}, "num-examples 1.5": {"num-examples": 1.5},
+               "wrong client-id": {"client-id": (client + 1) % N}}.get(d, {})
+        metrics.update(bad)
+        if d == "no metric":
+            metrics.pop("accuracy")
+        out = Message(RecordDict({"config": ConfigRecord()}), message_type=MessageType.EVALUATE,
+                      dst_node_id=node)
+        built.append(Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="gone"), reply_to=out)
+                     if d == "error reply" else Message(RecordDict({"metrics": MetricRecord(metrics)}),
+                                                        reply_to=out))
+    strategy.aggregate_evaluate(1, built)
+    record = strategy.history.rounds.get(1, {})
+    assert "client_accuracy" not in record and "mean_accuracy" not in record
+    assert np.isfinite(strategy.history.to_dict().get("bmta", 0.0))
+
+
+def test_one_good_reply_among_bad_ones_is_the_only_one_used():
+    strategy, model = setup_strategy("fedamp", n=N)
+    initial = ArrayRecord(model.state_dict())
+    messages = list(strategy.configure_train(1, initial, ConfigRecord(), LocalGrid(infos=client_infos(N))))
+    sent = {m.metadata.dst_node_id: m.content["arrays"].to_torch_state_dict() for m in messages}
+    before = strategy.models.clone()
+    good = bad_train_reply(11, sent[11], [])
+    replies = [bad_train_reply(10, sent[10], ["poison 1e7"]), good, good,  # a duplicate
+               bad_train_reply(12, sent[12], ["int dtype"])]
+    strategy.aggregate_train(1, replies)
+    assert torch.equal(strategy.models[[0, 2]], before[[0, 2]])
+    assert not torch.equal(strategy.models[1], before[1])
+    record = strategy.history.rounds[1]
+    assert record["trained_clients"] == [1]
+    assert "update norm" in record["rejected"][0] and "dtype int32" in record["rejected"][2]

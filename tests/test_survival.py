@@ -1,0 +1,219 @@
+"""Runs that survive, in process: checkpoint and resume, no result lost, clients that leave and
+come back, replies that never come, and the wait for nodes."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from flwr.app import Context, Error, Message, MessageType, RecordDict
+from flwr.common.constant import ErrorCode
+
+from fedamp_flwr import server_app
+from fedamp_flwr.config import ConfigError
+from strategies.discovery import discover_clients
+
+from .conftest import LocalGrid, client_infos
+
+
+class Crash(Exception):
+    """The ServerApp's process dies."""
+
+
+class FaultyGrid(LocalGrid):
+    """A LocalGrid (node ``100 + i`` is client ``i``) with scripted faults.
+
+    ``crash_at``: (server round, message type) at which the ServerApp dies,
+    before that phase's messages are delivered. ``offline``: client -> rounds
+    in which its node is gone. ``moves``: client -> (round, node id): from that
+    round on the client is on a new node with an empty ``context.state`` (a
+    restarted SuperNode). ``silent`` / ``failing``: (round, client) pairs whose
+    train reply never comes / comes as Flower's node-unavailable error.
+    """
+
+    def __init__(self, run_config, n, crash_at=None, offline=None, moves=None, silent=(),
+                 failing=()):
+        super().__init__(run_config, n)
+        self.crash_at, self.offline, self.moves = crash_at, offline or {}, moves or {}
+        self.silent, self.failing = set(silent), set(failing)
+        self.client = {100 + c: c for c in range(n)}
+        for c, (_, node) in self.moves.items():
+            self.client[node] = c
+            self.contexts[node] = Context(run_id=1, node_id=node, state=RecordDict(),
+                                          run_config=run_config,
+                                          node_config={"partition-id": c, "num-partitions": n})
+        self.round = 1  # the round the fleet is in (the next one once a round's evaluation is done)
+
+    def live(self) -> dict[int, int]:
+        """Node id -> client of the nodes connected now."""
+        out = {}
+        for node, c in self.client.items():
+            rnd, new = self.moves.get(c, (None, None))
+            if rnd is not None and (node == new) != (self.round >= rnd):
+                continue  # the old node after the move, or the new one before it
+            if self.round not in self.offline.get(c, ()):
+                out[node] = c
+        return out
+
+    def get_node_ids(self):
+        return list(self.live())
+
+    def send_and_receive(self, messages, timeout=None):
+        messages = list(messages)
+        kind = messages[0].metadata.message_type if messages else None
+        if (self.round, kind) == self.crash_at:
+            self.crash_at = None  # it dies once
+            raise Crash(f"the ServerApp dies in round {self.round}")
+        live, replies = self.live(), []
+        for m in messages:
+            node = m.metadata.dst_node_id
+            c = self.client.get(node)
+            if kind == MessageType.TRAIN and (self.round, c) in self.silent:
+                continue
+            if node not in live or (kind == MessageType.TRAIN and (self.round, c) in self.failing):
+                replies.append(Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node is gone"),
+                                       reply_to=m))
+                continue
+            replies += super().send_and_receive([m])
+        if kind == MessageType.EVALUATE:
+            self.round += 1
+        return replies
+
+
+def config(tmp_path, strategy, **overrides) -> dict:
+    return {"strategy": strategy, "num-server-rounds": 4, "local-epochs": 1, "min-nodes": 3,
+            "results-dir": str(tmp_path), "run-name": "run", "server-device": "cpu", **overrides}
+
+
+def run(grid: LocalGrid, run_config: dict) -> dict:
+    """The real ServerApp on ``grid``; returns its metrics.json."""
+    server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                                  run_config=run_config))
+    folder = run_config["results-dir"] + "/" + run_config["run-name"]
+    return json.loads(open(folder + "/metrics.json").read())
+
+
+def rounds(metrics: dict) -> list[dict]:
+    keys = ("round", "client_accuracy", "mean_accuracy", "train_loss", "mean_loss",
+            "trained_clients", "absent_clients")
+    return [{k: r.get(k) for k in keys} for r in metrics["rounds"]]
+
+
+@pytest.mark.parametrize("strategy, n, overrides", [
+    ("fedamp", 3, {}),
+    ("panacea", 6, {"graph": "groups", "local-steps": 3, "min-nodes": 6, "panacea-server-lr": 0.01}),
+    ("scaffold", 3, {}),
+    ("fedavg", 4, {"fraction-train": 0.5, "min-nodes": 4}),
+])
+def test_a_serverapp_killed_and_resumed_gives_the_uninterrupted_numbers(tmp_path, strategy, n,
+                                                                         overrides):
+    whole = run(LocalGrid(cfg := config(tmp_path / "whole", strategy, **overrides), n), cfg)
+    cut = config(tmp_path / "cut", strategy, **overrides)
+    grid = FaultyGrid(cut, n, crash_at=(3, MessageType.TRAIN))  # the SuperNodes stay up
+    with pytest.raises(Crash):
+        run(grid, cut)
+    half = json.loads((tmp_path / "cut" / "run" / "metrics.json").read_text())
+    assert half["completed_rounds"] == 2 and half["finished"] is False and len(half["rounds"]) == 2
+    resumed = run(grid, {**cut, "resume": True})
+    assert resumed["finished"] is True and resumed["completed_rounds"] == 4
+    assert rounds(resumed) == rounds(whole)  # every number, to the last digit
+    assert resumed["bmta"] == whole["bmta"]
+
+
+def test_resume_on_new_nodes_and_with_more_rounds(tmp_path, caplog):
+    cfg = config(tmp_path, "fedamp")
+    with pytest.raises(Crash):
+        run(FaultyGrid(cfg, 3, crash_at=(2, MessageType.EVALUATE)), cfg)
+    # a new fleet: other node ids (the clients are found again by partition id)
+    grid = LocalGrid({**cfg}, 3)
+    grid.contexts = {n + 50: ctx for n, ctx in grid.contexts.items()}
+    resumed = run(grid, {**cfg, "resume": True, "num-server-rounds": 5})
+    assert [r["round"] for r in resumed["rounds"]] == [1, 2, 3, 4, 5]
+    assert "resuming after round 1" in caplog.text and resumed["finished"]
+
+
+def test_resume_refuses_a_changed_config_and_fewer_rounds(tmp_path):
+    cfg = config(tmp_path, "fedamp")
+    run(LocalGrid(cfg, 3), cfg)
+    with pytest.raises(ConfigError, match=r"'learning-rate' = 0.5 \(was 0.001\)"):
+        run(LocalGrid(cfg, 3), {**cfg, "resume": True, "learning-rate": 0.5})
+    with pytest.raises(ConfigError, match="'num-server-rounds' = 3 is below the 4 rounds"):
+        run(LocalGrid(cfg, 3), {**cfg, "resume": True, "num-server-rounds": 3})
+    with pytest.raises(ConfigError, match="holds no checkpoint"):
+        run(LocalGrid(cfg, 3), {**cfg, "resume": True, "run-name": "other"})
+
+
+def test_no_result_is_overwritten(tmp_path):
+    cfg = config(tmp_path, "fedavg", **{"num-server-rounds": 1})
+    first = run(LocalGrid(cfg, 3), cfg)
+    with pytest.raises(ConfigError, match="already holds a finished run; allowed: another "
+                                          "run-name, resume = true .* or overwrite = true"):
+        run(LocalGrid(cfg, 3), cfg)
+    again = run(LocalGrid(cfg, 3), {**cfg, "overwrite": True})
+    assert rounds(again) == rounds(first)
+    # without a run-name every run gets a folder of its own
+    anonymous = {**cfg, "run-name": ""}
+    for _ in range(2):
+        server_app.main(LocalGrid(anonymous, 3), Context(run_id=1, node_id=0, node_config={},
+                                                         state=RecordDict(), run_config=anonymous))
+    names = sorted(p.name for p in tmp_path.iterdir() if p.name != "run")
+    assert len(names) == 2 and all(n.startswith("fedavg-synthetic-practical-s42-") for n in names)
+
+
+def test_metrics_json_is_strict_json_after_every_round(tmp_path):
+    cfg = config(tmp_path, "fedamp")
+    with pytest.raises(Crash):
+        run(FaultyGrid(cfg, 3, crash_at=(2, MessageType.TRAIN)), cfg)
+    text = (tmp_path / "run" / "metrics.json").read_text()
+
+    def refuse(constant):
+        raise AssertionError(f"{constant} in metrics.json")
+
+    metrics = json.loads(text, parse_constant=refuse)
+    assert metrics["completed_rounds"] == 1 and not metrics["finished"]
+
+
+def test_a_client_that_leaves_and_comes_back_on_a_new_node(tmp_path, caplog):
+    cfg = config(tmp_path, "fedamp", **{"num-server-rounds": 5})
+    # client 1's SuperNode is gone in rounds 2 and 3, and restarts (node 777) in round 4
+    grid = FaultyGrid(cfg, 3, offline={1: (2, 3)}, moves={1: (4, 777)})
+    metrics = run(grid, cfg)
+    by_round = {r["round"]: r for r in metrics["rounds"]}
+    for r in (2, 3):
+        assert by_round[r]["trained_clients"] == [0, 2]
+        assert by_round[r]["absent_clients"] == {"1": "node not connected"}
+        assert set(by_round[r]["client_accuracy"]) == {"0", "2"}
+        # "exclude": client 1's frozen model does not enter the others' cloud models
+        xi = metrics["xi"]["rounds"][str(r)]
+        assert xi[0][1] == 0 and xi[2][1] == 0 and xi[1] == [0.0, 1.0, 0.0]
+    for r in (4, 5):
+        assert by_round[r]["trained_clients"] == [0, 1, 2] and "absent_clients" not in by_round[r]
+    assert "Client 1 is back, on node 777" in caplog.text
+
+
+def test_absent_replies_are_recorded_with_their_reason(tmp_path):
+    cfg = config(tmp_path, "fedavg", **{"num-server-rounds": 2, "round-timeout": 7})
+    metrics = run(FaultyGrid(cfg, 3, silent={(1, 2)}, failing={(2, 0)}), cfg)
+    first, second = metrics["rounds"]
+    assert first["absent_clients"] == {"2": "no reply within the round timeout (7 s)"}
+    assert second["absent_clients"] == {"0": "node unavailable: node is gone"}
+    assert first["trained_clients"] == [0, 1] and second["trained_clients"] == [1, 2]
+
+
+def test_a_scaffold_client_that_lost_its_state_starts_afresh_with_a_warning(tmp_path, caplog):
+    cfg = config(tmp_path, "scaffold", **{"num-server-rounds": 3})
+    metrics = run(FaultyGrid(cfg, 3, moves={2: (3, 555)}), cfg)
+    assert metrics["rounds"][2]["trained_clients"] == [0, 1, 2]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("Client state 'scaffold-control' is missing although this client trained in 2"
+               in w for w in warned)
+
+
+def test_waiting_for_nodes_names_the_missing_partition_ids():
+    infos = {k: v for k, v in client_infos(4).items() if v["client-id"] in (0, 2)}
+    with pytest.raises(RuntimeError, match=r"min-nodes is 4: partition ids \[1, 3\] of "
+                                           r"num-partitions = 4 are missing"):
+        discover_clients(LocalGrid(infos=infos), min_nodes=4, timeout=0.3, poll=0.1)
+    with pytest.raises(RuntimeError, match="no node has connected"):
+        discover_clients(LocalGrid(infos={}), min_nodes=1, timeout=0.2, poll=0.1)
