@@ -43,6 +43,8 @@ SCENARIOS: dict[str, tuple[str, Any]] = {
     "heterogeneous-epochs": ("het. epochs", False),
     "attack-ratio": ("attack", 0.0),
     "novel-client-fraction": ("novel", 0.0),
+    "fl60-variant": ("", "text"),
+    "tpt48-split": ("split", "time"),
 }
 #: Scenario keys that get a ``vs_<key>.png`` plot when a dataset has two or more values.
 SWEEP_KEYS = ("drop-rate", "attack-ratio", "novel-client-fraction")
@@ -210,6 +212,8 @@ def scenario_value(run: Run, key: str) -> Any:
     value = (run.get("config") or {}).get(key, default)
     if isinstance(default, bool):
         return bool(value)
+    if isinstance(default, str):
+        return str(value)
     try:
         return float(value)
     except (TypeError, ValueError):
@@ -253,6 +257,8 @@ def setting_of(run: Run, keys: Iterable[str] | None = None) -> str:
         if isinstance(value, bool):
             if value:
                 parts.append(label)
+        elif isinstance(value, str):
+            parts.append(f"{label} {value}".strip())
         else:
             parts.append(f"{label} {value:g}")
     base = f"{run.get('dataset', '?')}/{run.get('partitioning', '?')}"
@@ -266,6 +272,12 @@ def _first_seen(items: Iterable[Any]) -> dict[Any, int]:
     return order
 
 
+def method_of(run: Run) -> str:
+    """The row a run goes in: its ``label`` (a variant of a strategy, e.g.
+    ``fedamp@paper``), else its strategy."""
+    return str(run.get("label") or run.get("strategy", "?"))
+
+
 def strategies_of(runs: Sequence[Run], strategy_order: Sequence[str] | None = None) -> list[str]:
     """The strategies present, those in ``strategy_order`` first, the rest by first appearance.
 
@@ -276,7 +288,7 @@ def strategies_of(runs: Sequence[Run], strategy_order: Sequence[str] | None = No
     strategy_order : Sequence[str] | None
         Preferred order of the rows; strategies without runs are left out.
     """
-    present = list(_first_seen(str(r.get("strategy", "?")) for r in runs))
+    present = list(_first_seen(method_of(r) for r in runs))
     wanted = [s for s in (strategy_order or []) if s in present]
     return list(dict.fromkeys(wanted)) + [s for s in present if s not in wanted]
 
@@ -317,7 +329,7 @@ def group_runs(runs: Sequence[Run], strategy_order: Sequence[str] | None = None,
             name = setting_of(run, keys[pair])
             order.setdefault(name, (datasets[pair[0]], i,
                                     *(scenario_value(run, k) for k in SCENARIOS)))
-            groups.setdefault((name, str(run.get("strategy", "?"))), []).append(run)
+            groups.setdefault((name, method_of(run)), []).append(run)
     settings = sorted(order, key=order.__getitem__)
     return settings, strategies_of(runs, strategy_order), groups
 

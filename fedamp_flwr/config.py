@@ -23,6 +23,47 @@ from tasks.scenarios import Roles, scenario_roles
 GRAPHS = ("task", "file", "groups", "none")
 
 
+# Settings that take "auto": the value for the task and the strategy, from
+# auto_settings (the strategy's own defaults, the task's tuned ones).
+AUTO_KEYS = ("local-epochs", "local-steps", "batch-size", "learning-rate",
+             "panacea-client-lr", "panacea-client-momentum", "panacea-client-weight-decay",
+             "panacea-client-clip", "panacea-server-lr", "panacea-server-steps",
+             "panacea-server-weight-decay", "panacea-server-clip")
+
+# The values of "auto" where neither the strategy nor the task says otherwise: the
+# FedAMP paper's local training (10 epochs there; 5 here, see the README), and the
+# Panacea settings this project has used since the start.
+AUTO_DEFAULTS: dict[str, Any] = {
+    "local-epochs": 5, "local-steps": 0, "batch-size": 100, "learning-rate": 1e-3,
+    "panacea-client-lr": 0.1, "panacea-client-momentum": 0.0,
+    "panacea-client-weight-decay": 0.0, "panacea-client-clip": 0.0,
+    "panacea-server-lr": 0.1, "panacea-server-steps": 10,
+    "panacea-server-weight-decay": 0.0, "panacea-server-clip": 0.0,
+}
+
+
+def auto_settings(dataset: str, strategy: str) -> dict[str, Any]:
+    """The values of the "auto" settings for ``strategy`` on ``dataset``.
+
+    From the most general to the most specific, each overriding the last:
+    :data:`AUTO_DEFAULTS`, the task's defaults for every strategy
+    (``TaskSpec.auto["*"]``), the strategy's own (``register_strategy(auto=...)``,
+    e.g. pFedHN's reference trainer), the task's for that strategy
+    (``TaskSpec.auto[strategy]``, tuned).
+    """
+    task = tasks.get_task(dataset).auto
+    return {**AUTO_DEFAULTS, **task.get("*", {}), **strategies.STRATEGIES[strategy].auto,
+            **task.get(strategy, {})}
+
+
+# The words a ``float | str`` or ``int | str`` key takes besides numbers.
+WORDS: dict[str, tuple[str, ...]] = {
+    "fedamp-sigma": ("auto",), "heurfedamp-sigma": ("auto",),
+    "fedamp-self-weight": ("eq6", "paper"), "heurfedamp-self-weight": ("paper",),
+    **{key: ("auto",) for key in AUTO_KEYS},
+}
+
+
 class ConfigError(ValueError):
     """An invalid run-config value."""
 
@@ -44,6 +85,7 @@ class RunConfig:
     seed: int = 42
     results_dir: str = "results"
     run_name: str = ""
+    label: str = ""
     resume: bool = False
     overwrite: bool = False
     checkpoint_every: int = 1
@@ -53,9 +95,9 @@ class RunConfig:
     max_update_ratio: float = 100.0
     fraction_train: float = 1.0
     min_nodes: int = 2
-    local_epochs: int = 5
-    batch_size: int = 100
-    learning_rate: float = 1e-3
+    local_epochs: int | str = "auto"
+    batch_size: int | str = "auto"
+    learning_rate: float | str = "auto"
     optimizer: str = "adam"
     server_device: str = "auto"
     fedamp_alpha_k: float = 1e4
@@ -64,29 +106,38 @@ class RunConfig:
     fedamp_lambda: float = 1.0
     fedamp_sigma: float | str = "auto"
     heurfedamp_sigma: float | str = "auto"
-    heurfedamp_self_weight: float = 0.1
+    fedamp_self_weight: float | str = "eq6"
+    heurfedamp_self_weight: float | str = 0.1
     fedamp_offline_clients: str = "exclude"
     fedprox_mu: float = 0.01
-    local_steps: int = 0
+    local_steps: int | str = "auto"
     graph: str = "task"
     graph_file: str = ""
     novel_client_fraction: float = 0.0
     attack_ratio: float = 0.0
     fl60_noise_std: float = 1.0
+    fl60_variant: str = "text"
+    tpt48_split: str = "time"
     panacea_embed_dim: int = 100
     panacea_gnn_layers: int = 3
     panacea_hidden: int = 100
     panacea_mlp_layers: int = 3
-    panacea_server_lr: float = 0.1
+    panacea_server_lr: float | str = "auto"
     panacea_server_momentum: float = 0.9
-    panacea_server_steps: int = 10
+    panacea_server_steps: int | str = "auto"
+    panacea_server_weight_decay: float | str = "auto"
+    panacea_server_clip: float | str = "auto"
     panacea_lambda_d: float = 1.0
-    panacea_client_lr: float = 0.1
+    panacea_client_lr: float | str = "auto"
+    panacea_client_momentum: float | str = "auto"
+    panacea_client_weight_decay: float | str = "auto"
+    panacea_client_clip: float | str = "auto"
     drop_rate: float = 0.0
     heterogeneous_epochs: bool = False
     finetune_epochs: int = 1
     apfl_alpha: float = 0.5
     nonconvex_c: float = 1e-3
+    nonconvex_normalize: bool = False
     fedtrimmedavg_beta: float = 0.2
     per_fedavg_alpha: float = 0.01
     pfedme_lambda: float = 15.0
@@ -106,10 +157,23 @@ class RunConfig:
         values: dict[str, Any] = {}
         for key, value in run_config.items():
             f = known[key]
-            values[f.name] = _coerce(key, value, f.type)
+            values[f.name] = _coerce(key, value, f.type, WORDS.get(key, ()))
         cfg = cls(**values)
+        if cfg.strategy not in strategies.STRATEGIES:  # checked before "auto" needs it
+            raise _bad("strategy", cfg.strategy, ", ".join(sorted(strategies.STRATEGIES)))
+        if cfg.dataset not in tasks.TASKS:
+            raise _bad("dataset", cfg.dataset, ", ".join(tasks.TASKS))
+        cfg = cfg.resolved()
         cfg.validate()
         return cfg
+
+    def resolved(self) -> "RunConfig":
+        """This config with every "auto" setting (:data:`AUTO_KEYS`) given its value for the
+        task and the strategy (:func:`auto_settings`)."""
+        auto = auto_settings(self.dataset, self.strategy)
+        return dataclasses.replace(self, **{
+            key.replace("-", "_"): auto[key] for key in AUTO_KEYS
+            if getattr(self, key.replace("-", "_")) == "auto"})
 
     def validate(self) -> None:
         """Check every value's range; raise :class:`ConfigError` on the first bad one."""
@@ -127,6 +191,8 @@ class RunConfig:
         choice("optimizer", self.optimizer, ["adam", "sgd"])
         choice("graph", self.graph, GRAPHS)
         choice("fedamp-offline-clients", self.fedamp_offline_clients, ["exclude", "include"])
+        choice("fl60-variant", self.fl60_variant, ["text", "grda"])
+        choice("tpt48-split", self.tpt48_split, ["time", "random"])
         check("checkpoint-every", self.checkpoint_every >= 0,
               "an integer >= 0 (0: no checkpoints)")
         for key in ("round-timeout", "node-wait-timeout", "max-update-ratio"):
@@ -151,13 +217,26 @@ class RunConfig:
             v = getattr(self, key.replace("-", "_"))
             check(key, v == "auto" or (not isinstance(v, str) and 0 < v < math.inf),
                   '"auto" or a finite number > 0')
-        check("heurfedamp-self-weight", 0 <= self.heurfedamp_self_weight < 1, "a number in [0, 1)")
+        for key in ("fedamp-self-weight", "heurfedamp-self-weight"):
+            v = getattr(self, key.replace("-", "_"))
+            words = " or ".join(f'"{w}"' for w in WORDS[key])
+            check(key, isinstance(v, str) or 0 <= v < 1, f"{words} or a number in [0, 1)")
+            if (v == "paper" and self.strategy == key.split("-")[0] and tasks.client_groups(
+                    self.dataset, self.partitioning, 2) is None):
+                raise _bad(key, v, f'a number in [0, 1): "paper" (1 / (N_i + 1), N_i the clients of '
+                                   f"i's group) needs a data setting with groups of clients of one "
+                                   f"distribution (practical, iid, blocks), not {self.setting_name}")
         check("fedprox-mu", self.fedprox_mu >= 0, "a number >= 0")
         check("local-steps", self.local_steps >= 0, "an integer >= 0 (0: use local-epochs)")
         check("panacea-gnn-layers", self.panacea_gnn_layers >= 1, "an integer >= 1")
         for key in ("panacea-server-lr", "panacea-client-lr", "fl60-noise-std"):
             check(key, getattr(self, key.replace("-", "_")) > 0, "a number > 0")
         check("panacea-server-momentum", 0 <= self.panacea_server_momentum < 1, "a number in [0, 1)")
+        check("panacea-client-momentum", 0 <= self.panacea_client_momentum < 1, "a number in [0, 1)")
+        for key in ("panacea-client-weight-decay", "panacea-client-clip",
+                    "panacea-server-weight-decay", "panacea-server-clip"):
+            check(key, 0 <= getattr(self, key.replace("-", "_")) < math.inf,
+                  "a finite number >= 0 (0: none)")
         check("panacea-lambda-d", self.panacea_lambda_d >= 0, "a number >= 0")
         check("novel-client-fraction", 0 <= self.novel_client_fraction < 1, "a number in [0, 1)")
         check("attack-ratio", 0 <= self.attack_ratio <= 0.5, "a number in [0, 0.5]")
@@ -181,9 +260,12 @@ class RunConfig:
                        f"0 for the regression task {self.dataset} (label flipping needs classes)")
         for key in ("fedamp-sigma", "heurfedamp-sigma"):
             strategy = key.split("-")[0]
-            if (self.strategy == strategy and getattr(self, key.replace("-", "_")) == "auto"
-                    and strategy not in spec.paper_sigma):
-                raise _bad(key, "auto", f"a number > 0 (the paper gives no sigma for {self.dataset})")
+            if self.strategy == strategy and self.sigma(strategy) is None:
+                known = sorted(p for p, v in spec.paper_sigma.items() if strategy in v)
+                raise _bad(key, "auto", f"a number > 0: the FedAMP paper's sigma (its Tables 4-6) "
+                                        f"for {self.setting_name} is not recorded in this project"
+                                        + (f" (it has {self.dataset}: {', '.join(known)})"
+                                           if known else ""))
 
     def data_config(self, num_clients: int) -> tasks.DataConfig:
         """The :class:`tasks.DataConfig` of this run with ``num_clients`` clients."""
@@ -191,7 +273,8 @@ class RunConfig:
             dataset=self.dataset, data_dir=self.data_dir, num_clients=num_clients,
             seed=self.seed, partitioning=self.partitioning,
             dirichlet_alpha=self.dirichlet_alpha, test_samples=self.test_samples,
-            fl60_noise_std=self.fl60_noise_std,
+            fl60_noise_std=self.fl60_noise_std, fl60_variant=self.fl60_variant,
+            tpt48_split=self.tpt48_split,
         )
 
     def roles(self, num_clients: int) -> Roles:
@@ -204,8 +287,26 @@ class RunConfig:
         """sigma of ``strategy`` ("fedamp"/"heurfedamp"); "auto" = the paper's value (None if none)."""
         value = getattr(self, f"{strategy}_sigma")
         if value == "auto":
-            value = tasks.get_task(self.dataset).paper_sigma.get(strategy)
+            spec = tasks.get_task(self.dataset)
+            setting = "federated" if spec.federated else self.partitioning
+            value = spec.paper_sigma.get(setting, {}).get(strategy)
         return None if value is None else float(value)
+
+    @property
+    def setting_name(self) -> str:
+        """The data setting in words: ``mnist/practical``, or ``fl60`` for a federated task."""
+        federated = tasks.get_task(self.dataset).federated
+        return self.dataset if federated else f"{self.dataset}/{self.partitioning}"
+
+    def self_weight(self, strategy: str) -> float | str | None:
+        """The self weight of ``strategy`` ("fedamp"/"heurfedamp"): a number, "paper" (1 /
+        (N_i + 1) from :meth:`groups`) or None (FedAMP's Eq. 6 rule, ``"eq6"``)."""
+        value = getattr(self, f"{strategy}_self_weight")
+        return None if value == "eq6" else value
+
+    def groups(self, num_clients: int) -> list[int] | None:
+        """Each client's group of same-distribution clients, where the data setting has them."""
+        return tasks.client_groups(self.dataset, self.partitioning, num_clients)
 
     @property
     def setting(self) -> str:
@@ -231,8 +332,11 @@ class RunConfig:
         return {k.replace("_", "-"): v for k, v in dataclasses.asdict(self).items()}
 
 
-def _coerce(key: str, value: Any, annotation: str) -> Any:
-    """Convert ``value`` to the field's type or raise a ConfigError naming ``key``."""
+def _coerce(key: str, value: Any, annotation: str, words: tuple[str, ...] = ()) -> Any:
+    """Convert ``value`` to the field's type or raise a ConfigError naming ``key``.
+
+    ``float | str`` fields take a number or one of their ``words`` (:data:`WORDS`).
+    """
     ann = str(annotation)
     if ann == "bool":
         if not isinstance(value, bool):
@@ -252,16 +356,25 @@ def _coerce(key: str, value: Any, annotation: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _bad(key, value, "a number")
         return float(value)
+    if ann == "int | str":
+        if isinstance(value, str) and value in words:
+            return value
+        allowed = " or ".join(f'"{w}"' for w in words) + " or an integer"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                isinstance(value, float) and not value.is_integer()):
+            raise _bad(key, value, allowed)
+        return int(value)
     if ann != "float | str":
         raise TypeError(f"run config '{key}': no coercion for the field type {ann!r}")
-    # float | str: "auto" or a number
+    # float | str: one of the field's words, or a number
+    allowed = " or ".join(f'"{w}"' for w in words) + " or a number"
     if isinstance(value, str):
-        if value == "auto":
+        if value in words:
             return value
         try:
             return float(value)
         except ValueError:
-            raise _bad(key, value, '"auto" or a finite number > 0') from None
+            raise _bad(key, value, allowed) from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _bad(key, value, '"auto" or a finite number > 0')
+        raise _bad(key, value, allowed)
     return float(value)

@@ -54,7 +54,8 @@ def client_graph(cfg: RunConfig, dc: tasks.DataConfig) -> torch.Tensor | None:
     if not strategies.STRATEGIES[cfg.strategy].uses_graph or cfg.graph == "none":
         return None
     task_adj = tasks.load_federated(dc).adjacency if cfg.graph == "task" else None
-    adj = build_graph(cfg.graph, dc.num_clients, task_adj, cfg.graph_file, cfg.dataset)
+    adj = build_graph(cfg.graph, dc.num_clients, task_adj, cfg.graph_file, cfg.dataset,
+                      cfg.groups(dc.num_clients))
     log(INFO, "Client graph '%s': %d clients, %d edges", cfg.graph, dc.num_clients,
         int(adj.sum()) // 2)
     return torch.from_numpy(adj)
@@ -104,7 +105,8 @@ def main(grid: Grid, context: Context) -> None:
 
     def record(completed: int) -> dict:
         return {
-            "run_name": folder.name, "strategy": cfg.strategy, "dataset": cfg.dataset,
+            "run_name": folder.name, "strategy": cfg.strategy, "label": cfg.label,
+            "dataset": cfg.dataset,
             "partitioning": cfg.partitioning, "num_clients": n,
             "seed": cfg.seed, "config": cfg.to_dict(),
             "sigma": {"fedamp": cfg.sigma("fedamp"), "heurfedamp": cfg.sigma("heurfedamp")},

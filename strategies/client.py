@@ -130,17 +130,19 @@ class ClientJob:
             epochs: int | None = None, steps: int | None = None, lr: float | None = None,
             optimizer: str | None = None, proximal_mu: float = 0.0,
             grad_correction: list[torch.Tensor] | None = None,
-            targets: torch.Tensor | None = None) -> float:
+            targets: torch.Tensor | None = None, **extra) -> float:
         """Train ``model`` (default: the received one) on the local training data.
 
         The generic loop :func:`tasks.train.train` with this job's settings;
-        each argument given replaces the job's. Returns the mean training loss.
+        each argument given replaces the job's (``extra``: the loop's other
+        options: momentum, weight_decay, clip_norm). Returns the mean training loss.
         """
         given = dict(seed=seed, epochs=epochs, steps=steps, lr=lr, optimizer=optimizer)
         kwargs = {**self.loop_kwargs(), **{k: v for k, v in given.items() if v is not None}}
         return train_loop(self.model if model is None else model, self.data.x_train,
                           self.targets if targets is None else targets,
-                          proximal_mu=proximal_mu, grad_correction=grad_correction, **kwargs)
+                          proximal_mu=proximal_mu, grad_correction=grad_correction,
+                          **kwargs, **extra)
 
 
 class ClientUpdate:

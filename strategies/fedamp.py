@@ -76,7 +76,8 @@ def _off_diagonal(m: int, device: torch.device) -> torch.Tensor:
     return ~torch.eye(m, dtype=torch.bool, device=device)
 
 
-def fedamp_weights(models: torch.Tensor, alpha_k: float, sigma: float) -> torch.Tensor:
+def fedamp_weights(models: torch.Tensor, alpha_k: float, sigma: float,
+                   self_weight: float | torch.Tensor | None = None) -> torch.Tensor:
     """FedAMP message-passing weights (paper Eq. 6 with A'(x) = exp(-x/sigma)/sigma).
 
     Parameters
@@ -87,26 +88,36 @@ def fedamp_weights(models: torch.Tensor, alpha_k: float, sigma: float) -> torch.
         Step size alpha_k of round k (> 0).
     sigma : float
         Scale sigma of the attention-inducing function (> 0).
+    self_weight : float | torch.Tensor | None
+        None: Eq. 6's own rule, xi_ij = alpha_k exp(-||w_i - w_j||^2 / sigma) /
+        sigma for j != i and xi_ii = 1 - sum_{j != i} xi_ij. A number (or one
+        per row, in [0, 1)): xi_ii is fixed (the appendix's 1 / (N_i + 1)) and
+        the off-diagonal weights of row i, in the proportions of Eq. 6, sum to
+        1 - xi_ii: xi_ij = (1 - xi_ii) softmax_{j != i}(-||w_i - w_j||^2 / sigma).
 
     Returns
     -------
     torch.Tensor
         (m, m) float64 matrix xi; row i holds the weights of u_i and is a
-        convex combination: xi_ij = alpha_k exp(-||w_i - w_j||^2 / sigma) /
-        sigma for j != i and xi_ii = 1 - sum_{j != i} xi_ij.
+        convex combination.
 
-    Deviation (numerical safeguard, not in the paper): where a row's
-    off-diagonal weights sum above 1, xi_ii would be negative; they are scaled
-    to sum to 1 and xi_ii is set to 0, with a :class:`RowsRescaledWarning`.
-    Where every off-diagonal weight underflows to 0 (sigma too small for the
-    distances), FedAMP has become local training: a
-    :class:`WeightsUnderflowWarning` gives the distances and sigma.
+    Deviations (numerical safeguards, not in the paper): under Eq. 6's rule,
+    where a row's off-diagonal weights sum above 1, xi_ii would be negative;
+    they are scaled to sum to 1 and xi_ii is set to 0, with a
+    :class:`RowsRescaledWarning`. Where every off-diagonal weight underflows
+    to 0 (sigma too small for the distances), FedAMP has become local
+    training: a :class:`WeightsUnderflowWarning` gives the distances and
+    sigma. With a fixed self weight the proportions are normalised in log
+    space (a softmax), which cannot underflow; alpha_k cancels out.
     """
     if alpha_k <= 0 or sigma <= 0:
         raise ValueError(f"alpha_k and sigma must be > 0, got alpha_k={alpha_k}, sigma={sigma}")
     m = models.shape[0]
     d2 = pairwise_sq_distances(models)
     off = _off_diagonal(m, d2.device)
+    if self_weight is not None:
+        return _with_self_weight(torch.where(off, -d2 / sigma, torch.full_like(d2, float("-inf"))),
+                                 self_weight)
     xi = torch.where(off, alpha_k * torch.exp(-d2 / sigma) / sigma, torch.zeros_like(d2))
     row_sum = xi.sum(dim=1)
     over = row_sum > 1.0
@@ -129,7 +140,23 @@ def fedamp_weights(models: torch.Tensor, alpha_k: float, sigma: float) -> torch.
     return xi
 
 
-def heurfedamp_weights(models: torch.Tensor, sigma: float, self_weight: float) -> torch.Tensor:
+def _with_self_weight(logits: torch.Tensor, self_weight: float | torch.Tensor) -> torch.Tensor:
+    """xi from off-diagonal ``logits`` (-inf on the diagonal) and a fixed self weight per row:
+    xi_ii = s_i, xi_ij = (1 - s_i) softmax_j(logits_ij) (s_i = 1: a client alone in its
+    group keeps its own model). One client: xi = [[1]]."""
+    m = logits.shape[0]
+    if m == 1:
+        return torch.ones(1, 1, dtype=torch.float64, device=logits.device)
+    s = torch.as_tensor(self_weight, dtype=torch.float64, device=logits.device).expand(m)
+    if bool(((s < 0) | (s > 1)).any()):
+        raise ValueError(f"self weights must be in [0, 1], got {s.tolist()}")
+    xi = (1.0 - s)[:, None] * torch.softmax(logits.double(), dim=1)
+    xi.diagonal().copy_(s)
+    return xi
+
+
+def heurfedamp_weights(models: torch.Tensor, sigma: float,
+                       self_weight: float | torch.Tensor) -> torch.Tensor:
     """HeurFedAMP message-passing weights (paper Eq. 8).
 
     Parameters
@@ -138,8 +165,8 @@ def heurfedamp_weights(models: torch.Tensor, sigma: float, self_weight: float) -
         (m, d) stacked flattened models, one row per client.
     sigma : float
         Scale of the cosine similarities in the softmax (> 0).
-    self_weight : float
-        xi_ii, in [0, 1).
+    self_weight : float | torch.Tensor
+        xi_ii, in [0, 1) (one number, or one per row).
 
     Returns
     -------
@@ -152,8 +179,6 @@ def heurfedamp_weights(models: torch.Tensor, sigma: float, self_weight: float) -
     """
     if sigma <= 0:
         raise ValueError(f"sigma must be > 0, got {sigma}")
-    if not 0.0 <= self_weight < 1.0:
-        raise ValueError(f"self_weight must be in [0, 1), got {self_weight}")
     m = models.shape[0]
     if m == 1:
         return torch.ones(1, 1, dtype=torch.float64, device=models.device)
@@ -161,10 +186,8 @@ def heurfedamp_weights(models: torch.Tensor, sigma: float, self_weight: float) -
     norms = gram.diagonal().clamp_min(0.0).sqrt().clamp_min(1e-12)
     cos = gram / norms[:, None] / norms[None, :]
     off = _off_diagonal(m, cos.device)
-    logits = torch.where(off, sigma * cos, torch.full_like(cos, float("-inf")))
-    xi = (1.0 - self_weight) * torch.softmax(logits, dim=1)
-    xi.diagonal().fill_(self_weight)
-    return xi
+    return _with_self_weight(torch.where(off, sigma * cos, torch.full_like(cos, float("-inf"))),
+                             self_weight)
 
 
 class FedAMP(PersonalizedStrategy):
@@ -192,19 +215,33 @@ class FedAMP(PersonalizedStrategy):
     offline_clients : str (default: "exclude")
         "exclude": only this round's training clients collaborate; "include":
         every training client's latest model (see :meth:`collaboration`).
+    self_weight : float | str | None (default: None)
+        None: Eq. 6's xi_ii = 1 - sum_j xi_ij; a number in [0, 1): that xi_ii,
+        the off-diagonal weights scaled to 1 - xi_ii; "paper": the appendix's
+        xi_ii = 1 / (N_i + 1), N_i the other clients of i's group (``groups``)
+        in the round's mix.
+    groups : Sequence[int] | None
+        Group of every client id (same-distribution clients), for "paper".
     **kwargs
         Passed to :class:`strategies.base.PersonalizedStrategy` (fraction_train,
         param_keys, device, seed).
     """
 
     client_update = PROXIMAL
+    default_self_weight: float | str | None = None
 
     def __init__(self, alpha_k: float = 1e4, alpha_decay: float = 0.1,
                  alpha_decay_every: int = 30, lam: float = 1.0, sigma: float = 100.0,
-                 offline_clients: str = "exclude", **kwargs) -> None:
+                 offline_clients: str = "exclude", self_weight: float | str | None = "default",
+                 groups: Sequence[int] | None = None, **kwargs) -> None:
         if offline_clients not in OFFLINE_CHOICES:
             raise ValueError(f"offline_clients = {offline_clients!r}; allowed: {OFFLINE_CHOICES}")
+        self_weight = self.default_self_weight if self_weight == "default" else self_weight
+        if self_weight == "paper" and groups is None:
+            raise ValueError('self_weight = "paper" needs the clients\' groups')
         super().__init__(**kwargs)
+        self.self_weight = self_weight
+        self.groups = None if groups is None else torch.as_tensor(list(groups), dtype=torch.long)
         self.alpha_k = alpha_k
         self.alpha_decay = alpha_decay
         self.alpha_decay_every = alpha_decay_every
@@ -216,16 +253,28 @@ class FedAMP(PersonalizedStrategy):
 
     def summary(self) -> None:  # noqa: D102
         super().summary()
-        log(INFO, "\t└── alpha_k %g (x%g every %d rounds), lambda %g, sigma %g",
-            self.alpha_k, self.alpha_decay, self.alpha_decay_every, self.lam, self.sigma)
+        own = {None: "1 - the others (Eq. 6)", "paper": "1 / (N_i + 1) (the appendix)"}
+        log(INFO, "\t└── alpha_k %g (x%g every %d rounds), lambda %g, sigma %g, self weight %s",
+            self.alpha_k, self.alpha_decay, self.alpha_decay_every, self.lam, self.sigma,
+            own.get(self.self_weight, self.self_weight))
 
     def alpha_at(self, server_round: int) -> float:
         """alpha_k of round ``server_round`` (1-based)."""
         return self.alpha_k * self.alpha_decay ** ((server_round - 1) // self.alpha_decay_every)
 
-    def weights(self, server_round: int, params: torch.Tensor) -> torch.Tensor:
+    def weights(self, server_round: int, params: torch.Tensor,
+                self_weight: float | torch.Tensor | None) -> torch.Tensor:
         """The (m, m) weights xi of this round from the clients' parameters."""
-        return fedamp_weights(params, self.alpha_at(server_round), self.sigma)
+        return fedamp_weights(params, self.alpha_at(server_round), self.sigma, self_weight)
+
+    def self_weights(self, active: torch.Tensor) -> float | torch.Tensor | None:
+        """xi_ii of the clients in rows ``active``: the fixed number, or "paper"'s
+        1 / (N_i + 1), N_i the other clients of i's group among ``active``."""
+        if self.self_weight != "paper":
+            return self.self_weight
+        ids = torch.as_tensor(self.client_ids, dtype=torch.long)[active.cpu()]
+        group = self.groups[ids]
+        return 1.0 / torch.bincount(group)[group].double()
 
     def personalize(self, server_round: int, rows: torch.Tensor, config: ConfigRecord
                     ) -> tuple[torch.Tensor, ConfigRecord]:
@@ -264,7 +313,7 @@ class FedAMP(PersonalizedStrategy):
         params = self.models[:, :p] if len(active) == n else self.models[active, :p]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            xi_active = self.weights(server_round, params)
+            xi_active = self.weights(server_round, params, self.self_weights(active))
         self._log_warnings(server_round, caught)
         if len(active) == n:
             return xi_active
@@ -296,37 +345,39 @@ class HeurFedAMP(FedAMP):
     sigma : float (default: 25.0)
         Scale of the cosine similarities (paper: MNIST 25, FMNIST 100, EMNIST
         50, CIFAR-100 10).
-    self_weight : float (default: 0.1)
-        xi_ii, in [0, 1).
+    self_weight : float | str (default: 0.1)
+        xi_ii, in [0, 1), or "paper": 1 / (N_i + 1) (see :class:`FedAMP`).
     **kwargs
         Passed to :class:`FedAMP` (alpha_k and lambda set the proximal
         coefficient lambda / alpha_k, as in FedAMP).
     """
 
-    def __init__(self, sigma: float = 25.0, self_weight: float = 0.1, **kwargs) -> None:
-        super().__init__(sigma=sigma, **kwargs)
-        self.self_weight = self_weight
+    default_self_weight = 0.1
 
-    def summary(self) -> None:  # noqa: D102
-        super().summary()
-        log(INFO, "\t└── self weight xi_ii %g", self.self_weight)
+    def __init__(self, sigma: float = 25.0, self_weight: float | str = 0.1, **kwargs) -> None:
+        if self_weight is None:
+            raise ValueError("HeurFedAMP needs a self weight: a number in [0, 1) or \"paper\"")
+        super().__init__(sigma=sigma, self_weight=self_weight, **kwargs)
 
-    def weights(self, server_round: int, params: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        return heurfedamp_weights(params, self.sigma, self.self_weight)
+    def weights(self, server_round: int, params: torch.Tensor,
+                self_weight: float | torch.Tensor | None) -> torch.Tensor:  # noqa: D102
+        return heurfedamp_weights(params, self.sigma, self_weight)
 
 
 def _fedamp_kwargs(cfg: RunConfig, run: RunSetup) -> dict:
     return dict(alpha_k=cfg.fedamp_alpha_k, alpha_decay=cfg.fedamp_alpha_decay,
                 alpha_decay_every=cfg.fedamp_alpha_decay_every, lam=cfg.fedamp_lambda,
-                offline_clients=cfg.fedamp_offline_clients, **personal_kwargs(cfg, run))
+                offline_clients=cfg.fedamp_offline_clients, groups=cfg.groups(run.num_clients),
+                **personal_kwargs(cfg, run))
 
 
 @register_strategy("fedamp")
 def _fedamp(cfg: RunConfig, run: RunSetup) -> FedAMP:
-    return FedAMP(sigma=cfg.sigma("fedamp"), **_fedamp_kwargs(cfg, run))
+    return FedAMP(sigma=cfg.sigma("fedamp"), self_weight=cfg.self_weight("fedamp"),
+                  **_fedamp_kwargs(cfg, run))
 
 
 @register_strategy("heurfedamp")
 def _heurfedamp(cfg: RunConfig, run: RunSetup) -> HeurFedAMP:
-    return HeurFedAMP(sigma=cfg.sigma("heurfedamp"), self_weight=cfg.heurfedamp_self_weight,
+    return HeurFedAMP(sigma=cfg.sigma("heurfedamp"), self_weight=cfg.self_weight("heurfedamp"),
                       **_fedamp_kwargs(cfg, run))

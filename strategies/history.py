@@ -30,7 +30,8 @@ class RunHistory:
     for classification, ``mse`` for regression, ``loss``), ``client_<m>``
     (client id to value) and ``mean_<m>``, the mean over the benign training
     clients (neither novel nor attackers); ``novel_mean_<m>`` over the novel
-    clients when there are any; ``train_loss``; ``trained_clients``; and,
+    clients when there are any; ``train_loss``; ``trained_clients``;
+    ``global_norm`` (the global model's norm, strategies that keep one); and,
     when clients did not take part, ``absent_clients`` (training) and
     ``absent_evaluation`` (client id to the reason: node unavailable, an
     error reply, no reply in time, or a rejected reply, which is also under
@@ -64,6 +65,10 @@ class RunHistory:
         rec["train_loss"] = float(np.mean(losses)) if losses else None
         for cid in rec["trained_clients"]:
             self.trained[cid] = self.trained.get(cid, 0) + 1
+
+    def record_norm(self, server_round: int, norm: float) -> None:
+        """Record the norm of the round's global model (strategies with one)."""
+        self._round(server_round)["global_norm"] = norm
 
     def times_trained(self, client_id: int) -> int:
         """In how many rounds so far the client's training reply was used."""

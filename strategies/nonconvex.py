@@ -4,13 +4,14 @@ Neural Machine Learning Model"): exponentially weighted by the clients' data sha
 Each client trains its local model fully (``local-epochs`` as large as needed),
 then the coordinator combines the models as ``w = sum_h alpha_h w_h`` with
 ``alpha_h = exp(c r_h)``, r_h the client's share of all training samples of the
-round and c = ``nonconvex-c`` (paper: 1e-3).
+round and c = ``nonconvex-c`` (paper: 1e-3). The alphas do not sum to one: the
+paper's point is that "a non-convex combination is required". Taken as
+written, with c = 1e-3 every alpha_h is about 1, so w is about the *sum* of
+the N models, N times the scale of any of them (measured in the README).
 
-Deviation: the alphas are normalised to sum to one (``alpha_h / sum_j alpha_j``).
-Taken literally, ``sum_h exp(c r_h) w_h`` with c = 1e-3 is about the *sum* of
-the N models, N times the scale of any of them; normalised, the rule is a
-softmax over the data shares, which leans to the larger clients more than
-plain averaging does as c grows.
+``nonconvex-normalize = true`` divides the alphas by their sum, a softmax over
+the data shares (a deviation from the paper, kept as an option): plain
+averaging for small c, leaning to the larger clients as c grows.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from flwr.app import Message
+import torch
+from flwr.app import ArrayRecord, Message
 
 from .flower import FedAvg
 from .protocol import NUM_EXAMPLES
@@ -28,8 +30,9 @@ if TYPE_CHECKING:
     from fedamp_flwr.config import RunConfig
 
 
-def nonconvex_weights(num_examples: np.ndarray, c: float) -> np.ndarray:
-    """``alpha_h = exp(c r_h) / sum_j exp(c r_j)`` with ``r_h = n_h / sum_j n_j``.
+def nonconvex_weights(num_examples: np.ndarray, c: float, normalize: bool = False) -> np.ndarray:
+    """``alpha_h = exp(c r_h)`` with ``r_h = n_h / sum_j n_j`` (divided by their sum with
+    ``normalize``).
 
     Parameters
     ----------
@@ -37,35 +40,44 @@ def nonconvex_weights(num_examples: np.ndarray, c: float) -> np.ndarray:
         Training samples of each client (n_h), at least one positive.
     c : float
         The paper's constant (1e-3 in the paper).
+    normalize : bool
+        Scale the alphas to sum to one (not the paper's rule).
     """
     n = np.asarray(num_examples, dtype=np.float64)
     if n.ndim != 1 or len(n) == 0 or (n < 0).any() or n.sum() <= 0:
         raise ValueError(f"num_examples must be non-negative with a positive sum, got {n}")
     z = c * n / n.sum()
+    if not normalize:
+        return np.exp(z)
     e = np.exp(z - z.max())
     return e / e.sum()
 
 
 class NonConvex(FedAvg):
-    """Flower's FedAvg aggregation with the weights of :func:`nonconvex_weights`.
+    """``w = sum_h alpha_h w_h`` on top of Flower's FedAvg aggregation.
 
     Client contract: plain local training (``local``) for ``local-epochs``;
     replies carry ``num-examples``, from which the shares r_h are taken.
 
-    Flower's FedAvg weighs each reply by its ``num-examples`` metric; just
-    before it aggregates, that metric of each (already validated and recorded)
-    reply is replaced by the client's alpha_h.
+    Flower's FedAvg computes ``sum_h v_h w_h / sum_h v_h`` from each reply's
+    ``num-examples`` v_h; just before it aggregates, that metric of each
+    (already validated and recorded) reply is replaced by alpha_h, and the
+    average is then multiplied by ``sum_h alpha_h`` (unless ``normalize``),
+    which gives the sum as written.
 
     Parameters
     ----------
     c : float
         The paper's constant c.
+    normalize : bool (default: False)
+        Divide the alphas by their sum (a convex combination; not the paper's).
     **kwargs
         Flower FedAvg's arguments.
     """
 
-    def __init__(self, c: float = 1e-3, **kwargs) -> None:
-        self.c = c
+    def __init__(self, c: float = 1e-3, normalize: bool = False, **kwargs) -> None:
+        self.c, self.normalize = c, normalize
+        self._alpha_sum = 1.0
         super().__init__(**kwargs)
 
     def before_aggregation(self, server_round: int, replies: list[Message]) -> list[Message]:
@@ -73,12 +85,23 @@ class NonConvex(FedAvg):
         if not replies:
             return replies
         records = [next(iter(m.content.metric_records.values())) for m in replies]
-        alphas = nonconvex_weights(np.array([float(r[NUM_EXAMPLES]) for r in records]), self.c)
+        alphas = nonconvex_weights(np.array([float(r[NUM_EXAMPLES]) for r in records]), self.c,
+                                   self.normalize)
         for record, alpha in zip(records, alphas):
             record[NUM_EXAMPLES] = float(alpha)
+        self._alpha_sum = float(alphas.sum())
         return replies
+
+    def aggregate_train(self, server_round, replies):  # noqa: D102
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is not None and not self.normalize:
+            arrays = ArrayRecord({
+                k: (torch.from_numpy(np.ascontiguousarray(a.numpy() * self._alpha_sum).astype(
+                    a.numpy().dtype)) if a.numpy().dtype.kind == "f" else torch.from_numpy(a.numpy()))
+                for k, a in arrays.items()})
+        return arrays, metrics
 
 
 @register_strategy("nonconvex")
 def _nonconvex(cfg: RunConfig, run: RunSetup) -> NonConvex:
-    return NonConvex(c=cfg.nonconvex_c, **flower_kwargs(cfg, run))
+    return NonConvex(c=cfg.nonconvex_c, normalize=cfg.nonconvex_normalize, **flower_kwargs(cfg, run))

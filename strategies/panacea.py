@@ -55,6 +55,9 @@ if TYPE_CHECKING:
 
 HYPERNETWORK = "hypernetwork"
 CLIENT_LR = "hn-client-lr"
+CLIENT_MOMENTUM = "hn-client-momentum"
+CLIENT_WEIGHT_DECAY = "hn-client-weight-decay"
+CLIENT_CLIP = "hn-client-clip"
 
 
 def normalized_adjacency(adj: torch.Tensor) -> torch.Tensor:
@@ -177,13 +180,15 @@ def server_step(
     adj: torch.Tensor | None = None,
     lambda_d: float = 0.0,
     pairs: torch.Tensor | None = None,
+    clip_norm: float = 0.0,
 ) -> float:
     """One update of psi toward the clients' trained models.
 
     Gradients of the model term come from ``torch.autograd.grad(theta, psi,
     grad_outputs=(theta - trained) / k)`` over the k rows (the gradient of
     the mean of 1/2 ||theta_t - trained_t||^2); with a graph generator,
-    ``lambda_d * grad L_d`` is added to psi_e's gradients.
+    ``lambda_d * grad L_d`` is added to psi_e's gradients; with ``clip_norm``
+    > 0 the gradients' total norm is clipped to it (pFedHN's reference trainer: 50).
 
     Returns
     -------
@@ -208,6 +213,8 @@ def server_step(
     optimizer.zero_grad(set_to_none=True)
     for p, g in zip(params, grads):
         p.grad = g
+    if clip_norm > 0:
+        nn.utils.clip_grad_norm_(params, clip_norm)
     optimizer.step()
     return 0.5 * float((residual ** 2).sum()) / len(rows)
 
@@ -217,15 +224,20 @@ class HypernetworkClient(ClientUpdate):
     """The client half of Panacea, Panacea-GN and pFedHN: plain SGD from the generated model.
 
     Trains the received theta_t for the message's ``local-steps`` (or
-    ``local-epochs``) with SGD at ``hn-client-lr`` and replies the trained
-    model; it is tested on the generated model as received.
+    ``local-epochs``) with SGD at ``hn-client-lr`` (momentum, weight decay and
+    gradient-norm clipping: ``hn-client-momentum``, ``-weight-decay``,
+    ``-clip``, 0 for none) and replies the trained model; it is tested on the
+    generated model as received.
     """
 
     name = HYPERNETWORK
-    train_keys = (CLIENT_LR,)
+    train_keys = (CLIENT_LR, CLIENT_MOMENTUM, CLIENT_WEIGHT_DECAY, CLIENT_CLIP)
 
     def train(self, job: ClientJob) -> tuple[float, dict]:  # noqa: D102
-        return job.fit(optimizer="sgd", lr=float(job.config[CLIENT_LR])), {}
+        c = job.config
+        return job.fit(optimizer="sgd", lr=float(c[CLIENT_LR]), momentum=float(c[CLIENT_MOMENTUM]),
+                       weight_decay=float(c[CLIENT_WEIGHT_DECAY]),
+                       clip_norm=float(c[CLIENT_CLIP])), {}
 
 
 class Panacea(PersonalizedStrategy):
@@ -267,8 +279,13 @@ class Panacea(PersonalizedStrategy):
                  gnn_layers: int = 3, hidden: int = 100, mlp_layers: int = 3,
                  generator: bool = True, lambda_d: float = 1.0, server_lr: float = 0.01,
                  server_momentum: float = 0.9, server_steps: int = 1, client_lr: float = 0.05,
-                 **kwargs) -> None:
+                 server_weight_decay: float = 0.0, server_clip: float = 0.0,
+                 client_momentum: float = 0.0, client_weight_decay: float = 0.0,
+                 client_clip: float = 0.0, **kwargs) -> None:
         super().__init__(**kwargs)
+        self.server_weight_decay, self.server_clip = server_weight_decay, server_clip
+        self.client_momentum, self.client_weight_decay = client_momentum, client_weight_decay
+        self.client_clip = client_clip
         self.adjacency = adjacency
         self.sizes = dict(embed_dim=embed_dim, gnn_layers=gnn_layers if adjacency is not None else 0,
                           hidden=hidden, mlp_layers=mlp_layers)
@@ -280,13 +297,18 @@ class Panacea(PersonalizedStrategy):
         self.hnet: GraphHyperNetwork | None = None
 
     def train_keys(self) -> dict:  # noqa: D102
-        return {CLIENT_LR: self.client_lr}
+        return {CLIENT_LR: self.client_lr, CLIENT_MOMENTUM: self.client_momentum,
+                CLIENT_WEIGHT_DECAY: self.client_weight_decay, CLIENT_CLIP: self.client_clip}
 
     def summary(self) -> None:  # noqa: D102
         super().summary()
-        log(INFO, "\t└── graph %s, generator %s, sizes %s, server lr %g x %d steps, client SGD lr %g",
+        log(INFO, "\t└── graph %s, generator %s, sizes %s, server SGD lr %g (momentum %g, weight "
+            "decay %g, clip %g) x %d steps; clients: SGD lr %g (momentum %g, weight decay %g, "
+            "clip %g)",
             "none" if self.adjacency is None else f"{int(self.adjacency.sum()) // 2} edges",
-            self.use_generator, self.sizes, self.server_lr, self.server_steps, self.client_lr)
+            self.use_generator, self.sizes, self.server_lr, self.server_momentum,
+            self.server_weight_decay, self.server_clip, self.server_steps, self.client_lr,
+            self.client_momentum, self.client_weight_decay, self.client_clip)
 
     def initial_models(self, initial: torch.Tensor) -> None:
         """Build GH and its optimizer; no per-client store (GH generates the models)."""
@@ -303,7 +325,8 @@ class Panacea(PersonalizedStrategy):
         self.hnet = GraphHyperNetwork(n, sizes, generator=self.use_generator, **self.sizes)
         self.hnet.to(self.device)
         self.optimizer = torch.optim.SGD(self.hnet.parameters(), lr=self.server_lr,
-                                         momentum=self.server_momentum)
+                                         momentum=self.server_momentum,
+                                         weight_decay=self.server_weight_decay)
         self.adj = None if self.adjacency is None else self.adjacency.to(self.device)
         self.prop = None if self.adj is None else normalized_adjacency(self.adj)
         self.pair_gen = torch.Generator().manual_seed(self.seed)
@@ -349,7 +372,8 @@ class Panacea(PersonalizedStrategy):
         for _ in range(self.server_steps):
             pairs = sample_pairs(self.adj, self.pair_gen) if self.use_generator else None
             loss = server_step(self.hnet, self.optimizer, self.prop, rows,
-                               trained[:, : self.layout.num_params], self.adj, self.lambda_d, pairs)
+                               trained[:, : self.layout.num_params], self.adj, self.lambda_d, pairs,
+                               self.server_clip)
         log(INFO, "Round %d: server step on %d clients, mean 1/2 ||theta - trained||^2 = %.4g",
             server_round, len(rows), loss)
         if not all(bool(torch.isfinite(p).all()) for p in self.hnet.parameters()):
@@ -374,7 +398,22 @@ def _panacea_kwargs(cfg: RunConfig, run: RunSetup, graph: bool, generator: bool)
                 lambda_d=cfg.panacea_lambda_d, server_lr=cfg.panacea_server_lr,
                 server_momentum=cfg.panacea_server_momentum,
                 server_steps=cfg.panacea_server_steps, client_lr=cfg.panacea_client_lr,
-                **personal_kwargs(cfg, run))
+                server_weight_decay=cfg.panacea_server_weight_decay,
+                server_clip=cfg.panacea_server_clip, client_momentum=cfg.panacea_client_momentum,
+                client_weight_decay=cfg.panacea_client_weight_decay,
+                client_clip=cfg.panacea_client_clip, **personal_kwargs(cfg, run))
+
+
+# pFedHN's reference trainer (Shamsian et al. 2021, github.com/AvivSham/pFedHN,
+# experiments/pfedhn/trainer.py defaults): clients run 50 inner SGD steps at lr 5e-3 with
+# momentum 0.9 and weight decay 5e-5, gradients clipped to norm 50; the hypernetwork takes
+# one SGD step at lr 1e-2 (momentum 0.9, weight decay 1e-3), gradients clipped to norm 50.
+PFEDHN_REFERENCE = {
+    "local-steps": 50, "panacea-client-lr": 5e-3, "panacea-client-momentum": 0.9,
+    "panacea-client-weight-decay": 5e-5, "panacea-client-clip": 50.0,
+    "panacea-server-lr": 1e-2, "panacea-server-steps": 1,
+    "panacea-server-weight-decay": 1e-3, "panacea-server-clip": 50.0,
+}
 
 
 @register_strategy("panacea", graph=True)
@@ -387,6 +426,6 @@ def _panacea_gn(cfg: RunConfig, run: RunSetup) -> Panacea:
     return Panacea(**_panacea_kwargs(cfg, run, graph=True, generator=False))
 
 
-@register_strategy("pfedhn")
+@register_strategy("pfedhn", auto=PFEDHN_REFERENCE)
 def _pfedhn(cfg: RunConfig, run: RunSetup) -> Panacea:
     return Panacea(**_panacea_kwargs(cfg, run, graph=False, generator=False))

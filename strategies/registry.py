@@ -15,7 +15,7 @@ the strategy:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -57,27 +57,31 @@ Factory = Callable[["RunConfig", RunSetup], Any]
 
 @dataclass(frozen=True)
 class StrategyEntry:
-    """A registered strategy: its factory and whether it needs the client graph."""
+    """A registered strategy: its factory, whether it needs the client graph, and its own
+    values of the run config's "auto" settings (``fedamp_flwr.config.auto_settings``)."""
 
     name: str
     factory: Factory
     uses_graph: bool = False
+    auto: dict[str, Any] = field(default_factory=dict)
 
 
 STRATEGIES: dict[str, StrategyEntry] = {}
 
 
-def register_strategy(name: str, *, graph: bool = False) -> Callable[[Factory], Factory]:
+def register_strategy(name: str, *, graph: bool = False,
+                      auto: dict[str, Any] | None = None) -> Callable[[Factory], Factory]:
     """Decorator: register ``factory(cfg, run)`` as the strategy ``name``.
 
     ``graph=True``: the ServerApp builds the client graph (``graph`` run-config
-    key) and passes it as ``run.adjacency``.
+    key) and passes it as ``run.adjacency``. ``auto``: the strategy's own values
+    of run-config settings left at "auto" (e.g. ``{"panacea-client-lr": 5e-3}``).
     """
     def add(factory: Factory) -> Factory:
         current = STRATEGIES.get(name)
         if current is not None and current.factory is not factory:
             raise ValueError(f"strategy {name!r} is already registered")
-        STRATEGIES[name] = StrategyEntry(name, factory, graph)
+        STRATEGIES[name] = StrategyEntry(name, factory, graph, dict(auto or {}))
         return factory
     return add
 

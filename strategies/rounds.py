@@ -12,6 +12,8 @@ configure_evaluate, send, aggregate_evaluate. Besides, :func:`run_rounds`
   clients, in client-id order (:class:`OnlineClients`), so that Flower's
   samplers neither wait for a node that is gone nor depend on node ids,
 * waits at most ``round_timeout`` seconds for the replies of each phase,
+* records the global model's norm per round (``global_norm``; strategies
+  that keep a global model),
 * calls ``after_round(server_round, arrays)`` at the end of every round
   (the ServerApp writes metrics.json and the checkpoint there).
 """
@@ -22,12 +24,23 @@ import time
 from collections.abc import Callable
 from logging import INFO, WARNING
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from .discovery import query_nodes
 from .tracking import Tracker
+
+
+def model_norm(arrays: ArrayRecord) -> float:
+    """The L2 norm of all floating-point arrays of a model together."""
+    total = 0.0
+    for a in arrays.values():
+        x = a.numpy()
+        if x.dtype.kind == "f":
+            total += float(np.square(x, dtype=np.float64).sum())
+    return float(np.sqrt(total))
 
 
 class OnlineClients:
@@ -101,6 +114,7 @@ def run_rounds(
         new_arrays, _ = strategy.aggregate_train(server_round, replies)
         if new_arrays is not None:
             arrays = new_arrays
+            strategy.history.record_norm(server_round, model_norm(arrays))
         messages = list(strategy.configure_evaluate(server_round, arrays, evaluate_config, view))
         replies = grid.send_and_receive(messages, timeout=round_timeout) if messages else []
         strategy.aggregate_evaluate(server_round, replies)

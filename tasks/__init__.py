@@ -22,15 +22,17 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from . import data as _data
-from .federated import FederatedData, load_npz, load_tpt48, make_fl60
+from .federated import FederatedData, load_npz, load_tpt48, make_fl60, make_fl60_grda
 from .models import MLP, McMahanCNN, resnet18
-from .partitioners import PRACTICAL_SIZES, PRACTICAL_SIZES_DEFAULT, build_partitioner, partition_pool
+from .partitioners import (PARTITIONINGS, PRACTICAL_SIZES, PracticalRecipe, build_partitioner,
+                           cifar100_recipe, emnist_recipe, partition_pool)
 
 CLASSIFICATION, REGRESSION = "classification", "regression"
 
@@ -47,6 +49,8 @@ class DataConfig:
     dirichlet_alpha: float = 0.5
     test_samples: int = 100
     fl60_noise_std: float = 1.0
+    fl60_variant: str = "text"
+    tpt48_split: str = "time"
 
 
 @dataclass(frozen=True)
@@ -71,16 +75,17 @@ class TaskSpec:
     load_pool : Callable[[Path, int], tuple[Split, Split]] | None
         Pool tasks: loads (train, test) from a local folder (``data-dir``) or
         generates them; gets the seed.
-    hub : tuple[str, str, str] | None
-        Pool tasks: (Hugging Face dataset, image column, label column) for
-        flwr-datasets, used when ``data-dir`` is empty.
+    hub : tuple[str, ...] | None
+        Pool tasks: (Hugging Face dataset, image column, label column[, coarse
+        label column]) for flwr-datasets, used when ``data-dir`` is empty.
     load_federated : Callable[[DataConfig], FederatedData] | None
         Federated tasks: builds the clients' data (and graph).
-    paper_sigma : dict[str, float]
-        The FedAMP paper's sigma per strategy ("fedamp", "heurfedamp") for the
-        practical setting; used when the run config says "auto".
-    practical_sizes : tuple[int, ...]
-        Pool tasks: training samples per client of each practical group.
+    paper_sigma : dict[str, dict[str, float]]
+        The FedAMP paper's sigma per data setting (partitioning) and strategy
+        ("fedamp", "heurfedamp"), from its Tables 4-6; used when the run config
+        says "auto". Only the cells this project has are here.
+    practical : PracticalRecipe
+        Pool tasks: the practical setting (groups, dominant classes, sizes).
     client_view : Callable[[Split, int, int, int], Split] | None
         Optional per-client transform (split, client id, clients, seed); the
         synthetic task's group rotations.
@@ -89,18 +94,22 @@ class TaskSpec:
     info : DataInfo | None
         Shape of the data when known without loading it (all tasks but npz),
         so that a server without the data can build the model.
+    auto : dict[str, dict[str, Any]]
+        The task's values of run-config settings left at "auto", for every
+        strategy (``"*"``) or one (its name); see ``fedamp_flwr.config.auto_settings``.
     """
 
     name: str
     build_model: Callable[[DataInfo], nn.Module]
     load_pool: Callable[[Path, int], tuple[_data.Split, _data.Split]] | None = None
-    hub: tuple[str, str, str] | None = None
+    hub: tuple[str, ...] | None = None
     load_federated: Callable[[DataConfig], FederatedData] | None = None
-    paper_sigma: dict[str, float] = field(default_factory=dict)
-    practical_sizes: tuple[int, ...] = PRACTICAL_SIZES_DEFAULT
+    paper_sigma: dict[str, dict[str, float]] = field(default_factory=dict)
+    practical: PracticalRecipe = PracticalRecipe()
     client_view: Callable[[_data.Split, int, int, int], _data.Split] | None = None
     needs_data_dir: bool = False
     info: DataInfo | None = None
+    auto: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def federated(self) -> bool:
@@ -121,28 +130,30 @@ TASKS: dict[str, TaskSpec] = {
     for spec in (
         TaskSpec(
             "synthetic", _mlp, lambda _folder, seed: _data.make_synthetic(seed),
-            # Not from the paper: chosen for this task's MLP (see README).
-            paper_sigma={"fedamp": 1.0, "heurfedamp": 25.0},
+            # Not from the paper: chosen for this task's MLP (see README), in every setting.
+            paper_sigma={p: {"fedamp": 1.0, "heurfedamp": 25.0} for p in PARTITIONINGS},
             client_view=_data.synthetic_group_view,
             info=DataInfo((_data.SYNTHETIC_FEATURES,), _data.SYNTHETIC_CLASSES, CLASSIFICATION),
         ),
         TaskSpec(
             "mnist", _cnn, lambda folder, _seed: _data.load_idx_folder(folder),
             ("ylecun/mnist", "image", "label"),
-            paper_sigma={"fedamp": 100.0, "heurfedamp": 25.0},
-            practical_sizes=PRACTICAL_SIZES["mnist"], info=DataInfo((1, 28, 28), 10, CLASSIFICATION),
+            paper_sigma={"practical": {"fedamp": 100.0, "heurfedamp": 25.0}},
+            practical=PracticalRecipe(group_sizes=PRACTICAL_SIZES["mnist"]),
+            info=DataInfo((1, 28, 28), 10, CLASSIFICATION),
         ),
         TaskSpec(
             "fmnist", _cnn, lambda folder, _seed: _data.load_idx_folder(folder),
             ("zalando-datasets/fashion_mnist", "image", "label"),
-            paper_sigma={"fedamp": 10.0, "heurfedamp": 100.0},
-            practical_sizes=PRACTICAL_SIZES["fmnist"], info=DataInfo((1, 28, 28), 10, CLASSIFICATION),
+            paper_sigma={"practical": {"fedamp": 10.0, "heurfedamp": 100.0}},
+            practical=PracticalRecipe(group_sizes=PRACTICAL_SIZES["fmnist"]),
+            info=DataInfo((1, 28, 28), 10, CLASSIFICATION),
         ),
         TaskSpec(
             "emnist", _cnn, lambda folder, _seed: _data.load_idx_folder(folder, transpose=True),
             ("flwrlabs/femnist", "image", "character"),
-            paper_sigma={"fedamp": 10.0, "heurfedamp": 50.0},
-            info=DataInfo((1, 28, 28), 62, CLASSIFICATION),
+            paper_sigma={"practical": {"fedamp": 10.0, "heurfedamp": 50.0}},
+            practical=emnist_recipe(), info=DataInfo((1, 28, 28), 62, CLASSIFICATION),
         ),
         TaskSpec(
             "cifar10", lambda info: resnet18(info.num_outputs),
@@ -152,19 +163,31 @@ TASKS: dict[str, TaskSpec] = {
         TaskSpec(
             "cifar100", lambda info: resnet18(info.num_outputs),
             lambda folder, _seed: _data.load_cifar_binary(folder, 100),
-            ("uoft-cs/cifar100", "img", "fine_label"),
-            paper_sigma={"fedamp": 1e6, "heurfedamp": 10.0},
+            ("uoft-cs/cifar100", "img", "fine_label", "coarse_label"),
+            paper_sigma={"practical": {"fedamp": 1e6, "heurfedamp": 10.0}},
+            practical=cifar100_recipe(),
             info=DataInfo((3, 32, 32), 100, CLASSIFICATION),
         ),
         TaskSpec(
             "fl60", lambda info: MLP(2, 2, (16,)), info=DataInfo((2,), 2, CLASSIFICATION),
-            load_federated=lambda dc: make_fl60(dc.num_clients, dc.seed,
-                                                noise_std=dc.fl60_noise_std),
+            # 80 training points per client: short rounds of small batches (see the README)
+            auto={"*": {"local-steps": 20, "batch-size": 16}},
+            load_federated=lambda dc: (
+                make_fl60_grda(dc.num_clients, dc.seed) if dc.fl60_variant == "grda"
+                else make_fl60(dc.num_clients, dc.seed, noise_std=dc.fl60_noise_std)),
         ),
         TaskSpec(
             "tpt48", lambda info: MLP(info.input_shape[0], info.num_outputs, (64, 64)),
-            load_federated=lambda dc: load_tpt48(Path(dc.data_dir).expanduser()),
+            load_federated=lambda dc: load_tpt48(Path(dc.data_dir).expanduser(), dc.tpt48_split,
+                                                 dc.seed),
             needs_data_dir=True, info=DataInfo((6,), 6, REGRESSION),
+            # measured in the README: one epoch of batch 16 per round keeps FedAvg's drift
+            # lowest; Panacea and Panacea-GN need longer local training and server fits
+            auto={"*": {"local-epochs": 1, "batch-size": 16},
+                  **{s: {"local-steps": 50, "batch-size": 16, "panacea-client-lr": 0.2,
+                         "panacea-server-lr": 0.1, "panacea-server-steps": 20}
+                     for s in ("panacea", "panacea-gn")},
+                  "pfedhn": {"batch-size": 16}},
         ),
         TaskSpec(
             "npz", lambda info: MLP(info.input_shape[0], info.num_outputs, (64, 64)),
@@ -210,14 +233,36 @@ def load_federated(dc: DataConfig) -> FederatedData:
             f"{dc.num_clients} clients but dataset '{dc.dataset}' has only {len(train.y)} "
             "training samples"
         )
+    recipe = spec.practical.for_pool(
+        _data.coarse_of_fine(train) if spec.practical.superclass_groups else None)
     partitioner = build_partitioner(dc.partitioning, dc.num_clients, dc.seed,
-                                    dc.dirichlet_alpha, spec.practical_sizes)
+                                    dc.dirichlet_alpha, recipe)
     train_idx, test_idx = partition_pool(train.y, test.y, partitioner, dc.test_samples, dc.seed)
     parts = [(train.subset(a), test.subset(b)) for a, b in zip(train_idx, test_idx)]
     if spec.client_view is not None:
         parts = [tuple(spec.client_view(p, i, dc.num_clients, dc.seed) for p in pair)
                  for i, pair in enumerate(parts)]
     return FederatedData([p[0] for p in parts], [p[1] for p in parts])
+
+
+def client_groups(dataset: str, partitioning: str, num_clients: int) -> list[int] | None:
+    """The group of every client in a data setting where clients of a group share one
+    distribution (the FedAMP paper's "same distribution clients"), or None where the setting
+    has no such groups.
+
+    Practical: the setting's groups; IID: one group of all; label blocks: each client
+    alone; pathological, Dirichlet and the federated tasks (fl60, tpt48, npz): None.
+    """
+    spec = get_task(dataset)
+    if spec.federated:
+        return None
+    if partitioning == "practical":
+        return spec.practical.groups(num_clients)
+    if partitioning == "iid":
+        return [0] * num_clients
+    if partitioning == "blocks":
+        return list(range(num_clients))
+    return None
 
 
 def data_info(dc: DataConfig) -> DataInfo:

@@ -32,18 +32,36 @@ import torch
 
 @dataclass(frozen=True)
 class Split:
-    """One split of a dataset: inputs ``x`` (N, ...) and integer labels ``y`` (N,)."""
+    """One split of a dataset: inputs ``x`` (N, ...), integer labels ``y`` (N,) and, for
+    CIFAR-100, the coarse (superclass) labels ``coarse`` (N,)."""
 
     x: np.ndarray
     y: np.ndarray
+    coarse: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if len(self.x) != len(self.y):
             raise ValueError(f"x has {len(self.x)} rows but y has {len(self.y)}")
+        if self.coarse is not None and len(self.coarse) != len(self.y):
+            raise ValueError(f"coarse has {len(self.coarse)} rows but y has {len(self.y)}")
 
     def subset(self, idx: np.ndarray) -> "Split":
         """Return the rows ``idx`` as a new split."""
-        return Split(self.x[idx], self.y[idx])
+        return Split(self.x[idx], self.y[idx], None if self.coarse is None else self.coarse[idx])
+
+
+def coarse_of_fine(split: Split) -> np.ndarray:
+    """The superclass of every fine class, from a split's coarse labels (each fine class
+    must have exactly one)."""
+    if split.coarse is None:
+        raise ValueError("the data has no coarse (superclass) labels")
+    pairs = np.unique(np.stack([split.y, split.coarse], axis=1), axis=0)
+    fine, coarse = pairs[:, 0], pairs[:, 1]
+    if len(np.unique(fine)) != len(fine):
+        raise ValueError("a fine class has more than one coarse label")
+    out = np.full(int(fine.max()) + 1, -1, dtype=np.int64)
+    out[fine] = coarse
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -159,7 +177,8 @@ def load_cifar_binary(folder: Path, num_classes: int) -> tuple[Split, Split]:
         rows = np.concatenate(raw)
         y = rows[:, label_pos].astype(np.int64)
         x = rows[:, label_bytes:].reshape(-1, 3, 32, 32)
-        return Split(np.ascontiguousarray(x), y)
+        coarse = rows[:, 0].astype(np.int64) if label_bytes == 2 else None  # CIFAR-100
+        return Split(np.ascontiguousarray(x), y, coarse)
 
     return read(train_files), read(test_files)
 
@@ -167,8 +186,10 @@ def load_cifar_binary(folder: Path, num_classes: int) -> tuple[Split, Split]:
 # ---------------------------------------------------------------------------
 # Hugging Face hub, through flwr-datasets
 # ---------------------------------------------------------------------------
-def load_from_hub(hub_name: str, image_key: str, label_key: str) -> tuple[Split, Split]:
-    """Download ``hub_name`` with flwr-datasets and return it as NumPy splits."""
+def load_from_hub(hub_name: str, image_key: str, label_key: str,
+                  coarse_key: str | None = None) -> tuple[Split, Split]:
+    """Download ``hub_name`` with flwr-datasets and return it as NumPy splits
+    (with the coarse labels of ``coarse_key`` when given)."""
     from flwr_datasets import FederatedDataset
     from flwr_datasets.partitioner import IidPartitioner
 
@@ -180,7 +201,8 @@ def load_from_hub(hub_name: str, image_key: str, label_key: str) -> tuple[Split,
         ds = fds.load_split(split).with_format("numpy")
         x = np.asarray(ds[image_key], dtype=np.uint8)
         x = x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2)
-        return Split(np.ascontiguousarray(x), np.asarray(ds[label_key], dtype=np.int64))
+        coarse = None if coarse_key is None else np.asarray(ds[coarse_key], dtype=np.int64)
+        return Split(np.ascontiguousarray(x), np.asarray(ds[label_key], dtype=np.int64), coarse)
 
     return convert("train"), convert("test")
 

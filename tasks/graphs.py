@@ -4,9 +4,9 @@
 * ``file``: ``graph-file``, either a CSV edge list over client ids (one
   ``u,v`` pair per line, an optional header line; edges are undirected) or an
   ``.npz`` file with an (n, n) ``adjacency``;
-* ``groups``: clients of one partition group are connected (client ``i`` of
-  ``n`` is in group ``i * G // n``, ``G = min(5, n)``, the groups of the
-  practical partitioning);
+* ``groups``: clients of one group of the data setting are connected (the
+  practical partitioning's groups; elsewhere client ``i`` of ``n`` is in
+  group ``i * G // n``, ``G = min(5, n)``);
 * ``none``: no graph.
 
 A graph is returned as a float32 0/1 (n, n) matrix with a zero diagonal
@@ -66,24 +66,31 @@ def read_edge_list(path: Path, num_clients: int) -> np.ndarray:
     return adj
 
 
-def group_graph(num_clients: int, groups: int = 5) -> np.ndarray:
-    """Clients of the same group connected (groups of the practical partitioning)."""
-    g = np.array([client_group(i, num_clients, groups) for i in range(num_clients)])
+def group_graph(num_clients: int, groups: int = 5,
+                client_groups: list[int] | None = None) -> np.ndarray:
+    """Clients of the same group connected: ``client_groups`` (each client's group, the data
+    setting's), else ``groups`` groups of consecutive ids."""
+    g = np.array(client_groups if client_groups is not None
+                 else [client_group(i, num_clients, groups) for i in range(num_clients)])
     adj = (g[:, None] == g[None, :]).astype(np.float32)
     np.fill_diagonal(adj, 0.0)
     if not adj.any():
         raise GraphError(f"run config 'graph' = 'groups' gives no edges with {num_clients} "
-                         f"clients (each is its own group); allowed with more than {groups} clients")
+                         f"clients (each is its own group); allowed with more clients than groups")
     return adj
 
 
 def build_graph(kind: str, num_clients: int, task_adjacency: np.ndarray | None = None,
-                graph_file: str = "", dataset: str = "") -> np.ndarray | None:
-    """Return the client graph of ``kind`` (see the module docstring), validated."""
+                graph_file: str = "", dataset: str = "",
+                client_groups: list[int] | None = None) -> np.ndarray | None:
+    """Return the client graph of ``kind`` (see the module docstring), validated.
+
+    ``client_groups``: each client's group in the data setting, for ``groups``.
+    """
     if kind == "none":
         return None
     if kind == "groups":
-        return group_graph(num_clients)
+        return group_graph(num_clients, client_groups=client_groups)
     if kind == "task":
         if task_adjacency is None:
             raise GraphError(f"run config 'graph' = 'task' but dataset '{dataset}' defines no graph; "

@@ -13,7 +13,9 @@ Everything is deterministic for a given seed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import datasets
 import numpy as np
@@ -24,7 +26,7 @@ from flwr_datasets.partitioner import (
     PathologicalPartitioner,
 )
 
-PARTITIONINGS = ("practical", "iid", "pathological", "dirichlet")
+PARTITIONINGS = ("practical", "iid", "pathological", "dirichlet", "blocks")
 
 # The paper's practical presets: 5 groups, dominant classes {0,1}..{8,9}, a
 # training-set size per client of each group (Huang et al. 2021, Sec. 5.1).
@@ -43,6 +45,84 @@ def client_group(client_id: int, num_clients: int, num_groups: int = 5) -> int:
     rotations and of ``graph = "groups"``.
     """
     return client_id * min(num_groups, num_clients) // num_clients
+
+
+@dataclass(frozen=True)
+class PracticalRecipe:
+    """The practical setting of one dataset: each client's group, the groups' dominant
+    classes and each client's training size.
+
+    Parameters
+    ----------
+    group_classes : tuple[tuple[int, ...], ...]
+        Dominant classes of each group.
+    group_sizes : tuple[int, ...] | None
+        Training samples per client of each group (MNIST: 500, 400, ...).
+    group_shares : tuple[float, ...] | None
+        Share of the clients in each group, in order of consecutive ids (EMNIST:
+        10/62, 26/62, 26/62); None: equal groups, ``client_group``.
+    size_blocks : tuple[int, ...] | None
+        Training samples per client of equal blocks of consecutive clients, set
+        apart from the groups (CIFAR-100: 500, 400, 300, 200, 100 for blocks of
+        20 of its 100 clients); used instead of ``group_sizes``.
+    """
+
+    group_classes: tuple[tuple[int, ...], ...] = PRACTICAL_GROUP_CLASSES
+    group_sizes: tuple[int, ...] | None = PRACTICAL_SIZES_DEFAULT
+    group_shares: tuple[float, ...] | None = None
+    size_blocks: tuple[int, ...] | None = None
+    superclass_groups: int = 0
+
+    @property
+    def num_groups(self) -> int:
+        """Number of groups."""
+        return self.superclass_groups or len(self.group_classes)
+
+    def for_pool(self, coarse_of_fine: Sequence[int] | None) -> "PracticalRecipe":
+        """The recipe with its dominant classes filled in from the data: with
+        ``superclass_groups`` = G, group g is dominated by the fine classes of superclass g."""
+        if not self.superclass_groups:
+            return self
+        if coarse_of_fine is None:
+            raise ValueError("this practical setting groups clients by superclass, but the data "
+                             "has no coarse labels")
+        coarse = np.asarray(coarse_of_fine)
+        groups = tuple(tuple(int(c) for c in np.flatnonzero(coarse == g))
+                       for g in range(self.superclass_groups))
+        if any(len(g) == 0 for g in groups):
+            raise ValueError(f"the coarse labels must cover the {self.superclass_groups} superclasses")
+        return dataclasses.replace(self, group_classes=groups, superclass_groups=0)
+
+    def groups(self, n: int) -> list[int]:
+        """The group of each of ``n`` clients (consecutive ids form a group)."""
+        if self.group_shares is None:
+            return [client_group(i, n, self.num_groups) for i in range(n)]
+        starts = np.round(np.cumsum((0.0,) + tuple(self.group_shares[:-1])) * n).astype(int)
+        return [int(np.searchsorted(starts, i, side="right")) - 1 for i in range(n)]
+
+    def sizes(self, n: int) -> list[int]:
+        """The training size of each of ``n`` clients."""
+        if self.size_blocks is not None:
+            return [self.size_blocks[client_group(i, n, len(self.size_blocks))] for i in range(n)]
+        return [self.group_sizes[g] for g in self.groups(n)]
+
+
+def emnist_recipe() -> PracticalRecipe:
+    """FedAMP paper's EMNIST practical setting: 62 clients in three groups of consecutive ids,
+    0-9 dominated by the digits (classes 0-9) with 1000 training samples each, 10-35 by the
+    upper-case letters (10-35) with 700, 36-61 by the lower-case letters (36-61) with 400."""
+    return PracticalRecipe(
+        group_classes=(tuple(range(10)), tuple(range(10, 36)), tuple(range(36, 62))),
+        group_sizes=(1000, 700, 400), group_shares=(10 / 62, 26 / 62, 26 / 62))
+
+
+def cifar100_recipe() -> PracticalRecipe:
+    """FedAMP paper's CIFAR-100 practical setting: 100 clients in 20 groups of 5 consecutive
+    ids, group g dominated by the 5 classes of superclass g (from the dataset's coarse
+    labels, :meth:`PracticalRecipe.for_pool`), with 500, 400, 300, 200 and 100 training
+    samples for consecutive blocks of 20 clients."""
+    return PracticalRecipe(group_classes=(), group_sizes=None, superclass_groups=20,
+                           size_blocks=(500, 400, 300, 200, 100))
 
 
 def split_evenly(total: int, parts: int) -> np.ndarray:
@@ -144,17 +224,22 @@ class PracticalPartitioner(Partitioner):
         dominant_fraction: float = 0.8,
         partition_by: str = "label",
         seed: int = 42,
+        recipe: PracticalRecipe | None = None,
     ) -> None:
         super().__init__()
         if num_partitions <= 0:
             raise ValueError(f"num_partitions must be > 0, got {num_partitions}")
-        if len(group_classes) != len(group_sizes) or not group_classes:
-            raise ValueError("group_classes and group_sizes must be non-empty and of equal length")
+        if recipe is None:
+            if len(group_classes) != len(group_sizes) or not group_classes:
+                raise ValueError("group_classes and group_sizes must be non-empty and of equal length")
+            recipe = PracticalRecipe(tuple(tuple(int(c) for c in g) for g in group_classes),
+                                     tuple(int(s) for s in group_sizes))
         if not 0.0 <= dominant_fraction <= 1.0:
             raise ValueError(f"dominant_fraction must be in [0, 1], got {dominant_fraction}")
         self._num_partitions = num_partitions
-        self._group_classes = [tuple(int(c) for c in g) for g in group_classes]
-        self._group_sizes = [int(s) for s in group_sizes]
+        self._recipe = recipe
+        self._groups = recipe.groups(num_partitions)
+        self._sizes = recipe.sizes(num_partitions)
         self._dominant_fraction = dominant_fraction
         self._partition_by = partition_by
         self._seed = seed
@@ -167,21 +252,15 @@ class PracticalPartitioner(Partitioner):
 
     def group_of(self, partition_id: int) -> int:
         """Return the group of ``partition_id``."""
-        return client_group(partition_id, self._num_partitions, len(self._group_classes))
+        return self._groups[partition_id]
 
     def class_counts(self, num_classes: int) -> np.ndarray:
         """Per-client per-class training counts, shape (num_partitions, num_classes)."""
-        return np.stack(
-            [
-                practical_class_counts(
-                    self._group_sizes[self.group_of(i)],
-                    self._group_classes[self.group_of(i)],
-                    num_classes,
-                    self._dominant_fraction,
-                )
-                for i in range(self._num_partitions)
-            ]
-        )
+        return np.stack([
+            practical_class_counts(self._sizes[i], self._recipe.group_classes[self._groups[i]],
+                                   num_classes, self._dominant_fraction)
+            for i in range(self._num_partitions)
+        ])
 
     def _compute(self) -> list[np.ndarray]:
         labels = np.asarray(self.dataset[self._partition_by], dtype=np.int64)
@@ -200,16 +279,49 @@ class PracticalPartitioner(Partitioner):
         return self.dataset.select(self._indices[partition_id])
 
 
+class LabelBlocksPartitioner(Partitioner):
+    """Each client gets every sample of its own block of classes: the classes split into
+    ``num_partitions`` contiguous blocks (sizes differing by at most one), client i the i-th.
+
+    The two-host setting of Ioste and Finger's combination (MNIST digits 0-4 on one
+    host, 5-9 on the other) is ``num_partitions = 2``. Needs no more clients than classes.
+    """
+
+    def __init__(self, num_partitions: int, partition_by: str = "label") -> None:
+        super().__init__()
+        self._num_partitions = num_partitions
+        self._partition_by = partition_by
+
+    @property
+    def num_partitions(self) -> int:
+        """Number of partitions."""
+        return self._num_partitions
+
+    def load_partition(self, partition_id: int) -> datasets.Dataset:
+        """Return the rows of the classes of block ``partition_id``."""
+        labels = np.asarray(self.dataset[self._partition_by], dtype=np.int64)
+        num_classes = int(labels.max()) + 1
+        if self._num_partitions > num_classes:
+            raise ValueError(f"{self._num_partitions} clients but only {num_classes} classes "
+                             "to split into blocks")
+        ends = np.cumsum(split_evenly(num_classes, self._num_partitions))
+        lo, hi = (0 if partition_id == 0 else ends[partition_id - 1]), ends[partition_id]
+        return self.dataset.select(np.flatnonzero((labels >= lo) & (labels < hi)))
+
+
 def build_partitioner(
     name: str,
     num_partitions: int,
     seed: int,
     dirichlet_alpha: float = 0.5,
-    practical_sizes: Sequence[int] = PRACTICAL_SIZES_DEFAULT,
+    recipe: PracticalRecipe | None = None,
 ) -> Partitioner:
-    """Return the partitioner called ``name`` (one of :data:`PARTITIONINGS`)."""
+    """Return the partitioner called ``name`` (one of :data:`PARTITIONINGS`).
+
+    ``recipe``: the dataset's practical setting (default: MNIST's).
+    """
     if name == "practical":
-        return PracticalPartitioner(num_partitions, group_sizes=practical_sizes, seed=seed)
+        return PracticalPartitioner(num_partitions, seed=seed, recipe=recipe or PracticalRecipe())
     if name == "iid":
         return IidPartitioner(num_partitions)
     if name == "pathological":
@@ -217,6 +329,8 @@ def build_partitioner(
             num_partitions, "label", num_classes_per_partition=2,
             class_assignment_mode="first-deterministic", seed=seed,
         )
+    if name == "blocks":
+        return LabelBlocksPartitioner(num_partitions)
     if name == "dirichlet":
         return DirichletPartitioner(
             num_partitions, "label", alpha=dirichlet_alpha, min_partition_size=10,

@@ -19,12 +19,13 @@ from torch import nn
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
-    """Return the optimizer ``name`` ("adam" or "sgd") over ``params``."""
+def make_optimizer(name: str, params, lr: float, momentum: float = 0.0,
+                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """Return the optimizer ``name`` ("adam" or "sgd") over ``params`` (``momentum``: SGD's)."""
     if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     raise ValueError(f"unknown optimizer '{name}'; allowed: adam, sgd")
 
 
@@ -76,6 +77,9 @@ def train(
     proximal_mu: float = 0.0,
     grad_correction: list[torch.Tensor] | None = None,
     steps: int = 0,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    clip_norm: float = 0.0,
     loss_fn: LossFn | None = None,
     device: torch.device | str = "cpu",
     seed: int = 0,
@@ -109,6 +113,10 @@ def train(
         Karimireddy et al. 2020, Alg. 1 line 10).
     steps : int
         If > 0, train this many mini-batch steps instead of ``epochs`` epochs.
+    momentum, weight_decay : float
+        SGD's momentum (ignored by Adam) and the optimizer's weight decay.
+    clip_norm : float
+        If > 0, the gradients' total norm is clipped to this before every step.
     loss_fn : callable, optional
         Loss on (predictions, targets); default :func:`loss_for` ``(y)``.
     device : torch.device or str
@@ -119,7 +127,7 @@ def train(
     loss_fn = loss_fn or loss_for(y)
     model.to(device).train()
     params = list(model.parameters())
-    opt = make_optimizer(optimizer, params, lr)
+    opt = make_optimizer(optimizer, params, lr, momentum, weight_decay)
     center = [p.detach().clone() for p in params] if proximal_mu > 0 else None
     correction = [c.to(device) for c in grad_correction] if grad_correction is not None else None
 
@@ -133,6 +141,8 @@ def train(
         if correction is not None:
             for p, c in zip(params, correction):
                 p.grad.add_(c)
+        if clip_norm > 0:
+            nn.utils.clip_grad_norm_(params, clip_norm)
         opt.step()
         return loss.detach()
 

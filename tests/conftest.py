@@ -19,8 +19,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
+from fedamp_flwr.inprocess import InProcessGrid, run_inprocess
 from simulation import stop_tree
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,57 +55,16 @@ def task_identity():
 # ---------------------------------------------------------------------------
 # In-process Flower
 # ---------------------------------------------------------------------------
-class LocalGrid:
-    """A Flower ``Grid`` in this process: node ``100 + i`` is client ``i``.
-
-    Every message goes to the real ClientApp function of its type, with that
-    node's own ``Context``. With ``infos`` (node id -> the ``info`` a node
-    answers the query round with) the nodes only answer queries, as given.
-    """
-
-    def __init__(self, run_config: dict | None = None, num_clients: int = 0,
-                 infos: dict[int, dict] | None = None) -> None:
-        self.infos = infos
-        nodes = list(infos) if infos is not None else [100 + i for i in range(num_clients)]
-        self.contexts = {
-            node: Context(run_id=1, node_id=node, state=RecordDict(), run_config=run_config or {},
-                          node_config={"partition-id": i, "num-partitions": num_clients})
-            for i, node in enumerate(nodes)
-        }
-        self.sent: list[Message] = []
-
-    def get_node_ids(self):
-        return list(self.contexts)
-
-    def send_and_receive(self, messages, timeout=None):
-        from fedamp_flwr import client_app
-
-        messages = list(messages)
-        self.sent += messages
-        if self.infos is not None:
-            return [Message(RecordDict({"info": ConfigRecord(self.infos[m.metadata.dst_node_id])}),
-                            reply_to=m) for m in messages]
-        handlers = {MessageType.QUERY: client_app.query, MessageType.TRAIN: client_app.train,
-                    MessageType.EVALUATE: client_app.evaluate}
-        return [handlers[m.metadata.message_type](m, self.contexts[m.metadata.dst_node_id])
-                for m in messages]
-
-    def sent_configs(self, message_type: str) -> list[ConfigRecord]:
-        """The config records of the messages of one type sent so far."""
-        return [m.content["config"] for m in self.sent if m.metadata.message_type == message_type]
+class LocalGrid(InProcessGrid):
+    """The app's in-process grid (``fedamp_flwr.inprocess``): node ``100 + i`` is client ``i``."""
 
 
 def run_local(tmp_path: Path, strategy: str, n: int = 3, **overrides) -> tuple[dict, LocalGrid]:
     """Run the real ServerApp for 2 rounds of 1 epoch on ``n`` in-process clients."""
-    from fedamp_flwr import server_app
-
     run_config = {"strategy": strategy, "num-server-rounds": 2, "local-epochs": 1,
                   "min-nodes": n, "results-dir": str(tmp_path), "run-name": strategy,
                   "server-device": "cpu", **overrides}
-    grid = LocalGrid(run_config, n)
-    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
-                      run_config=run_config)
-    server_app.main(grid, context)
+    grid = run_inprocess(run_config, n)
     return json.loads((tmp_path / run_config["run-name"] / "metrics.json").read_text()), grid
 
 

@@ -86,13 +86,33 @@ def test_drop_rate_applies_to_flower_strategies_too(tmp_path):
 # Pure functions, against values worked by hand
 # ---------------------------------------------------------------------------
 def test_nonconvex_weights_by_hand():
-    # shares r = (0.25, 0.75); c = 2: exp(0.5), exp(1.5) normalised
-    w = nonconvex_weights(np.array([100, 300]), c=2.0)
+    # shares r = (0.25, 0.75); c = 2: exp(0.5), exp(1.5), as written (not summing to 1)
     e = np.exp([0.5, 1.5])
-    assert w == pytest.approx(e / e.sum())
-    assert nonconvex_weights(np.array([100, 300]), c=0.0) == pytest.approx([0.5, 0.5])
+    assert nonconvex_weights(np.array([100, 300]), c=2.0) == pytest.approx(e)
+    assert nonconvex_weights(np.array([100, 300]), c=2.0, normalize=True) == pytest.approx(e / e.sum())
+    assert nonconvex_weights(np.array([100, 300]), c=0.0) == pytest.approx([1.0, 1.0])
     with pytest.raises(ValueError):
         nonconvex_weights(np.array([0, 0]), c=1.0)
+
+
+def test_nonconvex_combination_is_the_weighted_sum_as_written():
+    from flwr.app import ArrayRecord, ConfigRecord
+
+    from .conftest import LocalGrid, client_infos, reply
+
+    for normalize in (False, True):
+        strategy, model = setup_strategy("nonconvex", n=2, **{"nonconvex-c": 2.0,
+                                                               "nonconvex-normalize": normalize})
+        strategy.configure_train(1, ArrayRecord(model.state_dict()), ConfigRecord(),
+                                 LocalGrid(infos=client_infos(2)))
+        ones = {k: torch.full_like(v, 0.01) for k, v in model.state_dict().items()}
+        twos = {k: torch.full_like(v, 0.02) for k, v in model.state_dict().items()}
+        arrays, _ = strategy.aggregate_train(1, [reply(10, ones, {"num-examples": 1}),
+                                                 reply(11, twos, {"num-examples": 3})])
+        a, b = np.exp([0.5, 1.5])  # shares 1/4, 3/4
+        expected = (a * 0.01 + b * 0.02) / ((a + b) if normalize else 1.0)
+        for arr in arrays.values():
+            assert np.allclose(arr.numpy(), expected, rtol=1e-6)
 
 
 def test_scaffold_server_control_update_by_hand():

@@ -12,7 +12,11 @@ round differently on another CPU (the same machine reproduced them exactly).
 
 Since then, FedAMP mixes only the clients that train in a round by default
 (``fedamp-offline-clients = "exclude"``); the recorded drop-out scenario
-ran with the mix of every training client, ``"include"``, as it did then.
+ran with the mix of every training client, ``"include"``, as it did then; and
+``nonconvex`` combines the models as the paper writes them by default, so
+its recorded run is pinned to the normalised alphas it used then
+(``nonconvex-normalize = true``); pFedHN takes its reference trainer's
+settings by default, so its recorded run is pinned to the settings of then.
 
 Re-record only for a change that is meant to change results:
 ``python -m tests.test_behaviour_unchanged --record``.
@@ -41,6 +45,13 @@ def case(key: str) -> tuple[str, int, dict]:
     overrides = dict(SCENARIOS) if scenario else {}
     if name == "fedamp" and scenario:  # the mix of all training clients, as before the option
         overrides["fedamp-offline-clients"] = "include"
+    if name == "nonconvex":  # normalised alphas, as before the literal sum became the default
+        overrides["nonconvex-normalize"] = True
+    if name == "pfedhn":  # the settings of then, before pFedHN's reference values became its own
+        overrides.update({"local-steps": 0, "panacea-client-lr": 0.1, "panacea-server-lr": 0.1,
+                          "panacea-server-steps": 10, "panacea-client-momentum": 0.0,
+                          "panacea-client-weight-decay": 0.0, "panacea-client-clip": 0.0,
+                          "panacea-server-weight-decay": 0.0, "panacea-server-clip": 0.0})
     if name.startswith("panacea"):  # the default task has no graph: its 5 groups', with 6 clients
         overrides["graph"] = "groups"
         if scenario:

@@ -210,3 +210,32 @@ def test_panacea_stops_with_a_clear_error_when_its_hypernetwork_diverges():
                      {"num-examples": 5}) for m in messages]
     with pytest.raises(RuntimeError, match="no longer finite .* lower panacea-server-lr"):
         strategy.aggregate_train(1, replies)
+
+
+def test_the_papers_self_weight_is_one_over_the_clients_of_the_group():
+    # 10 clients of the practical setting: 5 groups of 2 consecutive ids -> xi_ii = 1/2;
+    # with client 3 out of the round's mix, client 2 is alone in its group -> xi_22 = 1
+    strategy, model = setup_strategy("fedamp", n=10, **{"fedamp-self-weight": "paper"})
+    strategy._ensure_models(ArrayRecord(model.state_dict()))
+    xi = strategy.collaboration(1, torch.arange(10))
+    assert torch.allclose(xi.diagonal(), torch.full((10,), 0.5, dtype=torch.float64))
+    assert torch.allclose(xi.sum(1), torch.ones(10, dtype=torch.float64))
+    rows = torch.tensor([0, 1, 2, 4, 5, 6, 7, 8, 9])
+    xi = strategy.collaboration(1, rows)
+    assert xi[2, 2] == 1.0 and xi[2].sum() == 1.0 and xi[0, 0] == 0.5
+    heur, _ = setup_strategy("heurfedamp", n=10, **{"heurfedamp-self-weight": "paper"})
+    assert heur.self_weights(torch.arange(10)).tolist() == [0.5] * 10
+
+
+def test_the_papers_self_weight_needs_groups():
+    from fedamp_flwr.config import ConfigError, RunConfig
+
+    with pytest.raises(ConfigError, match=r"'fedamp-self-weight' = 'paper' .* synthetic/dirichlet"):
+        RunConfig.from_run_config({"fedamp-self-weight": "paper", "partitioning": "dirichlet"})
+    with pytest.raises(ConfigError, match=r"'heurfedamp-self-weight' = 'paper' .* fl60"):
+        RunConfig.from_run_config({"strategy": "heurfedamp", "heurfedamp-self-weight": "paper",
+                                   "heurfedamp-sigma": 1.0, "dataset": "fl60"})
+    assert RunConfig.from_run_config({"fedamp-self-weight": "paper",
+                                      "partitioning": "iid"}).groups(4) == [0, 0, 0, 0]
+    with pytest.raises(ConfigError, match='"eq6" or "paper" or a number'):
+        RunConfig.from_run_config({"fedamp-self-weight": "half"})

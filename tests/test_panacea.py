@@ -189,3 +189,65 @@ def test_panacea_hypernetwork_fits_325_clients_on_the_cpu():
     first = server_step(hnet, opt, prop, rows, sent + 0.01, adj, 1.0, pairs)
     second = server_step(hnet, opt, prop, rows, sent + 0.01, adj, 1.0, pairs)
     assert math.isfinite(second) and second < first
+
+
+def test_fl60_grda_is_the_sources_spiral_and_separable():
+    from tasks.federated import make_fl60_grda
+
+    a, b = make_fl60_grda(60, seed=1), make_fl60_grda(60, seed=1)
+    assert np.array_equal(a.adjacency, b.adjacency) and np.array_equal(a.train[3].x, b.train[3].x)
+    assert len(a.train[0].y) + len(a.test[0].y) == 100 and len(a.test[0].y) == 20
+    mu1 = a.extras["mu1"]  # the class-1 means: -m_t, |m_t| = 1 + 6 a_t / (2 pi) in [1, 7]
+    radius = np.linalg.norm(mu1, axis=1)
+    assert radius.min() >= 1.0 and radius.max() <= 7.0
+    angles = np.mod(np.arctan2(-mu1[:, 1], -mu1[:, 0]), 2 * np.pi)
+    assert np.allclose(radius, 1 + 6 * angles / (2 * np.pi))
+    for t in range(5):  # every point within distance 1 of its class mean
+        pts = np.concatenate([a.train[t].x, a.test[t].x])
+        labels = np.concatenate([a.train[t].y, a.test[t].y])
+        centers = np.where(labels[:, None] == 1, mu1[t], -mu1[t])
+        assert (np.linalg.norm(pts - centers, axis=1) <= 1 + 1e-6).all()
+        assert (labels == 0).sum() == 50
+    cos = np.cos(angles[:, None] - angles[None, :])
+    assert (cos[a.adjacency > 0] >= 0.2).all() and a.adjacency.sum() > 0
+    assert fl60_oracle_accuracy(a) == 1.0  # the Bayes ceiling of this variant
+
+
+def test_tpt48_random_split_is_seeded_and_differs_from_the_time_split():
+    folder = needs_data("tpt48")
+    time_split, r1, r2 = (load_tpt48(folder, "time"), load_tpt48(folder, "random", 3),
+                          load_tpt48(folder, "random", 3))
+    assert np.array_equal(r1.test[5].y, r2.test[5].y)
+    assert r1.train[0].x.shape == time_split.train[0].x.shape == (106, 6)
+    assert not np.array_equal(r1.test[0].x, time_split.test[0].x)
+    with pytest.raises(ValueError, match="allowed: time, random"):
+        load_tpt48(folder, "weekly")
+
+
+def test_pfedhn_takes_its_reference_trainers_settings_unless_told_otherwise():
+    from fedamp_flwr.config import RunConfig
+    from strategies.panacea import PFEDHN_REFERENCE
+
+    cfg = RunConfig.from_run_config({"strategy": "pfedhn"})
+    for key, value in PFEDHN_REFERENCE.items():
+        assert getattr(cfg, key.replace("-", "_")) == value, key
+    assert RunConfig.from_run_config({"strategy": "pfedhn", "panacea-client-lr": 0.2}
+                                     ).panacea_client_lr == 0.2
+    panacea = RunConfig.from_run_config({"strategy": "panacea"})
+    assert panacea.panacea_client_clip == 0.0 and panacea.local_steps == 0
+
+
+def test_server_step_clips_the_hypernetwork_gradient():
+    hnet, ref = _hnet(generator=False), _hnet(generator=False)
+    prop = normalized_adjacency(_ring(5))
+    rows = torch.tensor([0, 1])
+    trained = torch.full((2, sum(SIZES)), 100.0)  # a far target: a large gradient
+    opt, ref_opt = (torch.optim.SGD(h.parameters(), lr=0.1) for h in (hnet, ref))
+    before = [p.detach().clone() for p in hnet.parameters()]
+    server_step(hnet, opt, prop, rows, trained, clip_norm=1.0)
+    server_step(ref, ref_opt, prop, rows, trained)
+    with torch.no_grad():
+        moved = torch.sqrt(sum(((p - b) ** 2).sum() for p, b in zip(hnet.parameters(), before)))
+        ref_moved = torch.sqrt(sum(((p - b) ** 2).sum() for p, b in zip(ref.parameters(), before)))
+    assert float(moved) == pytest.approx(0.1, rel=1e-4)  # lr x the clipped norm
+    assert float(ref_moved) > 1.0

@@ -104,3 +104,77 @@ def test_synthetic_default_sizes():
     a, b = tasks.load_client_data(dc, 0), tasks.load_client_data(dc, 9)
     assert a.x_train.shape[1] == b.x_train.shape[1] == 32
     assert len(a.y_train) == 500 and len(b.y_train) == 100
+
+
+def test_emnist_practical_recipe_62_clients_in_three_groups():
+    from tasks.partitioners import emnist_recipe
+
+    recipe = emnist_recipe()
+    groups, sizes = recipe.groups(62), recipe.sizes(62)
+    assert groups == [0] * 10 + [1] * 26 + [2] * 26
+    assert sizes == [1000] * 10 + [700] * 26 + [400] * 26
+    train, test = _labels(1200, classes=62), _labels(200, classes=62, seed=1)
+    tr, te = partition_pool(train, test, PracticalPartitioner(62, recipe=recipe, seed=0), 100, 0)
+    assert [len(i) for i in tr] == sizes and all(len(i) == 100 for i in te)
+    dominant = (range(10), range(10, 36), range(36, 62))
+    for pid, (idx, tidx) in enumerate(zip(tr, te)):
+        classes = list(dominant[groups[pid]])
+        assert np.isin(train[idx], classes).mean() == pytest.approx(0.8, abs=1e-9)
+        # 100 test samples in the same mixture, to the rounding of 100 x 26 classes
+        assert np.isin(test[tidx], classes).mean() == pytest.approx(0.8, abs=0.03)
+    all_idx = np.concatenate(tr)
+    assert len(np.unique(all_idx)) == len(all_idx)
+
+
+def test_cifar100_practical_recipe_groups_by_superclass_sizes_by_block():
+    from tasks.data import Split, coarse_of_fine
+    from tasks.partitioners import cifar100_recipe
+
+    rng = np.random.default_rng(0)
+    superclass = rng.permutation(np.repeat(np.arange(20), 5))  # fine class -> coarse class
+    fine = _labels(600, classes=100)
+    pool = Split(np.zeros((len(fine), 1)), fine, superclass[fine])
+    coarse = coarse_of_fine(pool)
+    assert np.array_equal(coarse, superclass)
+    recipe = cifar100_recipe().for_pool(coarse)
+    groups, sizes = recipe.groups(100), recipe.sizes(100)
+    assert groups == [i // 5 for i in range(100)]
+    assert sizes == [500] * 20 + [400] * 20 + [300] * 20 + [200] * 20 + [100] * 20
+    tr, te = partition_pool(fine, _labels(60, classes=100, seed=2),
+                            PracticalPartitioner(100, recipe=recipe, seed=0), 100, 0)
+    for pid, idx in enumerate(tr):
+        dominant = np.flatnonzero(superclass == pid // 5)
+        assert len(dominant) == 5 and len(idx) == sizes[pid]
+        assert np.isin(fine[idx], dominant).mean() == pytest.approx(0.8, abs=1e-9)
+    with pytest.raises(ValueError, match="no coarse"):
+        cifar100_recipe().for_pool(None)
+
+
+def test_label_blocks_give_each_client_its_own_classes():
+    train, test = _labels(100), _labels(30, seed=1)
+    tr, te = partition_pool(train, test, build_partitioner("blocks", 2, 0), 50, 0)
+    assert set(train[tr[0]]) == {0, 1, 2, 3, 4} and set(train[tr[1]]) == {5, 6, 7, 8, 9}
+    assert len(tr[0]) == 500 and set(test[te[1]]) <= {5, 6, 7, 8, 9}
+    with pytest.raises(ValueError, match="11 clients but only 10 classes"):
+        partition_pool(train, test, build_partitioner("blocks", 11, 0), 50, 0)
+
+
+@pytest.mark.parametrize("dataset, partitioning, sigma", [
+    ("mnist", "practical", (100.0, 25.0)), ("fmnist", "practical", (10.0, 100.0)),
+    ("emnist", "practical", (10.0, 50.0)), ("cifar100", "practical", (1e6, 10.0)),
+])
+def test_sigma_auto_takes_the_papers_cell_of_the_dataset_and_setting(dataset, partitioning, sigma):
+    from fedamp_flwr.config import RunConfig
+
+    cfg = RunConfig.from_run_config({"dataset": dataset, "partitioning": partitioning,
+                                     "data-dir": "x"})
+    assert (cfg.sigma("fedamp"), cfg.sigma("heurfedamp")) == sigma
+
+
+@pytest.mark.parametrize("partitioning", ["iid", "pathological"])
+def test_sigma_auto_refuses_a_cell_it_does_not_hold(partitioning):
+    from fedamp_flwr.config import ConfigError, RunConfig
+
+    with pytest.raises(ConfigError, match=f"for mnist/{partitioning} is not recorded .* practical"):
+        RunConfig.from_run_config({"dataset": "mnist", "partitioning": partitioning,
+                                   "data-dir": "x"})

@@ -172,3 +172,29 @@ def test_a_half_finished_run_is_continued_from_its_checkpoint(tmp_path, capsys):
     for got, want in zip(resumed["rounds"], whole["rounds"]):
         for key in ("client_accuracy", "train_loss", "mean_loss", "client_loss"):
             assert got[key] == want[key], key  # to the last digit
+
+
+def test_the_inprocess_engine_runs_a_grid_with_variants_and_resumes(tmp_path, capsys):
+    out = tmp_path / "grid"
+    args = ["--engine", "inprocess", "--preset", "nonconvex", "--datasets", "synthetic",
+            "--num-supernodes", "3", "--rounds", "1", "--set", "test-samples=50",
+            "--output", str(out)]
+    assert simulation.main(args) == 0  # synthetic/blocks and synthetic/practical x 3
+    printed = capsys.readouterr().out
+    assert "6 runs, 0 already done, 6 to run" in printed and "Round 1: mean test" in printed
+    rows = {r["run_name"] for r in csv.DictReader(open(out / "results.csv"))}
+    assert {"nonconvex-synthetic-blocks-s0", "nonconvex@normalized-synthetic-blocks-s0",
+            "fedavg-synthetic-practical-s0"} <= rows and len(rows) == 6
+    table = (out / "table.md").read_text()
+    assert "| nonconvex@normalized |" in table and "| nonconvex |" in table
+    runs = out / "runs"
+    normalized = json.loads((runs / "nonconvex@normalized-synthetic-blocks-s0" / "metrics.json")
+                            .read_text())
+    assert normalized["label"] == "nonconvex@normalized"
+    assert normalized["config"]["nonconvex-normalize"] is True
+    literal = json.loads((runs / "nonconvex-synthetic-blocks-s0" / "metrics.json").read_text())
+    # the sum of 3 models as written is about 3 times the average's norm
+    ratio = literal["rounds"][0]["global_norm"] / normalized["rounds"][0]["global_norm"]
+    assert 2.5 < ratio < 3.5
+    assert simulation.main(args) == 0
+    assert "6 runs, 6 already done, 0 to run" in capsys.readouterr().out

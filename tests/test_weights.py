@@ -93,8 +93,8 @@ def test_heurfedamp_large_sigma_does_not_overflow():
 
 def test_heurfedamp_single_client_and_bad_parameters():
     assert torch.equal(heurfedamp_weights(t([[3.0]]), 10.0, 0.5), t([[1.0]]))
-    with pytest.raises(ValueError, match="self_weight"):
-        heurfedamp_weights(t([[1.0], [2.0]]), 10.0, 1.0)
+    with pytest.raises(ValueError, match="self weights must be in"):
+        heurfedamp_weights(t([[1.0], [2.0]]), 10.0, 1.5)
 
 
 def test_gram_distances_match_a_pairwise_loop_in_float32():
@@ -104,3 +104,32 @@ def test_gram_distances_match_a_pairwise_loop_in_float32():
     m64 = models.double()
     loop = torch.tensor([[((a - b) ** 2).sum().item() for b in m64] for a in m64], dtype=torch.float64)
     assert torch.allclose(d2, loop, rtol=1e-4)
+
+
+def test_fedamp_with_a_fixed_self_weight_by_hand():
+    # the appendix's xi_ii = 1 / (N_i + 1): here 0.5 for every row; off-diagonals in Eq. 6's
+    # proportions exp(-d/sigma), scaled to sum to 1 - xi_ii (alpha_k cancels)
+    models = t([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]])
+    xi = fedamp_weights(models, alpha_k=1e4, sigma=1.0, self_weight=0.5)
+    e1, e4, e5 = math.exp(-1), math.exp(-4), math.exp(-5)
+    expected = t([[0.5, 0.5 * e1 / (e1 + e4), 0.5 * e4 / (e1 + e4)],
+                  [0.5 * e1 / (e1 + e5), 0.5, 0.5 * e5 / (e1 + e5)],
+                  [0.5 * e4 / (e4 + e5), 0.5 * e5 / (e4 + e5), 0.5]])
+    assert torch.allclose(xi, expected, atol=1e-15)
+    # one self weight per row
+    per_row = fedamp_weights(models, 1.0, 1.0, self_weight=torch.tensor([0.0, 0.25, 0.5]))
+    assert per_row.diagonal().tolist() == [0.0, 0.25, 0.5]
+    assert torch.allclose(per_row.sum(1), torch.ones(3, dtype=torch.float64))
+
+
+def test_a_fixed_self_weight_cannot_underflow():
+    # exp(-900 / 1e-3) is 0 in float64; in log space the only other client gets 1 - xi_ii
+    xi = fedamp_weights(t([[0.0], [30.0]]), alpha_k=1e4, sigma=1e-3, self_weight=0.25)
+    assert torch.allclose(xi, t([[0.25, 0.75], [0.75, 0.25]]), atol=1e-15)
+
+
+def test_heurfedamp_self_weight_per_row():
+    xi = heurfedamp_weights(t([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]]), sigma=2.0,
+                            self_weight=torch.tensor([0.5, 1 / 3, 0.5]))
+    assert torch.allclose(xi.diagonal(), t([0.5, 1 / 3, 0.5]))
+    assert torch.allclose(xi.sum(1), torch.ones(3, dtype=torch.float64))

@@ -1,0 +1,104 @@
+"""Running the app in one process, without Flower's engine: for quick, exact small-model grids.
+
+:class:`InProcessGrid` is a Flower ``Grid`` whose nodes are this app's real
+ClientApp functions (``query``, ``train``, ``evaluate``), each node with its
+own ``Context`` (so its ``context.state`` lives across rounds, as on a
+SuperNode); :func:`run_inprocess` runs the real ServerApp ``main`` on it. The
+messages are real Flower ``Message`` objects; what is left out is Flower's
+transport, the simulation engine's scheduling and process isolation. The
+numbers are those of the simulation engine: the same code, seeds and order
+(float sums can differ in the last digits where torch runs with another
+number of threads). ``simulation.py --engine inprocess`` uses it; the tests
+use it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+
+@contextlib.contextmanager
+def task_identity(run_id: int = 1) -> Iterator[None]:
+    """Messages made outside a Flower process need a run, node and task id."""
+    names = ("_run_id", "_node_id", "_task_id")
+    saved = [getattr(TaskIdentity, n) for n in names]  # the unset ones are None
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 1, 1
+    try:
+        yield
+    finally:
+        for name, value in zip(names, saved):
+            setattr(TaskIdentity, name, value)
+
+
+class InProcessGrid:
+    """A Flower ``Grid`` in this process: node ``first_node + i`` is the client with
+    ``partition-id`` i of ``num_clients``, answering with the real ClientApp functions.
+
+    With ``infos`` (node id -> the ``info`` record a node answers the query round
+    with) the nodes only answer queries, as given (for tests of the query round).
+    """
+
+    def __init__(self, run_config: dict | None = None, num_clients: int = 0,
+                 infos: dict[int, dict] | None = None, first_node: int = 100) -> None:
+        self.run_config = dict(run_config or {})
+        self.infos = infos
+        nodes = list(infos) if infos is not None else [first_node + i for i in range(num_clients)]
+        self.contexts = {
+            node: Context(run_id=1, node_id=node, state=RecordDict(), run_config=self.run_config,
+                          node_config={"partition-id": i, "num-partitions": num_clients})
+            for i, node in enumerate(nodes)
+        }
+        self.sent: list[Message] = []
+
+    def get_node_ids(self) -> list[int]:
+        """The nodes (all connected)."""
+        return list(self.contexts)
+
+    def send_and_receive(self, messages, timeout=None) -> list[Message]:
+        """Hand each message to its node's ClientApp function; return the replies."""
+        from . import client_app
+
+        messages = list(messages)
+        self.sent += messages
+        if self.infos is not None:
+            return [Message(RecordDict({"info": ConfigRecord(self.infos[m.metadata.dst_node_id])}),
+                            reply_to=m) for m in messages]
+        handlers = {MessageType.QUERY: client_app.query, MessageType.TRAIN: client_app.train,
+                    MessageType.EVALUATE: client_app.evaluate}
+        return [handlers[m.metadata.message_type](m, self.contexts[m.metadata.dst_node_id])
+                for m in messages]
+
+    def sent_configs(self, message_type: str) -> list[ConfigRecord]:
+        """The config records of the messages of one type sent so far."""
+        return [m.content["config"] for m in self.sent if m.metadata.message_type == message_type]
+
+
+def run_inprocess(run_config: dict, num_clients: int, log_file: Path | None = None) -> InProcessGrid:
+    """Run the real ServerApp with ``run_config`` on ``num_clients`` in-process clients.
+
+    ``log_file``: where the run's log goes (Flower's logger), besides the console.
+    Returns the grid (its nodes' contexts hold the clients' state).
+    """
+    from . import server_app
+
+    grid = InProcessGrid(run_config, num_clients)
+    handler = None
+    if log_file is not None:
+        handler = logging.FileHandler(log_file, mode="a")
+        handler.setFormatter(logging.Formatter("%(levelname)s : %(message)s"))
+        logging.getLogger("flwr").addHandler(handler)
+    try:
+        with task_identity():
+            server_app.main(grid, Context(run_id=1, node_id=0, node_config={},
+                                          state=RecordDict(), run_config=run_config))
+    finally:
+        if handler is not None:
+            logging.getLogger("flwr").removeHandler(handler)
+            handler.close()
+    return grid
