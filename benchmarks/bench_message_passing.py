@@ -111,7 +111,6 @@ def main() -> None:
             assert torch.allclose(got[: len(ref)], ref, rtol=1e-3, atol=1e-5), "results differ"
             note = "" if rows == args.clients else f"  (loop timed on {rows} rows, scaled)"
             print(f"{size:9} {d:>11,} {kind:10} {fast:12.3f} {slow:10.2f} {slow / fast:8.1f}{note}")
-        del models
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 
     python experiments/group_weight.py results/fmnist/fedamp/metrics.json
 
-For each round it prints the mean over clients of sum_{j in group(i), j != i}
-xi_ij: how much of a client's cloud model comes from the other clients of its
-own group (the structure of the FedAMP paper's Fig. 3).
+For each recorded round it prints the mean over clients of sum_{j in group(i),
+j != i} xi_ij: how much of a client's cloud model comes from the other clients
+of its own group (the structure of the FedAMP paper's Fig. 3), and the mean
+self weight. The groups are those of the run's data setting.
 """
 
 import json
@@ -14,13 +15,17 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tasks.partitioners import client_group  # noqa: E402
+import tasks  # noqa: E402
+from experiments.report import xi_matrices  # noqa: E402
 
-metrics = json.loads(Path(sys.argv[1]).read_text())
-ids = metrics["xi"]["client_ids"]
-groups = np.array([client_group(c, len(ids)) for c in ids])
+path = Path(sys.argv[1])
+metrics = {**json.loads(path.read_text()), "_dir": str(path.parent)}
+ids, rounds = xi_matrices(metrics)
+groups = tasks.client_groups(metrics["dataset"], metrics["partitioning"], len(ids))
+if groups is None:
+    sys.exit(f"{metrics['dataset']}/{metrics['partitioning']} has no groups of clients")
+groups = np.array([groups[c] for c in ids])
 same = (groups[:, None] == groups[None, :]) & ~np.eye(len(ids), dtype=bool)
-for r, matrix in metrics["xi"]["rounds"].items():
-    xi = np.asarray(matrix)
+for r, xi in sorted(rounds.items()):
     print(f"round {r}: {100 * (xi * same).sum(1).mean():.1f}% of the weight within the group, "
           f"self weight {100 * xi.diagonal().mean():.1f}%")

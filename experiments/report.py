@@ -84,6 +84,7 @@ def load_runs(paths: Iterable[str | Path]) -> list[Run]:
             logger.warning("Skipping %s: %s", f, err)
             continue
         if isinstance(run, dict):
+            run["_dir"] = str(f.parent)  # where the run's other files are (xi/)
             runs.append(run)
         else:
             logger.warning("Skipping %s: not a JSON object", f)
@@ -348,6 +349,8 @@ def _cell(value: Any) -> Any:
         return ""
     if isinstance(value, (list, dict)):
         return json.dumps(value)
+    if isinstance(value, float):  # 12 significant digits: 69.8, not 69.80000000000001
+        return float(f"{value:.12g}")
     return value
 
 
@@ -633,6 +636,20 @@ def plot_client_accuracy(runs: Sequence[Run], path: str | Path,
     return _save(fig, Path(path))
 
 
+def xi_matrices(run: Run) -> tuple[list[int], dict[int, np.ndarray]]:
+    """A run's collaboration weights: client ids and the matrix of each recorded round,
+    from the files beside its metrics.json (``xi/``), or from metrics.json itself."""
+    xi = run.get("xi") or {}
+    if xi.get("rounds"):  # kept in the records (strategies used without the ServerApp)
+        return list(xi.get("client_ids") or []), {int(r): np.asarray(m, dtype=float)
+                                                  for r, m in xi["rounds"].items() if m}
+    if xi.get("recorded_rounds") and run.get("_dir"):
+        from fedamp_flwr.results import load_xi
+
+        return load_xi(run["_dir"])
+    return [], {}
+
+
 def plot_xi(run: Run, path: str | Path, title: str = "") -> Path | None:
     """Heatmap of the last recorded round's collaboration weights xi of one run.
 
@@ -650,13 +667,12 @@ def plot_xi(run: Run, path: str | Path, title: str = "") -> Path | None:
     Path | None
         The file, or None when the run has no xi matrix.
     """
-    xi = run.get("xi") or {}
-    rounds = {int(r): m for r, m in (xi.get("rounds") or {}).items() if m}
+    ids, rounds = xi_matrices(run)
     if not rounds:
         return None
     last = max(rounds)
     matrix = np.asarray(rounds[last], dtype=float)
-    ids = list(xi.get("client_ids") or range(matrix.shape[0]))
+    ids = list(ids or range(matrix.shape[0]))
     fig, ax = plt.subplots(figsize=(6, 5))
     image = ax.imshow(matrix, cmap="viridis", interpolation="nearest")
     fig.colorbar(image, ax=ax, label="ξ")
@@ -685,7 +701,7 @@ def plot_xi_all(runs: Sequence[Run], out_dir: str | Path,
     written = []
     for setting in settings:
         for m in strategies:
-            with_xi = [r for r in groups.get((setting, m), []) if (r.get("xi") or {}).get("rounds")]
+            with_xi = [r for r in groups.get((setting, m), []) if r.get("xi")]
             if not with_xi:
                 continue
             run = min(with_xi, key=lambda r: (r.get("seed") is None, r.get("seed") or 0))

@@ -72,23 +72,20 @@ def _setup(context: Context) -> tuple[RunConfig, int, tasks.DataConfig, tasks.Cl
     if not 0 <= pid < n:
         raise ConfigError(f"node config 'partition-id' = {pid} is outside [0, num-partitions={n})")
     dc = cfg.data_config(n)
+    if cfg.attack_ratio > 0 and tasks.data_info(dc).kind == tasks.REGRESSION:
+        raise ConfigError(f"run config 'attack-ratio' = {cfg.attack_ratio} is invalid for the "
+                          f"regression data of {cfg.dataset!r}; allowed: 0")
     try:
-        fed = tasks.load_federated(dc)
+        data = tasks.load_client_data(dc, pid)
     except FileNotFoundError as err:
         raise ConfigError(f"run config 'data-dir' = {cfg.data_dir!r}: {err}") from None
+    except tasks.ClientCountError as err:
+        raise ConfigError(str(err)) from None
     except ValueError as err:
         setting = (f"'dataset' = {cfg.dataset!r}" if tasks.get_task(cfg.dataset).federated
                    else f"'dataset' = {cfg.dataset!r}, 'partitioning' = {cfg.partitioning!r}")
         raise ConfigError(f"run config {setting} with num-partitions = {n} clients: {err}") from None
-    if cfg.attack_ratio > 0 and tasks.data_info(dc).kind == tasks.REGRESSION:
-        raise ConfigError(f"run config 'attack-ratio' = {cfg.attack_ratio} is invalid for the "
-                          f"regression data of {cfg.dataset!r}; allowed: 0")
-    if fed.num_clients != n:
-        raise ConfigError(
-            f"dataset {cfg.dataset!r} defines {fed.num_clients} clients but num-partitions = {n}; "
-            f"allowed: run {fed.num_clients} SuperNodes"
-        )
-    return cfg, pid, dc, tasks.load_client_data(dc, pid)
+    return cfg, pid, dc, data
 
 
 def _seed(cfg: RunConfig, server_round: int, pid: int) -> int:

@@ -89,6 +89,8 @@ class RunConfig:
     resume: bool = False
     overwrite: bool = False
     checkpoint_every: int = 1
+    xi_every: int = 1
+    xi_dtype: str = "float32"
     num_server_rounds: int = 10
     round_timeout: float = 3600.0
     node_wait_timeout: float = 600.0
@@ -195,6 +197,8 @@ class RunConfig:
         choice("tpt48-split", self.tpt48_split, ["time", "random"])
         check("checkpoint-every", self.checkpoint_every >= 0,
               "an integer >= 0 (0: no checkpoints)")
+        check("xi-every", self.xi_every >= 0, "an integer >= 0 (0: not written)")
+        choice("xi-dtype", self.xi_dtype, ["float32", "float16"])
         for key in ("round-timeout", "node-wait-timeout", "max-update-ratio"):
             v = getattr(self, key.replace("-", "_"))
             check(key, 0 < v < math.inf, "a finite number > 0")
@@ -322,10 +326,16 @@ class RunConfig:
         return (Path(self.results_dir).expanduser() / name).resolve()
 
     def differences(self, other: dict[str, Any], allowed: Iterable[str] = ()) -> list[str]:
-        """Keys whose value differs from ``other`` (a :meth:`to_dict`), except ``allowed``."""
+        """Keys whose value differs from ``other`` (a :meth:`to_dict`), except ``allowed``.
+
+        A key that ``other`` lacks (a config written before the key existed) differs only
+        if this config's value is not the key's default.
+        """
         mine = self.to_dict()
+        defaults = {f.name.replace("_", "-"): f.default for f in dataclasses.fields(self)}
+        theirs = {**{k: v for k, v in defaults.items() if k not in other}, **other}
         return sorted(k for k in set(mine) | set(other)
-                      if k not in set(allowed) and mine.get(k) != other.get(k))
+                      if k not in set(allowed) and mine.get(k) != theirs.get(k))
 
     def to_dict(self) -> dict[str, Any]:
         """The config with Flower's hyphenated keys."""

@@ -45,7 +45,8 @@ class InProcessGrid:
     """
 
     def __init__(self, run_config: dict | None = None, num_clients: int = 0,
-                 infos: dict[int, dict] | None = None, first_node: int = 100) -> None:
+                 infos: dict[int, dict] | None = None, first_node: int = 100,
+                 keep_sent: bool = False) -> None:
         self.run_config = dict(run_config or {})
         self.infos = infos
         nodes = list(infos) if infos is not None else [first_node + i for i in range(num_clients)]
@@ -54,6 +55,9 @@ class InProcessGrid:
                           node_config={"partition-id": i, "num-partitions": num_clients})
             for i, node in enumerate(nodes)
         }
+        # the messages sent, for tests (``keep_sent``): a run keeps none, since a
+        # personalized strategy's messages hold a model per client and round
+        self.keep_sent = keep_sent
         self.sent: list[Message] = []
 
     def get_node_ids(self) -> list[int]:
@@ -65,7 +69,8 @@ class InProcessGrid:
         from . import client_app
 
         messages = list(messages)
-        self.sent += messages
+        if self.keep_sent:
+            self.sent += messages
         if self.infos is not None:
             return [Message(RecordDict({"info": ConfigRecord(self.infos[m.metadata.dst_node_id])}),
                             reply_to=m) for m in messages]
@@ -79,15 +84,17 @@ class InProcessGrid:
         return [m.content["config"] for m in self.sent if m.metadata.message_type == message_type]
 
 
-def run_inprocess(run_config: dict, num_clients: int, log_file: Path | None = None) -> InProcessGrid:
+def run_inprocess(run_config: dict, num_clients: int, log_file: Path | None = None,
+                  keep_sent: bool = False) -> InProcessGrid:
     """Run the real ServerApp with ``run_config`` on ``num_clients`` in-process clients.
 
-    ``log_file``: where the run's log goes (Flower's logger), besides the console.
+    ``log_file``: where the run's log goes (Flower's logger), besides the console;
+    ``keep_sent``: the grid keeps the messages it sent (tests).
     Returns the grid (its nodes' contexts hold the clients' state).
     """
     from . import server_app
 
-    grid = InProcessGrid(run_config, num_clients)
+    grid = InProcessGrid(run_config, num_clients, keep_sent=keep_sent)
     handler = None
     if log_file is not None:
         handler = logging.FileHandler(log_file, mode="a")

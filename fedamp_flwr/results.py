@@ -5,6 +5,7 @@ results from being lost.
 
 * ``metrics.json``: the run's records, rewritten atomically (strict JSON, no
   NaN) after every round; ``"finished": true`` once the last round is done.
+* ``xi/``: FedAMP's weight matrices, one ``.npy`` per recorded round (:class:`XiFiles`).
 * ``checkpoint/state.pt``: everything the server needs to continue the run
   (the strategy's state, the global model, the random state, the history,
   the run config), written every ``checkpoint-every`` rounds to a temporary
@@ -30,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .config import ConfigError, RunConfig
@@ -82,6 +84,45 @@ def write_json(path: Path, record: dict[str, Any]) -> None:
     """Write ``record`` as strict JSON (NaN and infinities become null), atomically."""
     text = json.dumps(strict_json(record), indent=1, allow_nan=False)
     atomic_write(path, lambda f: f.write(text.encode()))
+
+
+XI_FOLDER = "xi"
+
+
+def load_xi(run_dir: str | Path) -> tuple[list[int], dict[int, np.ndarray]]:
+    """The collaboration weights a run wrote (:class:`XiFiles`): client ids, and the (n, n)
+    matrix of each recorded round (float32, or float16 with ``xi-dtype``)."""
+    folder = Path(run_dir) / XI_FOLDER
+    if not (folder / "client_ids.npy").is_file():
+        return [], {}
+    ids = np.load(folder / "client_ids.npy", allow_pickle=False).tolist()
+    rounds = {int(p.stem.split("-")[1]): np.load(p, allow_pickle=False)
+              for p in sorted(folder.glob("round-*.npy"))}
+    return ids, rounds
+
+
+class XiFiles:
+    """Writes FedAMP's weight matrices beside metrics.json: ``xi/round-<k>.npy`` (one
+    file per recorded round, written once, atomically) and ``xi/client_ids.npy``.
+
+    Every ``every``-th round and the last one are recorded (``every`` = 0: none),
+    in ``dtype``. A run of 1,000 clients and 90 rounds holds 90 x 4 MB in float32
+    (half in float16) instead of about 2.5 GB of JSON.
+    """
+
+    def __init__(self, folder: Path, every: int, dtype: str, last_round: int) -> None:
+        self.folder, self.every, self.last = folder / XI_FOLDER, every, last_round
+        self.dtype = np.dtype(dtype)
+
+    def __call__(self, server_round: int, client_ids: list[int], xi: torch.Tensor) -> bool:
+        if not self.every or (server_round % self.every and server_round != self.last):
+            return False
+        if not (self.folder / "client_ids.npy").is_file():
+            ids = np.asarray(client_ids, dtype=np.int64)
+            atomic_write(self.folder / "client_ids.npy", lambda f: np.save(f, ids))
+        matrix = xi.detach().cpu().numpy().astype(self.dtype)
+        atomic_write(self.folder / f"round-{server_round:04d}.npy", lambda f: np.save(f, matrix))
+        return True
 
 
 class RunFolder:
@@ -144,6 +185,7 @@ class RunFolder:
         if self.cfg.overwrite:
             self.metrics_path.unlink(missing_ok=True)
             shutil.rmtree(self.path / "checkpoint", ignore_errors=True)
+            shutil.rmtree(self.path / XI_FOLDER, ignore_errors=True)
             return
         state = ("a finished run" if held and held.get("finished") else
                  f"an unfinished run (round {held.get('completed_rounds', '?')} of "

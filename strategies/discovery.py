@@ -15,8 +15,44 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+try:  # the grid of a deployed ServerApp (Flower 1.41)
+    from flwr.superlink.grid.http_grid import HttpGrid
+except ImportError:  # another Flower: its own pulling
+    HttpGrid = ()  # type: ignore[assignment,misc]
+
 from .protocol import CLIENT_ID, CONFIG, ERROR, NUM_PARTITIONS, NUM_TEST, NUM_TRAIN, QUERY, QUERY_CLIENT_INFO
 from .protocol import INFO as INFO_RECORD
+
+
+#: Seconds between two pulls of replies from the SuperLink. Flower's deployed grid
+#: (``HttpGrid``) pulls every 3 s, its simulation grid every 0.1 s: a reply that comes in
+#: just after a pull would wait up to 3 s per phase of a deployed round.
+PULL_INTERVAL = 0.1
+
+
+def send_and_receive(grid: Grid, messages: list[Message], timeout: float | None
+                     ) -> list[Message]:
+    """Flower's ``Grid.send_and_receive`` (push the messages, pull the replies until all
+    came or ``timeout`` seconds passed), pulling every :data:`PULL_INTERVAL` seconds on
+    a deployed grid; other grids (simulation, tests) use their own."""
+    if not messages:
+        return []
+    if not isinstance(grid, HttpGrid):
+        return list(grid.send_and_receive(messages, timeout=timeout))
+    waiting = set(grid.push_messages(messages))
+    end = None if timeout is None else time.monotonic() + timeout
+    replies: list[Message] = []
+    while True:
+        got = list(grid.pull_messages(waiting))
+        replies += got
+        waiting -= {m.metadata.reply_to_message_id for m in got}
+        if not waiting or (end is not None and time.monotonic() >= end):
+            return replies
+        time.sleep(PULL_INTERVAL)
+
+
+class ClientSetupError(RuntimeError):
+    """The clients cannot run: one could not load its data, too few joined, or they disagree."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +95,7 @@ def query_nodes(grid: Grid, node_ids: list[int], timeout: float
                         message_type=MessageType.QUERY, dst_node_id=n) for n in node_ids]
     infos: dict[int, ClientInfo] = {}
     errors: dict[int, str] = {}
-    for reply in grid.send_and_receive(messages, timeout=timeout):
+    for reply in send_and_receive(grid, messages, timeout):
         node = reply.metadata.src_node_id
         if node not in node_ids or node in infos or node in errors:
             continue  # not asked, or a second answer
@@ -100,7 +136,7 @@ def discover_clients(
         if new:
             found, errors = query_nodes(grid, new, max(deadline - time.monotonic(), 1.0))
             if errors:
-                raise RuntimeError("clients could not start:\n  " + "\n  ".join(errors.values()))
+                raise ClientSetupError("clients could not start:\n  " + "\n  ".join(errors.values()))
             infos.update(found)
         if len(infos) >= min_nodes:
             break
@@ -110,19 +146,19 @@ def discover_clients(
             missing = (f"partition ids {sorted(set(range(max(parts))) - have)} of "
                        f"num-partitions = {max(parts)} are missing" if parts else
                        "no node has connected")
-            raise RuntimeError(f"only {len(infos)} node(s) connected after {timeout:.0f}s "
+            raise ClientSetupError(f"only {len(infos)} node(s) connected after {timeout:.0f}s "
                                f"(node-wait-timeout); min-nodes is {min_nodes}: {missing}")
         log(INFO, "Waiting for nodes: %d connected, min-nodes %d", len(infos), min_nodes)
         time.sleep(poll)
     ids = [i.client_id for i in infos.values()]
     if len(set(ids)) != len(ids):
-        raise RuntimeError(f"two nodes have the same partition-id: {sorted(ids)}")
+        raise ClientSetupError(f"two nodes have the same partition-id: {sorted(ids)}")
     parts = {i.num_partitions for i in infos.values()}
     if len(parts) != 1:
-        raise RuntimeError(f"nodes disagree on num-partitions: {sorted(parts)}")
+        raise ClientSetupError(f"nodes disagree on num-partitions: {sorted(parts)}")
     (num_partitions,) = parts
     if sorted(ids) != list(range(num_partitions)):
-        raise RuntimeError(
+        raise ClientSetupError(
             f"found clients {sorted(ids)} but num-partitions = {num_partitions}: every "
             f"partition id 0..{num_partitions - 1} must have one node; set min-nodes = "
             f"{num_partitions} so that the ServerApp waits for all of them"

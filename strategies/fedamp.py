@@ -56,16 +56,38 @@ class WeightsUnderflowWarning(UserWarning):
     """All off-diagonal FedAMP weights underflowed to 0: training is purely local."""
 
 
-def pairwise_sq_distances(models: torch.Tensor) -> torch.Tensor:
+# Columns of the models taken at a time when a Gram matrix is accumulated in float64:
+# 100 clients x 2^16 columns are 52 MB of float64 at a time.
+GRAM_BLOCK = 1 << 16
+
+
+def gram64(models: torch.Tensor, centre: bool = False, block: int = GRAM_BLOCK) -> torch.Tensor:
+    """The (m, m) Gram matrix ``X X^T`` of the (m, d) models, accumulated in float64.
+
+    Column blocks of ``block`` are turned into float64 one at a time (the
+    models stay in their dtype), on the models' device; with ``centre``, each
+    column is centred on its mean first (which leaves distances unchanged).
+    """
+    m, d = models.shape
+    gram = torch.zeros(m, m, dtype=torch.float64, device=models.device)
+    for start in range(0, d, block):
+        x = models[:, start:start + block].double()
+        if centre:
+            x = x - x.mean(dim=0, keepdim=True)
+        gram.addmm_(x, x.T)
+    return gram
+
+
+def pairwise_sq_distances(models: torch.Tensor, block: int = GRAM_BLOCK) -> torch.Tensor:
     """Return the (m, m) float64 matrix of ||w_i - w_j||^2 from one Gram matrix.
 
-    The models are centred on their mean first (distances do not change), so
-    that ||w_i||^2 + ||w_j||^2 - 2 <w_i, w_j> cancels less in float32. The
-    Gram product runs in the models' dtype and device; the result is float64,
-    clamped at 0, with an exact zero diagonal.
+    ||w_i||^2 + ||w_j||^2 - 2 <w_i, w_j> on the models centred on their mean
+    (distances do not change; the terms cancel less), the Gram matrix
+    accumulated in float64 by column blocks (:func:`gram64`): exact to float64
+    rounding however small sigma is against the distances. Clamped at 0, with
+    an exact zero diagonal.
     """
-    centred = models - models.mean(dim=0, keepdim=True)
-    gram = (centred @ centred.T).double()
+    gram = gram64(models, centre=True, block=block)
     sq = gram.diagonal()
     d2 = (sq[:, None] + sq[None, :] - 2.0 * gram).clamp_min_(0.0)
     d2.fill_diagonal_(0.0)
@@ -174,15 +196,16 @@ def heurfedamp_weights(models: torch.Tensor, sigma: float,
         (m, m) float64 matrix: xi_ii = self_weight and, for j != i,
         xi_ij = (1 - self_weight) exp(sigma cos(w_i, w_j)) /
         sum_{h != i} exp(sigma cos(w_i, w_h)). With a single client xi = [[1]].
-        Cosines come from one Gram matrix; the softmax is taken in float64
-        (max-subtracted). A zero model has cosine 0 with every other.
+        Cosines come from one Gram matrix accumulated in float64
+        (:func:`gram64`); the softmax is taken in float64 (max-subtracted). A
+        zero model has cosine 0 with every other.
     """
     if sigma <= 0:
         raise ValueError(f"sigma must be > 0, got {sigma}")
     m = models.shape[0]
     if m == 1:
         return torch.ones(1, 1, dtype=torch.float64, device=models.device)
-    gram = (models @ models.T).double()
+    gram = gram64(models)
     norms = gram.diagonal().clamp_min(0.0).sqrt().clamp_min(1e-12)
     cos = gram / norms[:, None] / norms[None, :]
     off = _off_diagonal(m, cos.device)
@@ -249,6 +272,8 @@ class FedAMP(PersonalizedStrategy):
         self.sigma = sigma
         self.offline_clients = offline_clients
         self._underflow_warned = False
+        self._rescaled_rounds: list[int] = []  # rounds whose rows were rescaled
+        self._rescaling = False  # the last round's rows were rescaled
         self._round_xi: torch.Tensor | None = None
 
     def summary(self) -> None:  # noqa: D102
@@ -289,11 +314,16 @@ class FedAMP(PersonalizedStrategy):
 
     def sent_distances(self, rows: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
         """``||w - u_i||`` from this round's xi and the store (the cloud models are not kept):
-        ``||w||^2 - 2 sum_j xi_ij <w, w_j> + ||u_i||^2``."""
-        xi = self._round_xi[rows.to(self._round_xi.device)]
-        wu = ((vectors @ self.models.T).double() * xi.to(vectors.device)).sum(dim=1)
-        ww = vectors.double().square().sum(dim=1)
-        uu = self._sent_norms[rows].double().square().to(vectors.device)
+        ``||w||^2 - 2 sum_j xi_ij <w, w_j> + ||u_i||^2``.
+
+        In the models' dtype (one matrix product; float32 for the CNN): the result only
+        feeds the update-norm bound (``max-update-ratio``, 100x by default), where a
+        relative error of 1e-3 in a small distance does not matter.
+        """
+        xi = self._round_xi[rows.to(self._round_xi.device)].to(vectors.device, vectors.dtype)
+        wu = ((vectors @ self.models.T) * xi).sum(dim=1)
+        ww = torch.linalg.vector_norm(vectors, dim=1).square()
+        uu = self._sent_norms[rows].to(vectors.device, vectors.dtype).square()
         return (ww - 2.0 * wu + uu).clamp_min(0.0).sqrt()
 
     def collaboration(self, server_round: int, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -322,19 +352,40 @@ class FedAMP(PersonalizedStrategy):
         return xi
 
     def state_dict(self) -> dict:  # noqa: D102
-        return {**super().state_dict(), "underflow_warned": self._underflow_warned}
+        return {**super().state_dict(), "underflow_warned": self._underflow_warned,
+                "rescaled_rounds": list(self._rescaled_rounds),
+                "rescaling": self._rescaling}
 
     def load_state_dict(self, state: dict, initial_arrays) -> None:  # noqa: D102
         super().load_state_dict(state, initial_arrays)
         self._underflow_warned = bool(state.get("underflow_warned", False))
+        self._rescaled_rounds = [int(r) for r in state.get("rescaled_rounds", [])]
+        self._rescaling = bool(state.get("rescaling", False))
 
     def _log_warnings(self, server_round: int, caught: Sequence[warnings.WarningMessage]) -> None:
+        """Log the weights' warnings: underflow once; rows rescaled when it starts (with the
+        count) and, in the round it stops, how many rounds it lasted."""
+        rescaled = False
         for w in caught:
+            if issubclass(w.category, RowsRescaledWarning):
+                rescaled = True
+                if not self._rescaling:
+                    log(WARNING, "Round %d: %s (said once: the round in which it stops is "
+                        "logged)", server_round, w.message)
+                continue
             if issubclass(w.category, WeightsUnderflowWarning):
                 if self._underflow_warned:
                     continue
                 self._underflow_warned = True
             log(WARNING, "Round %d: %s", server_round, w.message)
+        if rescaled:
+            self._rescaling = True
+            if server_round not in self._rescaled_rounds:
+                self._rescaled_rounds.append(server_round)
+        elif self._rescaling and server_round not in self._rescaled_rounds:
+            self._rescaling = False
+            log(INFO, "Round %d: no rows rescaled any more (rescaled in %d round(s) before)",
+                server_round, len(self._rescaled_rounds))
 
 
 class HeurFedAMP(FedAMP):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from logging import INFO
 from typing import Any
@@ -35,8 +36,10 @@ class RunHistory:
     when clients did not take part, ``absent_clients`` (training) and
     ``absent_evaluation`` (client id to the reason: node unavailable, an
     error reply, no reply in time, or a rejected reply, which is also under
-    ``rejected`` / ``rejected_evaluation``). ``xi[r]`` holds the
-    collaboration weights of a FedAMP round.
+    ``rejected`` / ``rejected_evaluation``). A FedAMP round's collaboration
+    weights go to ``xi_sink`` (the ServerApp writes them to files beside
+    ``metrics.json``, which lists the rounds in ``xi``); without a sink they
+    are kept in ``xi[r]``.
 
     Parameters
     ----------
@@ -51,6 +54,8 @@ class RunHistory:
     rounds: dict[int, dict[str, Any]] = field(default_factory=dict)
     xi: dict[int, list[list[float]]] = field(default_factory=dict)
     xi_client_ids: list[int] = field(default_factory=list)
+    xi_rounds: list[int] = field(default_factory=list)  # rounds the sink wrote
+    xi_sink: Callable[[int, list[int], torch.Tensor], bool] | None = None
     trained: dict[int, int] = field(default_factory=dict)  # client id -> rounds trained
 
     def _round(self, server_round: int) -> dict[str, Any]:
@@ -92,7 +97,8 @@ class RunHistory:
     def to_state(self) -> dict[str, Any]:
         """Everything needed to continue the records after a resume (JSON-able)."""
         return {"rounds": [self.rounds[r] for r in sorted(self.rounds)],
-                "xi": {str(r): m for r, m in self.xi.items()}, "xi_client_ids": self.xi_client_ids}
+                "xi": {str(r): m for r, m in self.xi.items()}, "xi_client_ids": self.xi_client_ids,
+                "xi_rounds": list(self.xi_rounds)}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`to_state` (client ids come back as ints)."""
@@ -105,6 +111,7 @@ class RunHistory:
             self.rounds[int(rec["round"])] = rec
         self.xi = {int(r): m for r, m in state.get("xi", {}).items()}
         self.xi_client_ids = list(state.get("xi_client_ids", []))
+        self.xi_rounds = [int(r) for r in state.get("xi_rounds", [])]
         self.trained = {}
         for rec in self.rounds.values():
             for cid in rec.get("trained_clients", []):
@@ -141,18 +148,24 @@ class RunHistory:
         main = ACCURACY if values[ACCURACY] else MSE
         if f"mean_{main}" in rec:
             vals = values[main]
-            extra = (f", novel clients {rec[f'novel_mean_{main}']:.4g}"
-                     if f"novel_mean_{main}" in rec else "")
             who = "benign training clients" if self.novel | self.attackers else "clients"
-            log(INFO, "Round %d: mean test %s over %d %s %.4g (min %.4g, max %.4g)%s",
+            # accuracy in percent, as in BMTA; MSE as it is
+            scale, unit = (100.0, "%") if main == ACCURACY else (1.0, "")
+            extra = (f", novel clients {scale * rec[f'novel_mean_{main}']:.4g}{unit}"
+                     if f"novel_mean_{main}" in rec else "")
+            log(INFO, "Round %d: mean test %s over %d %s %.4g%s (min %.4g%s, max %.4g%s)%s",
                 server_round, main, len(set(vals) - (self.novel | self.attackers)), who,
-                rec[f"mean_{main}"], min(vals.values()), max(vals.values()), extra)
+                scale * rec[f"mean_{main}"], unit, scale * min(vals.values()), unit,
+                scale * max(vals.values()), unit, extra)
         return means
 
     def record_xi(self, server_round: int, client_ids: list[int], xi: torch.Tensor) -> None:
         """Record the collaboration weights of one round (rows and columns: ``client_ids``)."""
         self.xi_client_ids = list(client_ids)
-        self.xi[server_round] = xi.detach().cpu().double().tolist()
+        if self.xi_sink is None:
+            self.xi[server_round] = xi.detach().cpu().double().tolist()
+        elif self.xi_sink(server_round, list(client_ids), xi):
+            self.xi_rounds.append(server_round)
 
     def _series(self, key: str) -> list[float]:
         return [r[key] for r in self.rounds.values() if r.get(key) is not None]
@@ -185,5 +198,8 @@ class RunHistory:
         if self.xi:
             out["xi"] = {"client_ids": self.xi_client_ids,
                          "rounds": {str(r): m for r, m in sorted(self.xi.items())}}
+        elif self.xi_rounds:  # the matrices are in files (fedamp_flwr.results.XiFiles)
+            out["xi"] = {"client_ids": self.xi_client_ids, "recorded_rounds": list(self.xi_rounds),
+                         "folder": "xi"}
         return out
 

@@ -29,7 +29,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from .discovery import query_nodes
+from .discovery import query_nodes, send_and_receive
 from .tracking import Tracker
 
 
@@ -105,20 +105,22 @@ def run_rounds(
     strategy.summary()
     started = time.monotonic()
     for server_round in range(first_round, last_round + 1):
+        round_started = time.monotonic()
         log(INFO, "")
         log(INFO, "[ROUND %d/%d]", server_round, last_round)
         refresh_clients(tracker, grid, query_timeout)
         view = OnlineClients(grid, tracker)
         messages = list(strategy.configure_train(server_round, arrays, train_config, view))
-        replies = grid.send_and_receive(messages, timeout=round_timeout) if messages else []
+        replies = send_and_receive(grid, messages, round_timeout)
         new_arrays, _ = strategy.aggregate_train(server_round, replies)
         if new_arrays is not None:
             arrays = new_arrays
             strategy.history.record_norm(server_round, model_norm(arrays))
         messages = list(strategy.configure_evaluate(server_round, arrays, evaluate_config, view))
-        replies = grid.send_and_receive(messages, timeout=round_timeout) if messages else []
+        replies = send_and_receive(grid, messages, round_timeout)
         strategy.aggregate_evaluate(server_round, replies)
         if after_round is not None:
             after_round(server_round, arrays)
+        log(INFO, "Round %d done in %.2fs", server_round, time.monotonic() - round_started)
     log(INFO, "Rounds %d to %d done in %.2fs", first_round, last_round, time.monotonic() - started)
     return arrays

@@ -28,11 +28,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import cache
 from . import data as _data
 from .federated import FederatedData, load_npz, load_tpt48, make_fl60, make_fl60_grda
 from .models import MLP, McMahanCNN, resnet18
-from .partitioners import (PARTITIONINGS, PRACTICAL_SIZES, PracticalRecipe, build_partitioner,
-                           cifar100_recipe, emnist_recipe, partition_pool)
+from .partitioners import (PARTITIONINGS, PRACTICAL_SIZES, PracticalRecipe, cifar100_recipe,
+                           emnist_recipe)
 
 CLASSIFICATION, REGRESSION = "classification", "regression"
 
@@ -72,9 +73,10 @@ class TaskSpec:
         Registry name (the ``dataset`` run-config value).
     build_model : Callable[[DataInfo], nn.Module]
         Returns a freshly initialised target model for data of that shape.
-    load_pool : Callable[[Path, int], tuple[Split, Split]] | None
+    load_pool : Callable[[Path, int, int], tuple[Split, Split]] | None
         Pool tasks: loads (train, test) from a local folder (``data-dir``) or
-        generates them; gets the seed.
+        generates them; gets the seed and the number of clients (a generated
+        pool grows with it).
     hub : tuple[str, ...] | None
         Pool tasks: (Hugging Face dataset, image column, label column[, coarse
         label column]) for flwr-datasets, used when ``data-dir`` is empty.
@@ -101,7 +103,7 @@ class TaskSpec:
 
     name: str
     build_model: Callable[[DataInfo], nn.Module]
-    load_pool: Callable[[Path, int], tuple[_data.Split, _data.Split]] | None = None
+    load_pool: Callable[[Path, int, int], tuple[_data.Split, _data.Split]] | None = None
     hub: tuple[str, ...] | None = None
     load_federated: Callable[[DataConfig], FederatedData] | None = None
     paper_sigma: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -129,40 +131,41 @@ TASKS: dict[str, TaskSpec] = {
     spec.name: spec
     for spec in (
         TaskSpec(
-            "synthetic", _mlp, lambda _folder, seed: _data.make_synthetic(seed),
+            "synthetic", _mlp,
+            lambda _folder, seed, n: _data.make_synthetic(seed, _data.synthetic_pool_size(n)),
             # Not from the paper: chosen for this task's MLP (see README), in every setting.
             paper_sigma={p: {"fedamp": 1.0, "heurfedamp": 25.0} for p in PARTITIONINGS},
             client_view=_data.synthetic_group_view,
             info=DataInfo((_data.SYNTHETIC_FEATURES,), _data.SYNTHETIC_CLASSES, CLASSIFICATION),
         ),
         TaskSpec(
-            "mnist", _cnn, lambda folder, _seed: _data.load_idx_folder(folder),
+            "mnist", _cnn, lambda folder, _seed, _n: _data.load_idx_folder(folder),
             ("ylecun/mnist", "image", "label"),
             paper_sigma={"practical": {"fedamp": 100.0, "heurfedamp": 25.0}},
             practical=PracticalRecipe(group_sizes=PRACTICAL_SIZES["mnist"]),
             info=DataInfo((1, 28, 28), 10, CLASSIFICATION),
         ),
         TaskSpec(
-            "fmnist", _cnn, lambda folder, _seed: _data.load_idx_folder(folder),
+            "fmnist", _cnn, lambda folder, _seed, _n: _data.load_idx_folder(folder),
             ("zalando-datasets/fashion_mnist", "image", "label"),
             paper_sigma={"practical": {"fedamp": 10.0, "heurfedamp": 100.0}},
             practical=PracticalRecipe(group_sizes=PRACTICAL_SIZES["fmnist"]),
             info=DataInfo((1, 28, 28), 10, CLASSIFICATION),
         ),
         TaskSpec(
-            "emnist", _cnn, lambda folder, _seed: _data.load_idx_folder(folder, transpose=True),
+            "emnist", _cnn, lambda folder, _seed, _n: _data.load_idx_folder(folder, transpose=True),
             ("flwrlabs/femnist", "image", "character"),
             paper_sigma={"practical": {"fedamp": 10.0, "heurfedamp": 50.0}},
             practical=emnist_recipe(), info=DataInfo((1, 28, 28), 62, CLASSIFICATION),
         ),
         TaskSpec(
             "cifar10", lambda info: resnet18(info.num_outputs),
-            lambda folder, _seed: _data.load_cifar_binary(folder, 10),
+            lambda folder, _seed, _n: _data.load_cifar_binary(folder, 10),
             ("uoft-cs/cifar10", "img", "label"), info=DataInfo((3, 32, 32), 10, CLASSIFICATION),
         ),
         TaskSpec(
             "cifar100", lambda info: resnet18(info.num_outputs),
-            lambda folder, _seed: _data.load_cifar_binary(folder, 100),
+            lambda folder, _seed, _n: _data.load_cifar_binary(folder, 100),
             ("uoft-cs/cifar100", "img", "fine_label", "coarse_label"),
             paper_sigma={"practical": {"fedamp": 1e6, "heurfedamp": 10.0}},
             practical=cifar100_recipe(),
@@ -206,16 +209,18 @@ def get_task(name: str) -> TaskSpec:
 
 
 @functools.lru_cache(maxsize=2)
-def load_pool(dataset: str, data_dir: str, seed: int) -> tuple[_data.Split, _data.Split]:
-    """Load the whole (train, test) pool of a pool task (cached per process)."""
+def load_pool(dataset: str, data_dir: str, seed: int,
+              num_clients: int = 0) -> tuple[_data.Split, _data.Split]:
+    """Load the whole (train, test) pool of a pool task (cached per process); a generated
+    pool is made for ``num_clients`` clients."""
     spec = get_task(dataset)
     if spec.hub is None:  # generated
-        return spec.load_pool(Path("."), seed)
+        return spec.load_pool(Path("."), seed, num_clients)
     if data_dir:
         folder = Path(data_dir).expanduser()
         if not folder.is_dir():
             raise FileNotFoundError(f"data-dir '{data_dir}' is not a folder")
-        return spec.load_pool(folder, seed)
+        return spec.load_pool(folder, seed, num_clients)
     return _data.load_from_hub(*spec.hub)
 
 
@@ -227,7 +232,8 @@ def load_federated(dc: DataConfig) -> FederatedData:
         raise FileNotFoundError(f"dataset '{dc.dataset}' needs data-dir")
     if spec.federated:
         return spec.load_federated(dc)
-    train, test = load_pool(dc.dataset, dc.data_dir, dc.seed)
+    train, test = load_pool(dc.dataset, dc.data_dir, dc.seed,
+                            dc.num_clients if spec.hub is None else 0)
     if dc.num_clients > len(train.y):
         raise ValueError(
             f"{dc.num_clients} clients but dataset '{dc.dataset}' has only {len(train.y)} "
@@ -235,6 +241,8 @@ def load_federated(dc: DataConfig) -> FederatedData:
         )
     recipe = spec.practical.for_pool(
         _data.coarse_of_fine(train) if spec.practical.superclass_groups else None)
+    from .partitioner_classes import build_partitioner, partition_pool  # seconds to import
+
     partitioner = build_partitioner(dc.partitioning, dc.num_clients, dc.seed,
                                     dc.dirichlet_alpha, recipe)
     train_idx, test_idx = partition_pool(train.y, test.y, partitioner, dc.test_samples, dc.seed)
@@ -295,15 +303,35 @@ class ClientData:
     y_test: torch.Tensor
 
 
-@functools.lru_cache(maxsize=128)
-def load_client_data(dc: DataConfig, client_id: int) -> ClientData:
-    """Return the training and test data of client ``client_id`` (cached per process).
+class ClientCountError(ValueError):
+    """A federated task defines another number of clients than the run has."""
 
-    A simulation worker serves many clients and every round; the tensors are
-    made once per client. They are never modified in place.
+
+def load_client_data(dc: DataConfig, client_id: int) -> ClientData:
+    """Return the training and test data of client ``client_id`` (cached per process, and on
+    the node's disk: :mod:`tasks.cache`).
+
+    A simulation worker serves many clients and every round; a SuperNode starts
+    a process per message: the tensors are made once per client. They are never
+    modified in place. Raises FileNotFoundError (data folder), ClientCountError
+    (a federated task with another number of clients) or ValueError (a setting
+    the data cannot give).
     """
-    fed = load_federated(dc)
-    if not 0 <= client_id < fed.num_clients:
-        raise ValueError(f"client {client_id} is outside the task's {fed.num_clients} clients")
-    (xtr, ytr), (xte, yte) = (_data.to_tensors(s) for s in (fed.train[client_id], fed.test[client_id]))
-    return ClientData(xtr, ytr, xte, yte)
+    return _client_data(dc, client_id)
+
+
+@functools.lru_cache(maxsize=128)
+def _client_data(dc: DataConfig, client_id: int) -> ClientData:
+    def make() -> dict[str, torch.Tensor]:
+        fed = load_federated(dc)
+        if fed.num_clients != dc.num_clients:
+            raise ClientCountError(
+                f"dataset {dc.dataset!r} defines {fed.num_clients} clients but num-partitions = "
+                f"{dc.num_clients}; allowed: run {fed.num_clients} SuperNodes")
+        if not 0 <= client_id < fed.num_clients:
+            raise ValueError(f"client {client_id} is outside the task's {fed.num_clients} clients")
+        (xtr, ytr), (xte, yte) = (_data.to_tensors(s) for s in (fed.train[client_id],
+                                                                fed.test[client_id]))
+        return {"x_train": xtr, "y_train": ytr, "x_test": xte, "y_test": yte}
+
+    return ClientData(**cache.cached(dc, client_id, make))

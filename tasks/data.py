@@ -72,10 +72,18 @@ SYNTHETIC_CLASSES = 10
 
 
 SYNTHETIC_GROUPS = 5
+SYNTHETIC_POOL = 30_000
+
+
+def synthetic_pool_size(num_clients: int) -> int:
+    """Training samples of the synthetic pool for ``num_clients`` clients: 30,000, or 500 per
+    client beyond 60 clients, enough for the practical partitioning's largest class demand
+    (about 45 samples per client, in a pool of about 10% per class)."""
+    return max(SYNTHETIC_POOL, 500 * num_clients)
 
 
 def make_synthetic(
-    seed: int = 0, n_train: int = 30_000, n_test: int = 10_000
+    seed: int = 0, n_train: int = SYNTHETIC_POOL, n_test: int = 10_000
 ) -> tuple[Split, Split]:
     """Return the pool of a seeded 10-class Gaussian-mixture task in 32 dimensions.
 

@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,9 @@ from fedamp_flwr.inprocess import InProcessGrid, run_inprocess
 from simulation import stop_tree
 
 ROOT = Path(__file__).resolve().parents[1]
+# Clients' prepared data (tasks.cache) goes to a folder of this test session, never to the
+# user's ~/.cache; Flower processes started by the tests inherit it.
+os.environ.setdefault("FEDAMP_CACHE_DIR", tempfile.mkdtemp(prefix="fedamp-test-cache-"))
 SHARED_DATA = Path(os.environ.get("FEDAMP_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
@@ -56,7 +60,11 @@ def task_identity():
 # In-process Flower
 # ---------------------------------------------------------------------------
 class LocalGrid(InProcessGrid):
-    """The app's in-process grid (``fedamp_flwr.inprocess``): node ``100 + i`` is client ``i``."""
+    """The app's in-process grid (``fedamp_flwr.inprocess``): node ``100 + i`` is client ``i``;
+    it keeps the messages sent (``grid.sent``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **{"keep_sent": True, **kwargs})
 
 
 def run_local(tmp_path: Path, strategy: str, n: int = 3, **overrides) -> tuple[dict, LocalGrid]:
@@ -64,7 +72,7 @@ def run_local(tmp_path: Path, strategy: str, n: int = 3, **overrides) -> tuple[d
     run_config = {"strategy": strategy, "num-server-rounds": 2, "local-epochs": 1,
                   "min-nodes": n, "results-dir": str(tmp_path), "run-name": strategy,
                   "server-device": "cpu", **overrides}
-    grid = run_inprocess(run_config, n)
+    grid = run_inprocess(run_config, n, keep_sent=True)
     return json.loads((tmp_path / run_config["run-name"] / "metrics.json").read_text()), grid
 
 

@@ -67,7 +67,12 @@ def test_flwr_run_simulation_fedamp(processes):
     )
     m = _metrics(processes, "sim")
     _check_two_rounds(m, "fedamp")
-    assert set(m["xi"]["rounds"]) == {"1", "2"} and m["xi"]["client_ids"] == [0, 1]
+    assert m["xi"]["recorded_rounds"] == [1, 2] and m["xi"]["client_ids"] == [0, 1]
+    from fedamp_flwr.results import load_xi
+
+    ids, rounds = load_xi(results / "sim")
+    assert ids == [0, 1] and sorted(rounds) == [1, 2] and rounds[2].shape == (2, 2)
+    assert rounds[2].dtype == "float32" and abs(rounds[2].sum(1) - 1).max() < 1e-6
     assert "Round 2: mean test accuracy" in out
 
 

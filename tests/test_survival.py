@@ -12,6 +12,7 @@ from flwr.common.constant import ErrorCode
 
 from fedamp_flwr import server_app
 from fedamp_flwr.config import ConfigError
+from fedamp_flwr.results import load_xi
 from strategies.discovery import discover_clients
 
 from .conftest import LocalGrid, client_infos
@@ -144,6 +145,18 @@ def test_resume_refuses_a_changed_config_and_fewer_rounds(tmp_path):
         run(LocalGrid(cfg, 3), {**cfg, "resume": True, "run-name": "other"})
 
 
+def test_a_checkpoint_of_an_older_version_resumes_when_its_missing_keys_are_defaults():
+    """A run checkpointed before a config key existed resumes with that key at its default
+    (a code upgrade between the crash and the resume), and only then."""
+    from fedamp_flwr.config import RunConfig
+
+    cfg = RunConfig.from_run_config({"strategy": "fedamp"})
+    older = {k: v for k, v in cfg.to_dict().items() if k not in ("xi-every", "label")}
+    assert cfg.differences(older) == []
+    changed = RunConfig.from_run_config({"strategy": "fedamp", "xi-every": 5})
+    assert changed.differences(older) == ["xi-every"]
+
+
 def test_no_result_is_overwritten(tmp_path):
     cfg = config(tmp_path, "fedavg", **{"num-server-rounds": 1})
     first = run(LocalGrid(cfg, 3), cfg)
@@ -185,8 +198,8 @@ def test_a_client_that_leaves_and_comes_back_on_a_new_node(tmp_path, caplog):
         assert by_round[r]["absent_clients"] == {"1": "node not connected"}
         assert set(by_round[r]["client_accuracy"]) == {"0", "2"}
         # "exclude": client 1's frozen model does not enter the others' cloud models
-        xi = metrics["xi"]["rounds"][str(r)]
-        assert xi[0][1] == 0 and xi[2][1] == 0 and xi[1] == [0.0, 1.0, 0.0]
+        xi = load_xi(tmp_path / "run")[1][r]
+        assert xi[0][1] == 0 and xi[2][1] == 0 and xi[1].tolist() == [0.0, 1.0, 0.0]
     for r in (4, 5):
         assert by_round[r]["trained_clients"] == [0, 1, 2] and "absent_clients" not in by_round[r]
     assert "Client 1 is back, on node 777" in caplog.text
@@ -217,3 +230,18 @@ def test_waiting_for_nodes_names_the_missing_partition_ids():
         discover_clients(LocalGrid(infos=infos), min_nodes=4, timeout=0.3, poll=0.1)
     with pytest.raises(RuntimeError, match="no node has connected"):
         discover_clients(LocalGrid(infos={}), min_nodes=1, timeout=0.2, poll=0.1)
+
+
+def test_xi_goes_to_compact_files_every_kth_round_and_the_last(tmp_path):
+    cfg = config(tmp_path, "fedamp", **{"num-server-rounds": 5, "xi-every": 2,
+                                        "xi-dtype": "float16"})
+    metrics = run(LocalGrid(cfg, 3), cfg)
+    assert metrics["xi"] == {"client_ids": [0, 1, 2], "recorded_rounds": [2, 4, 5], "folder": "xi"}
+    ids, rounds = load_xi(tmp_path / "run")
+    assert ids == [0, 1, 2] and sorted(rounds) == [2, 4, 5]
+    assert rounds[5].dtype == "float16" and abs(rounds[5].astype(float).sum(1) - 1).max() < 1e-3
+    assert "rounds" not in metrics["xi"]  # no matrix in metrics.json
+    import torch
+
+    state = torch.load(tmp_path / "run" / "checkpoint" / "state.pt", weights_only=True)
+    assert state["strategy"]["history"]["xi"] == {} and state["strategy"]["history"]["xi_rounds"] == [2, 4, 5]

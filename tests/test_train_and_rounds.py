@@ -23,6 +23,31 @@ def _distance(model, ref):
     return sum(((p - r) ** 2).sum().item() for p, r in zip(model.parameters(), ref))
 
 
+def test_the_proximal_gradient_is_that_of_the_term_backpropagated():
+    """Two full-batch SGD steps with proximal_mu equal two steps on loss + (mu / 2)
+    ||w - w_start||^2 through autograd (in the second, w is away from its start)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    model = MLP(3, 2, (4,))
+    reference = MLP(3, 2, (4,))
+    reference.load_state_dict(model.state_dict())
+    start = [p.detach().clone() for p in reference.parameters()]
+    mu, lr = 0.7, 0.5
+    train(model, x, y, epochs=2, batch_size=8, lr=lr, optimizer="sgd", proximal_mu=mu)
+    params = list(reference.parameters())
+    for _ in range(2):
+        loss = torch.nn.functional.cross_entropy(reference(x), y)
+        loss = loss + 0.5 * mu * sum(((p - c) ** 2).sum() for p, c in zip(params, start))
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p -= lr * g
+    moved = sum(float((p - c).abs().sum()) for p, c in zip(params, start))
+    assert moved > 0.1  # the term mattered in the second step
+    for want, got in zip(params, model.parameters()):
+        assert torch.allclose(got, want, atol=1e-6)
+
+
 def test_training_learns_and_proximal_term_holds_the_model_near_its_start():
     x, y = _data()
     torch.manual_seed(0)

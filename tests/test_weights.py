@@ -133,3 +133,62 @@ def test_heurfedamp_self_weight_per_row():
                             self_weight=torch.tensor([0.5, 1 / 3, 0.5]))
     assert torch.allclose(xi.diagonal(), t([0.5, 1 / 3, 0.5]))
     assert torch.allclose(xi.sum(1), torch.ones(3, dtype=torch.float64))
+
+
+def test_weights_agree_with_a_float64_reference_for_any_sigma():
+    # 20 clients of 300 float32 parameters; with sigma = 1e-3 the weights hang on distance
+    # differences of 1e-6: a float32 Gram matrix is off by 1.3e-5 here, this one by 1e-16
+    gen = torch.Generator().manual_seed(3)
+    models = (1.0 + 0.05 * torch.randn(20, 300, generator=gen)).float()
+    ref = models.double()
+    d2 = ((ref[:, None, :] - ref[None, :, :]) ** 2).sum(-1)
+    off = ~torch.eye(20, dtype=torch.bool)
+    minus_inf = torch.tensor(float("-inf"), dtype=torch.float64)
+    for sigma in (1e-3, 1e-2, 1.0, 100.0):
+        expected = 0.5 * torch.softmax(torch.where(off, -d2 / sigma, minus_inf), 1)
+        expected.diagonal().fill_(0.5)
+        xi = fedamp_weights(models, alpha_k=1e4, sigma=sigma, self_weight=0.5)
+        assert (xi - expected).abs().max() < 1e-6, sigma
+        eq6 = torch.where(off, 0.01 * torch.exp(-d2 / sigma) / sigma, torch.zeros_like(d2))
+        eq6.diagonal().copy_(1 - eq6.sum(1))
+        if (eq6.sum(1) <= 1 + 1e-12).all() and (eq6.diagonal() >= 0).all():
+            assert (fedamp_weights(models, 0.01, sigma) - eq6).abs().max() < 1e-6, sigma
+    cos = ref @ ref.T / ref.norm(dim=1)[:, None] / ref.norm(dim=1)[None, :]
+    expected = 0.9 * torch.softmax(torch.where(off, 50.0 * cos, minus_inf), 1)
+    expected.diagonal().fill_(0.1)
+    assert (heurfedamp_weights(models, 50.0, 0.1) - expected).abs().max() < 1e-6
+
+
+def test_blockwise_gram_equals_the_whole():
+    from strategies.fedamp import gram64
+
+    x = torch.randn(7, 1000, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(gram64(x, block=97), x.double() @ x.double().T, atol=1e-9)
+    c = x.double() - x.double().mean(0)
+    assert torch.allclose(gram64(x, centre=True, block=64), c @ c.T, atol=1e-9)
+
+
+def test_rows_rescaled_is_said_once_and_when_it_stops(caplog):
+    import logging
+    import warnings as w
+
+    from strategies.fedamp import FedAMP, RowsRescaledWarning
+
+    def rescaled():
+        return [w.WarningMessage(RowsRescaledWarning("2 of 2 rows had ..."), RowsRescaledWarning,
+                                 "f", 1)]
+
+    strategy = FedAMP()
+    caplog.set_level(logging.INFO, logger="flwr")
+    for r in (1, 2, 3):
+        strategy._log_warnings(r, rescaled())
+    strategy._log_warnings(3, [])  # a second call in round 3 is not a stop
+    strategy._log_warnings(4, [])
+    strategy._log_warnings(5, [])
+    lines = [rec.getMessage() for rec in caplog.records]
+    assert [line for line in lines if "rows had" in line] == [
+        "Round 1: 2 of 2 rows had ... (said once: the round in which it stops is logged)"]
+    assert [line for line in lines if "any more" in line] == [
+        "Round 4: no rows rescaled any more (rescaled in 3 round(s) before)"]
+    state = strategy.state_dict()  # checkpointed, so a resumed run does not say it again
+    assert state["rescaled_rounds"] == [1, 2, 3] and state["rescaling"] is False

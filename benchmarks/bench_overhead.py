@@ -1,0 +1,57 @@
+"""FedAMP's and HeurFedAMP's cost against FedAvg's, side by side in one run.
+
+The same clients (Fashion-MNIST practical, 20 clients, 3 rounds of 1 local
+epoch, the paper's Adam 1e-3 and batch 100, by default) train with FedAvg,
+FedAMP and HeurFedAMP, alternated ``--repeats`` times, each run in a fresh
+process with the app's in-process engine (the real ServerApp and ClientApp
+functions). Reported: each strategy's run time (the sum of its rounds' "done
+in" seconds: clients' training and evaluation and the server's work) as the
+best of its repeats, and its ratio to FedAvg's. Checkpoints are off for all
+(``checkpoint-every = 0``): FedAMP's holds every client's model (the log's
+"checkpoint written" line gives its size and seconds), FedAvg's one model.
+
+    python benchmarks/bench_overhead.py [--data-dir ../shared/data] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_scale import ROOT, run_child  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--clients", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--strategies", nargs="+", default=["fedavg", "fedamp", "heurfedamp"])
+    args = p.parse_args()
+    base = {"dataset": "fmnist", "partitioning": "practical", "local-epochs": 1,
+            "num-server-rounds": args.rounds, "batch-size": 100, "learning-rate": 1e-3,
+            "optimizer": "adam", "checkpoint-every": 0,
+            "data-dir": str(Path(args.data_dir).resolve() / "fashion_mnist")}
+    times: dict[str, list[float]] = {s: [] for s in args.strategies}
+    for rep in range(args.repeats):
+        for s in args.strategies:
+            row = run_child({**base, "strategy": s}, args.clients)
+            times[s].append(sum(row["round_s"]))
+            print(f"repeat {rep + 1}: {s} {times[s][-1]:.2f}s ({', '.join(f'{v:.2f}' for v in row['round_s'])})",
+                  flush=True)
+    best = {s: min(v) for s, v in times.items()}
+    ref = best[args.strategies[0]]
+    print(f"\n| strategy | run time, best of {args.repeats} (s) | mean (s) | ratio to "
+          f"{args.strategies[0]} (best) |")
+    print("|---|---:|---:|---:|")
+    for s in args.strategies:
+        print(f"| {s} | {best[s]:.2f} | {statistics.mean(times[s]):.2f} | {best[s] / ref:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
