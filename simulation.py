@@ -60,6 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 from experiments import report  # noqa: E402
 from fedamp_flwr.config import ConfigError, RunConfig  # noqa: E402
+from tasks import get_task  # noqa: E402
 
 # Subfolder of --data-dir for each dataset (laid out like ../shared/data).
 DATA_SUBDIRS = {"mnist": "mnist", "fmnist": "fashion_mnist", "emnist": "emnist",
@@ -189,6 +190,20 @@ PRESETS: dict[str, Grid] = {
                     "test-samples": 500},
         per_strategy={"nonconvex@normalized": {"nonconvex-normalize": True}},
     ),
+    "fedamp-horizon": Grid(
+        # Where collaboration pays: FMNIST practical, 20 clients, 30 rounds x 5 epochs of
+        # the paper's training; FedAMP and HeurFedAMP with the appendix's self weight
+        # ("@paper") and with the project's default rules (FedAMP's Eq. 6 rescaling,
+        # HeurFedAMP's fixed 0.1). Seeds run one after another: `--seeds 0` first.
+        strategies=("separate", "fedamp@paper", "heurfedamp@paper", "fedavg-ft", "fedamp",
+                    "heurfedamp", "fedavg"),
+        settings=(Setting("fmnist", "practical", 20),),
+        seeds=(0, 1),
+        run_config={**_FEDAMP_TRAINING, "num-server-rounds": 30, "local-epochs": 5,
+                    "test-samples": 500},
+        per_strategy={"fedamp@paper": {"fedamp-self-weight": "paper"},
+                      "heurfedamp@paper": {"heurfedamp-self-weight": "paper"}},
+    ),
     "panacea-robustness": Grid(
         strategies=("fedavg", "fedmedian", "krum", "panacea"),
         settings=(Setting("fl60", "practical", 60, (("fl60-noise-std", 0.1),)),),
@@ -206,8 +221,12 @@ def _fmt(value: Any) -> str:
 
 
 def run_name(strategy: str, setting: Setting, scenario: dict[str, Any], seed: int) -> str:
-    """``<strategy>-<dataset>-<partitioning>[-<scenario>]-s<seed>`` (file-name safe)."""
-    parts = [strategy, setting.dataset, setting.partitioning] + ([setting.label] if setting.label else [])
+    """``<strategy>-<dataset>[-<partitioning>][-<label>][-<scenario>]-s<seed>`` (file-name
+    safe; the partitioning only for pool datasets: fl60 and tpt48 define their clients)."""
+    parts = [strategy, setting.dataset]
+    if not get_task(setting.dataset).federated:
+        parts.append(setting.partitioning)
+    parts += [setting.label] if setting.label else []
     parts += [f"{k}{_fmt(v)}" for k, v in sorted(scenario.items())]
     return "-".join(parts + [f"s{seed}"])
 
@@ -332,10 +351,13 @@ class SuperLink:
         Its FLWR_HOME (the connection "sim" is written into ``config.toml``).
     ray_address : str or None
         Passed to the simulation as ``RAY_ADDRESS`` (attach to a running Ray cluster).
+    simulation : bool
+        False: a deployment SuperLink, which SuperNodes join at ``127.0.0.1:<port>``
+        (the benchmark of deployed rounds).
     """
 
-    def __init__(self, home: Path, ray_address: str | None = None) -> None:
-        self.home = home
+    def __init__(self, home: Path, ray_address: str | None = None, simulation: bool = True) -> None:
+        self.home, self.simulation, self.port = home, simulation, 0
         self.env = dict(os.environ, FLWR_HOME=str(home), PYTHONUNBUFFERED="1",
                         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
                         FLWR_DISABLE_UPDATE_CHECK="1")
@@ -349,13 +371,15 @@ class SuperLink:
             raise RuntimeError("flower-superlink is not on PATH: activate the virtual environment")
         self.home.mkdir(parents=True, exist_ok=True)
         port, control = _free_port(), _free_port()
+        self.port = port
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "sim"\n\n[superlink.sim]\n'
             f'address = "127.0.0.1:{port}"\ninsecure = true\n'
         )
         log = open(self.home / "superlink.log", "w")  # noqa: SIM115 - closed in __exit__
         self.proc = subprocess.Popen(
-            [exe, "--insecure", "--simulation", "--isolation", "subprocess",
+            [exe, "--insecure", *(["--simulation"] if self.simulation else []),
+             "--isolation", "subprocess",
              "--host", "127.0.0.1", "--port", str(port),
              "--control-api-address", f"127.0.0.1:{control}"],
             env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -593,9 +617,18 @@ def run_grid(runs: list[Run], output: Path, cpus: float, gpus: float, ray_addres
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=sorted(PRESETS), default="quick")
+    class Formatter(argparse.RawDescriptionHelpFormatter):
+        """The module docstring as written; each option's default where it has one."""
+
+        def _get_help_string(self, action: argparse.Action) -> str:
+            text = action.help or ""
+            if action.default not in (None, False, [], argparse.SUPPRESS) and "default" not in text:
+                text += " (default: %(default)s)"
+            return text
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=Formatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="quick",
+                   help="the grid to run (--list shows each one's runs)")
     p.add_argument("--list", action="store_true", help="print the presets' runs and exit")
     p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"),
                    help="folder with one subfolder per dataset, laid out like ../shared/data "
@@ -616,7 +649,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="GPU share of each ClientApp, e.g. 0.1 = ten clients per GPU")
     p.add_argument("--ray-address", default=None,
                    help="attach to a running Ray cluster (e.g. 'auto' or 'HOST:6379')")
-    p.add_argument("--timeout", type=float, default=6 * 3600, help="seconds per run")
+    p.add_argument("--timeout", type=float, default=6 * 3600,
+                   help="seconds per run (6 hours), --engine flower")
     p.add_argument("--report-only", action="store_true", help="only (re)write table and plots")
     p.add_argument("--engine", choices=("flower", "inprocess"), default="flower",
                    help="flower: each run a `flwr run` on Flower's simulation engine; inprocess: "

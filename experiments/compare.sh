@@ -9,12 +9,42 @@
 #     "dataset='fmnist' data-dir='$PWD/../shared/data/fashion_mnist' num-server-rounds=3 local-epochs=5" \
 #     fedamp heurfedamp fedavg fedprox
 #
-# Uses the local SuperLink that `flwr run` starts (stop it by its process id
-# afterwards); set FLWR_HOME to keep it apart from other runs.
+# Uses a local SuperLink of its own: `flwr run` starts it on two free ports
+# (FLWR_LOCAL_SUPERLINK_HTTP_API_PORT, FLWR_LOCAL_CONTROL_API_PORT) with a fresh
+# FLWR_HOME, so that it never shares another run's SuperLink; it is stopped, by
+# its process id, when the script ends.
 set -euo pipefail
 n=$1; out=$2; cfg=$3; shift 3
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 cd "$(dirname "$0")/.."
+export FLWR_HOME; FLWR_HOME=$(mktemp -d)
+read -r FLWR_LOCAL_SUPERLINK_HTTP_API_PORT FLWR_LOCAL_CONTROL_API_PORT < <(python - <<'PY'
+import socket
+socks = [socket.socket() for _ in range(2)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))
+PY
+)
+export FLWR_LOCAL_SUPERLINK_HTTP_API_PORT FLWR_LOCAL_CONTROL_API_PORT
+stop_superlink() {  # the SuperLink this script started: the one serving its port
+  python - "$FLWR_LOCAL_SUPERLINK_HTTP_API_PORT" <<'PY'
+import sys
+from pathlib import Path
+from simulation import stop_tree
+port = sys.argv[1]
+for proc in Path("/proc").glob("[0-9]*"):
+    try:
+        args = (proc / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        continue
+    if any(a.endswith(b"flower-superlink") for a in args[:2]) and b"--port" in args \
+            and args[args.index(b"--port") + 1] == port.encode():
+        stop_tree(int(proc.name))
+PY
+  rm -rf "$FLWR_HOME"
+}
+trap stop_superlink EXIT
 mkdir -p "$out"
 for s in "$@"; do
   echo "== $s"

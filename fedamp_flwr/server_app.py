@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from logging import INFO
+from logging import ERROR, INFO
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
@@ -14,11 +14,12 @@ from flwr.supercore import log
 import strategies
 import tasks
 from strategies.protocol import BATCH_SIZE, LOCAL_EPOCHS, LOCAL_STEPS, LR, OPTIMIZER
+from strategies.discovery import ClientSetupError
 from strategies.rounds import run_rounds
 from tasks.graphs import build_graph
 
 from .config import ConfigError, RunConfig
-from .results import RunFolder
+from .results import RunFolder, XiFiles
 
 app = ServerApp()
 
@@ -63,13 +64,26 @@ def client_graph(cfg: RunConfig, dc: tasks.DataConfig) -> torch.Tensor | None:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Run the configured strategy round by round; write metrics.json and checkpoints."""
+    """Run the configured strategy round by round; write metrics.json and checkpoints.
+
+    A bad run config, node config or data folder stops the run with one ERROR line
+    ("Run stopped: ...", naming the key and what is allowed) before any training;
+    the exception Flower then reports carries no traceback of this app.
+    """
+    try:
+        _main(grid, context)
+    except (ConfigError, ClientSetupError) as err:
+        log(ERROR, "Run stopped: %s", err)
+        raise type(err)(str(err)).with_traceback(None) from None
+
+
+def _main(grid: Grid, context: Context) -> None:
     cfg = RunConfig.from_run_config(context.run_config)
     folder = RunFolder(cfg)
     folder.claim()
     checkpoint = folder.load_checkpoint() if cfg.resume else None
-    log(INFO, "Run '%s': strategy %s, dataset %s, partitioning %s; results in %s%s",
-        folder.name, cfg.strategy, cfg.dataset, cfg.partitioning, folder.path,
+    log(INFO, "Run '%s': strategy %s, data %s; results in %s%s",
+        folder.name, cfg.strategy, cfg.setting_name, folder.path,
         f"; resuming after round {checkpoint['round']}" if checkpoint else "")
 
     clients = strategies.discover_clients(grid, cfg.min_nodes, timeout=cfg.node_wait_timeout)
@@ -89,6 +103,8 @@ def main(grid: Grid, context: Context) -> None:
             roles.heterogeneous_epochs)
     strategy.setup_tracking(clients, roles)
     strategy.max_update_ratio = cfg.max_update_ratio
+    strategy.history.xi_sink = XiFiles(folder.path, cfg.xi_every, cfg.xi_dtype,
+                                       cfg.num_server_rounds)
 
     initial = ArrayRecord(model.state_dict())
     arrays, done, spent = initial, 0, 0.0

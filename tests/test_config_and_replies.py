@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import numpy as np
 import pytest
 import torch
@@ -11,7 +12,7 @@ from fedamp_flwr import client_app
 from fedamp_flwr.config import ConfigError, RunConfig
 from strategies.discovery import discover_clients
 
-from .conftest import LocalGrid, client_infos, reply, setup_strategy
+from .conftest import LocalGrid, client_infos, needs_data, reply, setup_strategy
 
 RD = RecordDict
 
@@ -71,10 +72,15 @@ def _query(ctx):
 def test_client_reports_missing_data_folder_and_too_many_clients():
     info = _query(_context({"dataset": "mnist", "data-dir": "/no/such/folder"})).content["info"]
     assert "data-dir" in info["error"] and "/no/such/folder" in info["error"]
-    info = _query(_context({}, pid=0, n=40_000)).content["info"]
-    assert "num-partitions = 40000" in info["error"]
     ok = _query(_context({})).content["info"]
     assert "error" not in ok and ok["client-id"] == 0 and ok["num-train"] == 500
+
+
+def test_client_reports_a_federated_task_with_another_number_of_clients():
+    folder = needs_data("tpt48")
+    run_config = {"dataset": "tpt48", "strategy": "fedavg", "data-dir": str(folder)}
+    info = _query(_context(run_config, pid=0, n=40)).content["info"]
+    assert "defines 48 clients but num-partitions = 40" in info["error"]
 
 
 def test_discover_clients_stops_on_a_client_error():
@@ -154,3 +160,61 @@ def test_fedamp_leaves_novel_clients_out_of_the_cloud_models():
     xi = torch.tensor(strategy.history.xi[1])
     assert xi[1].tolist() == [0.0, 1.0, 0.0] and xi[0, 1] == 0 and xi[2, 1] == 0
     assert torch.allclose(xi.sum(1), torch.ones(3, dtype=xi.dtype))
+
+
+def test_a_deployed_grid_is_pulled_often_and_within_the_timeout(monkeypatch):
+    """On Flower's deployed grid the replies are pulled every PULL_INTERVAL seconds (not
+    Flower's 3 s), until all came or the timeout passed."""
+    from types import SimpleNamespace
+
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    from strategies import discovery
+
+    class FakeHttpGrid(HttpGrid):
+        def __init__(self, ready_after: int):
+            self.pulls, self.ready_after = 0, ready_after
+
+        def push_messages(self, messages):
+            return ["m1", "m2"]
+
+        def pull_messages(self, message_ids):
+            self.pulls += 1
+            if self.pulls < self.ready_after:
+                return []
+            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=m))
+                    for m in sorted(message_ids)]
+
+    sleeps = []
+    monkeypatch.setattr(discovery.time, "sleep", sleeps.append)
+    msgs = [Message(RD(), message_type=MessageType.TRAIN, dst_node_id=n) for n in (1, 2)]
+    grid = FakeHttpGrid(ready_after=3)
+    got = discovery.send_and_receive(grid, msgs, timeout=60)
+    assert len(got) == 2 and grid.pulls == 3 and sleeps == [discovery.PULL_INTERVAL] * 2
+    assert discovery.PULL_INTERVAL <= 0.2
+    never = FakeHttpGrid(ready_after=10**9)
+    assert discovery.send_and_receive(never, msgs, timeout=0) == [] and never.pulls == 1
+
+
+@pytest.mark.parametrize("run_config, says", [
+    ({"fedamp-sigma": -1}, "'fedamp-sigma' = -1"),
+    ({"dataset": "mnist", "data-dir": "/no/such/folder"}, "/no/such/folder"),
+])
+def test_a_config_error_stops_the_run_with_one_line_and_no_traceback_of_the_app(
+        tmp_path, caplog, run_config, says):
+    import traceback
+
+    from fedamp_flwr import server_app
+    from fedamp_flwr.inprocess import InProcessGrid, task_identity
+
+    cfg = {**run_config, "results-dir": str(tmp_path)}
+    caplog.set_level(logging.INFO, logger="flwr")
+    with task_identity(), pytest.raises(Exception) as raised:
+        server_app.main(InProcessGrid(cfg, 2), Context(run_id=1, node_id=0, node_config={},
+                                                       state=RecordDict(), run_config=cfg))
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].startswith("Run stopped: ") and says in errors[0]
+    assert "\n" not in errors[0].split(":", 1)[0]
+    frames = traceback.extract_tb(raised.value.__traceback__)
+    assert [f.name for f in frames][1:] == ["main"]  # below the caller: only the entry point
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__

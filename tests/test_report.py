@@ -171,3 +171,12 @@ def test_novel_table_and_load_runs(tmp_path: Path) -> None:
     main, novel = text.split("## Novel clients")
     assert "| fedamp | **82.00 ± 2.00** |" in main and "2 seed" in main
     assert "| fedamp | **55.00 ± 5.00** |" in novel and "novel clients" in novel
+
+
+def test_csv_cells_carry_no_float_noise(tmp_path: Path) -> None:
+    """A float such as 69.80000000000001 (a mean of percentages) is written as 69.8."""
+    run = fake_run("fedamp", 0, 69.8)
+    run["bmta"] = 69.80000000000001
+    report.write_csv([run], tmp_path / "results.csv")
+    text = (tmp_path / "results.csv").read_text()
+    assert ",69.8," in text and "69.80000000000001" not in text

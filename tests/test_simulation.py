@@ -198,3 +198,23 @@ def test_the_inprocess_engine_runs_a_grid_with_variants_and_resumes(tmp_path, ca
     assert 2.5 < ratio < 3.5
     assert simulation.main(args) == 0
     assert "6 runs, 6 already done, 0 to run" in capsys.readouterr().out
+
+
+def test_run_names_name_the_partitioning_only_for_pool_datasets():
+    from simulation import Setting, run_name
+
+    assert run_name("panacea", Setting("fl60", "practical", 60, label="grda"), {}, 0) == \
+        "panacea-fl60-grda-s0"
+    assert run_name("fedavg", Setting("tpt48", "practical", 48), {"drop-rate": 0.1}, 1) == \
+        "fedavg-tpt48-drop-rate0p1-s1"
+    assert run_name("fedamp", Setting("fmnist", "practical", 20), {}, 0) == "fedamp-fmnist-practical-s0"
+
+
+def test_help_shows_the_defaults(capsys):
+    import simulation
+
+    with pytest.raises(SystemExit):
+        simulation.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: quick)" in text and "seconds per run (6 hours)" in text
+    assert "(default: 21600" in text and "(default: None)" not in text
