@@ -650,8 +650,8 @@ def xi_matrices(run: Run) -> tuple[list[int], dict[int, np.ndarray]]:
     return [], {}
 
 
-def plot_xi(run: Run, path: str | Path, title: str = "") -> Path | None:
-    """Heatmap of the last recorded round's collaboration weights xi of one run.
+def plot_xi(run: Run, path: str | Path, title: str = "", round_: int | None = None) -> Path | None:
+    """Heatmap of one recorded round's collaboration weights xi of one run (default: the last).
 
     Parameters
     ----------
@@ -661,16 +661,18 @@ def plot_xi(run: Run, path: str | Path, title: str = "") -> Path | None:
         The PNG file to write.
     title : str
         Title prefix, e.g. the strategy and setting.
+    round_ : int | None
+        The round to draw (it must be recorded); None: the last recorded one.
 
     Returns
     -------
     Path | None
-        The file, or None when the run has no xi matrix.
+        The file, or None when the run has no xi matrix (for that round).
     """
     ids, rounds = xi_matrices(run)
-    if not rounds:
+    if not rounds or (round_ is not None and round_ not in rounds):
         return None
-    last = max(rounds)
+    last = max(rounds) if round_ is None else round_
     matrix = np.asarray(rounds[last], dtype=float)
     ids = list(ids or range(matrix.shape[0]))
     fig, ax = plt.subplots(figsize=(6, 5))

@@ -180,3 +180,26 @@ def test_csv_cells_carry_no_float_noise(tmp_path: Path) -> None:
     report.write_csv([run], tmp_path / "results.csv")
     text = (tmp_path / "results.csv").read_text()
     assert ",69.8," in text and "69.80000000000001" not in text
+
+
+def test_horizon_share_gap_and_plots(tmp_path: Path, capsys) -> None:
+    """experiments/horizon.py: the own-group share worked by hand, and its outputs."""
+    import numpy as np
+
+    from experiments import horizon
+
+    run = {"dataset": "fmnist", "partitioning": "practical"}
+    groups = np.repeat(np.arange(5), 4)  # 20 clients, 4 per group
+    xi = np.where(groups[:, None] == groups[None, :], 0.25, 0.0)
+    assert horizon.own_group_share(run, xi, list(range(20))) == pytest.approx(0.75)
+    for strategy, best in (("separate", 80.0), ("fedamp", 90.0)):
+        folder = tmp_path / "runs" / strategy
+        folder.mkdir(parents=True)
+        (folder / "metrics.json").write_text(json.dumps(fake_run(strategy, 0, best,
+                                                                 xi=strategy == "fedamp")))
+    horizon.main([str(tmp_path / "runs"), "-o", str(tmp_path / "out")])
+    names = {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"convergence.png", "gap.png", "xi_fedamp_round1.png", "xi_fedamp_round3.png"} <= names
+    rows = {line.split("|")[1].strip(): line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ") and "BMTA" not in line}
+    assert "| 90.00 |" in rows["fedamp"] and "| 80.00 |" in rows["separate"]
