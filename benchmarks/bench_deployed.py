@@ -37,6 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from fedamp_flwr.results import strict_json  # noqa: E402
 from simulation import SuperLink, _free_port, stop_tree  # noqa: E402
 
 # name -> (number of clients, run config); fmnist: the issue's deployment target
@@ -96,20 +97,19 @@ def one(kind: str, n: int, run_config: str, work: Path, timeout: float,
 
 def cold_start(run_config: str, n: int, cache: str) -> float:
     """Seconds for a fresh process to import the ClientApp and get client 0's data."""
-    code = ("import time, sys; t = time.perf_counter()\n"
+    code = ("import sys\n"
             "from fedamp_flwr import client_app\n"
             "from fedamp_flwr.config import RunConfig\n"
             "import tasks\n"
             "cfg = RunConfig.from_run_config(eval(sys.argv[1]))\n"
-            "tasks.load_client_data(cfg.data_config(int(sys.argv[2])), 0)\n"
-            "print(time.perf_counter() - t)\n")
+            "tasks.load_client_data(cfg.data_config(int(sys.argv[2])), 0)\n")
     values = dict(kv.split("=", 1) for kv in re.findall(r"\S+='[^']*'|\S+=\S+", run_config))
     as_python = {k: (v.strip("'") if v.startswith("'") else json.loads(v)) for k, v in values.items()}
     started = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code, repr(as_python), str(n)], cwd=ROOT,
-                         env=dict(os.environ, FEDAMP_CACHE_DIR=cache), capture_output=True,
-                         text=True, check=True)
-    return time.perf_counter() - started if out.stdout else float("nan")
+    subprocess.run([sys.executable, "-c", code, repr(as_python), str(n)], cwd=ROOT,
+                   env=dict(os.environ, FEDAMP_CACHE_DIR=cache), capture_output=True,
+                   text=True, check=True)
+    return time.perf_counter() - started
 
 
 def main() -> None:
@@ -148,8 +148,8 @@ def main() -> None:
               f"{row['deployed']['later_mean']:.2f} | {row['ratio_later']:.2f}x | "
               f"{row['deployed']['round_1']:.2f} | {row['cold_start_cached']:.2f} s / "
               f"{row['cold_start_uncached']:.2f} s |")
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=1))
+    if args.out:  # strict JSON: a missing number is null, never NaN
+        args.out.write_text(json.dumps(strict_json(report), indent=1, allow_nan=False))
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ cfg, n = json.loads(sys.argv[2]), int(sys.argv[3])
 started = time.perf_counter()
 run_inprocess(cfg, n, None)
 print(json.dumps({"wall_s": time.perf_counter() - started,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024},
+                 allow_nan=False))
 """
 ROUND = re.compile(r"Round (\d+) done in ([0-9.]+)s")
 
@@ -46,8 +47,8 @@ def run_child(run_config: dict, n: int) -> dict:
     memory, metrics.json (``metrics``) and the sizes of its outputs."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         cfg = {"results-dir": tmp, "run-name": "run", "min-nodes": n, **run_config}
-        out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), json.dumps(cfg), str(n)],
-                             capture_output=True, text=True)
+        args = [sys.executable, "-c", CHILD, str(ROOT), json.dumps(cfg, allow_nan=False), str(n)]
+        out = subprocess.run(args, capture_output=True, text=True)
         if out.returncode != 0:
             raise RuntimeError(f"{run_config}: {out.stderr[-3000:]}")
         row = json.loads(out.stdout.strip().splitlines()[-1])
@@ -88,7 +89,7 @@ def main() -> None:
     rows = {}
     for s in args.strategies:
         rows[s] = run(s, args.clients, args.rounds)
-        print(s, json.dumps(rows[s]), flush=True)
+        print(s, json.dumps(rows[s], allow_nan=False), flush=True)
     base = rows.get("fedavg", {}).get("peak_rss_mb")
     print("\n| strategy | rounds | seconds per round | peak memory (MB) | over FedAvg (MB) "
           "| final mean accuracy | xi file per round (MB) | metrics.json (KB) |")
