@@ -43,12 +43,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
-import os
-import re
-import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -59,12 +54,19 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 from experiments import report  # noqa: E402
+from experiments.flower_cli import (COMPLETED, FAILED, FlowerCliError, FlowerRun,  # noqa: E402
+                                    RunOutcome, write_outcome)
+from experiments.processes import SuperLink  # noqa: E402
 from fedamp_flwr.config import ConfigError, RunConfig  # noqa: E402
 from tasks import get_task  # noqa: E402
 
 # Subfolder of --data-dir for each dataset (laid out like ../shared/data).
 DATA_SUBDIRS = {"mnist": "mnist", "fmnist": "fashion_mnist", "emnist": "emnist",
                 "cifar10": "cifar10", "cifar100": "cifar100", "tpt48": "tpt48"}
+# Each run's outcome (Flower's run id and status), beside its metrics.json.
+STATUS_FILE = report.STATUS_FILE
+# The status of a run that Flower refused to start (flwr run failed).
+NOT_SUBMITTED = "not-submitted"
 # Datasets whose number of clients is fixed by the data.
 FIXED_CLIENTS = {"fl60": 60, "tpt48": 48}
 
@@ -322,156 +324,9 @@ def _parse_value(text: str) -> Any:
     return text.strip("'\"")
 
 
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(str(value))
-
-
 # ---------------------------------------------------------------------------
 # Running
 # ---------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class SuperLink:
-    """A local ``flower-superlink --simulation`` with its own FLWR_HOME.
-
-    It is stopped, with every process it started, by their process ids
-    (:func:`stop_tree`).
-
-    Parameters
-    ----------
-    home : Path
-        Its FLWR_HOME (the connection "sim" is written into ``config.toml``).
-    ray_address : str or None
-        Passed to the simulation as ``RAY_ADDRESS`` (attach to a running Ray cluster).
-    simulation : bool
-        False: a deployment SuperLink, which SuperNodes join at ``127.0.0.1:<port>``
-        (the benchmark of deployed rounds).
-    """
-
-    def __init__(self, home: Path, ray_address: str | None = None, simulation: bool = True) -> None:
-        self.home, self.simulation, self.port = home, simulation, 0
-        self.env = dict(os.environ, FLWR_HOME=str(home), PYTHONUNBUFFERED="1",
-                        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-                        FLWR_DISABLE_UPDATE_CHECK="1")
-        if ray_address:
-            self.env["RAY_ADDRESS"] = ray_address
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> "SuperLink":
-        exe = shutil.which("flower-superlink")
-        if exe is None:
-            raise RuntimeError("flower-superlink is not on PATH: activate the virtual environment")
-        self.home.mkdir(parents=True, exist_ok=True)
-        port, control = _free_port(), _free_port()
-        self.port = port
-        (self.home / "config.toml").write_text(
-            f'[superlink]\ndefault = "sim"\n\n[superlink.sim]\n'
-            f'address = "127.0.0.1:{port}"\ninsecure = true\n'
-        )
-        log = open(self.home / "superlink.log", "w")  # noqa: SIM115 - closed in __exit__
-        self.proc = subprocess.Popen(
-            [exe, "--insecure", *(["--simulation"] if self.simulation else []),
-             "--isolation", "subprocess",
-             "--host", "127.0.0.1", "--port", str(port),
-             "--control-api-address", f"127.0.0.1:{control}"],
-            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self._log = log
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the SuperLink exited; see {self.home / 'superlink.log'}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    return self
-            time.sleep(0.5)
-        raise RuntimeError(f"the SuperLink did not start; see {self.home / 'superlink.log'}")
-
-    def __exit__(self, *exc) -> None:
-        if self.proc is not None:
-            stop_tree(self.proc.pid)
-            self.proc.wait()
-        self._log.close()
-
-    def restart(self) -> None:
-        """Stop this SuperLink with everything it started, and start a fresh one."""
-        self.__exit__()
-        self.__enter__()
-
-
-def _stat(pid: int) -> list[str] | None:
-    """The fields of /proc/<pid>/stat after the command name (state, ppid, ...); None if gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _process_tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants (read from Linux's /proc; ``[pid]`` elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        fields = _stat(int(entry.name))
-        if fields:
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    tree, todo = [], [pid]
-    while todo:
-        tree.append(todo.pop())
-        todo.extend(children.get(tree[-1], []))
-    return tree
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie does not)."""
-    if Path("/proc/self").exists():
-        fields = _stat(pid)
-        return fields is not None and fields[0] != "Z"
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
-
-
-def stop_tree(pid: int, timeout: float = 30.0) -> None:
-    """Stop process ``pid`` and everything it started, by their process ids.
-
-    The SuperLink starts a SuperExec in a session of its own, which starts the
-    simulation and its Ray processes: stopping the SuperLink's process group
-    alone leaves them running. Every process group of the tree (never this
-    script's own) gets SIGTERM; what is still alive after ``timeout`` seconds
-    gets SIGKILL.
-    """
-    tree = _process_tree(pid)
-    groups = set()
-    for p in tree:
-        try:
-            groups.add(os.getpgid(p))
-        except OSError:
-            pass
-    groups.discard(os.getpgrp())
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for group in groups:
-            try:
-                os.killpg(group, sig)
-            except OSError:
-                pass
-        deadline = time.monotonic() + timeout
-        while any(_alive(p) for p in tree):
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        else:
-            return
-
-
 def metrics_path(output: Path, run: Run) -> Path:
     return output / "runs" / run.name / "metrics.json"
 
@@ -516,75 +371,100 @@ def federation_config(num_clients: int, cpus: float, gpus: float) -> str:
     return " ".join(parts)
 
 
-def run_one(link: SuperLink, output: Path, run: Run, fed_config: str, prefix: str,
-            timeout: float) -> bool:
-    """One ``flwr run`` of this app (continuing a half-finished one from its checkpoint);
-    prints a line per round; True if the run finished."""
+def _progress(prefix: str):
+    """A log-line handler that prints the ServerApp's per-round test line under ``prefix``."""
+    def show(line: str) -> None:
+        if "mean test" in line:
+            print(f"{prefix}   {line.split('INFO :', 1)[-1].strip()}", flush=True)
+    return show
+
+
+def _start(output: Path, run: Run, prefix: str) -> tuple[Path, dict[str, Any], bool]:
+    """The run's folder and run config: continue a half-finished run from its checkpoint,
+    else start afresh over what is there. The bool: whether it resumes."""
     run_dir = output / "runs" / run.name
     run_dir.mkdir(parents=True, exist_ok=True)
     done = resumable(output, run)
-    # Continue a half-finished run from its checkpoint, else start afresh over what is there.
-    extra = {"resume": True} if done else {"overwrite": True}
     if done:
         print(f"{prefix}: resuming after round {done} from its checkpoint", flush=True)
-    run_config = {**run.run_config, **extra}
-    args = [shutil.which("flwr") or "flwr", "run", str(ROOT), "--stream",
-            "--federation-config", fed_config,
-            "--run-config", " ".join(f"{k}={_toml(v)}" for k, v in run_config.items())]
-    started = time.monotonic()
-    with open(run_dir / "log.txt", "a" if done else "w") as log:
-        proc = subprocess.Popen(args, env=link.env, cwd=run_dir, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
-            for line in proc.stdout:
-                log.write(line)
-                log.flush()
-                if "mean test" in line:
-                    text = re.sub(r"\x1b\[[0-9;]*m", "", line).split("INFO :", 1)[-1].strip()
-                    print(f"{prefix}   {text}", flush=True)
-                if time.monotonic() - started > timeout:
-                    raise TimeoutError
-            proc.wait()
-        except (TimeoutError, KeyboardInterrupt) as err:
-            stop_tree(proc.pid)
-            proc.wait()
-            if isinstance(err, KeyboardInterrupt):
-                raise
-            # The run goes on in the SuperLink after `flwr run` stops: stop it all.
-            link.restart()
-            print(f"{prefix} timed out after {timeout:.0f}s", flush=True)
-    return is_done(output, run)
+    extra = {"resume": True} if done else {"overwrite": True}
+    return run_dir, {**run.run_config, **extra}, bool(done)
 
 
-def run_one_inprocess(output: Path, run: Run, prefix: str) -> bool:
+def run_one(link: SuperLink, output: Path, run: Run, fed_config: str, prefix: str,
+            timeout: float, app: Path = ROOT) -> RunOutcome:
+    """One run of ``app`` through Flower's CLI (:class:`experiments.flower_cli.FlowerRun`),
+    continuing a half-finished one from its checkpoint; prints a line per round.
+
+    Its outcome (Flower's run id and status, whether it timed out) is written to
+    ``runs/<name>/status.json`` and returned. A run still going after ``timeout``
+    seconds (a clock, whatever the log says) is stopped with ``flwr stop``.
+    """
+    run_dir, run_config, resumed = _start(output, run, prefix)
+    log_path = run_dir / "log.txt"
+    if not resumed:
+        log_path.write_text("")
+    flower = FlowerRun(link.env, app, run_config, fed_config, log_path, _progress(prefix))
+    try:
+        flower.submit()
+    except FlowerCliError as err:
+        outcome = RunOutcome(None, NOT_SUBMITTED, str(err))
+        with open(log_path, "a") as log:
+            log.write(f"ERROR : {err}\n")
+    else:
+        outcome = flower.follow(timeout)
+    if outcome.timed_out:
+        print(f"{prefix} timed out after {timeout:.0f}s: stopped with flwr stop {outcome.run_id}",
+              flush=True)
+    write_outcome(run_dir / STATUS_FILE, outcome, engine="flower", **_identity(run))
+    return outcome
+
+
+def run_one_inprocess(output: Path, run: Run, prefix: str) -> RunOutcome:
     """One run of this app's ServerApp and ClientApp in this process (``--engine inprocess``);
-    prints a line per round; True if the run finished."""
+    prints a line per round; its outcome goes to ``runs/<name>/status.json`` too."""
     import logging
 
     from fedamp_flwr.inprocess import run_inprocess
 
-    run_dir = output / "runs" / run.name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    done = resumable(output, run)
-    if done:
-        print(f"{prefix}: resuming after round {done} from its checkpoint", flush=True)
-    run_config = {**run.run_config, **({"resume": True} if done else {"overwrite": True})}
+    run_dir, run_config, _ = _start(output, run, prefix)
+    show = _progress(prefix)
 
     class Progress(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if "mean test" in (text := record.getMessage()):
-                print(f"{prefix}   {text}", flush=True)
+            show("INFO : " + record.getMessage())
 
     progress = Progress()
     logging.getLogger("flwr").addHandler(progress)
+    started = time.monotonic()
+    outcome = RunOutcome(None, COMPLETED)
     try:
         run_inprocess(run_config, run.num_clients, run_dir / "log.txt")
     except Exception as err:  # recorded in the log and reported; the grid goes on
+        outcome = RunOutcome(None, FAILED, f"{type(err).__name__}: {err}")
         with open(run_dir / "log.txt", "a") as log:
             log.write(f"ERROR : {type(err).__name__}: {err}\n")
     finally:
         logging.getLogger("flwr").removeHandler(progress)
-    return is_done(output, run)
+    outcome.seconds = round(time.monotonic() - started, 2)
+    write_outcome(run_dir / STATUS_FILE, outcome, engine="inprocess", **_identity(run))
+    return outcome
+
+
+def _identity(run: Run) -> dict[str, Any]:
+    """What ``status.json`` says of the run besides its outcome (its row in results.csv
+    when it wrote no metrics.json)."""
+    c = run.run_config
+    return {"run_name": run.name, "run": {
+        "strategy": c.get("strategy"), "label": c.get("label", ""), "dataset": c.get("dataset"),
+        "partitioning": c.get("partitioning"), "seed": c.get("seed"),
+        "num_clients": run.num_clients, "config": c}}
+
+
+def succeeded(output: Path, run: Run, outcome: RunOutcome) -> bool:
+    """Whether a run ended well: Flower says ``finished:completed`` and its metrics.json says
+    it finished."""
+    return outcome.status == COMPLETED and is_done(output, run)
 
 
 def run_grid(runs: list[Run], output: Path, cpus: float, gpus: float, ray_address: str | None,
@@ -603,16 +483,18 @@ def run_grid(runs: list[Run], output: Path, cpus: float, gpus: float, ray_addres
             print(f"{prefix}: {run.num_clients} clients", flush=True)
             started = time.monotonic()
             fed = federation_config(run.num_clients, cpus, gpus)
-            ok = (run_one(link, output, run, fed, prefix, timeout) if engine == "flower"
-                  else run_one_inprocess(output, run, prefix))
-            if ok:
+            outcome = (run_one(link, output, run, fed, prefix, timeout) if engine == "flower"
+                       else run_one_inprocess(output, run, prefix))
+            if succeeded(output, run, outcome):
                 m = json.loads(metrics_path(output, run).read_text())
                 score = (f"BMTA {m['bmta']:.2f}%" if "bmta" in m
                          else f"best mean MSE {m.get('best_mean_mse', float('nan')):.4g}")
                 print(f"{prefix}: {score} ({time.monotonic() - started:.0f}s)", flush=True)
             else:
                 failed.append(run.name)
-                print(f"{prefix}: FAILED, see {output / 'runs' / run.name / 'log.txt'}", flush=True)
+                why = f"{outcome.status}{' (timed out)' if outcome.timed_out else ''}"
+                print(f"{prefix}: FAILED ({why}), see {output / 'runs' / run.name / 'log.txt'}",
+                      flush=True)
     return failed
 
 
@@ -684,8 +566,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.report_only:
         failed = run_grid(runs, output, args.cpus_per_client, args.gpus_per_client,
                           args.ray_address, args.timeout, args.engine)
-    done = [metrics_path(output, r) for r in runs if metrics_path(output, r).is_file()]
-    written = report.write_report(report.load_runs(done), output, strategy_order=grid.strategies)
+    folders = [output / "runs" / r.name for r in runs if (output / "runs" / r.name).is_dir()]
+    written = report.write_report(report.load_runs(folders), output,
+                                  strategy_order=grid.strategies)
     print(f"Wrote {', '.join(p.name for p in written)} to {output}")
     if failed:
         print(f"{len(failed)} run(s) failed: {', '.join(failed)}")

@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from fedamp_flwr.results import strict_json  # noqa: E402
-from simulation import SuperLink, _free_port, stop_tree  # noqa: E402
+from experiments.processes import SuperLink, free_port, stop_tree  # noqa: E402
 
 # name -> (number of clients, run config); fmnist: the deployment target
 CONFIGS = {
@@ -77,7 +77,7 @@ def one(kind: str, n: int, run_config: str, work: Path, timeout: float,
                     log = open(home / f"supernode{pid}.log", "w")  # noqa: SIM115
                     nodes.append(subprocess.Popen(
                         [shutil.which("flower-supernode") or "flower-supernode", "--insecure",
-                         "--superlink", f"127.0.0.1:{link.port}", "--port", str(_free_port()),
+                         "--superlink", f"127.0.0.1:{link.port}", "--port", str(free_port()),
                          "--node-config", f"partition-id={pid} num-partitions={n}"],
                         env=env, cwd=home, stdout=log, stderr=subprocess.STDOUT,
                         start_new_session=True))

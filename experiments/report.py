@@ -51,44 +51,80 @@ SWEEP_KEYS = ("drop-rate", "attack-ratio", "novel-client-fraction")
 #: The first columns of ``results.csv``; every other config key follows as ``config.<key>``.
 CSV_COLUMNS = ["run_name", "strategy", "dataset", "partitioning", "seed", "num_clients",
                *SCENARIOS, "bmta", "novel_bmta", "best_mean_mse", "novel_best_mean_mse",
-               "final_mean", "num_rounds", "sigma", "wall_time_s"]
+               "final_mean", "num_rounds", "sigma", "wall_time_s", "finished", "status",
+               "timed_out", "flower_run_id"]
+#: The file the runner writes beside a run's metrics.json: Flower's run id and status.
+STATUS_FILE = "status.json"
+#: Flower's status of a run that ended well.
+COMPLETED = "finished:completed"
 MISSING = "–"
 
 
 # ---------------------------------------------------------------------------
 # Reading runs and their numbers
 # ---------------------------------------------------------------------------
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        logger.warning("Skipping %s: %s", path, err)
+        return None
+    if not isinstance(data, dict):
+        logger.warning("Skipping %s: not a JSON object", path)
+        return None
+    return data
+
+
 def load_runs(paths: Iterable[str | Path]) -> list[Run]:
-    """Read ``metrics.json`` files.
+    """Read runs: their ``metrics.json`` and, where the runner wrote one, ``status.json``.
 
     Parameters
     ----------
     paths : Iterable[str | Path]
         ``metrics.json`` files, or folders searched recursively for them
-        (in sorted path order). Unreadable or malformed files are skipped
-        with a warning.
+        (in sorted path order). A run folder whose ``status.json`` has no
+        ``metrics.json`` beside it (a run that failed before its first
+        round) is read from its ``status.json``. Unreadable or malformed
+        files are skipped with a warning.
 
     Returns
     -------
     list[Run]
-        The parsed runs, in the order found.
+        The parsed runs, in the order found; ``status`` (Flower's status,
+        e.g. ``finished:failed``), ``timed_out`` and ``flower_run_id`` come
+        from ``status.json``.
     """
     files: list[Path] = []
     for p in map(Path, paths):
-        files.extend(sorted(p.rglob("metrics.json")) if p.is_dir() else [p])
+        if not p.is_dir():
+            files.append(p)
+            continue
+        found = {f.parent: f for f in p.rglob(STATUS_FILE)}
+        found.update({f.parent: f for f in p.rglob("metrics.json")})  # metrics.json first
+        files.extend(found[d] for d in sorted(found))
     runs = []
     for f in files:
-        try:
-            run = json.loads(f.read_text())
-        except (OSError, ValueError) as err:
-            logger.warning("Skipping %s: %s", f, err)
+        run = _read_json(f)
+        if run is None:
             continue
-        if isinstance(run, dict):
-            run["_dir"] = str(f.parent)  # where the run's other files are (xi/)
-            runs.append(run)
-        else:
-            logger.warning("Skipping %s: not a JSON object", f)
+        status = _read_json(f.parent / STATUS_FILE) if f.name != STATUS_FILE and (
+            f.parent / STATUS_FILE).is_file() else (run if f.name == STATUS_FILE else None)
+        if f.name == STATUS_FILE:  # no metrics.json: the run never finished a round
+            run = {"run_name": run.get("run_name"), **(run.get("run") or {}), "finished": False}
+        if status is not None:
+            run.update(status=status.get("status"), timed_out=status.get("timed_out"),
+                       flower_run_id=status.get("run_id"))
+        run["_dir"] = str(f.parent)  # where the run's other files are (xi/)
+        runs.append(run)
     return runs
+
+
+def complete(run: Run) -> bool:
+    """Whether a run finished all its rounds (and Flower says it completed, where it says).
+
+    A ``metrics.json`` without ``finished`` (written by hand, or by an older version) counts
+    as finished; the ServerApp writes ``finished: false`` until its last round."""
+    return bool(run.get("finished", True)) and run.get("status", COMPLETED) in (COMPLETED, None)
 
 
 def is_regression(run: Run) -> bool:
@@ -384,7 +420,9 @@ def csv_rows(runs: Sequence[Run]) -> tuple[list[str], list[dict[str, Any]]]:
             "final_mean": None if (last := final_mean(run)) is None else float(f"{last:.10g}"),
             "num_rounds": len(run.get("rounds", [])),
             "sigma": (run.get("sigma") or {}).get(strategy),
-            "wall_time_s": run.get("wall_time_s"),
+            "wall_time_s": run.get("wall_time_s"), "finished": run.get("finished"),
+            "status": run.get("status"), "timed_out": run.get("timed_out"),
+            "flower_run_id": run.get("flower_run_id"),
         }
         row.update({f"config.{k}": cfg.get(k) for k in config_keys})
         rows.append(row)
@@ -480,7 +518,7 @@ def markdown_table(runs: Sequence[Run], strategy_order: Sequence[str] | None = N
 
 
 def write_table(runs: Sequence[Run], path: str | Path,
-                strategy_order: Sequence[str] | None = None) -> Path:
+                strategy_order: Sequence[str] | None = None, left_out: int = 0) -> Path:
     """Write ``table.md``: the main table and, when there are novel clients, a second one for them.
 
     Parameters
@@ -491,9 +529,14 @@ def write_table(runs: Sequence[Run], path: str | Path,
         The Markdown file to write.
     strategy_order : Sequence[str] | None
         Preferred order of the rows.
+    left_out : int
+        Runs not tabulated because they did not finish (said under the table).
     """
     path = Path(path)
     parts = [markdown_table(runs, strategy_order) or "No run has a result."]
+    if left_out:
+        parts.append(f"{left_out} run(s) that did not finish are left out (see results.csv: "
+                     "`finished`, `status`).")
     novel = markdown_table(runs, strategy_order, novel=True)
     if novel:
         parts += ["## Novel clients", novel]
@@ -773,7 +816,10 @@ def write_report(runs: Sequence[Run], out_dir: str | Path,
                  strategy_order: Sequence[str] | None = None) -> list[Path]:
     """Write ``results.csv``, ``table.md`` and the PNG plots of the runs into ``out_dir``.
 
-    Plots without data are skipped: ``convergence.png``, ``client_accuracy.png``,
+    ``results.csv`` has a row for every run, with its ``finished`` flag and
+    Flower's ``status``; the table and the plots show only the runs that
+    finished all their rounds (:func:`complete`), and the table says how many
+    were left out. Plots without data are skipped: ``convergence.png``, ``client_accuracy.png``,
     ``xi_<setting>_<strategy>.png`` and ``vs_<key>.png`` for each key of
     :data:`SWEEP_KEYS` that some setting varies.
 
@@ -794,9 +840,11 @@ def write_report(runs: Sequence[Run], out_dir: str | Path,
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    runs = list(runs)
-    written = [write_csv(runs, out / "results.csv"),
-               write_table(runs, out / "table.md", strategy_order)]
+    everything = list(runs)
+    runs = [r for r in everything if complete(r)]
+    written = [write_csv(everything, out / "results.csv"),
+               write_table(runs, out / "table.md", strategy_order,
+                           left_out=len(everything) - len(runs))]
     written.append(plot_convergence(runs, out / "convergence.png", strategy_order))
     written.append(plot_client_accuracy(runs, out / "client_accuracy.png", strategy_order))
     written += plot_xi_all(runs, out, strategy_order)

@@ -95,6 +95,7 @@ class RunConfig:
     round_timeout: float = 3600.0
     node_wait_timeout: float = 600.0
     max_update_ratio: float = 100.0
+    max_failed_rounds: int = 0
     fraction_train: float = 1.0
     min_nodes: int = 2
     local_epochs: int | str = "auto"
@@ -198,6 +199,8 @@ class RunConfig:
         check("checkpoint-every", self.checkpoint_every >= 0,
               "an integer >= 0 (0: no checkpoints)")
         check("xi-every", self.xi_every >= 0, "an integer >= 0 (0: not written)")
+        check("max-failed-rounds", self.max_failed_rounds >= 0,
+              "an integer >= 0 (rounds in a row without usable replies before the run stops)")
         choice("xi-dtype", self.xi_dtype, ["float32", "float16"])
         for key in ("round-timeout", "node-wait-timeout", "max-update-ratio"):
             v = getattr(self, key.replace("-", "_"))

@@ -1,9 +1,10 @@
 """Running the app in one process, without Flower's engine: for quick, exact small-model grids.
 
 :class:`InProcessGrid` is a Flower ``Grid`` whose nodes are this app's real
-ClientApp functions (``query``, ``train``, ``evaluate``), each node with its
-own ``Context`` (so its ``context.state`` lives across rounds, as on a
-SuperNode); :func:`run_inprocess` runs the real ServerApp ``main`` on it. The
+``ClientApp``, called as Flower calls it (``app(message, context)``: its mods
+and lifespan run as under Flower), each node with its own ``Context`` (so its
+``context.state`` lives across rounds, as on a SuperNode); :func:`run_inprocess`
+runs the real ``ServerApp`` on it the same way (``app(grid, context)``). The
 messages are real Flower ``Message`` objects; what is left out is Flower's
 transport, the simulation engine's scheduling and process isolation. The
 numbers are those of the simulation engine: the same code, seeds and order
@@ -19,7 +20,9 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import ServerApp
 from flwr.supercore.task_identity import TaskIdentity
 
 
@@ -38,7 +41,8 @@ def task_identity(run_id: int = 1) -> Iterator[None]:
 
 class InProcessGrid:
     """A Flower ``Grid`` in this process: node ``first_node + i`` is the client with
-    ``partition-id`` i of ``num_clients``, answering with the real ClientApp functions.
+    ``partition-id`` i of ``num_clients``, answering with the real ClientApp
+    (``client_app``: this app's by default).
 
     With ``infos`` (node id -> the ``info`` record a node answers the query round
     with) the nodes only answer queries, as given (for tests of the query round).
@@ -46,8 +50,9 @@ class InProcessGrid:
 
     def __init__(self, run_config: dict | None = None, num_clients: int = 0,
                  infos: dict[int, dict] | None = None, first_node: int = 100,
-                 keep_sent: bool = False) -> None:
+                 keep_sent: bool = False, client_app: ClientApp | None = None) -> None:
         self.run_config = dict(run_config or {})
+        self.client_app = client_app
         self.infos = infos
         nodes = list(infos) if infos is not None else [first_node + i for i in range(num_clients)]
         self.contexts = {
@@ -65,19 +70,18 @@ class InProcessGrid:
         return list(self.contexts)
 
     def send_and_receive(self, messages, timeout=None) -> list[Message]:
-        """Hand each message to its node's ClientApp function; return the replies."""
-        from . import client_app
-
+        """Hand each message to the ClientApp with its node's context; return the replies."""
         messages = list(messages)
         if self.keep_sent:
             self.sent += messages
         if self.infos is not None:
             return [Message(RecordDict({"info": ConfigRecord(self.infos[m.metadata.dst_node_id])}),
                             reply_to=m) for m in messages]
-        handlers = {MessageType.QUERY: client_app.query, MessageType.TRAIN: client_app.train,
-                    MessageType.EVALUATE: client_app.evaluate}
-        return [handlers[m.metadata.message_type](m, self.contexts[m.metadata.dst_node_id])
-                for m in messages]
+        if self.client_app is None:
+            from .client_app import app as client_app
+
+            self.client_app = client_app
+        return [self.client_app(m, self.contexts[m.metadata.dst_node_id]) for m in messages]
 
     def sent_configs(self, message_type: str) -> list[ConfigRecord]:
         """The config records of the messages of one type sent so far."""
@@ -85,16 +89,19 @@ class InProcessGrid:
 
 
 def run_inprocess(run_config: dict, num_clients: int, log_file: Path | None = None,
-                  keep_sent: bool = False) -> InProcessGrid:
+                  keep_sent: bool = False, server_app: ServerApp | None = None,
+                  client_app: ClientApp | None = None) -> InProcessGrid:
     """Run the real ServerApp with ``run_config`` on ``num_clients`` in-process clients.
 
     ``log_file``: where the run's log goes (Flower's logger), besides the console;
-    ``keep_sent``: the grid keeps the messages it sent (tests).
+    ``keep_sent``: the grid keeps the messages it sent (tests); ``server_app``,
+    ``client_app``: other apps than this project's (tests: apps with mods).
     Returns the grid (its nodes' contexts hold the clients' state).
     """
-    from . import server_app
+    if server_app is None:
+        from .server_app import app as server_app
 
-    grid = InProcessGrid(run_config, num_clients, keep_sent=keep_sent)
+    grid = InProcessGrid(run_config, num_clients, keep_sent=keep_sent, client_app=client_app)
     handler = None
     if log_file is not None:
         handler = logging.FileHandler(log_file, mode="a")
@@ -102,8 +109,8 @@ def run_inprocess(run_config: dict, num_clients: int, log_file: Path | None = No
         logging.getLogger("flwr").addHandler(handler)
     try:
         with task_identity():
-            server_app.main(grid, Context(run_id=1, node_id=0, node_config={},
-                                          state=RecordDict(), run_config=run_config))
+            server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                                     run_config=run_config))
     finally:
         if handler is not None:
             logging.getLogger("flwr").removeHandler(handler)

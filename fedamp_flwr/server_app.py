@@ -15,7 +15,8 @@ import strategies
 import tasks
 from strategies.protocol import BATCH_SIZE, LOCAL_EPOCHS, LOCAL_STEPS, LR, OPTIMIZER
 from strategies.discovery import ClientSetupError
-from strategies.rounds import run_rounds
+from strategies.layout import dtypes_of, with_dtypes
+from strategies.rounds import RoundsFailedError, run_rounds
 from tasks.graphs import build_graph
 
 from .config import ConfigError, RunConfig
@@ -68,11 +69,13 @@ def main(grid: Grid, context: Context) -> None:
 
     A bad run config, node config or data folder stops the run with one ERROR line
     ("Run stopped: ...", naming the key and what is allowed) before any training;
-    the exception Flower then reports carries no traceback of this app.
+    so do rounds without usable replies (``max-failed-rounds``), after the round's
+    records are written. The exception Flower then reports (the run's status
+    ``finished:failed``) carries no traceback of this app.
     """
     try:
         _main(grid, context)
-    except (ConfigError, ClientSetupError) as err:
+    except (ConfigError, ClientSetupError, RoundsFailedError) as err:
         log(ERROR, "Run stopped: %s", err)
         raise type(err)(str(err)).with_traceback(None) from None
 
@@ -113,7 +116,8 @@ def _main(grid: Grid, context: Context) -> None:
             raise ConfigError(f"run config 'resume' = true: the run had {checkpoint['num_clients']} "
                               f"clients, {n} are connected; allowed: the same clients")
         strategy.load_state_dict(checkpoint["strategy"], initial)
-        arrays = ArrayRecord(checkpoint["arrays"])
+        # in the model's dtypes (a checkpoint of an older version may hold float64 counters)
+        arrays = with_dtypes(ArrayRecord(checkpoint["arrays"]), dtypes_of(initial))
         random.setstate(checkpoint["random_state"])
         done, spent = checkpoint["round"], checkpoint["wall_time_s"]
 
@@ -155,7 +159,7 @@ def _main(grid: Grid, context: Context) -> None:
                    train_config=train_config, evaluate_config=evaluate_config,
                    round_timeout=cfg.round_timeout,
                    query_timeout=min(cfg.node_wait_timeout, cfg.round_timeout),
-                   after_round=after_round)
+                   after_round=after_round, max_failed_rounds=cfg.max_failed_rounds)
     else:
         log(INFO, "The run has done its %d rounds already; raise num-server-rounds to go on", done)
         folder.write_metrics(record(done))

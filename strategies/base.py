@@ -34,7 +34,7 @@ from tasks.scenarios import Roles
 from .client import LOCAL, instruction_problem
 from .discovery import ClientInfo, discover_clients
 from .history import RunHistory
-from .layout import FlatLayout
+from .layout import FlatLayout, dtypes_of, with_dtypes
 from .protocol import ARRAYS, CLIENT_ID, CLIENT_UPDATE, CONFIG, NUM_EXAMPLES, SERVER_ROUND
 from .replies import MAX_SQ_NORM, ArraySpec, array_spec, arrays_problem, mean_metrics
 from .tracking import EVALUATE, TRAIN, Tracker
@@ -163,12 +163,25 @@ class TrackedStrategy(Tracked):
     update-norm bound) so that only valid replies reach the Flower
     strategy's aggregation, and records every client's evaluation, all
     through ``self.tracker``.
+
+    The global model keeps the dtypes of the first model it is given (the
+    initial one): what Flower's aggregation returns is cast back to them
+    (:func:`strategies.layout.with_dtypes`; integer buffers such as
+    BatchNorm's ``num_batches_tracked`` come back from Flower's helpers as
+    float64), and replies must match them.
     """
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.setup_tracking({})
         self._sent: tuple[FlatLayout, torch.Tensor] | None = None
+        self._dtypes: dict[str, np.dtype] | None = None
+
+    def _as_sent(self, arrays: ArrayRecord) -> ArrayRecord:
+        """``arrays`` in the dtypes of the model (fixed by the first model this strategy sends)."""
+        if self._dtypes is None:
+            self._dtypes = dtypes_of(arrays)
+        return with_dtypes(arrays, self._dtypes)
 
     def before_aggregation(self, server_round: int, replies: list[Message]) -> list[Message]:
         """Hook: the valid replies, just before the Flower strategy aggregates them."""
@@ -176,11 +189,14 @@ class TrackedStrategy(Tracked):
 
     def configure_train(self, server_round, arrays, config, grid):  # noqa: D102
         t = self.tracker
+        arrays = self._as_sent(arrays)
         t.spec = array_spec(arrays)
         layout = FlatLayout.from_arrays(arrays)
         self._sent = (layout, layout.flatten(arrays))
         config = self.instruct(config, train=True)
-        messages = list(super().configure_train(server_round, arrays, config, grid))
+        # no client connected: Flower's sampler would wait for one for ever
+        messages = (list(super().configure_train(server_round, arrays, config, grid))
+                    if grid.get_node_ids() else [])
         check_instructions(messages)
         cid = {m.metadata.dst_node_id: t.client_of_node(m.metadata.dst_node_id) for m in messages}
         kept = set(t.participants(server_round, [c for c in cid.values() if isinstance(c, int)]))
@@ -206,11 +222,15 @@ class TrackedStrategy(Tracked):
                                     sent.norm().expand(len(good)))
             good = [m for m, fine in zip(good, ok) if fine]
         self.tracker.record_train(server_round, good)
-        return super().aggregate_train(server_round, self.before_aggregation(server_round, good))
+        arrays, metrics = super().aggregate_train(server_round,
+                                                  self.before_aggregation(server_round, good))
+        return (None if arrays is None else self._as_sent(arrays)), metrics
 
     def configure_evaluate(self, server_round, arrays, config, grid):  # noqa: D102
         config = self.instruct(config, train=False)
-        messages = list(super().configure_evaluate(server_round, arrays, config, grid))
+        arrays = self._as_sent(arrays)
+        messages = (list(super().configure_evaluate(server_round, arrays, config, grid))
+                    if grid.get_node_ids() else [])
         check_instructions(messages)
         self.tracker.expect(EVALUATE, messages)
         return messages

@@ -1,9 +1,10 @@
-"""Flattening a model's state dict into one vector and back (:class:`FlatLayout`)."""
+"""A model's arrays: flattened into one vector and back (:class:`FlatLayout`), and kept in
+the dtypes they were sent with (:func:`with_dtypes`)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,3 +65,41 @@ class FlatLayout:
         out.update({k: torch.from_numpy(v) for k, v in self.constants.items()})
         return ArrayRecord(OrderedDict((k, out[k].contiguous()) for k in self.keys))
 
+
+
+def dtypes_of(arrays: ArrayRecord) -> dict[str, np.dtype]:
+    """The numpy dtype of every array of ``arrays``."""
+    return {k: v.numpy().dtype for k, v in arrays.items()}
+
+
+def with_dtypes(arrays: ArrayRecord, dtypes: Mapping[str, np.dtype]) -> ArrayRecord:
+    """``arrays`` with every array in its dtype of ``dtypes`` (the dtypes the model was sent with).
+
+    Flower's aggregation helpers (``aggregate_arrayrecords``, the medians of
+    FedMedian and FedTrimmedAvg, FedAvgM's momentum) multiply every array by a
+    float weight, so an integer buffer such as BatchNorm's ``num_batches_tracked``
+    comes back as float64; sent on like that, every honest reply (which holds
+    the integer) would differ from the model sent. Integer arrays are rounded
+    back to the nearest integer (for ``num_batches_tracked``: the clients'
+    weighted mean count of batches, or the median under FedMedian), booleans
+    are true where the aggregate is at least 0.5, floating-point arrays are
+    cast to their dtype. Arrays already in their dtype are passed on as they are.
+    """
+    out: dict[str, np.ndarray] = {}
+    changed = False
+    for key, arr in arrays.items():
+        a = arr.numpy()
+        want = dtypes.get(key, a.dtype)
+        if a.dtype != want:
+            changed = True
+            if want.kind in "iu":
+                info = np.iinfo(want)
+                a = np.clip(np.rint(a), info.min, info.max).astype(want)
+            elif want.kind == "b":
+                a = a >= 0.5
+            else:
+                a = a.astype(want)
+        out[key] = np.require(a, requirements="C")  # keeps 0-d arrays 0-d
+    if not changed:
+        return arrays
+    return ArrayRecord(OrderedDict((k, torch.from_numpy(v)) for k, v in out.items()))

@@ -96,7 +96,7 @@ class NonConvex(FedAvg):
         arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is not None and not self.normalize:
             arrays = ArrayRecord({
-                k: (torch.from_numpy(np.ascontiguousarray(a.numpy() * self._alpha_sum).astype(
+                k: (torch.from_numpy(np.require(a.numpy() * self._alpha_sum, requirements="C").astype(
                     a.numpy().dtype)) if a.numpy().dtype.kind == "f" else torch.from_numpy(a.numpy()))
                 for k, a in arrays.items()})
         return arrays, metrics

@@ -95,7 +95,7 @@ def pfedme_global(previous: ArrayRecord, averaged: ArrayRecord, beta: float) -> 
     for key, arr in averaged.items():
         new, old = arr.numpy(), previous[key].numpy()
         mixed = ((1.0 - beta) * old + beta * new).astype(new.dtype) if new.dtype.kind == "f" else new
-        out[key] = torch.from_numpy(np.ascontiguousarray(mixed))
+        out[key] = torch.from_numpy(np.require(mixed, requirements="C"))
     return ArrayRecord(out)
 
 

@@ -15,14 +15,21 @@ configure_evaluate, send, aggregate_evaluate. Besides, :func:`run_rounds`
 * records the global model's norm per round (``global_norm``; strategies
   that keep a global model),
 * calls ``after_round(server_round, arrays)`` at the end of every round
-  (the ServerApp writes metrics.json and the checkpoint there).
+  (the ServerApp writes metrics.json and the checkpoint there),
+* stops the run (:class:`RoundsFailedError`) when no client's training, or
+  no client's evaluation, could be used in more than ``max_failed_rounds``
+  rounds in a row: every client absent, or every reply rejected. A run whose
+  models stopped learning never goes on to its end as if it were fine.
 """
 
 from __future__ import annotations
 
+import re
 import time
+from collections import Counter
 from collections.abc import Callable
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord
@@ -80,6 +87,37 @@ def refresh_clients(tracker: Tracker, grid: Grid, timeout: float) -> None:
     tracker.set_online(node_ids)
 
 
+_NUMBER = re.compile(r"\d+(\.\d+)?(e[-+]?\d+)?")
+
+
+class RoundsFailedError(RuntimeError):
+    """No client's training or evaluation could be used in too many rounds in a row."""
+
+
+def round_failure(record: dict[str, Any]) -> str | None:
+    """Why no client's training or no client's evaluation was used in a round, or None.
+
+    ``record`` is the round's entry of :class:`strategies.history.RunHistory`.
+    The reason names the phase, how many clients were left out and the most
+    common reason they were.
+    """
+    evaluated = any(k.startswith("client_") for k in record)
+    for phase, used, key in (("training", bool(record.get("trained_clients")), "absent_clients"),
+                             ("evaluation", evaluated, "absent_evaluation")):
+        if used:
+            continue
+        reasons = [str(r) for r in record.get(key, {}).values()]
+        if not reasons:
+            return f"no client took part in {phase} (none was connected or sampled)"
+        # reasons of one kind differ in their numbers (update norms, counts): count kinds
+        kinds = Counter(_NUMBER.sub("#", r) for r in reasons)
+        kind, count = kinds.most_common(1)[0]
+        example = next(r for r in reasons if _NUMBER.sub("#", r) == kind)
+        return (f"no client's {phase} could be used: {len(reasons)} client(s) left out, "
+                f"{count} of them because {example}")
+    return None
+
+
 def run_rounds(
     strategy,
     grid: Grid,
@@ -92,18 +130,27 @@ def run_rounds(
     round_timeout: float,
     query_timeout: float,
     after_round: Callable[[int, ArrayRecord], None] | None = None,
+    max_failed_rounds: int = 0,
 ) -> ArrayRecord:
     """Run rounds ``first_round..last_round`` of ``strategy``; return the final global arrays.
 
     ``arrays`` is the global model at the start (the initial model, or the
     checkpoint's when resuming); strategies that keep their own models
     (FedAMP, Panacea) return None from ``aggregate_train`` and it stays.
+
+    Raises
+    ------
+    RoundsFailedError
+        When more than ``max_failed_rounds`` rounds in a row had no usable
+        training or evaluation (:func:`round_failure`), after that round's
+        ``after_round`` (its records are written).
     """
     tracker: Tracker = strategy.tracker
     tracker.round_timeout = round_timeout
     log(INFO, "Starting %s, rounds %d to %d", type(strategy).__name__, first_round, last_round)
     strategy.summary()
     started = time.monotonic()
+    failed_in_a_row = 0
     for server_round in range(first_round, last_round + 1):
         round_started = time.monotonic()
         log(INFO, "")
@@ -121,6 +168,16 @@ def run_rounds(
         strategy.aggregate_evaluate(server_round, replies)
         if after_round is not None:
             after_round(server_round, arrays)
+        failure = round_failure(strategy.history.rounds.get(server_round, {}))
+        failed_in_a_row = failed_in_a_row + 1 if failure else 0
+        if failure and failed_in_a_row > max_failed_rounds:
+            in_a_row = f"{failed_in_a_row} rounds in a row, " if failed_in_a_row > 1 else ""
+            raise RoundsFailedError(
+                f"round {server_round}: {failure}; the run stops ({in_a_row}max-failed-rounds = "
+                f"{max_failed_rounds}: rounds in a row allowed without usable replies)")
+        if failure:
+            log(WARNING, "Round %d: %s (%d of max-failed-rounds = %d in a row)", server_round,
+                failure, failed_in_a_row, max_failed_rounds)
         log(INFO, "Round %d done in %.2fs", server_round, time.monotonic() - round_started)
     log(INFO, "Rounds %d to %d done in %.2fs", first_round, last_round, time.monotonic() - started)
     return arrays

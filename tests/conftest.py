@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -22,8 +21,8 @@ from pathlib import Path
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
+from experiments.processes import free_port, stop_tree
 from fedamp_flwr.inprocess import InProcessGrid, run_inprocess
-from simulation import stop_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 # Clients' prepared data (tasks.cache) goes to a folder of this test session, never to the
@@ -40,10 +39,7 @@ def needs_data(name: str) -> Path:
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["free_port"]  # the app's own (experiments.processes), for the tests
 
 
 @pytest.fixture(autouse=True)
@@ -147,7 +143,7 @@ class Processes:
         return (self.tmp / f"{name}.log").read_text()
 
     def stop(self) -> None:
-        """Stop each process with everything it started (see ``simulation.stop_tree``)."""
+        """Stop each process with everything it started (``experiments.processes.stop_tree``)."""
         for proc in reversed(self.procs):
             stop_tree(proc.pid, timeout=20)
             proc.wait()

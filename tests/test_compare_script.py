@@ -1,4 +1,5 @@
-"""experiments/compare.sh runs on a SuperLink of its own: free ports, its own FLWR_HOME."""
+"""experiments/compare.py: a SuperLink of its own (free ports, its own FLWR_HOME), and a run
+that fails is reported as failed (``flwr run`` exits 0 when the ServerApp fails)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,19 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 
 import pytest
 
 from .conftest import ROOT
 
-pytestmark = pytest.mark.skipif(shutil.which("flwr") is None, reason="flwr is not installed")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("flwr") is None, reason="flwr is not installed")]
 
 
-def test_compare_runs_while_flowers_fixed_ports_are_taken(tmp_path):
+def test_compare_runs_on_its_own_ports_and_reports_a_failed_run(tmp_path):
     """With Flower's fixed local ports (39091, 39093) held by someone else, the script still
-    runs: it never touches them."""
+    runs; a strategy the ServerApp refuses is reported as failed, the other is tabulated."""
     held = []
     for port in (39091, 39093):
         s = socket.socket()
@@ -30,12 +33,18 @@ def test_compare_runs_while_flowers_fixed_ports_are_taken(tmp_path):
     env.pop("FLWR_HOME", None)
     try:
         out = subprocess.run(
-            ["bash", str(ROOT / "experiments" / "compare.sh"), "2", str(tmp_path / "out"),
-             "num-server-rounds=1 local-epochs=1", "fedavg"],
+            [sys.executable, str(ROOT / "experiments" / "compare.py"), "2", str(tmp_path / "out"),
+             "num-server-rounds=1 local-epochs=1", "fedavg", "no-such-strategy"],
             env=env, capture_output=True, text=True, timeout=600)
     finally:
         for s in held:
             s.close()
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text[-3000:]
     assert (tmp_path / "out" / "fedavg" / "metrics.json").is_file()
-    assert "fedavg" in out.stdout and "BMTA" in out.stdout
+    assert "fedavg: finished:completed" in out.stdout
+    assert "no-such-strategy: finished:failed" in out.stdout
+    assert "| fedavg |" in out.stdout and "BMTA" in out.stdout
+    assert "1 run(s) did not complete: no-such-strategy" in out.stdout
+    assert "run config 'strategy' = 'no-such-strategy' is invalid" in (
+        tmp_path / "out" / "no-such-strategy.log").read_text()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import simulation
+from experiments.processes import stop_tree
 
 from .conftest import free_port
 from .test_flower_e2e import FLWR, ROOT, _flwr_run, _start_superlink
@@ -52,13 +52,13 @@ def test_a_supernode_killed_mid_run_and_restarted(processes):
     path = results / "fault" / "metrics.json"
     try:
         _wait_for(path, lambda m: m["completed_rounds"] >= 2, 300, "round 2")
-        simulation.stop_tree(nodes[1].pid, timeout=10)  # client 1's SuperNode dies
+        stop_tree(nodes[1].pid, timeout=10)  # client 1's SuperNode dies
         _wait_for(path, lambda m: m["completed_rounds"] >= 3, 300, "round 3")
         _supernode(processes, port, 1, 3, "supernode1-again")  # and comes back, as a new node
         metrics = _wait_for(path, lambda m: m["finished"], 600, "the end of the run")
         run.wait(timeout=60)
     finally:
-        simulation.stop_tree(run.pid, timeout=10)
+        stop_tree(run.pid, timeout=10)
         log.close()
     rounds = {r["round"]: r for r in metrics["rounds"]}
     missed = [r for r, rec in rounds.items() if 1 in [int(c) for c in rec.get("absent_clients", {})]]
@@ -90,7 +90,7 @@ def test_a_server_killed_mid_run_and_resumed_gives_identical_metrics(processes, 
     path = results / "cut" / "metrics.json"
     _wait_for(path, lambda m: m["completed_rounds"] >= 2, 300, "round 2")
     # the server machine dies: the SuperLink with its ServerApp, mid-run
-    simulation.stop_tree(processes.procs[0].pid, timeout=10)
+    stop_tree(processes.procs[0].pid, timeout=10)
     half = json.loads(path.read_text())
     assert not half["finished"] and half["completed_rounds"] < 8
     _start_superlink(processes, simulation=True)  # a new SuperLink

@@ -12,10 +12,14 @@ import time
 from pathlib import Path
 
 import matplotlib.image
+import psutil
 import pytest
 
 import simulation
+from experiments.processes import alive, process_tree, processes_with_env, stop_tree
 from fedamp_flwr.config import ConfigError
+
+from .conftest import ROOT
 
 pytestmark = pytest.mark.skipif(shutil.which("flwr") is None or shutil.which("flower-superlink") is None,
                                 reason="flwr CLI not on PATH (activate the venv)")
@@ -88,7 +92,6 @@ def test_command_line_values_win_over_a_settings_own(tmp_path):
     assert all(r.run_config["num-server-rounds"] == 2 and r.num_clients == 4 for r in runs)
 
 
-@pytest.mark.skipif(not Path("/proc/self").exists(), reason="reads the process tree from /proc")
 def test_stop_tree_stops_children_that_started_their_own_session():
     # The SuperLink's shape: it starts a SuperExec in a session of its own, which
     # starts the simulation. Stopping the SuperLink's group alone leaves those running.
@@ -97,45 +100,80 @@ def test_stop_tree_stops_children_that_started_their_own_session():
     proc = subprocess.Popen([sys.executable, "-c", child], start_new_session=True)
     try:
         deadline = time.monotonic() + 30
-        while len(tree := simulation._process_tree(proc.pid)) < 2 and time.monotonic() < deadline:
+        while len(tree := process_tree(proc.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert len(tree) == 2
-        assert os.getpgid(tree[1]) != os.getpgid(proc.pid)  # its own session and group
-        simulation.stop_tree(proc.pid, timeout=10)
+        assert os.getpgid(tree[1].pid) != os.getpgid(proc.pid)  # its own session and group
+        stop_tree(proc.pid, timeout=10)
         proc.wait(timeout=10)
-        assert not any(simulation._alive(p) for p in tree)
+        assert not any(alive(p) for p in tree)
     finally:
         if proc.poll() is None:
             proc.kill()
 
 
-def _processes_with_home(home: Path) -> list[int]:
-    """Live processes whose environment has FLWR_HOME=home (the SuperLink and what it started)."""
-    needle = f"FLWR_HOME={home}".encode()
-    found = []
-    for env in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if needle in env.read_bytes().split(b"\0") and simulation._alive(int(env.parent.name)):
-                found.append(int(env.parent.name))
-        except OSError:
-            pass
-    return found
+def _left_of(home: Path) -> list[int]:
+    """Live processes with FLWR_HOME=home: the SuperLink and everything it started."""
+    return processes_with_env("FLWR_HOME", str(home))
 
 
-@pytest.mark.skipif(not Path("/proc/self").exists(), reason="reads the process tree from /proc")
 def test_a_timed_out_run_is_stopped_and_the_grid_goes_on(tmp_path, capsys):
     out = tmp_path / "grid"
     args = ["--preset", "quick", "--datasets", "synthetic", "--strategies", "fedavg,fedamp",
             "--rounds", "200", "--num-supernodes", "2", "--set", "local-epochs=1", "--timeout", "5"]
     assert simulation.main([*args, "--output", str(out)]) == 1
     printed = capsys.readouterr().out
-    assert printed.count("timed out after 5s") == 2  # the second run started after the first
+    assert printed.count("timed out after 5s: stopped with flwr stop") == 2  # one after the other
     assert "2 run(s) failed" in printed
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert {r["status"] for r in rows} == {"finished:stopped"}
+    assert {r["timed_out"] for r in rows} == {"True"} and {r["finished"] for r in rows} == {"False"}
+    assert "2 run(s) that did not finish are left out" in (out / "table.md").read_text()
     time.sleep(1)
-    assert _processes_with_home(out / ".flwr-home") == []
+    assert _left_of(out / ".flwr-home") == []
 
 
-@pytest.mark.skipif(not Path("/proc/self").exists(), reason="reads the process tree from /proc")
+def test_a_run_that_hangs_silently_times_out_by_the_clock(tmp_path):
+    """A ClientApp that sleeps without a word: no log line ever comes, the clock stops it."""
+    out = tmp_path / "grid"
+    run = simulation.Run("sleepy", 2, {"sleep-seconds": 3600.0})
+    with simulation.SuperLink(tmp_path / "home") as link:
+        started = time.monotonic()
+        outcome = simulation.run_one(link, out, run, "num-supernodes=2", "[sleepy]", timeout=8,
+                                     app=ROOT / "tests" / "apps" / "sleepy")
+        assert time.monotonic() - started < 90
+        assert outcome.timed_out and outcome.status == "finished:stopped"
+        status = json.loads((out / "runs" / "sleepy" / "status.json").read_text())
+        assert status["status"] == "finished:stopped" and status["timed_out"] is True
+        assert int(status["run_id"]) == outcome.run_id
+        # flwr stop ends the simulation: nothing of the run is left but the SuperLink's own
+        deadline = time.monotonic() + 30
+        while (left := [p for p in _left_of(tmp_path / "home") if p != link.proc.pid]
+               ) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        names = [psutil.Process(p).cmdline()[:2] for p in left if psutil.pid_exists(p)]
+        assert all("superexec" in " ".join(n) for n in names), names
+    assert _left_of(tmp_path / "home") == []
+
+
+def test_a_failed_run_is_recorded_as_failed(tmp_path, capsys):
+    """flwr run exits 0 when the ServerApp fails; Flower's status says it failed."""
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not an npz file")
+    out = tmp_path / "grid"
+    args = ["--preset", "quick", "--datasets", "npz", "--strategies", "fedavg",
+            "--rounds", "1", "--num-supernodes", "2", "--set", "local-epochs=1",
+            "--set", f"data-dir={bad}", "--output", str(out)]
+    assert simulation.main(args) == 1
+    printed = capsys.readouterr().out
+    assert "FAILED (finished:failed)" in printed and "1 run(s) failed" in printed
+    (row,) = list(csv.DictReader(open(out / "results.csv")))
+    assert row["status"] == "finished:failed" and row["finished"] == "False"
+    assert row["strategy"] == "fedavg" and row["num_clients"] == "2"
+    log = (out / "runs" / row["run_name"] / "log.txt").read_text()
+    assert "Run stopped: clients could not start" in log
+
+
 def test_sigterm_stops_the_grid_and_everything_it_started(tmp_path):
     out = tmp_path / "grid"
     args = [sys.executable, str(simulation.ROOT / "simulation.py"), "--preset", "quick",
@@ -146,11 +184,11 @@ def test_sigterm_stops_the_grid_and_everything_it_started(tmp_path):
         for line in proc.stdout:  # wait until the simulation reports its first round
             if "Round 1:" in line:
                 break
-        assert _processes_with_home(out / ".flwr-home")
+        assert _left_of(out / ".flwr-home")
         proc.terminate()
         assert proc.wait(timeout=60) == 130
         assert "the same command resumes the grid" in proc.stdout.read()
-        assert _processes_with_home(out / ".flwr-home") == []
+        assert _left_of(out / ".flwr-home") == []
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -14,6 +14,7 @@ from fedamp_flwr import server_app
 from fedamp_flwr.config import ConfigError
 from fedamp_flwr.results import load_xi
 from strategies.discovery import discover_clients
+from strategies.rounds import RoundsFailedError
 
 from .conftest import LocalGrid, client_infos
 
@@ -245,3 +246,43 @@ def test_xi_goes_to_compact_files_every_kth_round_and_the_last(tmp_path):
 
     state = torch.load(tmp_path / "run" / "checkpoint" / "state.pt", weights_only=True)
     assert state["strategy"]["history"]["xi"] == {} and state["strategy"]["history"]["xi_rounds"] == [2, 4, 5]
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "fedamp"])
+def test_a_round_with_every_reply_rejected_stops_the_run_with_its_reason(tmp_path, strategy):
+    # every update is longer than 1e-9 x max(||w_sent||, 1): every training reply is rejected
+    cfg = config(tmp_path, strategy, **{"max-update-ratio": 1e-9})
+    with pytest.raises(RoundsFailedError, match=(
+            r"round 1: no client's training could be used: 3 client\(s\) left out, 3 of them "
+            r"because rejected: update norm .* exceeds .*max-failed-rounds = 0")):
+        run(FaultyGrid(cfg, 3), cfg)
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["completed_rounds"] == 1 and not metrics["finished"]
+    assert set(metrics["rounds"][0]["rejected"]) == {"0", "1", "2"}
+
+
+def test_max_failed_rounds_allows_rounds_in_a_row_without_replies(tmp_path, caplog):
+    cfg = config(tmp_path, "fedavg", **{"num-server-rounds": 5, "max-failed-rounds": 2})
+    # every training reply of rounds 2 and 3 is an error (2 in a row: allowed)
+    failing = {(r, c) for r in (2, 3) for c in range(3)}
+    metrics = run(FaultyGrid(cfg, 3, failing=failing), cfg)
+    assert metrics["finished"]
+    assert [r["trained_clients"] for r in metrics["rounds"]] == [[0, 1, 2], [], [], [0, 1, 2],
+                                                                 [0, 1, 2]]
+    assert "(2 of max-failed-rounds = 2 in a row)" in caplog.text
+    # three in a row are too many
+    cfg = {**cfg, "run-name": "run2"}
+    failing = {(r, c) for r in (2, 3, 4) for c in range(3)}
+    with pytest.raises(RoundsFailedError, match=r"round 4: no client's training could be used: 3 "
+                                                r"client\(s\) left out, 3 of them because node "
+                                                r"unavailable: node is gone.*3 rounds in a row"):
+        run(FaultyGrid(cfg, 3, failing=failing), cfg)
+
+
+def test_a_round_with_no_client_connected_stops_the_run_instead_of_waiting(tmp_path):
+    # Flower's own sampler would wait for a node for ever; the run stops and says why
+    cfg = config(tmp_path, "fedavg")
+    with pytest.raises(RoundsFailedError, match=r"round 2: no client's training could be used: "
+                                                r"3 client\(s\) left out, 3 of them because node "
+                                                r"not connected"):
+        run(FaultyGrid(cfg, 3, offline={c: (2, 3, 4) for c in range(3)}), cfg)

@@ -1,0 +1,193 @@
+"""One Flower run, controlled through Flower's own CLI: submit, follow, time out, stop, status.
+
+:class:`FlowerRun` submits an app with ``flwr run APP --format json`` (which
+returns the run id at once), follows its log with ``flwr log RUN_ID --stream``
+(which ends when the run ends), enforces a timeout with a clock (not with log
+lines: a run that hangs silently times out too), stops a run with
+``flwr stop RUN_ID`` and reads Flower's own status of the run
+(``finished:completed``, ``finished:failed``, ``finished:stopped``) with
+``flwr ls --run-id RUN_ID --format json``. ``flwr run`` exits 0 even when the
+ServerApp fails; that status is how a failed run is told from a finished one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .processes import stop_tree
+
+COMPLETED, FAILED, STOPPED = "finished:completed", "finished:failed", "finished:stopped"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class FlowerCliError(RuntimeError):
+    """A ``flwr`` command failed (its output is in the message)."""
+
+
+def toml_value(value: Any) -> str:
+    """A run-config value as TOML for ``--run-config`` (strings quoted, booleans lower case)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+def plain(line: str) -> str:
+    """A log line without its colour codes."""
+    return _ANSI.sub("", line)
+
+
+@dataclass
+class RunOutcome:
+    """How a Flower run ended: its id, Flower's status and details, and whether it timed out."""
+
+    run_id: int | None
+    status: str
+    details: str = ""
+    timed_out: bool = False
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (the run id as a string: it exceeds JSON's safe integers)."""
+        out = asdict(self)
+        out["run_id"] = None if self.run_id is None else str(self.run_id)
+        return out
+
+
+class FlowerRun:
+    """One run of a Flower app on a SuperLink, through Flower's CLI.
+
+    Parameters
+    ----------
+    env : dict[str, str]
+        Environment of the ``flwr`` commands; its ``FLWR_HOME`` names the
+        SuperLink connection to use (see :class:`experiments.processes.SuperLink`).
+    app : Path
+        The app's folder (its ``pyproject.toml``).
+    run_config : dict[str, Any] | str
+        Run-config overrides: a dict, or ``--run-config``'s text (``"k1=v1 k2='x'"``).
+    federation_config : str
+        ``--federation-config`` (simulation: ``num-supernodes=N ...``), or "".
+    log_path : Path
+        Where the run's log goes (appended to).
+    on_line : callable, optional
+        Called with every log line (without colour codes), e.g. to print progress.
+    """
+
+    def __init__(self, env: dict[str, str], app: Path, run_config: dict[str, Any] | str,
+                 federation_config: str, log_path: Path,
+                 on_line: Callable[[str], None] | None = None) -> None:
+        self.env, self.app = env, Path(app)
+        self.run_config = run_config if isinstance(run_config, str) else " ".join(
+            f"{k}={toml_value(v)}" for k, v in run_config.items())
+        self.federation_config, self.log_path, self.on_line = federation_config, log_path, on_line
+        self.run_id: int | None = None
+        self._flwr = shutil.which("flwr") or "flwr"
+
+    def _cli(self, *args: str, timeout: float = 120.0) -> dict[str, Any]:
+        """Run ``flwr ARGS --format json``; its JSON answer (FlowerCliError if it failed)."""
+        try:
+            done = subprocess.run([self._flwr, *args, "--format", "json"], env=self.env,
+                                  capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as err:
+            raise FlowerCliError(f"flwr {args[0]} did not answer within {timeout:.0f}s") from err
+        try:
+            answer = json.loads(done.stdout)
+        except ValueError:
+            answer = {}
+        if done.returncode != 0 or not answer.get("success", False):
+            text = plain(answer.get("error-message", "") or done.stderr or done.stdout).strip()
+            raise FlowerCliError(f"flwr {args[0]} failed: {text[-2000:]}")
+        return answer
+
+    def submit(self) -> int:
+        """Submit the run; return its id."""
+        args = ["run", str(self.app)]
+        if self.federation_config:
+            args += ["--federation-config", self.federation_config]
+        if self.run_config:
+            args += ["--run-config", self.run_config]
+        self.run_id = int(self._cli(*args)["run-id"])
+        return self.run_id
+
+    def status(self) -> tuple[str, str]:
+        """Flower's status of the run (e.g. ``running``, ``finished:failed``) and its details."""
+        runs = self._cli("ls", "--run-id", str(self.run_id)).get("runs", [])
+        if not runs:
+            return "unknown", ""
+        return str(runs[0].get("status", "unknown")), str(runs[0].get("status-details", ""))
+
+    def stop(self) -> None:
+        """Ask the SuperLink to stop the run (``flwr stop``); a run already over is left as it is."""
+        try:
+            self._cli("stop", str(self.run_id))
+        except FlowerCliError:
+            pass  # it finished in the meantime
+
+    def final_status(self, wait: float = 60.0) -> tuple[str, str]:
+        """Flower's status once it says ``finished:...`` (waiting up to ``wait`` seconds)."""
+        deadline = time.monotonic() + wait
+        while True:
+            status, details = self.status()
+            if status.startswith("finished") or time.monotonic() > deadline:
+                return status, details
+            time.sleep(0.5)
+
+    def follow(self, timeout: float) -> RunOutcome:
+        """Stream the run's log until it ends or ``timeout`` seconds (a clock) have passed.
+
+        A run past its timeout is stopped with ``flwr stop`` and reported with
+        ``timed_out``; the log stream is stopped by its process id.
+        """
+        started = time.monotonic()
+        with open(self.log_path, "a") as log:
+            proc = subprocess.Popen([self._flwr, "log", str(self.run_id), "--stream"],
+                                    env=self.env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+            def read() -> None:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    log.write(line)
+                    log.flush()
+                    if self.on_line is not None:
+                        self.on_line(plain(line))
+
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            try:
+                reader.join(timeout)
+                timed_out = reader.is_alive()
+                if timed_out:
+                    self.stop()
+            except BaseException:  # Ctrl-C, SIGTERM: the run must not go on without us
+                self.stop()
+                raise
+            finally:
+                if proc.poll() is None:
+                    stop_tree(proc.pid, timeout=10)
+                proc.wait()
+                reader.join(10)
+        status, details = self.final_status()
+        return RunOutcome(self.run_id, status, details, timed_out,
+                          round(time.monotonic() - started, 2))
+
+    def run(self, timeout: float) -> RunOutcome:
+        """Submit the run and follow it (:meth:`follow`)."""
+        self.submit()
+        return self.follow(timeout)
+
+
+def write_outcome(path: Path, outcome: RunOutcome, **extra: Any) -> None:
+    """Write a run's outcome (and ``extra`` fields) to ``path`` as JSON."""
+    path.write_text(json.dumps({**outcome.to_dict(), **extra}, indent=1) + "\n")

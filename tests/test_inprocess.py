@@ -1,0 +1,48 @@
+"""The in-process engine calls the apps as Flower does: mods and lifespan run."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from flwr.serverapp import ServerApp
+
+from fedamp_flwr import client_app, server_app
+from fedamp_flwr.inprocess import run_inprocess
+
+
+def test_the_inprocess_engine_runs_mods_and_lifespans(tmp_path):
+    calls: Counter[str] = Counter()
+
+    def counting_mod(msg: Message, context: Context, call_next) -> Message:
+        calls[f"mod:{msg.metadata.message_type}"] += 1
+        return call_next(msg, context)
+
+    clients = ClientApp(mods=[counting_mod])
+    clients.query()(client_app.query)
+    clients.train()(client_app.train)
+    clients.evaluate()(client_app.evaluate)
+
+    @clients.lifespan()
+    def client_lifespan(context: Context):
+        calls["client lifespan"] += 1
+        yield
+
+    server = ServerApp()
+    server.main()(server_app.main)
+
+    @server.lifespan()
+    def server_lifespan(context: Context):
+        calls["server enter"] += 1
+        yield
+        calls["server exit"] += 1
+
+    n, rounds = 3, 2
+    run_inprocess({"num-server-rounds": rounds, "local-epochs": 1, "min-nodes": n,
+                   "results-dir": str(tmp_path), "run-name": "mods", "server-device": "cpu"},
+                  n, server_app=server, client_app=clients)
+    assert calls == Counter({"mod:query": n, "mod:train": n * rounds, "mod:evaluate": n * rounds,
+                             "client lifespan": n * (1 + 2 * rounds),
+                             "server enter": 1, "server exit": 1})
+    assert (tmp_path / "mods" / "metrics.json").is_file()
