@@ -2,7 +2,10 @@
 
 Data and model come from the run config (``dataset``, ``partitioning``,
 ``data-dir``, ``seed``) and the node config (``partition-id``,
-``num-partitions``). What a train or evaluate message asks is a method's
+``num-partitions``); in a run over members' own data (``dataset =
+"members"``) from the node config alone (``data-path``: the member's file or
+folder, ``client-id``: its name), checked against the run config's schema
+(:mod:`tasks.members`). What a train or evaluate message asks is a method's
 business: the message names a client update under ``client-update``
 (:mod:`strategies.client`; none named: plain local training), and this app
 builds a :class:`strategies.client.ClientJob` (the received model, the
@@ -24,7 +27,9 @@ evaluate (reply: ``metrics`` with ``accuracy`` (classification) or ``mse``
 query (reply: ``info`` ConfigRecord)
     ``client-id``, ``num-partitions``, ``num-train``, ``num-test``, or
     ``error`` saying why the client cannot take part (bad data folder, too
-    many clients for the data, ...).
+    many clients for the data, ...). A member says ``member`` (its name), its
+    counts and its data's ``input-shape``, ``task`` and ``num-outputs``, or
+    ``member`` and ``error``.
 
 A message this client cannot carry out (an unknown client update, keys of two
 methods) gets an error reply with code :data:`strategies.protocol.REFUSED`
@@ -33,6 +38,8 @@ naming the keys; the server stops the run on it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -40,10 +47,11 @@ from flwr.clientapp import ClientApp
 import tasks
 from strategies.client import (CLIENT_UPDATES, ClientJob, ClientUpdate, Optim, instruction_problem,
                               update_name)
-from strategies.protocol import (ACCURACY, ARRAYS, BATCH_SIZE, CLIENT_ID, CONFIG, ERROR, INFO,
-                                LOCAL_EPOCHS, LOCAL_STEPS, LOSS, LR, METRICS, MSE, NUM_EXAMPLES,
-                                NUM_PARTITIONS, NUM_TEST, NUM_TRAIN, OPTIMIZER, REFUSED,
-                                SERVER_ROUND, TRAIN_LOSS)
+from strategies.protocol import (ACCURACY, ARRAYS, BATCH_SIZE, CLIENT_ID, CLIENT_INDEX, CONFIG,
+                                ERROR, INFO, INPUT_SHAPE, LOCAL_EPOCHS, LOCAL_STEPS, LOSS, LR,
+                                MEMBER, METRICS, MSE, NUM_EXAMPLES, NUM_OUTPUTS, NUM_PARTITIONS,
+                                NUM_TEST, NUM_TRAIN, OPTIMIZER, REFUSED, SERVER_ROUND, TASK_KIND,
+                                TRAIN_LOSS)
 from tasks.scenarios import flip_labels
 from tasks.train import evaluate as evaluate_model
 
@@ -65,9 +73,52 @@ def _ids(context: Context) -> tuple[int, int]:
     return ids[0], ids[1]
 
 
-def _setup(context: Context) -> tuple[RunConfig, int, tasks.DataConfig, tasks.ClientData]:
-    """Validate the configs and load this client's data; errors name the key."""
+#: The node config keys of a member (``dataset = "members"``).
+DATA_PATH, MEMBER_NAME = "data-path", "client-id"
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.@")
+
+
+def member_identity(context: Context) -> tuple[str, str]:
+    """A member's name and data path from its node config, checked (ConfigError names the key)."""
+    values = []
+    for key, what in ((MEMBER_NAME, "the member's name: letters, digits and - _ . @, at most 64"),
+                      (DATA_PATH, "the path of the member's data file or image folder")):
+        value = context.node_config.get(key)
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(
+                f"node config '{key}' = {value!r} is invalid; allowed: {what} (start the "
+                'SuperNode with --node-config "data-path=/site/data.npz client-id=site-3")')
+        values.append(value.strip())
+    name, path = values
+    if len(name) > 64 or not set(name) <= _NAME_CHARS:
+        raise ConfigError(f"node config '{MEMBER_NAME}' = {name!r} is invalid; allowed: letters, "
+                          "digits and - _ . @ (at most 64)")
+    return name, path
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a message needs of this node: the run config, the client's id (partition id;
+    -1 for a member, whose id the server gives), its data config and data, its name."""
+
+    cfg: RunConfig
+    pid: int
+    dc: tasks.DataConfig
+    data: tasks.ClientData
+    name: str
+
+
+def _setup(context: Context) -> Setup:
+    """Validate the configs and load this client's data; errors name the key (or the file)."""
     cfg = RunConfig.from_run_config(context.run_config)
+    if cfg.dataset == tasks.MEMBERS:
+        name, path = member_identity(context)
+        dc = cfg.data_config(0, member=name, data_path=path)
+        try:
+            data = tasks.load_client_data(dc, 0)
+        except tasks.MemberDataError as err:
+            raise ConfigError(f"node config '{DATA_PATH}' = {path!r}: {err}") from None
+        return Setup(cfg, -1, dc, data, name)
     pid, n = _ids(context)
     if not 0 <= pid < n:
         raise ConfigError(f"node config 'partition-id' = {pid} is outside [0, num-partitions={n})")
@@ -85,7 +136,7 @@ def _setup(context: Context) -> tuple[RunConfig, int, tasks.DataConfig, tasks.Cl
         setting = (f"'dataset' = {cfg.dataset!r}" if tasks.get_task(cfg.dataset).federated
                    else f"'dataset' = {cfg.dataset!r}, 'partitioning' = {cfg.partitioning!r}")
         raise ConfigError(f"run config {setting} with num-partitions = {n} clients: {err}") from None
-    return cfg, pid, dc, data
+    return Setup(cfg, pid, dc, data, str(pid))
 
 
 def _seed(cfg: RunConfig, server_round: int, pid: int) -> int:
@@ -99,38 +150,71 @@ def _device() -> torch.device:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Say who this client is, or why it cannot take part."""
+    """Say who this client is (and, a member, what its data looks like), or why it cannot
+    take part."""
+    members = context.run_config.get("dataset") == tasks.MEMBERS
     try:
-        _, pid, dc, data = _setup(context)
-        info = {CLIENT_ID: pid, NUM_PARTITIONS: dc.num_clients,
-                NUM_TRAIN: len(data.y_train), NUM_TEST: len(data.y_test)}
-    except Exception as err:  # reported to the server, which stops the run
-        pid = context.node_config.get("partition-id", -1)
-        info = {CLIENT_ID: pid if isinstance(pid, int) else -1,
-                ERROR: f"{type(err).__name__}: {err}"}
+        setup = _setup(context)
+        counts = {NUM_TRAIN: len(setup.data.y_train), NUM_TEST: len(setup.data.y_test)}
+        if members:
+            info = {MEMBER: setup.name, **counts, **_data_schema(setup)}
+        else:
+            info = {CLIENT_ID: setup.pid, NUM_PARTITIONS: setup.dc.num_clients, **counts}
+    except Exception as err:  # reported to the server, which leaves the client out or stops
+        reason = f"{type(err).__name__}: {err}"
+        if members:
+            name = context.node_config.get(MEMBER_NAME)
+            info = {MEMBER: name if isinstance(name, str) else "?", ERROR: reason}
+        else:
+            pid = context.node_config.get("partition-id", -1)
+            info = {CLIENT_ID: pid if isinstance(pid, int) else -1, ERROR: reason}
     return Message(RecordDict({INFO: ConfigRecord(info)}), reply_to=msg)
+
+
+def _data_schema(setup: Setup) -> dict:
+    """What a member's data looks like (the server checks it against the run's schema)."""
+    d = setup.data
+    regression = torch.is_floating_point(d.y_train)
+    outputs = (int(d.y_train[0].numel()) if regression
+               else int(max(int(d.y_train.max()), int(d.y_test.max())) + 1))
+    return {INPUT_SHAPE: ",".join(str(int(v)) for v in d.x_train.shape[1:]),
+            TASK_KIND: tasks.REGRESSION if regression else tasks.CLASSIFICATION,
+            NUM_OUTPUTS: outputs}
 
 
 def _job(msg: Message, context: Context, train: bool) -> tuple[ClientUpdate, ClientJob, int]:
     """The client update the message names (checked: :func:`instruction_problem`) and its job."""
     c = msg.content[CONFIG]
-    cfg, pid, dc, data = _setup(context)
+    setup = _setup(context)
+    cfg, dc, data = setup.cfg, setup.dc, setup.data
+    pid = _client_index(c, setup)
     server_round = int(c.get(SERVER_ROUND, 0))
     seed = _seed(cfg, server_round, pid)
     targets = data.y_train
-    if train and pid in cfg.roles(dc.num_clients).attackers:  # the attack-ratio scenario
+    if train and setup.pid >= 0 and pid in cfg.roles(dc.num_clients).attackers:  # attack-ratio
         classes = tasks.data_info(dc).num_outputs
         targets = flip_labels(data.y_train, classes, torch.Generator().manual_seed(seed))
-    model = tasks.build_model(dc)
+    model = tasks.build_model(dc, cfg.model)
     model.load_state_dict(msg.content[ARRAYS].to_torch_state_dict())
-    optim = Optim(batch_size=int(c.get(BATCH_SIZE, cfg.batch_size)),
-                  lr=float(c.get(LR, cfg.learning_rate)),
+    optim = Optim(batch_size=int(c.get(BATCH_SIZE, cfg.batch_size)), lr=float(c.get(LR, cfg.learning_rate)),
                   optimizer=str(c.get(OPTIMIZER, cfg.optimizer)), device=_device())
     job = ClientJob(model=model, data=data, targets=targets, content=msg.content, config=c,
                     state=context.state, server_round=server_round, seed=seed,
                     epochs=int(c.get(LOCAL_EPOCHS, cfg.local_epochs)),
                     steps=int(c.get(LOCAL_STEPS, cfg.local_steps)), optim=optim)
     return CLIENT_UPDATES[update_name(c)], job, pid
+
+
+def _client_index(config: ConfigRecord, setup: Setup) -> int:
+    """The client's id in the run: its partition id, or, a member, the one the server gives."""
+    index = config.get(CLIENT_INDEX, setup.pid)
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ConfigError(f"message config '{CLIENT_INDEX}' = {index!r} is invalid; allowed: "
+                          "an integer >= 0 (the server gives every member its index)")
+    if setup.pid >= 0 and index != setup.pid:
+        raise ConfigError(f"message config '{CLIENT_INDEX}' = {index} is not this node's "
+                          f"partition-id {setup.pid}")
+    return index
 
 
 def _refusal(msg: Message, reason: str) -> Message:

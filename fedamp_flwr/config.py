@@ -17,6 +17,7 @@ from typing import Any
 
 import strategies
 import tasks
+from tasks.models import model_problem
 from tasks.partitioners import PARTITIONINGS
 from tasks.scenarios import Roles, scenario_roles
 
@@ -66,6 +67,18 @@ WORDS: dict[str, tuple[str, ...]] = {
 
 class ConfigError(ValueError):
     """An invalid run-config value."""
+
+
+def parse_shape(text: str) -> tuple[int, ...] | None:
+    """``"6"`` or ``"1,28,28"`` as a shape (1 or 3 positive integers; 1 or 3 channels); None
+    if it is not one."""
+    try:
+        shape = tuple(int(p) for p in text.replace(" ", "").split(","))
+    except ValueError:
+        return None
+    if len(shape) not in (1, 3) or min(shape) < 1 or (len(shape) == 3 and shape[0] not in (1, 3)):
+        return None
+    return shape
 
 
 def _bad(key: str, value: Any, allowed: str) -> ConfigError:
@@ -121,6 +134,13 @@ class RunConfig:
     fl60_noise_std: float = 1.0
     fl60_variant: str = "text"
     tpt48_split: str = "time"
+    model: str = "auto"
+    member_input_shape: str = ""
+    member_task: str = "classification"
+    member_outputs: int = 0
+    member_class_names: str = ""
+    member_label_column: str = "label"
+    member_feature_columns: str = ""
     panacea_embed_dim: int = 100
     panacea_gnn_layers: int = 3
     panacea_hidden: int = 100
@@ -259,7 +279,15 @@ class RunConfig:
             raise _bad("graph-file", self.graph_file, 'the path of an edge-list CSV when graph = "file"')
         check("server-device", self.server_device in ("auto", "cpu")
               or self.server_device.startswith("cuda"), '"auto", "cpu" or "cuda[:N]"')
+        choice("model", self.model, ["auto", *tasks.MODELS])
+        if self.dataset == tasks.MEMBERS:
+            self._validate_members()
         spec = tasks.get_task(self.dataset)
+        problem = model_problem(tasks.model_name(self.data_config(2), self.model),
+                                tasks.data_info(self.data_config(2)).input_shape) \
+            if spec.info is not None or self.dataset == tasks.MEMBERS else None
+        if problem is not None:
+            raise _bad("model", self.model, f"a model for this data: {problem}")
         if spec.needs_data_dir and not self.data_dir:
             raise _bad("data-dir", self.data_dir, f"the path of the {self.dataset} data")
         if spec.info is not None and spec.info.kind == tasks.REGRESSION and self.attack_ratio > 0:
@@ -274,14 +302,59 @@ class RunConfig:
                                         + (f" (it has {self.dataset}: {', '.join(known)})"
                                            if known else ""))
 
-    def data_config(self, num_clients: int) -> tasks.DataConfig:
-        """The :class:`tasks.DataConfig` of this run with ``num_clients`` clients."""
+    def _validate_members(self) -> None:
+        """The schema keys of a run over members' own data (``dataset = "members"``)."""
+        shape = parse_shape(self.member_input_shape)
+        if shape is None:
+            raise _bad("member-input-shape", self.member_input_shape,
+                       'the shape of one input: "F" (F features) or "C,H,W" (an image of C = 1 '
+                       "or 3 channels), positive integers")
+        if self.member_task not in (tasks.CLASSIFICATION, tasks.REGRESSION):
+            raise _bad("member-task", self.member_task, "classification, regression")
+        least = 2 if self.member_task == tasks.CLASSIFICATION else 1
+        if self.member_outputs < least:
+            raise _bad("member-outputs", self.member_outputs,
+                       f"an integer >= {least} (the classes, or the regression outputs)")
+        names = self.class_names()
+        if names and (len(names) != self.member_outputs or len(set(names)) != len(names)):
+            raise _bad("member-class-names", self.member_class_names,
+                       f"{self.member_outputs} distinct comma-separated names (member-outputs), "
+                       "or empty")
+        if not self.member_label_column:
+            raise _bad("member-label-column", self.member_label_column, "a column name")
+        if self.attack_ratio > 0:
+            raise _bad("attack-ratio", self.attack_ratio, "0 with dataset = \"members\" (label "
+                       "flipping is a simulation scenario of the partitioned tasks)")
+        if self.graph in ("task", "groups") and strategies.STRATEGIES[self.strategy].uses_graph:
+            raise _bad("graph", self.graph, 'file (graph-file: an edge list over the members\' '
+                       'client-ids) or none, with dataset = "members" (members bring no graph)')
+
+    def class_names(self) -> tuple[str, ...]:
+        """``member-class-names`` as a tuple (empty if not given)."""
+        return tuple(n.strip() for n in self.member_class_names.split(",") if n.strip())
+
+    def member_schema(self) -> tasks.MemberSchema | None:
+        """What a run over members' own data expects of every member's data (None otherwise)."""
+        if self.dataset != tasks.MEMBERS:
+            return None
+        return tasks.MemberSchema(
+            input_shape=parse_shape(self.member_input_shape) or (), kind=self.member_task,
+            num_outputs=self.member_outputs, class_names=self.class_names(),
+            label_column=self.member_label_column,
+            feature_columns=tuple(c.strip() for c in self.member_feature_columns.split(",")
+                                  if c.strip()))
+
+    def data_config(self, num_clients: int, member: str = "",
+                    data_path: str = "") -> tasks.DataConfig:
+        """The :class:`tasks.DataConfig` of this run with ``num_clients`` clients; for a
+        member, its name and its own ``data_path`` (its node config's)."""
         return tasks.DataConfig(
-            dataset=self.dataset, data_dir=self.data_dir, num_clients=num_clients,
+            dataset=self.dataset, data_dir=data_path if member else self.data_dir,
+            num_clients=num_clients,
             seed=self.seed, partitioning=self.partitioning,
             dirichlet_alpha=self.dirichlet_alpha, test_samples=self.test_samples,
             fl60_noise_std=self.fl60_noise_std, fl60_variant=self.fl60_variant,
-            tpt48_split=self.tpt48_split,
+            tpt48_split=self.tpt48_split, member=member, schema=self.member_schema(),
         )
 
     def roles(self, num_clients: int) -> Roles:

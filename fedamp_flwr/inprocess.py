@@ -44,21 +44,28 @@ class InProcessGrid:
     ``partition-id`` i of ``num_clients``, answering with the real ClientApp
     (``client_app``: this app's by default).
 
-    With ``infos`` (node id -> the ``info`` record a node answers the query round
-    with) the nodes only answer queries, as given (for tests of the query round).
+    With ``node_configs`` (one per node) the nodes have those node configs instead
+    (members: ``data-path`` and ``client-id``). With ``infos`` (node id -> the
+    ``info`` record a node answers the query round with) the nodes only answer
+    queries, as given (for tests of the query round).
     """
 
     def __init__(self, run_config: dict | None = None, num_clients: int = 0,
                  infos: dict[int, dict] | None = None, first_node: int = 100,
-                 keep_sent: bool = False, client_app: ClientApp | None = None) -> None:
+                 keep_sent: bool = False, client_app: ClientApp | None = None,
+                 node_configs: list[dict] | None = None) -> None:
         self.run_config = dict(run_config or {})
         self.client_app = client_app
         self.infos = infos
+        if node_configs is not None:
+            num_clients = len(node_configs)
         nodes = list(infos) if infos is not None else [first_node + i for i in range(num_clients)]
+        configs = node_configs or [{"partition-id": i, "num-partitions": num_clients}
+                                   for i in range(len(nodes))]
         self.contexts = {
             node: Context(run_id=1, node_id=node, state=RecordDict(), run_config=self.run_config,
-                          node_config={"partition-id": i, "num-partitions": num_clients})
-            for i, node in enumerate(nodes)
+                          node_config=dict(node_config))
+            for node, node_config in zip(nodes, configs)
         }
         # the messages sent, for tests (``keep_sent``): a run keeps none, since a
         # personalized strategy's messages hold a model per client and round
@@ -90,18 +97,21 @@ class InProcessGrid:
 
 def run_inprocess(run_config: dict, num_clients: int, log_file: Path | None = None,
                   keep_sent: bool = False, server_app: ServerApp | None = None,
-                  client_app: ClientApp | None = None) -> InProcessGrid:
+                  client_app: ClientApp | None = None,
+                  node_configs: list[dict] | None = None) -> InProcessGrid:
     """Run the real ServerApp with ``run_config`` on ``num_clients`` in-process clients.
 
     ``log_file``: where the run's log goes (Flower's logger), besides the console;
     ``keep_sent``: the grid keeps the messages it sent (tests); ``server_app``,
-    ``client_app``: other apps than this project's (tests: apps with mods).
+    ``client_app``: other apps than this project's (tests: apps with mods);
+    ``node_configs``: the nodes' own node configs (members), one per client.
     Returns the grid (its nodes' contexts hold the clients' state).
     """
     if server_app is None:
         from .server_app import app as server_app
 
-    grid = InProcessGrid(run_config, num_clients, keep_sent=keep_sent, client_app=client_app)
+    grid = InProcessGrid(run_config, num_clients, keep_sent=keep_sent, client_app=client_app,
+                         node_configs=node_configs)
     handler = None
     if log_file is not None:
         handler = logging.FileHandler(log_file, mode="a")

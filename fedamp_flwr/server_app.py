@@ -14,7 +14,7 @@ from flwr.supercore import log
 import strategies
 import tasks
 from strategies.protocol import BATCH_SIZE, LOCAL_EPOCHS, LOCAL_STEPS, LR, OPTIMIZER
-from strategies.discovery import ClientSetupError
+from strategies.discovery import ClientSetupError, Schema
 from strategies.layout import dtypes_of, with_dtypes
 from strategies.rounds import RoundsFailedError, run_rounds
 from tasks.graphs import build_graph
@@ -47,20 +47,42 @@ def run_setup(cfg: RunConfig, num_clients: int, param_keys: list[str],
     )
 
 
-def client_graph(cfg: RunConfig, dc: tasks.DataConfig) -> torch.Tensor | None:
+def client_graph(cfg: RunConfig, dc: tasks.DataConfig,
+                 names: list[str] | None = None) -> torch.Tensor | None:
     """The validated client graph of the run (only for strategies that use one).
 
     Rows are client ids 0..n-1 (:func:`strategies.discover_clients` ensures
-    that every partition id has its node).
+    that every partition id has its node); in a run over members' own data,
+    ``names`` are the members' names by client id, which the graph file uses.
     """
     if not strategies.STRATEGIES[cfg.strategy].uses_graph or cfg.graph == "none":
         return None
     task_adj = tasks.load_federated(dc).adjacency if cfg.graph == "task" else None
     adj = build_graph(cfg.graph, dc.num_clients, task_adj, cfg.graph_file, cfg.dataset,
-                      cfg.groups(dc.num_clients))
+                      cfg.groups(dc.num_clients), names)
     log(INFO, "Client graph '%s': %d clients, %d edges", cfg.graph, dc.num_clients,
         int(adj.sum()) // 2)
     return torch.from_numpy(adj)
+
+
+def find_schema(cfg: RunConfig) -> Schema | None:
+    """What the server checks members' data against (None: a partitioned run)."""
+    schema = cfg.member_schema()
+    return None if schema is None else Schema(schema.input_shape, schema.kind, schema.num_outputs)
+
+
+def find_clients(cfg: RunConfig, grid: Grid, known: list[str]
+                 ) -> tuple[dict[int, strategies.ClientInfo], list[str], set[int]]:
+    """The clients of the run: partitions (every partition id on one node), or members
+    (those whose data fits, numbered by name; ``known``: a checkpoint's, which keep their
+    ids). Returns node id -> info, the members' names by client id ([] if partitioned),
+    and the nodes left out."""
+    schema = cfg.member_schema()
+    if schema is None:
+        clients = strategies.discover_clients(grid, cfg.min_nodes, timeout=cfg.node_wait_timeout)
+        return clients, [], set()
+    return strategies.discover_members(grid, cfg.min_nodes, find_schema(cfg),
+                                       timeout=cfg.node_wait_timeout, known=known)
 
 
 @app.main()
@@ -89,13 +111,18 @@ def _main(grid: Grid, context: Context) -> None:
         folder.name, cfg.strategy, cfg.setting_name, folder.path,
         f"; resuming after round {checkpoint['round']}" if checkpoint else "")
 
-    clients = strategies.discover_clients(grid, cfg.min_nodes, timeout=cfg.node_wait_timeout)
-    n = len(clients)
+    known = list(checkpoint.get("client_names", [])) if checkpoint else []
+    clients, names, refused = find_clients(cfg, grid, known)
+    # a checkpoint's members first: the strategy resumes with them, newer ones join after
+    base = known if checkpoint and names else names
+    n = len(base) if names else len(clients)
+    joining = [i for i in clients.values() if i.client_id >= n]
+    clients = {node: i for node, i in clients.items() if i.client_id < n}
     dc = cfg.data_config(n)
-    adjacency = client_graph(cfg, dc)
+    adjacency = client_graph(cfg, dc, base or None)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)  # Flower's strategies sample nodes with the random module
-    model = tasks.build_model(dc)
+    model = tasks.build_model(dc, cfg.model)
     param_keys = [name for name, _ in model.named_parameters()]
     strategy = strategies.build_strategy(cfg.strategy, cfg,
                                          run_setup(cfg, n, param_keys, adjacency))
@@ -105,6 +132,10 @@ def _main(grid: Grid, context: Context) -> None:
             "epochs %s", sorted(roles.novel), sorted(roles.attackers), roles.drop_rate,
             roles.heterogeneous_epochs)
     strategy.setup_tracking(clients, roles)
+    tracker = strategy.tracker
+    tracker.names = list(base)
+    tracker.schema = find_schema(cfg)
+    tracker.refused = set(refused)
     strategy.max_update_ratio = cfg.max_update_ratio
     strategy.history.xi_sink = XiFiles(folder.path, cfg.xi_every, cfg.xi_dtype,
                                        cfg.num_server_rounds)
@@ -121,13 +152,25 @@ def _main(grid: Grid, context: Context) -> None:
         random.setstate(checkpoint["random_state"])
         done, spent = checkpoint["round"], checkpoint["wall_time_s"]
 
+    def join(info: strategies.ClientInfo) -> None:
+        """A member the run does not know yet joins with the next client id."""
+        graph = None
+        if strategies.STRATEGIES[cfg.strategy].uses_graph and cfg.graph != "none":
+            graph = client_graph(cfg, cfg.data_config(info.client_id + 1),
+                                 tracker.names + [info.name])
+        strategy.add_client(info, graph)
+
+    for info in sorted(joining, key=lambda i: i.client_id):
+        join(info)
+
     started = time.time()
 
     def record(completed: int) -> dict:
         return {
             "run_name": folder.name, "strategy": cfg.strategy, "label": cfg.label,
             "dataset": cfg.dataset,
-            "partitioning": cfg.partitioning, "num_clients": n,
+            "partitioning": cfg.partitioning, "num_clients": len(tracker.names) or n,
+            **({"client_names": list(tracker.names)} if tracker.names else {}),
             "seed": cfg.seed, "config": cfg.to_dict(),
             "sigma": {"fedamp": cfg.sigma("fedamp"), "heurfedamp": cfg.sigma("heurfedamp")},
             "completed_rounds": completed, "finished": completed == cfg.num_server_rounds,
@@ -140,7 +183,8 @@ def _main(grid: Grid, context: Context) -> None:
         last = server_round == cfg.num_server_rounds
         if cfg.checkpoint_every and (server_round % cfg.checkpoint_every == 0 or last):
             size, seconds = folder.save_checkpoint({
-                "round": server_round, "config": cfg.to_dict(), "num_clients": n,
+                "round": server_round, "config": cfg.to_dict(),
+                "num_clients": len(tracker.names) or n, "client_names": list(tracker.names),
                 "arrays": arrays.to_torch_state_dict(), "random_state": random.getstate(),
                 "strategy": strategy.state_dict(),
                 "wall_time_s": spent + time.time() - started,
@@ -159,7 +203,8 @@ def _main(grid: Grid, context: Context) -> None:
                    train_config=train_config, evaluate_config=evaluate_config,
                    round_timeout=cfg.round_timeout,
                    query_timeout=min(cfg.node_wait_timeout, cfg.round_timeout),
-                   after_round=after_round, max_failed_rounds=cfg.max_failed_rounds)
+                   after_round=after_round, max_failed_rounds=cfg.max_failed_rounds,
+                   on_join=join if names else None)
     else:
         log(INFO, "The run has done its %d rounds already; raise num-server-rounds to go on", done)
         folder.write_metrics(record(done))

@@ -29,7 +29,7 @@ from . import (  # noqa: F401  (registers)
 from .apfl import APFL
 from .base import PersonalizedStrategy, TrackedStrategy
 from .client import CLIENT_UPDATES, ClientJob, ClientUpdate, register_client_update
-from .discovery import discover_clients
+from .discovery import ClientInfo, discover_clients, discover_members
 from .fedamp import FedAMP, HeurFedAMP, fedamp_weights, heurfedamp_weights
 from .flower import FedAvg, FedAvgFT, FedMedian, FedProx, FedProxFT, FedTrimmedAvg, Krum
 from .history import RunHistory
@@ -44,7 +44,7 @@ from .separate import Separate
 
 
 __all__ = [
-    "APFL", "CLIENT_UPDATES", "STRATEGIES", "ClientJob", "ClientUpdate", "FedAMP", "FedAvg",
+    "APFL", "CLIENT_UPDATES", "ClientInfo", "discover_members", "STRATEGIES", "ClientJob", "ClientUpdate", "FedAMP", "FedAvg",
     "FedAvgFT", "FedMedian", "FedProx", "FedProxFT", "FedTrimmedAvg", "GraphHyperNetwork",
     "HeurFedAMP", "Krum", "NonConvex", "PFedMe", "Panacea", "PerFedAvg", "PersonalizedStrategy",
     "RunHistory", "RunSetup", "Scaffold", "Separate", "TrackedStrategy", "build_strategy",

@@ -117,6 +117,13 @@ class Tracked(ClientInstructions):
         """Start tracking a run: the node-to-client map and the scenario roles."""
         self.tracker = Tracker(clients, roles)
 
+    def add_client(self, info: ClientInfo, adjacency: torch.Tensor | None = None) -> None:
+        """Take a client that joins after the run started (a new member, ``info.client_id``
+        the next id). The tracker maps it; strategies that keep per-client state on the
+        server make room for it (``adjacency``: the client graph with it, for strategies
+        that use one)."""
+        self.tracker.add(info)
+
     @property
     def history(self) -> RunHistory:
         """The run's records (``self.tracker.history``)."""
@@ -232,8 +239,16 @@ class TrackedStrategy(Tracked):
         messages = (list(super().configure_evaluate(server_round, arrays, config, grid))
                     if grid.get_node_ids() else [])
         check_instructions(messages)
-        self.tracker.expect(EVALUATE, messages)
-        return messages
+        t, out = self.tracker, []
+        for m in messages:  # each its own config: its client's index
+            c = t.client_of_node(m.metadata.dst_node_id)
+            content = RecordDict(dict(m.content.items()))
+            if isinstance(c, int):
+                content[CONFIG] = t.evaluate_config(c, content[CONFIG])
+            out.append(Message(content, message_type=m.metadata.message_type,
+                               dst_node_id=m.metadata.dst_node_id))
+        t.expect(EVALUATE, out)
+        return out
 
     def aggregate_evaluate(self, server_round, replies):  # noqa: D102
         good = self.tracker.screen(server_round, replies, EVALUATE)
@@ -324,6 +339,26 @@ class PersonalizedStrategy(Tracked, Strategy):
         """The per-client store at the start: every client holds the initial model."""
         return initial.unsqueeze(0).repeat(len(self.client_ids), 1)
 
+    def new_client_model(self) -> torch.Tensor:
+        """The stored model of a client that joins after the start: the initial model
+        (FedAMP: the mean of the others', see :meth:`strategies.fedamp.FedAMP.new_client_model`)."""
+        return self._initial
+
+    def add_client(self, info: ClientInfo, adjacency: torch.Tensor | None = None) -> None:
+        """A client that joins after the start gets a row of its own (:meth:`new_client_model`)."""
+        super().add_client(info, adjacency)
+        cid = info.client_id
+        if cid in self._row:
+            return
+        self.client_ids.append(cid)
+        self._row[cid] = len(self.client_ids) - 1
+        if cid not in self.tracker.roles.novel:
+            self.training_rows = torch.cat([self.training_rows,
+                                            torch.tensor([self._row[cid]], dtype=torch.long)])
+        self._sent_norms = torch.cat([self._sent_norms, torch.zeros(1)])
+        if self.models is not None:
+            self.models = torch.cat([self.models, self.new_client_model()[None].to(self.models)])
+
     # -- checkpoints ---------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
         state = super().state_dict()
@@ -354,7 +389,8 @@ class PersonalizedStrategy(Tracked, Strategy):
                 raise RuntimeError("no clients: call setup_tracking(discover_clients(...)) first")
             self.layout = FlatLayout.from_arrays(arrays, self.param_keys)
             self.tracker.spec = array_spec(arrays)
-            self.models = self.initial_models(self.layout.flatten(arrays).to(self.device))
+            self._initial = self.layout.flatten(arrays).to(self.device)
+            self.models = self.initial_models(self._initial)
 
     def _messages(self, rows: Iterable[int], vectors: torch.Tensor,
                   configs: Sequence[ConfigRecord], message_type: str) -> list[Message]:
@@ -432,8 +468,9 @@ class PersonalizedStrategy(Tracked, Strategy):
         config[SERVER_ROUND] = server_round
         rows = self.online_rows(torch.arange(len(self.client_ids)))
         models = self.evaluation_models()
+        configs = [self.tracker.evaluate_config(self.client_ids[int(r)], config) for r in rows]
         return self._messages(rows, models if len(rows) == len(models) else models[rows],
-                              [config] * len(rows), MessageType.EVALUATE)
+                              configs, MessageType.EVALUATE)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Record every valid client's test metrics; return their means over clients."""

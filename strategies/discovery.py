@@ -1,15 +1,21 @@
 """Client discovery: the query round that maps Flower node ids to client ids.
 
-Flower's node ids are random per run; a client's id is the ``partition-id``
-of its node's ``node_config``. :func:`discover_clients` asks every node, once
-before round 1, who it is and whether it could load its data.
+Flower's node ids are random per run (and change when a SuperNode restarts).
+In a partitioned run a client's id is the ``partition-id`` of its node's
+``node_config``: :func:`discover_clients` asks every node, once before round
+1, who it is and whether it could load its data. In a run over members' own
+data a client is a member, named by its node config's ``client-id``:
+:func:`discover_members` asks every node for its name and its data's schema,
+leaves out (with one line naming it) a member whose data does not fit the run
+or whose name another node already has, and numbers the members in the
+order of their names (members known from a checkpoint keep their numbers).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from logging import INFO
+from logging import INFO, WARNING
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
@@ -20,7 +26,8 @@ try:  # the grid of a deployed ServerApp (Flower 1.41)
 except ImportError:  # another Flower: its own pulling
     HttpGrid = ()  # type: ignore[assignment,misc]
 
-from .protocol import CLIENT_ID, CONFIG, ERROR, NUM_PARTITIONS, NUM_TEST, NUM_TRAIN, QUERY, QUERY_CLIENT_INFO
+from .protocol import (CLIENT_ID, CONFIG, ERROR, INPUT_SHAPE, MEMBER, NUM_OUTPUTS, NUM_PARTITIONS,
+                       NUM_TEST, NUM_TRAIN, QUERY, QUERY_CLIENT_INFO, TASK_KIND)
 from .protocol import INFO as INFO_RECORD
 
 
@@ -64,15 +71,41 @@ class ClientInfo:
     num_partitions: int
     num_train: int
     num_test: int
+    name: str = ""  # a member's name (node config client-id); "" in a partitioned run
+
+    @property
+    def label(self) -> str:
+        """How log lines name the client: ``member 'site-3'`` or ``client 3``."""
+        return f"member '{self.name}'" if self.name else f"client {self.client_id}"
 
 
-def _parse_info(node: int, reply: Message) -> ClientInfo | str:
-    """A node's query answer as a ClientInfo, or why it cannot take part (an untrusted reply)."""
+@dataclass(frozen=True)
+class Schema:
+    """What a run over members' own data expects of each member's data (what the server
+    checks a member's query answer against): input shape, task kind, outputs."""
+
+    input_shape: tuple[int, ...]
+    kind: str
+    num_outputs: int
+
+
+class Refusal(str):
+    """Why a member cannot take part (a member may be left out; the others go on)."""
+
+
+def _parse_info(node: int, reply: Message, schema: Schema | None = None) -> ClientInfo | str:
+    """A node's query answer as a ClientInfo, or why it cannot take part (an untrusted reply).
+
+    With ``schema`` (a run over members' own data) the answer must be a member's, and
+    a member whose data does not fit is a :class:`Refusal`.
+    """
     if reply.has_error():
         return f"node {node}: {reply.error.reason}"
     cfg = reply.content.config_records.get(INFO_RECORD)
     if cfg is None:
         return f"node {node}: no '{INFO_RECORD}' record in the query answer"
+    if schema is not None:
+        return _parse_member(node, cfg, schema)
     if cfg.get(ERROR):
         return f"client {cfg.get(CLIENT_ID, '?')} (node {node}): {cfg[ERROR]}"
     values = {}
@@ -88,9 +121,39 @@ def _parse_info(node: int, reply: Message) -> ClientInfo | str:
                       values[NUM_TEST])
 
 
-def query_nodes(grid: Grid, node_ids: list[int], timeout: float
+def _parse_member(node: int, cfg, schema: Schema) -> ClientInfo | str:
+    name = cfg.get(MEMBER)
+    if not isinstance(name, str) or not name or len(name) > 64:
+        return f"node {node}: the query answer names no member ('{MEMBER}' = {name!r}); is the " \
+               "fleet running this app with dataset = \"members\"?"
+    who = f"member '{name}' (node {node})"
+    if cfg.get(ERROR):
+        return Refusal(f"{who}: {str(cfg[ERROR])[:1000]}")
+    values = {}
+    for key, low in ((NUM_TRAIN, 1), (NUM_TEST, 1), (NUM_OUTPUTS, 1)):
+        v = cfg.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            return Refusal(f"{who}: query answer '{key}' = {v!r} is not an integer >= {low}")
+        values[key] = v
+    shape = str(cfg.get(INPUT_SHAPE, ""))
+    want = ",".join(map(str, schema.input_shape))
+    if shape != want:
+        return Refusal(f"{who}: its data has inputs of shape ({shape}), the run expects ({want})")
+    kind = cfg.get(TASK_KIND)
+    if kind != schema.kind:
+        return Refusal(f"{who}: its data is for {kind!r}, the run is a {schema.kind}")
+    outputs = values[NUM_OUTPUTS]
+    if (outputs > schema.num_outputs if kind == "classification" else outputs != schema.num_outputs):
+        what = "labels up to" if kind == "classification" else "outputs"
+        return Refusal(f"{who}: its data has {what} {outputs}, the run has "
+                       f"{schema.num_outputs} (member-outputs)")
+    return ClientInfo(node, -1, 0, values[NUM_TRAIN], values[NUM_TEST], name)
+
+
+def query_nodes(grid: Grid, node_ids: list[int], timeout: float, schema: Schema | None = None
                 ) -> tuple[dict[int, ClientInfo], dict[int, str]]:
-    """Ask ``node_ids`` who they are; return their infos and, for the others, why not."""
+    """Ask ``node_ids`` who they are; return their infos and, for the others, why not
+    (``schema``: a run over members' own data, see :func:`_parse_info`)."""
     messages = [Message(RecordDict({CONFIG: ConfigRecord({QUERY: QUERY_CLIENT_INFO})}),
                         message_type=MessageType.QUERY, dst_node_id=n) for n in node_ids]
     infos: dict[int, ClientInfo] = {}
@@ -99,7 +162,7 @@ def query_nodes(grid: Grid, node_ids: list[int], timeout: float
         node = reply.metadata.src_node_id
         if node not in node_ids or node in infos or node in errors:
             continue  # not asked, or a second answer
-        parsed = _parse_info(node, reply)
+        parsed = _parse_info(node, reply, schema)
         if isinstance(parsed, ClientInfo):
             infos[node] = parsed
         else:
@@ -167,3 +230,101 @@ def discover_clients(
     log(INFO, "Found %d clients (partition ids 0..%d), %d to %d training samples each",
         len(ids), num_partitions - 1, min(sizes), max(sizes))
     return infos
+
+
+def number_members(infos: dict[int, ClientInfo], known: list[str]) -> tuple[dict[int, ClientInfo],
+                                                                           list[str]]:
+    """Give every member its client id: members ``known`` (a checkpoint's, in its order) keep
+    theirs, new ones follow in the order of their names. Returns the infos with their ids and
+    the names by id."""
+    names = list(known) + sorted({i.name for i in infos.values()} - set(known))
+    index = {name: i for i, name in enumerate(names)}
+    return ({node: ClientInfo(i.node_id, index[i.name], 0, i.num_train, i.num_test, i.name)
+             for node, i in infos.items()}, names)
+
+
+def accept_members(found: dict[int, ClientInfo], taken: dict[str, int]
+                   ) -> tuple[dict[int, ClientInfo], dict[int, str]]:
+    """The members of ``found`` (new nodes) whose name no other node claims; the others
+    refused with the reason.
+
+    ``taken``: name -> node of the members the run has on connected nodes; a new node
+    claiming one of those names is refused. Two or more new nodes claiming one name are
+    all refused: nothing tells the member from an impostor (a member whose node was
+    refused so can start it again once the other one is gone).
+    """
+    claims: dict[str, list[int]] = {}
+    for node in sorted(found):
+        claims.setdefault(found[node].name, []).append(node)
+    accepted: dict[int, ClientInfo] = {}
+    refused: dict[int, str] = {}
+    for name, nodes in claims.items():
+        if name in taken:
+            for node in nodes:
+                refused[node] = Refusal(
+                    f"member '{name}' (node {node}): node {taken[name]} already has client-id "
+                    f"'{name}'; every member needs its own client-id")
+        elif len(nodes) > 1:
+            for node in nodes:
+                others = ", ".join(str(n) for n in nodes if n != node)
+                refused[node] = Refusal(
+                    f"member '{name}' (node {node}): node(s) {others} claim the same client-id "
+                    f"'{name}'; all are left out, every member needs its own client-id")
+        else:
+            accepted[nodes[0]] = found[nodes[0]]
+    return accepted, refused
+
+
+def discover_members(grid: Grid, min_nodes: int, schema: Schema, timeout: float = 600.0,
+                     poll: float = 1.0, known: list[str] | None = None
+                     ) -> tuple[dict[int, ClientInfo], list[str], set[int]]:
+    """Query every connected node for its member name and data; return ``({node_id: info},
+    names by client id, the nodes left out)``.
+
+    Waits until at least ``min_nodes`` members have answered with data that fits
+    ``schema`` (asking each node once, as it connects). A member whose data does
+    not fit, that could not load it, or whose name another node already has is
+    left out with a WARNING line naming it, and the others go on. ``known``: the
+    names of a checkpoint's members, which keep their client ids (those not
+    connected now get placeholder entries with negative node ids, offline
+    until they come back).
+
+    Raises
+    ------
+    ClientSetupError
+        If fewer than ``min_nodes`` members fit within ``timeout`` (naming the
+        nodes left out: misfits, nodes that did not answer or answered as no member).
+    """
+    deadline = time.monotonic() + timeout
+    accepted: dict[int, ClientInfo] = {}
+    refused: dict[int, str] = {}
+    while True:
+        node_ids = sorted(grid.get_node_ids())
+        accepted = {n: i for n, i in accepted.items() if n in node_ids}  # forget nodes that left
+        new = [n for n in node_ids if n not in accepted and n not in refused]
+        if new:
+            # a node that does not answer, or answers as no member, is left out like a misfit
+            found, errors = query_nodes(grid, new, max(deadline - time.monotonic(), 1.0), schema)
+            ok, dup = accept_members(found, {i.name: n for n, i in accepted.items()})
+            accepted.update(ok)
+            for node, reason in {**errors, **dup}.items():
+                refused[node] = reason
+                log(WARNING, "Left out: %s", reason)
+        if len(accepted) >= min_nodes:
+            break
+        if time.monotonic() > deadline:
+            why = ("; refused: " + "; ".join(refused.values())) if refused else ""
+            raise ClientSetupError(f"only {len(accepted)} member(s) with fitting data after "
+                                   f"{timeout:.0f}s (node-wait-timeout); min-nodes is "
+                                   f"{min_nodes}{why}")
+        log(INFO, "Waiting for members: %d ready, min-nodes %d", len(accepted), min_nodes)
+        time.sleep(poll)
+    infos, names = number_members(accepted, list(known or []))
+    present = {i.name for i in infos.values()}
+    for cid, name in enumerate(names):
+        if name not in present:  # a checkpoint's member not connected now: offline
+            infos[-(cid + 1)] = ClientInfo(-(cid + 1), cid, 0, 0, 0, name)
+    sizes = [i.num_train for i in infos.values() if i.node_id >= 0]
+    log(INFO, "Found %d members (%s), %d to %d training samples each", len(present),
+        ", ".join(sorted(present)), min(sizes), max(sizes))
+    return infos, names, set(refused)

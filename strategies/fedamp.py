@@ -312,6 +312,13 @@ class FedAMP(PersonalizedStrategy):
         cfg[PROXIMAL_MU] = self.lam / self.alpha_at(server_round)
         return clouds, cfg
 
+    def new_client_model(self) -> torch.Tensor:
+        """A client that joins after the start (a new member) starts from the mean of the
+        training clients' models, so that its first cloud model u_i comes from the others
+        (the paper has no late joiners; with the initial model, far from every trained one,
+        Eq. 6 would give it weight 1 on itself)."""
+        return self.models[self.training_rows.to(self.models.device)].mean(dim=0)
+
     def sent_distances(self, rows: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
         """``||w - u_i||`` from this round's xi and the store (the cloud models are not kept):
         ``||w||^2 - 2 sum_j xi_ij <w, w_j> + ||u_i||^2``.

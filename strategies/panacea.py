@@ -334,6 +334,39 @@ class Panacea(PersonalizedStrategy):
             n, sum(p.numel() for p in self.hnet.parameters()), self.layout.size)
         return None
 
+    def add_client(self, info, adjacency: torch.Tensor | None = None) -> None:
+        """A client that joins after the start (a new member) gets an embedding h^(0) of its own
+        (drawn as the others were, N(0, 1), seeded) and its place in the graph (``adjacency``:
+        the run's graph with it; its edges come from the graph file by name). The optimizer's
+        momentum of the other embeddings is kept; the new row's starts at zero."""
+        known = info.client_id in self._row
+        super().add_client(info, adjacency)
+        if known:
+            return
+        if self.adjacency is not None:
+            if adjacency is None:
+                raise ValueError(f"{info.label} joins, but the run's graph does not say where")
+            self.adjacency = adjacency.float()
+        if self.hnet is None:  # before the first round: initial_models builds GH for all
+            return
+        old = self.hnet.embeddings.weight
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + info.client_id)
+        extra = torch.randn(1, old.shape[1], generator=gen).to(old)
+        new = nn.Parameter(torch.cat([old.detach(), extra]))
+        self.hnet.embeddings.weight = new
+        self.hnet.embeddings.num_embeddings = new.shape[0]
+        for group in self.optimizer.param_groups:
+            group["params"] = [new if p is old else p for p in group["params"]]
+        state = self.optimizer.state.pop(old, None)
+        if state is not None:
+            if state.get("momentum_buffer") is not None:
+                buf = state["momentum_buffer"]
+                state["momentum_buffer"] = torch.cat([buf, torch.zeros_like(buf[:1])])
+            self.optimizer.state[new] = state
+        if self.adjacency is not None:
+            self.adj = self.adjacency.to(self.device)
+            self.prop = normalized_adjacency(self.adj)
+
     @torch.no_grad()
     def generated(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Full flat models for ``rows`` (all clients if None): generated parameters, initial buffers."""

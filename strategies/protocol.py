@@ -9,13 +9,17 @@ Records of a message (``RecordDict`` names)
     ``metrics`` (MetricRecord: in replies), ``info`` (ConfigRecord: the query reply).
 Config keys every train / evaluate message may carry
     ``server-round``, ``client-update`` (the name of the client half to run,
-    :mod:`strategies.client`), ``local-epochs``, ``local-steps``,
-    ``batch-size``, ``lr``, ``optimizer``; in train messages ``trained-rounds``.
+    :mod:`strategies.client`), ``client-index`` (the client's id in the run),
+    ``local-epochs``, ``local-steps``, ``batch-size``, ``lr``, ``optimizer``;
+    in train messages ``trained-rounds``.
 Reply metrics
     ``client-id``, ``server-round``, ``num-examples``, ``train-loss``;
     evaluation: ``accuracy`` (classification) or ``mse`` (regression), and ``loss``.
 Query reply (``info``)
-    ``client-id``, ``num-partitions``, ``num-train``, ``num-test``, or ``error``.
+    ``client-id``, ``num-partitions``, ``num-train``, ``num-test``, or ``error``;
+    a member of a run over members' own data says ``member`` (its name, the node
+    config's ``client-id``), ``num-train``, ``num-test`` and its data's
+    ``input-shape``, ``task`` and ``num-outputs``, or ``member`` and ``error``.
 """
 
 from __future__ import annotations
@@ -38,8 +42,11 @@ OPTIMIZER = "optimizer"
 # client that keeps state across rounds and finds none although this is > 0 has lost
 # it (a restarted SuperNode starts with an empty context.state) and says so.
 TRAINED_ROUNDS = "trained-rounds"
+# The client's id in the run (its partition id; a member's, given by the server in the
+# order of the members' names): seeds the client's mini-batch order.
+CLIENT_INDEX = "client-index"
 GENERIC_KEYS = frozenset({SERVER_ROUND, CLIENT_UPDATE, LOCAL_EPOCHS, LOCAL_STEPS, BATCH_SIZE,
-                          LR, OPTIMIZER, TRAINED_ROUNDS})
+                          LR, OPTIMIZER, TRAINED_ROUNDS, CLIENT_INDEX})
 
 # Reply metrics
 CLIENT_ID = "client-id"
@@ -56,6 +63,10 @@ NUM_PARTITIONS = "num-partitions"
 NUM_TRAIN = "num-train"
 NUM_TEST = "num-test"
 ERROR = "error"
+MEMBER = "member"
+INPUT_SHAPE = "input-shape"
+TASK_KIND = "task"
+NUM_OUTPUTS = "num-outputs"
 
 # Error code of a reply in which a client refuses a message it cannot carry
 # out (an unknown client update, keys of two methods in one message). Flower's

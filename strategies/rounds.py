@@ -24,6 +24,7 @@ configure_evaluate, send, aggregate_evaluate. Besides, :func:`run_rounds`
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections import Counter
@@ -36,7 +37,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from .discovery import query_nodes, send_and_receive
+from .discovery import ClientInfo, accept_members, query_nodes, send_and_receive
 from .tracking import Tracker
 
 
@@ -63,26 +64,45 @@ class OnlineClients:
         return getattr(self._grid, name)
 
 
-def refresh_clients(tracker: Tracker, grid: Grid, timeout: float) -> None:
+def refresh_clients(tracker: Tracker, grid: Grid, timeout: float,
+                    on_join: Callable[[ClientInfo], None] | None = None) -> None:
     """Match the connected nodes to clients: ask nodes not seen before who they are.
 
-    A node that answers with the partition id of a known client takes that
-    client's place (the old node is gone: a restarted SuperNode gets a new
-    node id). Answers that do not fit the run (another num-partitions, an
-    error) are logged and the node is left out.
+    A node that answers with the partition id (or, a member, the name) of a known
+    client takes that client's place (the old node is gone: a restarted SuperNode
+    gets a new node id). A member's name that another connected node has is
+    refused; a member the run does not know yet joins through ``on_join`` (which
+    gives it the next client id). Answers that do not fit the run (another
+    num-partitions, data that does not fit, an error) are logged, and the node is
+    left out and not asked again.
     """
     node_ids = list(grid.get_node_ids())
-    new = [n for n in node_ids if n not in tracker.clients]
+    new = [n for n in node_ids if n not in tracker.clients and n not in tracker.refused]
     if new:
-        num_partitions = {i.num_partitions for i in tracker.clients.values()}
-        infos, errors = query_nodes(grid, new, timeout)
-        for node, info in sorted(infos.items()):
-            if info.num_partitions not in num_partitions:
-                errors[node] = (f"node {node}: num-partitions = {info.num_partitions}, the run "
-                                f"has {sorted(num_partitions)}")
-            else:
-                tracker.rejoin(info)
-        for reason in errors.values():
+        infos, errors = query_nodes(grid, new, timeout, tracker.schema)
+        if tracker.schema is None:
+            num_partitions = {i.num_partitions for i in tracker.clients.values()}
+            for node, info in sorted(infos.items()):
+                if info.num_partitions not in num_partitions:
+                    errors[node] = (f"node {node}: num-partitions = {info.num_partitions}, the "
+                                    f"run has {sorted(num_partitions)}")
+                else:
+                    tracker.rejoin(info)
+        else:
+            live = set(node_ids)
+            taken = {i.name: n for n, i in tracker.clients.items() if n in live}
+            accepted, duplicates = accept_members(infos, taken)
+            errors.update(duplicates)
+            for node, info in sorted(accepted.items()):
+                cid = tracker.id_of_name(info.name)
+                if cid is not None:
+                    tracker.rejoin(dataclasses.replace(info, client_id=cid))
+                elif on_join is not None:
+                    on_join(dataclasses.replace(info, client_id=len(tracker.names)))
+                else:
+                    errors[node] = f"{info.label} (node {node}) is not a member of this run"
+        for node, reason in errors.items():
+            tracker.refused.add(node)
             log(WARNING, "A node that joined cannot take part: %s", reason)
     tracker.set_online(node_ids)
 
@@ -131,12 +151,15 @@ def run_rounds(
     query_timeout: float,
     after_round: Callable[[int, ArrayRecord], None] | None = None,
     max_failed_rounds: int = 0,
+    on_join: Callable[[ClientInfo], None] | None = None,
 ) -> ArrayRecord:
     """Run rounds ``first_round..last_round`` of ``strategy``; return the final global arrays.
 
     ``arrays`` is the global model at the start (the initial model, or the
     checkpoint's when resuming); strategies that keep their own models
     (FedAMP, Panacea) return None from ``aggregate_train`` and it stays.
+    ``on_join``: how a member the run does not know yet joins (see
+    :func:`refresh_clients`); None: it is refused.
 
     Raises
     ------
@@ -155,7 +178,7 @@ def run_rounds(
         round_started = time.monotonic()
         log(INFO, "")
         log(INFO, "[ROUND %d/%d]", server_round, last_round)
-        refresh_clients(tracker, grid, query_timeout)
+        refresh_clients(tracker, grid, query_timeout, on_join)
         view = OnlineClients(grid, tracker)
         messages = list(strategy.configure_train(server_round, arrays, train_config, view))
         replies = send_and_receive(grid, messages, round_timeout)

@@ -11,9 +11,9 @@ from flwr.supercore import log
 
 from tasks.scenarios import Roles
 
-from .discovery import ClientInfo
+from .discovery import ClientInfo, Schema
 from .history import RunHistory, client_order
-from .protocol import LOCAL_EPOCHS, LOCAL_STEPS, REFUSED, TRAINED_ROUNDS
+from .protocol import CLIENT_INDEX, LOCAL_EPOCHS, LOCAL_STEPS, REFUSED, TRAINED_ROUNDS
 from .replies import ArraySpec, evaluate_reply_problem, train_reply_problem
 
 TRAIN, EVALUATE = "train", "evaluate"
@@ -26,6 +26,10 @@ _ERROR_NAMES = {
     ErrorCode.MESSAGE_UNAVAILABLE: "message unavailable",
     ErrorCode.REPLY_MESSAGE_UNAVAILABLE: "reply unavailable",
 }
+
+
+def _upper(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def error_reason(msg: Message) -> str:
@@ -71,9 +75,26 @@ class Tracker:
         self.history = RunHistory(novel=self.roles.novel, attackers=self.roles.attackers)
         #: keys, shapes and dtype kinds of the model sent for training (what replies must match)
         self.spec: ArraySpec = {}
-        self.online: set[int] = {i.client_id for i in self.clients.values()}
+        self.online: set[int] = {i.client_id for i in self.clients.values() if i.node_id >= 0}
         self._expected: dict[str, dict[int, int]] = {}  # phase -> {node id: client id}
         self.round_timeout: float | None = None
+        #: a run over members' own data: the members' names by client id, and their schema
+        self.names: list[str] = []
+        self.schema: Schema | None = None
+        #: nodes that answered the query but cannot take part (not asked again)
+        self.refused: set[int] = set()
+
+    def id_of_name(self, name: str) -> int | None:
+        """The client id of the member ``name`` (None if the run does not know it)."""
+        return self.names.index(name) if name in self.names else None
+
+    def add(self, info: ClientInfo) -> None:
+        """Take a client that joined the run (a new member) on its node."""
+        self.clients[info.node_id] = info
+        if info.name and info.client_id == len(self.names):
+            self.names.append(info.name)
+        log(INFO, "%s joins the run as client %d, on node %d", _upper(info.label),
+            info.client_id, info.node_id)
 
     # -- who is who ----------------------------------------------------------
     def client_of_node(self, node_id: int) -> int | str:
@@ -102,7 +123,8 @@ class Tracker:
         for node in old:
             del self.clients[node]
         self.clients[info.node_id] = info
-        log(INFO, "Client %d is back, on node %d (was %s)", info.client_id, info.node_id,
+        old = [n for n in old if n >= 0]  # a placeholder (negative) is no node
+        log(INFO, "%s is back, on node %d (was %s)", _upper(info.label), info.node_id,
             ", ".join(str(n) for n in old) or "unknown")
 
     def set_online(self, node_ids: Iterable[int]) -> None:
@@ -133,6 +155,12 @@ class Tracker:
         if refusals:
             raise RuntimeError(f"round {server_round}: clients refused the message:\n  "
                                + "\n  ".join(refusals))
+
+    def evaluate_config(self, client_id: int, config: ConfigRecord) -> ConfigRecord:
+        """``config`` for one client's evaluation: its id in the run (``client-index``)."""
+        own = ConfigRecord(dict(config))
+        own[CLIENT_INDEX] = client_id
+        return own
 
     def record_offline(self, server_round: int) -> None:
         """Record the training clients whose node is not connected this round as absent."""
@@ -223,9 +251,11 @@ class Tracker:
         return kept
 
     def client_config(self, server_round: int, client_id: int, config: ConfigRecord) -> ConfigRecord:
-        """``config`` for one client: how often it trained before (so that it can tell a lost
-        state), and its own local epochs (or steps) under ``heterogeneous-epochs``."""
+        """``config`` for one client: its id in the run (``client-index``), how often it
+        trained before (so that it can tell a lost state), and its own local epochs (or
+        steps) under ``heterogeneous-epochs``."""
         own = ConfigRecord(dict(config))
+        own[CLIENT_INDEX] = client_id
         own[TRAINED_ROUNDS] = self.history.times_trained(client_id)
         if self.roles.heterogeneous_epochs:
             key = LOCAL_STEPS if int(config.get(LOCAL_STEPS, 0)) > 0 else LOCAL_EPOCHS

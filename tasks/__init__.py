@@ -1,15 +1,17 @@
 """Tasks: a registry from dataset name to its model, its data and its paper settings.
 
-Two kinds of task:
+Three kinds of task:
 
 * pool tasks (synthetic, MNIST, FMNIST, EMNIST, CIFAR): one dataset pool,
   split among the clients by a partitioner (``partitioning``);
 * federated tasks (fl60, tpt48, npz): the data defines the clients (and
-  usually their graph); ``partitioning`` does not apply.
+  usually their graph); ``partitioning`` does not apply;
+* ``members``: every SuperNode reads its own data, named by its node config
+  (:mod:`tasks.members`); the run config gives only its schema.
 
-Both end as a :class:`tasks.federated.FederatedData`, built once per process
-and cached (:func:`load_federated`); :func:`load_client_data` returns one
-client's tensors.
+The first two end as a :class:`tasks.federated.FederatedData`, built once per
+process and cached (:func:`load_federated`); :func:`load_client_data` returns
+one client's tensors (a member's, from its own file).
 
 torchvision is imported only by :func:`tasks.models.resnet18` (CIFAR tasks): the
 only torchvision wheel on the package index of CPU-only machines here is a
@@ -31,7 +33,8 @@ from torch import nn
 from . import cache
 from . import data as _data
 from .federated import FederatedData, load_npz, load_tpt48, make_fl60, make_fl60_grda
-from .models import MLP, McMahanCNN, resnet18
+from .members import MemberDataError, MemberSchema, load_member_data
+from .models import MODEL_OF_TASK, MODELS, auto_model
 from .partitioners import (PARTITIONINGS, PRACTICAL_SIZES, PracticalRecipe, cifar100_recipe,
                            emnist_recipe)
 
@@ -52,6 +55,12 @@ class DataConfig:
     fl60_noise_std: float = 1.0
     fl60_variant: str = "text"
     tpt48_split: str = "time"
+    member: str = ""  # members: this node's member name (node config client-id)
+    schema: MemberSchema | None = None  # members: what the run expects of the data
+
+
+#: The dataset of a run over members' own data.
+MEMBERS = "members"
 
 
 @dataclass(frozen=True)
@@ -71,8 +80,9 @@ class TaskSpec:
     ----------
     name : str
         Registry name (the ``dataset`` run-config value).
-    build_model : Callable[[DataInfo], nn.Module]
-        Returns a freshly initialised target model for data of that shape.
+    model : str
+        The task's model (a name of :data:`tasks.models.MODELS`); "" for a choice
+        by input shape (:func:`tasks.models.auto_model`).
     load_pool : Callable[[Path, int, int], tuple[Split, Split]] | None
         Pool tasks: loads (train, test) from a local folder (``data-dir``) or
         generates them; gets the seed and the number of clients (a generated
@@ -102,7 +112,7 @@ class TaskSpec:
     """
 
     name: str
-    build_model: Callable[[DataInfo], nn.Module]
+    model: str
     load_pool: Callable[[Path, int, int], tuple[_data.Split, _data.Split]] | None = None
     hub: tuple[str, ...] | None = None
     load_federated: Callable[[DataConfig], FederatedData] | None = None
@@ -119,19 +129,16 @@ class TaskSpec:
         return self.load_federated is not None
 
 
-def _cnn(info: DataInfo) -> nn.Module:
-    return McMahanCNN(info.input_shape[0], info.num_outputs, info.input_shape[-1])
-
-
-def _mlp(info: DataInfo) -> nn.Module:
-    return MLP(int(np.prod(info.input_shape)), info.num_outputs)
+def _members_have_their_data(dc: DataConfig) -> FederatedData:
+    raise ValueError("dataset 'members': each member's data lives on its own node (node config "
+                     "data-path); there is no pooled data to load")
 
 
 TASKS: dict[str, TaskSpec] = {
     spec.name: spec
     for spec in (
         TaskSpec(
-            "synthetic", _mlp,
+            "synthetic", MODEL_OF_TASK["synthetic"],
             lambda _folder, seed, n: _data.make_synthetic(seed, _data.synthetic_pool_size(n)),
             # Not from the paper: chosen for this task's MLP (see README), in every setting.
             paper_sigma={p: {"fedamp": 1.0, "heurfedamp": 25.0} for p in PARTITIONINGS},
@@ -139,32 +146,32 @@ TASKS: dict[str, TaskSpec] = {
             info=DataInfo((_data.SYNTHETIC_FEATURES,), _data.SYNTHETIC_CLASSES, CLASSIFICATION),
         ),
         TaskSpec(
-            "mnist", _cnn, lambda folder, _seed, _n: _data.load_idx_folder(folder),
+            "mnist", MODEL_OF_TASK["mnist"], lambda folder, _seed, _n: _data.load_idx_folder(folder),
             ("ylecun/mnist", "image", "label"),
             paper_sigma={"practical": {"fedamp": 100.0, "heurfedamp": 25.0}},
             practical=PracticalRecipe(group_sizes=PRACTICAL_SIZES["mnist"]),
             info=DataInfo((1, 28, 28), 10, CLASSIFICATION),
         ),
         TaskSpec(
-            "fmnist", _cnn, lambda folder, _seed, _n: _data.load_idx_folder(folder),
+            "fmnist", MODEL_OF_TASK["fmnist"], lambda folder, _seed, _n: _data.load_idx_folder(folder),
             ("zalando-datasets/fashion_mnist", "image", "label"),
             paper_sigma={"practical": {"fedamp": 10.0, "heurfedamp": 100.0}},
             practical=PracticalRecipe(group_sizes=PRACTICAL_SIZES["fmnist"]),
             info=DataInfo((1, 28, 28), 10, CLASSIFICATION),
         ),
         TaskSpec(
-            "emnist", _cnn, lambda folder, _seed, _n: _data.load_idx_folder(folder, transpose=True),
+            "emnist", MODEL_OF_TASK["emnist"], lambda folder, _seed, _n: _data.load_idx_folder(folder, transpose=True),
             ("flwrlabs/femnist", "image", "character"),
             paper_sigma={"practical": {"fedamp": 10.0, "heurfedamp": 50.0}},
             practical=emnist_recipe(), info=DataInfo((1, 28, 28), 62, CLASSIFICATION),
         ),
         TaskSpec(
-            "cifar10", lambda info: resnet18(info.num_outputs),
+            "cifar10", MODEL_OF_TASK["cifar10"],
             lambda folder, _seed, _n: _data.load_cifar_binary(folder, 10),
             ("uoft-cs/cifar10", "img", "label"), info=DataInfo((3, 32, 32), 10, CLASSIFICATION),
         ),
         TaskSpec(
-            "cifar100", lambda info: resnet18(info.num_outputs),
+            "cifar100", MODEL_OF_TASK["cifar100"],
             lambda folder, _seed, _n: _data.load_cifar_binary(folder, 100),
             ("uoft-cs/cifar100", "img", "fine_label", "coarse_label"),
             paper_sigma={"practical": {"fedamp": 1e6, "heurfedamp": 10.0}},
@@ -172,7 +179,7 @@ TASKS: dict[str, TaskSpec] = {
             info=DataInfo((3, 32, 32), 100, CLASSIFICATION),
         ),
         TaskSpec(
-            "fl60", lambda info: MLP(2, 2, (16,)), info=DataInfo((2,), 2, CLASSIFICATION),
+            "fl60", MODEL_OF_TASK["fl60"], info=DataInfo((2,), 2, CLASSIFICATION),
             # 80 training points per client: short rounds of small batches (see the README)
             auto={"*": {"local-steps": 20, "batch-size": 16}},
             load_federated=lambda dc: (
@@ -180,7 +187,7 @@ TASKS: dict[str, TaskSpec] = {
                 else make_fl60(dc.num_clients, dc.seed, noise_std=dc.fl60_noise_std)),
         ),
         TaskSpec(
-            "tpt48", lambda info: MLP(info.input_shape[0], info.num_outputs, (64, 64)),
+            "tpt48", MODEL_OF_TASK["tpt48"],
             load_federated=lambda dc: load_tpt48(Path(dc.data_dir).expanduser(), dc.tpt48_split,
                                                  dc.seed),
             needs_data_dir=True, info=DataInfo((6,), 6, REGRESSION),
@@ -193,10 +200,12 @@ TASKS: dict[str, TaskSpec] = {
                   "pfedhn": {"batch-size": 16}},
         ),
         TaskSpec(
-            "npz", lambda info: MLP(info.input_shape[0], info.num_outputs, (64, 64)),
+            "npz", MODEL_OF_TASK["npz"],
             load_federated=lambda dc: load_npz(Path(dc.data_dir).expanduser(), dc.seed),
             needs_data_dir=True,
         ),
+        # every member's own data (tasks.members); the model by input shape unless named
+        TaskSpec(MEMBERS, "", load_federated=_members_have_their_data),
     )
 }
 
@@ -276,8 +285,11 @@ def client_groups(dataset: str, partitioning: str, num_clients: int) -> list[int
 def data_info(dc: DataConfig) -> DataInfo:
     """Input shape, number of model outputs and kind of the data of ``dc``.
 
-    Known without the data for every task but npz, whose file is read.
+    Known without the data for every task but npz, whose file is read; for members,
+    from the run's schema.
     """
+    if dc.schema is not None:
+        return DataInfo(dc.schema.input_shape, dc.schema.num_outputs, dc.schema.kind)
     if get_task(dc.dataset).info is not None:
         return get_task(dc.dataset).info
     fed = load_federated(dc)
@@ -288,9 +300,18 @@ def data_info(dc: DataConfig) -> DataInfo:
     return DataInfo(tuple(x.shape[1:]), int(np.prod(y.shape[1:])) or 1, REGRESSION)
 
 
-def build_model(dc: DataConfig) -> nn.Module:
-    """A freshly initialised target model for the data of ``dc``."""
-    return get_task(dc.dataset).build_model(data_info(dc))
+def model_name(dc: DataConfig, model: str = "auto") -> str:
+    """The model of a run: ``model`` (the run config's), or for "auto" the task's own, or
+    the one its input shape calls for (:func:`tasks.models.auto_model`)."""
+    if model != "auto":
+        return model
+    return get_task(dc.dataset).model or auto_model(data_info(dc).input_shape)
+
+
+def build_model(dc: DataConfig, model: str = "auto") -> nn.Module:
+    """A freshly initialised target model for the data of ``dc`` (see :func:`model_name`)."""
+    info = data_info(dc)
+    return MODELS[model_name(dc, model)](info.input_shape, info.num_outputs)
 
 
 @dataclass(frozen=True)
@@ -323,6 +344,10 @@ def load_client_data(dc: DataConfig, client_id: int) -> ClientData:
 @functools.lru_cache(maxsize=128)
 def _client_data(dc: DataConfig, client_id: int) -> ClientData:
     def make() -> dict[str, torch.Tensor]:
+        if dc.schema is not None:  # a member: its own file, checked against the run's schema
+            train, test = load_member_data(dc.data_dir, dc.schema, dc.seed, dc.member)
+            (xtr, ytr), (xte, yte) = _data.to_tensors(train), _data.to_tensors(test)
+            return {"x_train": xtr, "y_train": ytr, "x_test": xte, "y_test": yte}
         fed = load_federated(dc)
         if fed.num_clients != dc.num_clients:
             raise ClientCountError(

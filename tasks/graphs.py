@@ -3,7 +3,9 @@
 * ``task``: the graph the task defines (fl60, tpt48, an npz file's ``adjacency``);
 * ``file``: ``graph-file``, either a CSV edge list over client ids (one
   ``u,v`` pair per line, an optional header line; edges are undirected) or an
-  ``.npz`` file with an (n, n) ``adjacency``;
+  ``.npz`` file with an (n, n) ``adjacency``; in a run over members' own data
+  the edge list names members by their ``client-id`` (an edge naming a member
+  that is not in the run, or not yet, is left out);
 * ``groups``: clients of one group of the data setting are connected (the
   practical partitioning's groups; elsewhere client ``i`` of ``n`` is in
   group ``i * G // n``, ``G = min(5, n)``);
@@ -45,12 +47,21 @@ def validate_adjacency(adj: np.ndarray, num_clients: int, source: str) -> np.nda
     return out
 
 
-def read_edge_list(path: Path, num_clients: int) -> np.ndarray:
-    """Read an undirected CSV edge list over client ids 0..n-1."""
+def read_edge_list(path: Path, num_clients: int, names: list[str] | None = None) -> np.ndarray:
+    """Read an undirected CSV edge list over client ids 0..n-1, or, with ``names`` (the
+    members' names by client id), over member names (edges naming others are left out)."""
     adj = np.zeros((num_clients, num_clients), dtype=np.float32)
+    index = {name: i for i, name in enumerate(names)} if names is not None else None
     with open(path, newline="") as f:
         for line_no, row in enumerate(csv.reader(f), start=1):
             if not row or row[0].strip().startswith("#"):
+                continue
+            if index is not None:
+                if len(row) < 2:
+                    raise GraphError(f"{path}:{line_no}: expected 'u,v' member names, got {row}")
+                u_name, v_name = row[0].strip(), row[1].strip()
+                if u_name in index and v_name in index and u_name != v_name:
+                    adj[index[u_name], index[v_name]] = adj[index[v_name], index[u_name]] = 1.0
                 continue
             try:
                 u, v = int(row[0]), int(row[1])
@@ -82,10 +93,12 @@ def group_graph(num_clients: int, groups: int = 5,
 
 def build_graph(kind: str, num_clients: int, task_adjacency: np.ndarray | None = None,
                 graph_file: str = "", dataset: str = "",
-                client_groups: list[int] | None = None) -> np.ndarray | None:
+                client_groups: list[int] | None = None,
+                names: list[str] | None = None) -> np.ndarray | None:
     """Return the client graph of ``kind`` (see the module docstring), validated.
 
-    ``client_groups``: each client's group in the data setting, for ``groups``.
+    ``client_groups``: each client's group in the data setting, for ``groups``;
+    ``names``: the members' names by client id, for a ``file`` edge list over names.
     """
     if kind == "none":
         return None
@@ -105,5 +118,7 @@ def build_graph(kind: str, num_clients: int, task_adjacency: np.ndarray | None =
                 if "adjacency" not in data.files:
                     raise GraphError(f"{path}: no 'adjacency' array")
                 return validate_adjacency(data["adjacency"], num_clients, str(path))
-        return validate_adjacency(read_edge_list(path, num_clients), num_clients, str(path))
+        if names is not None:
+            names = list(names)[:num_clients]
+        return validate_adjacency(read_edge_list(path, num_clients, names), num_clients, str(path))
     raise GraphError(f"run config 'graph' = '{kind}' is invalid; allowed: task, file, groups, none")

@@ -1,7 +1,17 @@
-"""Target models of the tasks."""
+"""Target models of the tasks, by name (the ``model`` run-config key).
+
+:data:`MODELS` builds a model from the data's input shape and number of
+outputs; each task names its own (:data:`MODEL_OF_TASK`), and
+:func:`auto_model` picks one from the input shape alone (a run over members'
+own data, ``dataset = "members"``): a vector gives the MLP, a one-channel image
+or a small image the CNN, a three-channel image of 32x32 or more ResNet-18.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
 import torch
 from torch import nn
 
@@ -42,13 +52,14 @@ class McMahanCNN(nn.Module):
     and 10 classes it has 1,663,370 parameters.
     """
 
-    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> None:
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28,
+                 image_width: int | None = None) -> None:
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
         )
-        flat = 64 * (image_size // 4) ** 2
+        flat = 64 * (image_size // 4) * ((image_width or image_size) // 4)
         self.classifier = nn.Sequential(
             nn.Flatten(), nn.Linear(flat, 512), nn.ReLU(), nn.Linear(512, num_classes)
         )
@@ -70,3 +81,38 @@ def resnet18(num_classes: int) -> nn.Module:
     model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
     model.maxpool = nn.Identity()
     return model
+
+
+Shape = tuple[int, ...]
+
+#: Model builders by name: ``(input shape, outputs) -> a freshly initialised model``.
+MODELS: dict[str, Callable[[Shape, int], nn.Module]] = {
+    "mlp": lambda shape, out: MLP(int(np.prod(shape)), out, (64, 64)),
+    "mlp-16": lambda shape, out: MLP(int(np.prod(shape)), out, (16,)),
+    "cnn": lambda shape, out: McMahanCNN(shape[0], out, shape[1], shape[2]),
+    "resnet18": lambda shape, out: resnet18(out),
+}
+
+#: The model of each task (what ``model = "auto"`` gives there).
+MODEL_OF_TASK = {"synthetic": "mlp", "mnist": "cnn", "fmnist": "cnn", "emnist": "cnn",
+                 "cifar10": "resnet18", "cifar100": "resnet18", "fl60": "mlp-16",
+                 "tpt48": "mlp", "npz": "mlp"}
+
+
+def auto_model(shape: Shape) -> str:
+    """The model for inputs of ``shape`` when nothing names one: a vector, the MLP; an image
+    (channels, height, width), the CNN, or ResNet-18 for 3 channels of 32x32 or more."""
+    if len(shape) == 3:
+        return "resnet18" if shape[0] == 3 and min(shape[1:]) >= 32 else "cnn"
+    return "mlp"
+
+
+def model_problem(name: str, shape: Shape) -> str | None:
+    """Why model ``name`` cannot take inputs of ``shape``, or None."""
+    if name in ("cnn", "resnet18") and len(shape) != 3:
+        return f"model '{name}' needs image inputs (channels, height, width), not shape {shape}"
+    if name == "cnn" and min(shape[1:]) < 4:
+        return f"model 'cnn' needs images of at least 4x4, not {shape}"
+    if name == "resnet18" and shape[0] != 3:
+        return f"model 'resnet18' needs 3-channel images, not shape {shape}"
+    return None

@@ -46,12 +46,11 @@ class BatchNormMLP(nn.Module):
 @pytest.fixture
 def bn_task():
     """The default synthetic task with :class:`BatchNormMLP` as its model."""
-    base = tasks.TASKS["synthetic"]
-    tasks.TASKS[BN_TASK] = dataclasses.replace(
-        base, name=BN_TASK,
-        build_model=lambda info: BatchNormMLP(int(np.prod(info.input_shape)), info.num_outputs))
+    tasks.MODELS["mlp-bn"] = lambda shape, out: BatchNormMLP(int(np.prod(shape)), out)
+    tasks.TASKS[BN_TASK] = dataclasses.replace(tasks.TASKS["synthetic"], name=BN_TASK,
+                                               model="mlp-bn")
     yield BN_TASK
-    del tasks.TASKS[BN_TASK]
+    del tasks.TASKS[BN_TASK], tasks.MODELS["mlp-bn"]
 
 
 def test_with_dtypes_rounds_integers_back_and_keeps_floats():

@@ -1,9 +1,10 @@
-"""A hardened fleet on loopback, made and run as the README's "Deployment" section says.
+"""A hardened fleet on loopback, made and run as docs/federation.md says.
 
 TLS (certificates from ``deploy/make-certs.sh``), SuperNode authentication
 (``--enable-supernode-auth``, keys registered with ``flwr supernode register``),
 the SuperLink on an admin-only address and the public Fleet endpoint behind
-``deploy/nginx-fleet.conf``, which forwards only the Fleet API.
+``deploy/nginx-fleet.conf``, which forwards only the Fleet API. Each
+organisation's SuperNode reads only its own data file (``dataset = "members"``).
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import urllib.request
 import pytest
 
 from .conftest import ROOT, free_port
+from .test_members_fleet import SCHEMA, _member_file
 
 FLWR = shutil.which("flwr")
 TOOLS = {t: shutil.which(t) for t in ("openssl", "ssh-keygen", "nginx")}
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     FLWR is None or not all(TOOLS.values()),
     reason=f"needs flwr, openssl, ssh-keygen and nginx (missing: "
-           f"{[t for t, p in TOOLS.items() if not p]})")
+           f"{[t for t, p in TOOLS.items() if not p]})")]
 
 
 def _post(port: int, path: str, cafile) -> int:
@@ -75,10 +77,12 @@ def test_tls_authentication_and_a_fleet_endpoint_without_the_control_api(process
         subprocess.run([FLWR, "supernode", "register", str(keys / f"client_{i}.pub"), "admin"],
                        env=processes.env, cwd=tmp, check=True, capture_output=True, timeout=60)
 
-    def supernode(name: str, pid: int, *extra: str):
+    data = {i: _member_file(tmp / f"org-{i}.npz", seed=i) for i in (0, 1)}
+
+    def supernode(name: str, org: int, *extra: str):
         return processes.start(
             ["flower-supernode", "--superlink", f"127.0.0.1:{fleet}", "--port", str(free_port()),
-             "--node-config", f"partition-id={pid} num-partitions=2", *extra], name)
+             "--node-config", f"data-path='{data[org]}' client-id='org-{org}'", *extra], name)
 
     for i in (0, 1):
         supernode(f"supernode{i}", i, "--root-certificates", str(certs / "ca.crt"),
@@ -104,12 +108,14 @@ def test_tls_authentication_and_a_fleet_endpoint_without_the_control_api(process
     results = tmp / "results"
     out = subprocess.run(
         [FLWR, "run", str(ROOT), "admin", "--stream", "--run-config",
-         f"num-server-rounds=2 local-epochs=1 min-nodes=2 results-dir='{results}' run-name='tls'"],
+         f"{SCHEMA} fedamp-sigma=10.0 num-server-rounds=2 min-nodes=2 "
+         f"results-dir='{results}' run-name='tls'"],
         env=processes.env, cwd=tmp, capture_output=True, text=True, timeout=400)
     metrics_path = results / "tls" / "metrics.json"
     assert metrics_path.is_file(), out.stdout[-3000:] + out.stderr[-2000:]
     metrics = json.loads(metrics_path.read_text())
     assert metrics["finished"] and [r["trained_clients"] for r in metrics["rounds"]] == [[0, 1]] * 2
+    assert metrics["client_names"] == ["org-0", "org-1"]
     listed = subprocess.run([FLWR, "supernode", "list", "admin", "--format", "json"],
                             env=processes.env, cwd=tmp, capture_output=True, text=True, timeout=60)
     online = [n for n in json.loads(listed.stdout)["nodes"] if n["status"] == "online"]

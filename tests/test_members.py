@@ -1,0 +1,249 @@
+"""Members bring their own data (``dataset = "members"``), in process.
+
+Each node reads only its own file, named by its node config (``data-path``,
+``client-id``); the server checks every member's data against the run's
+schema, leaves out a member that does not fit (by name) and numbers the
+members by name. The end-to-end tests on a loopback fleet of SuperNodes are in
+``tests/test_members_fleet.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tasks
+from experiments.make_sites import member_name, write_sites
+from fedamp_flwr.config import ConfigError, RunConfig
+from flwr.app import Context, RecordDict
+
+from fedamp_flwr import server_app
+from fedamp_flwr.inprocess import InProcessGrid, run_inprocess, task_identity
+from strategies.discovery import ClientSetupError
+from tasks.members import MemberDataError, MemberSchema, load_member_data
+
+ROUND_KEYS = ("round", "client_accuracy", "mean_accuracy", "train_loss", "mean_loss",
+              "trained_clients")
+
+
+def _run(tmp_path: Path, name: str, run_config: dict, n: int,
+         node_configs: list[dict] | None = None) -> dict:
+    cfg = {"num-server-rounds": 2, "results-dir": str(tmp_path), "run-name": name,
+           "server-device": "cpu", "min-nodes": len(node_configs or []) or n, **run_config}
+    run_inprocess(cfg, n, node_configs=node_configs)
+    return json.loads((tmp_path / name / "metrics.json").read_text())
+
+
+def _rounds(metrics: dict) -> list[dict]:
+    return [{k: r.get(k) for k in ROUND_KEYS} for r in metrics["rounds"]]
+
+
+def _sites(folder: Path, n: int) -> list[dict]:
+    return [{"data-path": str(folder / f"{member_name(i, n)}.npz"),
+             "client-id": member_name(i, n)} for i in range(n)]
+
+
+@pytest.mark.parametrize("dataset, n, strategy, extra", [
+    ("synthetic", 4, "fedamp", {"local-epochs": 1}),
+    ("synthetic", 4, "heurfedamp", {"local-epochs": 1, "heurfedamp-sigma": 25.0}),
+    ("synthetic", 4, "fedavg", {"local-epochs": 1}),
+    ("fl60", 60, "panacea", {"panacea-server-lr": 0.01}),
+])
+def test_members_files_give_the_numbers_of_the_partitioned_simulation(tmp_path, dataset, n,
+                                                                      strategy, extra):
+    seed = 3
+    dc = tasks.DataConfig(dataset=dataset, data_dir="", num_clients=n, seed=seed)
+    members_config = write_sites(dc, tmp_path / "sites")
+    sigma = {"fedamp-sigma": 1.0} if strategy == "fedamp" else {}
+    common = {"strategy": strategy, "seed": seed, **extra, **sigma}
+    partitioned = _run(tmp_path, "partitioned", {**common, "dataset": dataset}, n)
+    members = _run(tmp_path, "members", {**common, **members_config}, n,
+                   _sites(tmp_path / "sites", n))
+    # the same clients, test results and losses (Panacea's server step sums in threads, which
+    # changes its losses in the ninth digit from one run to the next, members or not)
+    for got, want in zip(_rounds(members), _rounds(partitioned), strict=True):
+        for key in ("round", "client_accuracy", "mean_accuracy", "trained_clients"):
+            assert got[key] == want[key], (got["round"], key)
+        for key in ("train_loss", "mean_loss"):
+            assert got[key] == pytest.approx(want[key], rel=1e-6), (got["round"], key)
+    assert members["client_names"] == [member_name(i, n) for i in range(n)]
+
+
+def test_a_misfit_member_is_left_out_by_name_and_the_others_go_on(tmp_path, caplog):
+    n = 3
+    dc = tasks.DataConfig(dataset="synthetic", data_dir="", num_clients=n, seed=0)
+    run_config = write_sites(dc, tmp_path / "sites")
+    nodes = _sites(tmp_path / "sites", n)
+    rng = np.random.default_rng(0)
+    bad = tmp_path / "five-features.npz"
+    np.savez(bad, x=rng.normal(size=(20, 5)).astype(np.float32), y=rng.integers(0, 2, 20))
+    nodes.append({"data-path": str(bad), "client-id": "site-bad"})
+    with caplog.at_level(logging.WARNING):
+        metrics = _run(tmp_path, "misfit", {**run_config, "strategy": "fedavg",
+                                             "local-epochs": 1, "min-nodes": n}, n, nodes)
+    assert metrics["client_names"] == [member_name(i, n) for i in range(n)]
+    assert all(r["trained_clients"] == [0, 1, 2] for r in metrics["rounds"])
+    left_out = [r.getMessage() for r in caplog.records if "Left out" in r.getMessage()]
+    assert len(left_out) == 1 and "member 'site-bad'" in left_out[0]
+    features = tasks.data_info(dc).input_shape[0]
+    assert f"x/y x has 5 features per row; the run expects {features}" in left_out[0]
+
+
+def test_two_nodes_claiming_one_client_id_are_both_refused(tmp_path, caplog):
+    n = 3
+    dc = tasks.DataConfig(dataset="synthetic", data_dir="", num_clients=n, seed=0)
+    run_config = write_sites(dc, tmp_path / "sites")
+    nodes = _sites(tmp_path / "sites", n)
+    nodes.append({**nodes[1]})  # node 103 claims client-1, as node 101 does
+    with caplog.at_level(logging.WARNING):
+        metrics = _run(tmp_path, "dup", {**run_config, "strategy": "fedavg", "local-epochs": 1,
+                                          "min-nodes": 2}, n, nodes)
+    assert metrics["client_names"] == ["client-0", "client-2"]
+    assert "member 'client-1' (node 101): node(s) 103 claim the same client-id" in caplog.text
+    assert "member 'client-1' (node 103): node(s) 101 claim the same client-id" in caplog.text
+
+
+class MovingGrid(InProcessGrid):
+    """Members on nodes 100, 101, ...; from round ``moved_at`` on, member 1 is on node 900 (a
+    restarted SuperNode: a new node id, an empty context.state) and node 901 claims member
+    0's client-id while member 0's node is still connected."""
+
+    def __init__(self, run_config: dict, nodes: list[dict], moved_at: int | None) -> None:
+        super().__init__(run_config, node_configs=nodes)
+        self.round, self.moved_at, self.before = 1, moved_at, list(self.contexts)
+        for node, config in ((900, nodes[1]), (901, nodes[0])):
+            self.contexts[node] = Context(run_id=1, node_id=node, state=RecordDict(),
+                                          run_config=self.run_config, node_config=dict(config))
+
+    def get_node_ids(self) -> list[int]:
+        if self.moved_at is None or self.round < self.moved_at:
+            return self.before
+        return [n for n in self.before if n != self.before[1]] + [900, 901]
+
+    def send_and_receive(self, messages, timeout=None):
+        messages = list(messages)
+        replies = super().send_and_receive(messages, timeout)
+        if messages and messages[0].metadata.message_type == "evaluate":
+            self.round += 1
+        return replies
+
+
+def test_a_member_on_a_new_node_keeps_its_id_and_its_personalized_model(tmp_path, caplog):
+    """The same numbers as if member 1 had never moved: its row of FedAMP's store (its w_i)
+    followed it to its new node; the node claiming a connected member's name is refused."""
+    n = 3
+    dc = tasks.DataConfig(dataset="synthetic", data_dir="", num_clients=n, seed=0)
+    run_config = write_sites(dc, tmp_path / "sites")
+    nodes = _sites(tmp_path / "sites", n)
+    results = {}
+    for name, moved_at in (("stayed", None), ("moved", 2)):
+        cfg = {**run_config, "strategy": "fedamp", "fedamp-sigma": 1.0, "local-epochs": 1,
+               "num-server-rounds": 3, "results-dir": str(tmp_path), "run-name": name,
+               "server-device": "cpu"}
+        with task_identity(), caplog.at_level(logging.INFO):
+            server_app.app(MovingGrid(cfg, nodes, moved_at),
+                           Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                                   run_config=cfg))
+        results[name] = json.loads((tmp_path / name / "metrics.json").read_text())
+    assert results["moved"]["client_names"] == ["client-0", "client-1", "client-2"]
+    assert _rounds(results["moved"]) == _rounds(results["stayed"])
+    assert "Member 'client-1' is back, on node 900 (was 101)" in caplog.text
+    assert "member 'client-0' (node 901): node 100 already has client-id 'client-0'" in caplog.text
+
+
+def test_too_few_fitting_members_stop_the_run_naming_the_refused(tmp_path):
+    rng = np.random.default_rng(0)
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, x=rng.normal(size=(20, 3)).astype(np.float32), y=rng.integers(0, 9, 20))
+    cfg = {"dataset": "members", "member-input-shape": "3", "member-outputs": 2,
+           "strategy": "fedavg", "node-wait-timeout": 1.0}
+    with pytest.raises(ClientSetupError, match=r"only 0 member\(s\) with fitting data .* "
+                                               r"member 'lab-7' \(node 100\): .*labels \[2, 3"):
+        _run(tmp_path, "few", cfg, 1, [{"data-path": str(bad), "client-id": "lab-7"}])
+
+
+def test_members_run_config_is_checked_before_anything_runs():
+    base = {"dataset": "members", "member-outputs": 2, "strategy": "fedavg"}
+    with pytest.raises(ConfigError, match="member-input-shape"):
+        RunConfig.from_run_config({**base, "member-input-shape": "2,2"})
+    with pytest.raises(ConfigError, match="'member-outputs' = 0"):
+        RunConfig.from_run_config({**base, "member-input-shape": "4", "member-outputs": 0})
+    with pytest.raises(ConfigError, match="'model' = 'cnn'.*needs image inputs"):
+        RunConfig.from_run_config({**base, "member-input-shape": "4", "model": "cnn"})
+    with pytest.raises(ConfigError, match="'graph' = 'task'"):
+        RunConfig.from_run_config({**base, "member-input-shape": "4", "strategy": "panacea"})
+    with pytest.raises(ConfigError, match="'member-class-names'"):
+        RunConfig.from_run_config({**base, "member-input-shape": "4",
+                                   "member-class-names": "a,b,c"})
+    cfg = RunConfig.from_run_config({**base, "member-input-shape": "1,28,28"})
+    assert tasks.model_name(cfg.data_config(2), cfg.model) == "cnn"
+    cfg = RunConfig.from_run_config({**base, "member-input-shape": "3,32,32"})
+    assert tasks.model_name(cfg.data_config(2), cfg.model) == "resnet18"
+
+
+# ---------------------------------------------------------------------------
+# Formats
+# ---------------------------------------------------------------------------
+SCHEMA = MemberSchema((3,), "classification", 2, ("no", "yes"), "label", ())
+
+
+def test_csv_and_parquet_tables_with_names_and_a_split_column(tmp_path):
+    import pandas as pd
+
+    frame = pd.DataFrame({"a": [0.1, 0.2, 0.3, 0.4, 0.5], "b": [1, 2, 3, 4, 5],
+                          "c": [5.0, 4, 3, 2, 1], "label": ["no", "yes", "yes", "no", "yes"],
+                          "split": ["train", "train", "test", "train", "test"]})
+    for path in (tmp_path / "t.csv", tmp_path / "t.parquet"):
+        (frame.to_csv(path, index=False) if path.suffix == ".csv" else frame.to_parquet(path))
+        train, test = load_member_data(path, SCHEMA, 0, "site")
+        assert train.x.shape == (3, 3) and test.x.shape == (2, 3)
+        assert train.y.tolist() == [0, 1, 0] and test.y.tolist() == [1, 1]
+    frame.drop(columns=["split"]).to_csv(tmp_path / "nosplit.csv", index=False)
+    train, test = load_member_data(tmp_path / "nosplit.csv", SCHEMA, 0, "site")
+    assert len(train.y) == 4 and len(test.y) == 1  # the seeded 80/20 split
+    frame.rename(columns={"label": "target"}).to_csv(tmp_path / "nolabel.csv", index=False)
+    with pytest.raises(MemberDataError, match="no label column 'label'"):
+        load_member_data(tmp_path / "nolabel.csv", SCHEMA, 0, "site")
+    frame.assign(label=["no", "maybe", "yes", "no", "yes"]).to_csv(tmp_path / "odd.csv",
+                                                                   index=False)
+    with pytest.raises(MemberDataError, match=r"labels \['maybe'\]"):
+        load_member_data(tmp_path / "odd.csv", SCHEMA, 0, "site")
+
+
+def test_an_image_folder_one_subfolder_per_class(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    schema = MemberSchema((1, 8, 8), "classification", 3, ("cat", "dog", "owl"))
+    for cls in ("cat", "owl"):  # this site has no dogs
+        (tmp_path / "imgs" / cls).mkdir(parents=True)
+        for i in range(5):
+            Image.fromarray(rng.integers(0, 256, (12, 10, 3), dtype=np.uint8)).save(
+                tmp_path / "imgs" / cls / f"{i}.png")
+    train, test = load_member_data(tmp_path / "imgs", schema, 0, "site")
+    assert train.x.shape == (8, 1, 8, 8) and train.x.dtype == np.uint8
+    assert set(train.y.tolist()) | set(test.y.tolist()) == {0, 2}
+    (tmp_path / "imgs" / "fox").mkdir()
+    with pytest.raises(MemberDataError, match=r"class folder\(s\) \['fox'\]"):
+        load_member_data(tmp_path / "imgs", schema, 0, "site")
+
+
+def test_npz_problems_are_named(tmp_path):
+    with pytest.raises(MemberDataError, match="does not exist"):
+        load_member_data(tmp_path / "missing.npz", SCHEMA, 0, "s")
+    np.savez(tmp_path / "obj.npz", x=np.array([{"a": 1}], dtype=object), y=np.array([0]))
+    with pytest.raises(MemberDataError, match="without pickle"):
+        load_member_data(tmp_path / "obj.npz", SCHEMA, 0, "s")
+    np.savez(tmp_path / "noy.npz", x=np.zeros((4, 3)))
+    with pytest.raises(MemberDataError, match=r"has no array\(s\) \['y'\]"):
+        load_member_data(tmp_path / "noy.npz", SCHEMA, 0, "s")
+    np.savez(tmp_path / "nan.npz", x=np.full((4, 3), np.nan), y=np.zeros(4, dtype=int))
+    with pytest.raises(MemberDataError, match="non-finite"):
+        load_member_data(tmp_path / "nan.npz", SCHEMA, 0, "s")
+    (tmp_path / "data.txt").write_text("1,2,3")
+    with pytest.raises(MemberDataError, match="suffix '.txt'"):
+        load_member_data(tmp_path / "data.txt", SCHEMA, 0, "s")

@@ -1,0 +1,115 @@
+"""Members bring their own data, on a real loopback fleet: a SuperLink and SuperNodes, each
+SuperNode reading only its own file (node config ``data-path`` and ``client-id``).
+
+One fleet serves the whole story, in order: FedAMP with a misfit member left out
+by name; HeurFedAMP while a second node claims a member's client-id (both are
+left out, the others go on); every SuperNode restarted (new node ids, started
+in another order) and the FedAMP run resumed, every member keeping its client
+id and its personalized model; Panacea over a graph file that names members.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments.processes import stop_tree
+
+from .conftest import free_port
+from .test_flower_e2e import FLWR, ROOT, _start_superlink
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
+
+FEATURES, CLASSES = 6, 3
+SCHEMA = (f"dataset='members' member-input-shape='{FEATURES}' member-outputs={CLASSES} "
+          "local-epochs=2 batch-size=20")
+
+
+def _member_file(path: Path, seed: int, features: int = FEATURES) -> Path:
+    """A member's own data: 3 classes around centres that differ from member to member."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(scale=2.0, size=(CLASSES, features))
+    y = rng.integers(0, CLASSES, size=120)
+    x = (centres[y] + rng.normal(size=(120, features))).astype(np.float32)
+    np.savez(path, x=x[:100], y=y[:100], x_test=x[100:], y_test=y[100:])
+    return path
+
+
+def _supernode(processes, port: int, data: Path, name: str, log: str):
+    return processes.start(
+        ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
+         "--port", str(free_port()), "--node-config", f"data-path='{data}' client-id='{name}'"],
+        log)
+
+
+def _run(processes, config: str, timeout: float = 600) -> str:
+    out = subprocess.run([FLWR, "run", str(ROOT), "--stream", "--run-config", config],
+                         env=processes.env, cwd=processes.tmp, capture_output=True, text=True,
+                         timeout=timeout)
+    return out.stdout + out.stderr
+
+
+def _metrics(results: Path, name: str, log: str) -> dict:
+    path = results / name / "metrics.json"
+    assert path.is_file(), log[-4000:]
+    return json.loads(path.read_text())
+
+
+def test_members_fleet_fedamp_heurfedamp_panacea_misfit_duplicate_restart(processes):
+    tmp = processes.tmp
+    port = _start_superlink(processes, simulation=False)
+    names = ["site-a", "site-b", "site-c"]
+    files = {name: _member_file(tmp / f"{name}.npz", seed) for seed, name in enumerate(names)}
+    nodes = {name: _supernode(processes, port, files[name], name, name) for name in names}
+    misfit = _supernode(processes, port, _member_file(tmp / "misfit.npz", 9, features=5),
+                        "site-misfit", "misfit")
+    results = tmp / "results"
+    common = f"{SCHEMA} results-dir='{results}' min-nodes=3"
+
+    # 1. FedAMP: the misfit member is left out by name, the others train
+    log = _run(processes, f"{common} strategy='fedamp' fedamp-sigma=10.0 num-server-rounds=2 "
+                          "run-name='fedamp'")
+    fedamp = _metrics(results, "fedamp", log)
+    assert fedamp["client_names"] == names and fedamp["completed_rounds"] == 2
+    assert all(r["trained_clients"] == [0, 1, 2] for r in fedamp["rounds"])
+    assert "Left out: member 'site-misfit'" in log and "5 features per row" in log
+    stop_tree(misfit.pid, timeout=10)
+
+    # 2. a second node claims site-b's client-id: both are left out, site-a and site-c go on
+    impostor = _supernode(processes, port, files["site-c"], "site-b", "impostor")
+    log = _run(processes, f"{SCHEMA} results-dir='{results}' min-nodes=2 strategy='heurfedamp' "
+                          "heurfedamp-sigma=25.0 num-server-rounds=1 run-name='heurfedamp'")
+    heur = _metrics(results, "heurfedamp", log)
+    assert heur["client_names"] == ["site-a", "site-c"] and heur["finished"]
+    assert log.count("claim the same client-id 'site-b'") >= 2
+    stop_tree(impostor.pid, timeout=10)
+
+    # 3. every SuperNode restarts (new node ids, another order); the FedAMP run resumes:
+    #    each member keeps its client id, and its personalized model from the checkpoint
+    for name in names:
+        stop_tree(nodes[name].pid, timeout=10)
+    for name in reversed(names):
+        nodes[name] = _supernode(processes, port, files[name], name, f"{name}-again")
+    log = _run(processes, f"{common} strategy='fedamp' fedamp-sigma=10.0 num-server-rounds=3 "
+                          "run-name='fedamp' resume=true")
+    resumed = _metrics(results, "fedamp", log)
+    assert resumed["client_names"] == names and resumed["finished"]
+    assert [r["round"] for r in resumed["rounds"]] == [1, 2, 3]
+    assert resumed["rounds"][:2] == fedamp["rounds"]  # the first two rounds kept as they were
+    assert resumed["rounds"][2]["trained_clients"] == [0, 1, 2]
+
+    # 4. Panacea over a graph file that names the members
+    graph = tmp / "graph.csv"
+    graph.write_text("u,v\nsite-a,site-b\nsite-b,site-c\nsite-a,site-unknown\n")
+    log = _run(processes, f"{common} strategy='panacea' graph='file' graph-file='{graph}' "
+                          "panacea-server-lr=0.01 local-steps=5 num-server-rounds=2 "
+                          "run-name='panacea'")
+    panacea = _metrics(results, "panacea", log)
+    assert panacea["client_names"] == names and panacea["finished"]
+    assert all(r["trained_clients"] == [0, 1, 2] for r in panacea["rounds"])
+    assert "Client graph 'file': 3 clients, 2 edges" in log
