@@ -23,12 +23,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import strategies  # noqa: E402
-import tasks  # noqa: E402
-from fedamp_flwr.config import RunConfig  # noqa: E402
-from fedamp_flwr.results import RunFolder  # noqa: E402
-from fedamp_flwr.server_app import run_setup  # noqa: E402
-from strategies.discovery import ClientInfo  # noqa: E402
+import strategies
+import tasks
+from fedamp_flwr.config import RunConfig
+from fedamp_flwr.results import RunFolder
+from fedamp_flwr.server_app import run_setup
+from strategies.core.clients import ClientInfo
 
 
 def main() -> None:

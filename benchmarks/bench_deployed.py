@@ -37,8 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from fedamp_flwr.results import strict_json  # noqa: E402
 from experiments.processes import SuperLink, free_port, stop_tree  # noqa: E402
+from fedamp_flwr.results import strict_json  # noqa: E402
 
 # name -> (number of clients, run config); fmnist: the deployment target
 CONFIGS = {
@@ -74,7 +74,7 @@ def one(kind: str, n: int, run_config: str, work: Path, timeout: float,
             if kind == "deployed":
                 env = dict(link.env, FLWR_SUPEREXEC_TASK_POLL_INTERVAL=str(args_poll))
                 for pid in range(n):
-                    log = open(home / f"supernode{pid}.log", "w")  # noqa: SIM115
+                    log = open(home / f"supernode{pid}.log", "w")
                     nodes.append(subprocess.Popen(
                         [shutil.which("flower-supernode") or "flower-supernode", "--insecure",
                          "--superlink", f"127.0.0.1:{link.port}", "--port", str(free_port()),

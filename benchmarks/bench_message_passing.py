@@ -19,6 +19,7 @@ and prints the ratio loop / vectorised. Usage:
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import time
@@ -27,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from strategies.fedamp import fedamp_weights, heurfedamp_weights  # noqa: E402
+from strategies.fedamp import fedamp_weights, heurfedamp_weights
 
 SIZES = {"cnn": 1_663_370, "resnet18": 11_173_962}
 
@@ -105,8 +106,8 @@ def main() -> None:
         models = (0.05 * torch.randn(args.clients, d, generator=gen)).to(device)
         rows = args.loop_rows or args.clients
         for kind in ("fedamp", "heurfedamp"):
-            fast = timed(lambda: vectorised(models, kind), device, args.repeat)
-            slow = timed(lambda: loop(models, kind, rows), device, 1) * args.clients / rows
+            fast = timed(functools.partial(vectorised, models, kind), device, args.repeat)
+            slow = timed(functools.partial(loop, models, kind, rows), device, 1) * args.clients / rows
             got, ref = vectorised(models, kind)[:rows], loop(models, kind, min(rows, 2))
             assert torch.allclose(got[: len(ref)], ref, rtol=1e-3, atol=1e-5), "results differ"
             note = "" if rows == args.clients else f"  (loop timed on {rows} rows, scaled)"

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_scale import ROOT, run_child  # noqa: E402
+from bench_scale import ROOT, run_child
 
 
 def main() -> None:
@@ -42,8 +42,8 @@ def main() -> None:
         for s in args.strategies:
             row = run_child({**base, "strategy": s}, args.clients)
             times[s].append(sum(row["round_s"]))
-            print(f"repeat {rep + 1}: {s} {times[s][-1]:.2f}s ({', '.join(f'{v:.2f}' for v in row['round_s'])})",
-                  flush=True)
+            rounds = ", ".join(f"{v:.2f}" for v in row["round_s"])
+            print(f"repeat {rep + 1}: {s} {times[s][-1]:.2f}s ({rounds})", flush=True)
     best = {s: min(v) for s, v in times.items()}
     ref = best[args.strategies[0]]
     print(f"\n| strategy | run time, best of {args.repeats} (s) | mean (s) | ratio to "

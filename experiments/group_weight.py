@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import tasks  # noqa: E402
-from experiments.report import xi_matrices  # noqa: E402
+import tasks
+from experiments.plots import xi_matrices
 
 path = Path(sys.argv[1])
 metrics = {**json.loads(path.read_text()), "_dir": str(path.parent)}

@@ -22,15 +22,15 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import tasks  # noqa: E402
-from experiments import report  # noqa: E402
+import tasks
+from experiments import plots, report, scores
 
 MARKS = (5, 10, 20, 30)
 
 
 def own_group_share(run: dict, xi: np.ndarray, ids: list[int]) -> float:
     """Mean over clients of the weight on the other clients of their own group."""
-    groups = tasks.client_groups(run["dataset"], run["partitioning"], len(ids))
+    groups = tasks.client_groups(run.dataset, run.partitioning, len(ids))
     g = np.array([groups[c] for c in ids])
     same = (g[:, None] == g[None, :]) & ~np.eye(len(ids), dtype=bool)
     return float((xi * same).sum(1).mean())
@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     import matplotlib.pyplot as plt
 
-    report.plot_convergence(runs, args.out / "convergence.png")
-    curves = {report.method_of(r): report.round_means(r) for r in runs}
+    plots.plot_convergence(runs, args.out / "convergence.png")
+    curves = {scores.method_of(r): scores.round_means(r) for r in runs}
     base = curves.get("separate")
     if base is not None:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -67,10 +67,11 @@ def main(argv: list[str] | None = None) -> None:
         fig.savefig(args.out / "gap.png", dpi=120)
         plt.close(fig)
     print("| method | rounds | BMTA | " + " | ".join(f"round {k}" for k in MARKS)
-          + " | gap to Separate at " + ", ".join(map(str, MARKS)) + " | own-group weight, rounds 1 / 5 / last |")
+          + " | gap to Separate at " + ", ".join(map(str, MARKS))
+          + " | own-group weight, rounds 1 / 5 / last |")
     print("|---|---:|---:|" + "---:|" * len(MARKS) + "---|---|")
     for r in runs:
-        m = report.method_of(r)
+        m = scores.method_of(r)
         x, y = curves[m]
         at = {int(k): v for k, v in zip(x, y)}
         cells = [f"{at[k]:.2f}" if k in at else "" for k in MARKS]
@@ -78,14 +79,14 @@ def main(argv: list[str] | None = None) -> None:
         if base is not None:
             b = {int(k): v for k, v in zip(*base)}
             gaps = [f"{at[k] - b[k]:+.2f}" if k in at and k in b else "–" for k in MARKS]
-        ids, xis = report.xi_matrices(r)
+        ids, xis = plots.xi_matrices(r)
         share = ""
         if xis:
             picks = [k for k in (1, 5, max(xis)) if k in xis]
             share = " / ".join(f"{own_group_share(r, xis[k], ids):.2f}" for k in picks)
             for k in picks:
-                report.plot_xi(r, args.out / f"xi_{report.safe_name(m)}_round{k}.png", m, k)
-        print(f"| {m} | {len(x)} | {r.get('bmta', float('nan')):.2f} | " + " | ".join(cells)
+                plots.plot_xi(r, args.out / f"xi_{plots.safe_name(m)}_round{k}.png", m, k)
+        print(f"| {m} | {len(x)} | {r.recorded.get('bmta', float('nan')):.2f} | " + " | ".join(cells)
               + f" | {', '.join(gaps)} | {share} |")
 
 

@@ -57,7 +57,7 @@ def write_sites(dc: tasks.DataConfig, out: Path) -> dict[str, object]:
         "model": MODEL_OF_TASK.get(dc.dataset, "auto"),
         # the task's own values of settings left at "auto" (a strategy's own tuned values
         # for this task, TaskSpec.auto[<strategy>], are not carried: set them explicitly)
-        **tasks.get_task(dc.dataset).auto.get("*", {}),
+        **tasks.get_task(dc.dataset).auto,
     }
     if fed.adjacency is not None:
         with open(out / "graph.csv", "w", newline="") as f:

@@ -159,7 +159,7 @@ class SuperLink:
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
             f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
         log_path = self.home / "superlink.log"
-        self._log = open(log_path, "w")  # noqa: SIM115 - closed in __exit__
+        self._log = open(log_path, "w")
         self.proc = subprocess.Popen(
             [exe, "--insecure", *(["--simulation"] if self.simulation else []),
              "--isolation", "subprocess",

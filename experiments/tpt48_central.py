@@ -19,9 +19,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import tasks  # noqa: E402
-from tasks.federated import load_tpt48  # noqa: E402
-from tasks.train import evaluate, train  # noqa: E402
+import tasks
+from tasks.federated import load_tpt48
+from tasks.train import evaluate, train
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -7,8 +7,8 @@ Data and model come from the run config (``dataset``, ``partitioning``,
 folder, ``client-id``: its name), checked against the run config's schema
 (:mod:`tasks.members`). What a train or evaluate message asks is a method's
 business: the message names a client update under ``client-update``
-(:mod:`strategies.client`; none named: plain local training), and this app
-builds a :class:`strategies.client.ClientJob` (the received model, the
+(:mod:`strategies.core.client`; none named: plain local training), and this app
+builds a :class:`strategies.core.client.ClientJob` (the received model, the
 client's data, the message, the client's ``context.state``, the round's
 seed and optimizer settings) and hands it over. It names no method.
 
@@ -32,7 +32,7 @@ query (reply: ``info`` ConfigRecord)
     ``member`` and ``error``.
 
 A message this client cannot carry out (an unknown client update, keys of two
-methods) gets an error reply with code :data:`strategies.protocol.REFUSED`
+methods) gets an error reply with code :data:`strategies.core.protocol.REFUSED`
 naming the keys; the server stops the run on it.
 """
 
@@ -45,13 +45,42 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricR
 from flwr.clientapp import ClientApp
 
 import tasks
-from strategies.client import (CLIENT_UPDATES, ClientJob, ClientUpdate, Optim, instruction_problem,
-                              update_name)
-from strategies.protocol import (ACCURACY, ARRAYS, BATCH_SIZE, CLIENT_ID, CLIENT_INDEX, CONFIG,
-                                ERROR, INFO, INPUT_SHAPE, LOCAL_EPOCHS, LOCAL_STEPS, LOSS, LR,
-                                MEMBER, METRICS, MSE, NUM_EXAMPLES, NUM_OUTPUTS, NUM_PARTITIONS,
-                                NUM_TEST, NUM_TRAIN, OPTIMIZER, REFUSED, SERVER_ROUND, TASK_KIND,
-                                TRAIN_LOSS)
+from strategies.core.client import (
+    CLIENT_UPDATES,
+    ClientJob,
+    ClientUpdate,
+    Optim,
+    instruction_problem,
+    update_name,
+)
+from strategies.core.protocol import (
+    ACCURACY,
+    ARRAYS,
+    BATCH_SIZE,
+    CLIENT_ID,
+    CLIENT_INDEX,
+    CONFIG,
+    ERROR,
+    INFO,
+    INPUT_SHAPE,
+    LOCAL_EPOCHS,
+    LOCAL_STEPS,
+    LOSS,
+    LR,
+    MEMBER,
+    METRICS,
+    MSE,
+    NUM_EXAMPLES,
+    NUM_OUTPUTS,
+    NUM_PARTITIONS,
+    NUM_TEST,
+    NUM_TRAIN,
+    OPTIMIZER,
+    REFUSED,
+    SERVER_ROUND,
+    TASK_KIND,
+    TRAIN_LOSS,
+)
 from tasks.scenarios import flip_labels
 from tasks.train import evaluate as evaluate_model
 
@@ -196,7 +225,8 @@ def _job(msg: Message, context: Context, train: bool) -> tuple[ClientUpdate, Cli
         targets = flip_labels(data.y_train, classes, torch.Generator().manual_seed(seed))
     model = tasks.build_model(dc, cfg.model)
     model.load_state_dict(msg.content[ARRAYS].to_torch_state_dict())
-    optim = Optim(batch_size=int(c.get(BATCH_SIZE, cfg.batch_size)), lr=float(c.get(LR, cfg.learning_rate)),
+    optim = Optim(batch_size=int(c.get(BATCH_SIZE, cfg.batch_size)),
+                  lr=float(c.get(LR, cfg.learning_rate)),
                   optimizer=str(c.get(OPTIMIZER, cfg.optimizer)), device=_device())
     job = ClientJob(model=model, data=data, targets=targets, content=msg.content, config=c,
                     state=context.state, server_round=server_round, seed=seed,

@@ -13,14 +13,15 @@ from flwr.supercore import log
 
 import strategies
 import tasks
-from strategies.protocol import BATCH_SIZE, LOCAL_EPOCHS, LOCAL_STEPS, LR, OPTIMIZER
-from strategies.discovery import ClientSetupError, Schema
-from strategies.layout import dtypes_of, with_dtypes
-from strategies.rounds import RoundsFailedError, run_rounds
+from strategies.core.clients import ClientInfo, Schema
+from strategies.core.layout import dtypes_of, with_dtypes
+from strategies.core.protocol import BATCH_SIZE, LOCAL_EPOCHS, LOCAL_STEPS, LR, OPTIMIZER
 from tasks.graphs import build_graph
 
 from .config import ConfigError, RunConfig
+from .discovery import ClientSetupError, discover_clients, discover_members
 from .results import RunFolder, XiFiles
+from .rounds import RoundsFailedError, run_rounds
 
 app = ServerApp()
 
@@ -44,6 +45,8 @@ def run_setup(cfg: RunConfig, num_clients: int, param_keys: list[str],
     return strategies.RunSetup(
         num_clients=num_clients, param_keys=list(param_keys), device=server_device(cfg),
         adjacency=adjacency, num_attackers=len(cfg.roles(num_clients).attackers),
+        fraction_train=cfg.fraction_train, seed=cfg.seed, dataset=cfg.dataset,
+        setting=cfg.setting_kind, groups=cfg.groups(num_clients),
     )
 
 
@@ -51,7 +54,7 @@ def client_graph(cfg: RunConfig, dc: tasks.DataConfig,
                  names: list[str] | None = None) -> torch.Tensor | None:
     """The validated client graph of the run (only for strategies that use one).
 
-    Rows are client ids 0..n-1 (:func:`strategies.discover_clients` ensures
+    Rows are client ids 0..n-1 (:func:`fedamp_flwr.discovery.discover_clients` ensures
     that every partition id has its node); in a run over members' own data,
     ``names`` are the members' names by client id, which the graph file uses.
     """
@@ -72,16 +75,16 @@ def find_schema(cfg: RunConfig) -> Schema | None:
 
 
 def find_clients(cfg: RunConfig, grid: Grid, known: list[str]
-                 ) -> tuple[dict[int, strategies.ClientInfo], list[str], set[int]]:
+                 ) -> tuple[dict[int, ClientInfo], list[str], set[int]]:
     """The clients of the run: partitions (every partition id on one node), or members
     (those whose data fits, numbered by name; ``known``: a checkpoint's, which keep their
     ids). Returns node id -> info, the members' names by client id ([] if partitioned),
     and the nodes left out."""
     schema = cfg.member_schema()
     if schema is None:
-        clients = strategies.discover_clients(grid, cfg.min_nodes, timeout=cfg.node_wait_timeout)
+        clients = discover_clients(grid, cfg.min_nodes, timeout=cfg.node_wait_timeout)
         return clients, [], set()
-    return strategies.discover_members(grid, cfg.min_nodes, find_schema(cfg),
+    return discover_members(grid, cfg.min_nodes, find_schema(cfg),
                                        timeout=cfg.node_wait_timeout, known=known)
 
 
@@ -124,7 +127,7 @@ def _main(grid: Grid, context: Context) -> None:
     random.seed(cfg.seed)  # Flower's strategies sample nodes with the random module
     model = tasks.build_model(dc, cfg.model)
     param_keys = [name for name, _ in model.named_parameters()]
-    strategy = strategies.build_strategy(cfg.strategy, cfg,
+    strategy = strategies.build_strategy(cfg.strategy, cfg.settings,
                                          run_setup(cfg, n, param_keys, adjacency))
     roles = cfg.roles(n)
     if roles.novel or roles.attackers or roles.drop_rate or roles.heterogeneous_epochs:
@@ -152,7 +155,7 @@ def _main(grid: Grid, context: Context) -> None:
         random.setstate(checkpoint["random_state"])
         done, spent = checkpoint["round"], checkpoint["wall_time_s"]
 
-    def join(info: strategies.ClientInfo) -> None:
+    def join(info: ClientInfo) -> None:
         """A member the run does not know yet joins with the next client id."""
         graph = None
         if strategies.STRATEGIES[cfg.strategy].uses_graph and cfg.graph != "none":
@@ -164,15 +167,16 @@ def _main(grid: Grid, context: Context) -> None:
         join(info)
 
     started = time.time()
+    kind = tasks.data_info(dc).kind
 
     def record(completed: int) -> dict:
         return {
             "run_name": folder.name, "strategy": cfg.strategy, "label": cfg.label,
-            "dataset": cfg.dataset,
+            "dataset": cfg.dataset, "task_kind": kind,
             "partitioning": cfg.partitioning, "num_clients": len(tracker.names) or n,
             **({"client_names": list(tracker.names)} if tracker.names else {}),
             "seed": cfg.seed, "config": cfg.to_dict(),
-            "sigma": {"fedamp": cfg.sigma("fedamp"), "heurfedamp": cfg.sigma("heurfedamp")},
+            **cfg.settings.record(cfg.context()),
             "completed_rounds": completed, "finished": completed == cfg.num_server_rounds,
             "wall_time_s": round(spent + time.time() - started, 2),
             **strategy.history.to_dict(),

@@ -17,7 +17,7 @@ adaptive update of alpha is not implemented.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 from flwr.app import ArrayRecord
@@ -25,12 +25,10 @@ from torch import nn
 
 from tasks.train import loss_for, make_optimizer, run_batches
 
-from .client import ClientJob, ClientUpdate, register_client_update
+from .core.client import ClientJob, ClientUpdate, register_client_update
+from .core.registry import RunSetup, flower_kwargs, register_strategy
+from .core.settings import Settings, SettingsContext
 from .flower import FedAvg
-from .registry import RunSetup, flower_kwargs, register_strategy
-
-if TYPE_CHECKING:
-    from fedamp_flwr.config import RunConfig
 
 APFL_NAME = "apfl"
 ALPHA = "apfl-alpha"
@@ -109,7 +107,7 @@ class APFLClient(ClientUpdate):
     train_keys = (ALPHA,)
     evaluate_keys = (ALPHA,)
 
-    def train(self, job: ClientJob) -> tuple[float, dict]:  # noqa: D102
+    def train(self, job: ClientJob) -> tuple[float, dict]:
         local = _local_model(job)
         loss = train_apfl(job.model, local, job.data.x_train, job.targets,
                           alpha=float(job.config[ALPHA]), **job.loop_kwargs())
@@ -145,12 +143,22 @@ class APFL(FedAvg):
         self.alpha = alpha
         super().__init__(**kwargs)
 
-    def train_keys(self) -> dict:  # noqa: D102
+    def train_keys(self) -> dict:
         return {ALPHA: self.alpha}
 
     evaluate_keys = train_keys
 
 
-@register_strategy(APFL_NAME)
-def _apfl(cfg: RunConfig, run: RunSetup) -> APFL:
-    return APFL(alpha=cfg.apfl_alpha, **flower_kwargs(cfg, run))
+@dataclass(frozen=True)
+class APFLSettings(Settings):
+    """APFL's key: ``apfl-alpha``, the mixture weight of the local model, in (0, 1]."""
+
+    apfl_alpha: float = 0.5
+
+    def check(self, run: SettingsContext) -> None:
+        self.require("apfl-alpha", 0 < self.apfl_alpha <= 1, "a number in (0, 1]")
+
+
+@register_strategy(APFL_NAME, settings=APFLSettings)
+def _apfl(settings: APFLSettings, run: RunSetup) -> APFL:
+    return APFL(alpha=settings.apfl_alpha, **flower_kwargs(run))

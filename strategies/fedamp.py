@@ -21,29 +21,27 @@ flattened models, tested on their own:
 
 Which tensors the distances use: the trainable parameters only (the first
 ``layout.num_params`` entries of the flat vector, see
-:class:`strategies.layout.FlatLayout`); the mix u_i covers every floating-point
+:class:`strategies.core.layout.FlatLayout`); the mix u_i covers every floating-point
 tensor of the state dict, batch-norm running statistics included. Integer
 tensors (batch-norm counters) are taken from the initial model.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from logging import INFO, WARNING
-from typing import TYPE_CHECKING
 
 import torch
 from flwr.app import ConfigRecord
 from flwr.supercore import log
 
-from .base import PersonalizedStrategy
+from .core.base import PersonalizedStrategy
+from .core.registry import RunSetup, personal_kwargs, register_strategy
+from .core.settings import ConfigError, Settings, SettingsContext, bad
 from .flower import PROXIMAL, PROXIMAL_MU
-from .registry import RunSetup, personal_kwargs, register_strategy
-
-if TYPE_CHECKING:
-    from fedamp_flwr.config import RunConfig
-
 
 OFFLINE_CHOICES = ("exclude", "include")
 
@@ -246,7 +244,7 @@ class FedAMP(PersonalizedStrategy):
     groups : Sequence[int] | None
         Group of every client id (same-distribution clients), for "paper".
     **kwargs
-        Passed to :class:`strategies.base.PersonalizedStrategy` (fraction_train,
+        Passed to :class:`strategies.core.base.PersonalizedStrategy` (fraction_train,
         param_keys, device, seed).
     """
 
@@ -276,7 +274,7 @@ class FedAMP(PersonalizedStrategy):
         self._rescaling = False  # the last round's rows were rescaled
         self._round_xi: torch.Tensor | None = None
 
-    def summary(self) -> None:  # noqa: D102
+    def summary(self) -> None:
         super().summary()
         own = {None: "1 - the others (Eq. 6)", "paper": "1 / (N_i + 1) (the appendix)"}
         log(INFO, "\t└── alpha_k %g (x%g every %d rounds), lambda %g, sigma %g, self weight %s",
@@ -358,12 +356,12 @@ class FedAMP(PersonalizedStrategy):
         xi[active[:, None], active[None, :]] = xi_active
         return xi
 
-    def state_dict(self) -> dict:  # noqa: D102
+    def state_dict(self) -> dict:
         return {**super().state_dict(), "underflow_warned": self._underflow_warned,
                 "rescaled_rounds": list(self._rescaled_rounds),
                 "rescaling": self._rescaling}
 
-    def load_state_dict(self, state: dict, initial_arrays) -> None:  # noqa: D102
+    def load_state_dict(self, state: dict, initial_arrays) -> None:
         super().load_state_dict(state, initial_arrays)
         self._underflow_warned = bool(state.get("underflow_warned", False))
         self._rescaled_rounds = [int(r) for r in state.get("rescaled_rounds", [])]
@@ -418,24 +416,122 @@ class HeurFedAMP(FedAMP):
         super().__init__(sigma=sigma, self_weight=self_weight, **kwargs)
 
     def weights(self, server_round: int, params: torch.Tensor,
-                self_weight: float | torch.Tensor | None) -> torch.Tensor:  # noqa: D102
+                self_weight: float | torch.Tensor | None) -> torch.Tensor:
         return heurfedamp_weights(params, self.sigma, self_weight)
 
 
-def _fedamp_kwargs(cfg: RunConfig, run: RunSetup) -> dict:
-    return dict(alpha_k=cfg.fedamp_alpha_k, alpha_decay=cfg.fedamp_alpha_decay,
-                alpha_decay_every=cfg.fedamp_alpha_decay_every, lam=cfg.fedamp_lambda,
-                offline_clients=cfg.fedamp_offline_clients, groups=cfg.groups(run.num_clients),
-                **personal_kwargs(cfg, run))
+#: The paper's sigma (Huang et al., Tables 4-6) per dataset, data setting and method: what
+#: ``fedamp-sigma`` / ``heurfedamp-sigma`` = "auto" gives. Only the cells this project has
+#: are here. The synthetic task's values are not from the paper: chosen for its MLP (docs).
+PAPER_SIGMA: dict[str, dict[str, dict[str, float]]] = {
+    "synthetic": {p: {"fedamp": 1.0, "heurfedamp": 25.0}
+                  for p in ("practical", "iid", "pathological", "dirichlet", "blocks")},
+    "mnist": {"practical": {"fedamp": 100.0, "heurfedamp": 25.0}},
+    "fmnist": {"practical": {"fedamp": 10.0, "heurfedamp": 100.0}},
+    "emnist": {"practical": {"fedamp": 10.0, "heurfedamp": 50.0}},
+    "cifar100": {"practical": {"fedamp": 1e6, "heurfedamp": 10.0}},
+}
 
 
-@register_strategy("fedamp")
-def _fedamp(cfg: RunConfig, run: RunSetup) -> FedAMP:
-    return FedAMP(sigma=cfg.sigma("fedamp"), self_weight=cfg.self_weight("fedamp"),
-                  **_fedamp_kwargs(cfg, run))
+@dataclass(frozen=True)
+class FedAMPSettings(Settings):
+    """FedAMP's and HeurFedAMP's keys (the ``fedamp-`` and ``heurfedamp-`` run-config keys).
+
+    ``fedamp-alpha-k`` (alpha_k of round 1, paper 1e4), ``fedamp-alpha-decay`` and
+    ``-decay-every`` (alpha_k times the decay every so many rounds), ``fedamp-lambda``
+    (clients' proximal coefficient lambda / alpha_k), ``fedamp-sigma`` and
+    ``heurfedamp-sigma`` ("auto": the paper's, :data:`PAPER_SIGMA`), the self weights
+    (``eq6``: Eq. 6's 1 - the others; ``paper``: the appendix's 1 / (N_i + 1); a
+    number in [0, 1)), ``fedamp-offline-clients`` (``exclude``: only this round's
+    training clients mix; ``include``: every training client's latest model).
+    """
+
+    WORDS = {"fedamp-sigma": ("auto",), "heurfedamp-sigma": ("auto",),
+             "fedamp-self-weight": ("eq6", "paper"), "heurfedamp-self-weight": ("paper",)}
+
+    fedamp_alpha_k: float = 1e4
+    fedamp_alpha_decay: float = 0.1
+    fedamp_alpha_decay_every: int = 30
+    fedamp_lambda: float = 1.0
+    fedamp_sigma: float | str = "auto"
+    heurfedamp_sigma: float | str = "auto"
+    fedamp_self_weight: float | str = "eq6"
+    heurfedamp_self_weight: float | str = 0.1
+    fedamp_offline_clients: str = "exclude"
+
+    def check(self, run: SettingsContext) -> None:
+        self.require("fedamp-alpha-k", self.fedamp_alpha_k > 0, "a number > 0")
+        self.require("fedamp-alpha-decay", 0 < self.fedamp_alpha_decay <= 1, "a number in (0, 1]")
+        self.require("fedamp-alpha-decay-every", self.fedamp_alpha_decay_every >= 1,
+                     "an integer >= 1")
+        self.require("fedamp-lambda", self.fedamp_lambda >= 0, "a number >= 0")
+        self.require("fedamp-offline-clients", self.fedamp_offline_clients in OFFLINE_CHOICES,
+                     ", ".join(OFFLINE_CHOICES))
+        for method in ("fedamp", "heurfedamp"):
+            sigma = getattr(self, f"{method}_sigma")
+            self.require(f"{method}-sigma", sigma == "auto" or (
+                not isinstance(sigma, str) and 0 < sigma < math.inf), '"auto" or a finite number > 0')
+            key = f"{method}-self-weight"
+            weight = getattr(self, f"{method}_self_weight")
+            words = " or ".join(f'"{w}"' for w in self.WORDS[key])
+            self.require(key, isinstance(weight, str) or 0 <= weight < 1,
+                         f"{words} or a number in [0, 1)")
+            if run.strategy != method:
+                continue
+            if weight == "paper" and not run.has_groups:
+                raise bad(key, weight, f'a number in [0, 1): "paper" (1 / (N_i + 1), N_i the '
+                          f"clients of i's group) needs a data setting with groups of clients "
+                          f"of one distribution (practical, iid, blocks), not {run.setting_name}")
+            if self.sigma(method, run.dataset, run.setting) is None:
+                known = sorted(p for p, v in PAPER_SIGMA.get(run.dataset, {}).items()
+                               if method in v)
+                raise bad(f"{method}-sigma", "auto", f"a number > 0: the FedAMP paper's sigma "
+                          f"(its Tables 4-6) for {run.setting_name} is not recorded in this "
+                          f"project" + (f" (it has {run.dataset}: {', '.join(known)})"
+                                        if known else ""))
+
+    def sigma(self, method: str, dataset: str, setting: str) -> float | None:
+        """sigma of ``method`` ("fedamp"/"heurfedamp"); "auto" = the paper's for the data
+        setting (None if none)."""
+        value = getattr(self, f"{method}_sigma")
+        if value == "auto":
+            value = PAPER_SIGMA.get(dataset, {}).get(setting, {}).get(method)
+        return None if value is None else float(value)
+
+    def self_weight(self, method: str) -> float | str | None:
+        """The self weight of ``method``: a number, "paper" or None (Eq. 6's rule, ``eq6``)."""
+        value = getattr(self, f"{method}_self_weight")
+        return None if value == "eq6" else value
+
+    def record(self, run: SettingsContext) -> dict:
+        """metrics.json's ``sigma``: the sigma of both methods (their "auto" resolved)."""
+        return {"sigma": {m: self.sigma(m, run.dataset, run.setting)
+                          for m in ("fedamp", "heurfedamp")}}
 
 
-@register_strategy("heurfedamp")
-def _heurfedamp(cfg: RunConfig, run: RunSetup) -> HeurFedAMP:
-    return HeurFedAMP(sigma=cfg.sigma("heurfedamp"), self_weight=cfg.self_weight("heurfedamp"),
-                      **_fedamp_kwargs(cfg, run))
+def _fedamp_kwargs(settings: FedAMPSettings, run: RunSetup) -> dict:
+    return dict(alpha_k=settings.fedamp_alpha_k, alpha_decay=settings.fedamp_alpha_decay,
+                alpha_decay_every=settings.fedamp_alpha_decay_every, lam=settings.fedamp_lambda,
+                offline_clients=settings.fedamp_offline_clients, groups=run.groups,
+                **personal_kwargs(run))
+
+
+def _sigma(settings: FedAMPSettings, method: str, run: RunSetup) -> float:
+    sigma = settings.sigma(method, run.dataset, run.setting)
+    if sigma is None:  # checked with the run config; a direct caller gets the same words
+        raise ConfigError(f"run config '{method}-sigma' = 'auto': no paper value for "
+                          f"{run.dataset}/{run.setting}; allowed: a number > 0")
+    return sigma
+
+
+@register_strategy("fedamp", settings=FedAMPSettings)
+def _fedamp(settings: FedAMPSettings, run: RunSetup) -> FedAMP:
+    return FedAMP(sigma=_sigma(settings, "fedamp", run), self_weight=settings.self_weight("fedamp"),
+                  **_fedamp_kwargs(settings, run))
+
+
+@register_strategy("heurfedamp", settings=FedAMPSettings)
+def _heurfedamp(settings: FedAMPSettings, run: RunSetup) -> HeurFedAMP:
+    return HeurFedAMP(sigma=_sigma(settings, "heurfedamp", run),
+                      self_weight=settings.self_weight("heurfedamp"),
+                      **_fedamp_kwargs(settings, run))

@@ -1,6 +1,6 @@
 """Flower's own strategies, used as they are, with this project's checks and records.
 
-:class:`strategies.base.TrackedStrategy` sits in front of each (see its
+:class:`strategies.core.base.TrackedStrategy` sits in front of each (see its
 docstring). Two client halves live here, beside the strategies that use them:
 
 * ``proximal`` (:class:`ProximalTraining`): FedProx's client contract, as
@@ -15,17 +15,15 @@ docstring). Two client halves live here, beside the strategies that use them:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from flwr.serverapp import strategy as flwr_strategy
 from torch import nn
 
-from .base import TrackedStrategy
-from .client import ClientJob, ClientUpdate, register_client_update
-from .registry import RunSetup, flower_kwargs, register_strategy
-
-if TYPE_CHECKING:
-    from fedamp_flwr.config import RunConfig
+from .core.base import TrackedStrategy
+from .core.client import ClientJob, ClientUpdate, register_client_update
+from .core.registry import RunSetup, flower_kwargs, register_strategy
+from .core.settings import Settings, SettingsContext
 
 PROXIMAL = "proximal"
 PROXIMAL_MU = "proximal-mu"  # the key Flower's FedProx sends
@@ -42,7 +40,7 @@ class ProximalTraining(ClientUpdate):
     name = PROXIMAL
     train_keys = (PROXIMAL_MU,)
 
-    def train(self, job: ClientJob) -> tuple[float, dict]:  # noqa: D102
+    def train(self, job: ClientJob) -> tuple[float, dict]:
         return job.fit(proximal_mu=float(job.config.get(PROXIMAL_MU, 0.0))), {}
 
 
@@ -65,7 +63,7 @@ class FineTuning(ClientUpdate):
     name = FINETUNE
     evaluate_keys = (FINETUNE_EPOCHS,)
 
-    def evaluate(self, job: ClientJob) -> nn.Module:  # noqa: D102
+    def evaluate(self, job: ClientJob) -> nn.Module:
         return finetune(job, epochs=int(job.config[FINETUNE_EPOCHS]))
 
 
@@ -112,7 +110,7 @@ class FineTuned:
         self.finetune_epochs = finetune_epochs
         super().__init__(*args, **kwargs)
 
-    def evaluate_keys(self) -> dict:  # noqa: D102
+    def evaluate_keys(self) -> dict:
         return {FINETUNE_EPOCHS: self.finetune_epochs}
 
 
@@ -124,37 +122,77 @@ class FedProxFT(FineTuned, FedProx):
     """FedProx-FT: FedProx's global model, fine-tuned by each client before it is tested."""
 
 
+@dataclass(frozen=True)
+class ProximalSettings(Settings):
+    """FedProx's key: ``fedprox-mu``, the proximal coefficient mu (>= 0)."""
+
+    fedprox_mu: float = 0.01
+
+    def check(self, run: SettingsContext) -> None:
+        self.require("fedprox-mu", self.fedprox_mu >= 0, "a number >= 0")
+
+
+@dataclass(frozen=True)
+class FineTuneSettings(Settings):
+    """FedAvg-FT's key: ``finetune-epochs``, local epochs of fine-tuning before testing (>= 1)."""
+
+    finetune_epochs: int = 1
+
+    def check(self, run: SettingsContext) -> None:
+        self.require("finetune-epochs", self.finetune_epochs >= 1, "an integer >= 1")
+
+
+@dataclass(frozen=True)
+class ProximalFineTuneSettings(ProximalSettings, FineTuneSettings):
+    """FedProx-FT's keys: FedProx's and FedAvg-FT's."""
+
+    def check(self, run: SettingsContext) -> None:
+        ProximalSettings.check(self, run)
+        FineTuneSettings.check(self, run)
+
+
+@dataclass(frozen=True)
+class TrimmedMeanSettings(Settings):
+    """FedTrimmedAvg's key: ``fedtrimmedavg-beta``, the share cut at each end, in [0, 0.5)."""
+
+    fedtrimmedavg_beta: float = 0.2
+
+    def check(self, run: SettingsContext) -> None:
+        self.require("fedtrimmedavg-beta", 0 <= self.fedtrimmedavg_beta < 0.5,
+                     "a number in [0, 0.5)")
+
+
 @register_strategy("fedavg")
-def _fedavg(cfg: RunConfig, run: RunSetup) -> FedAvg:
-    return FedAvg(**flower_kwargs(cfg, run))
+def _fedavg(settings: Settings, run: RunSetup) -> FedAvg:
+    return FedAvg(**flower_kwargs(run))
 
 
-@register_strategy("fedprox")
-def _fedprox(cfg: RunConfig, run: RunSetup) -> FedProx:
-    return FedProx(proximal_mu=cfg.fedprox_mu, **flower_kwargs(cfg, run))
+@register_strategy("fedprox", settings=ProximalSettings)
+def _fedprox(settings: ProximalSettings, run: RunSetup) -> FedProx:
+    return FedProx(proximal_mu=settings.fedprox_mu, **flower_kwargs(run))
 
 
-@register_strategy("fedavg-ft")
-def _fedavg_ft(cfg: RunConfig, run: RunSetup) -> FedAvgFT:
-    return FedAvgFT(finetune_epochs=cfg.finetune_epochs, **flower_kwargs(cfg, run))
+@register_strategy("fedavg-ft", settings=FineTuneSettings)
+def _fedavg_ft(settings: FineTuneSettings, run: RunSetup) -> FedAvgFT:
+    return FedAvgFT(finetune_epochs=settings.finetune_epochs, **flower_kwargs(run))
 
 
-@register_strategy("fedprox-ft")
-def _fedprox_ft(cfg: RunConfig, run: RunSetup) -> FedProxFT:
-    return FedProxFT(finetune_epochs=cfg.finetune_epochs, proximal_mu=cfg.fedprox_mu,
-                     **flower_kwargs(cfg, run))
+@register_strategy("fedprox-ft", settings=ProximalFineTuneSettings)
+def _fedprox_ft(settings: ProximalFineTuneSettings, run: RunSetup) -> FedProxFT:
+    return FedProxFT(finetune_epochs=settings.finetune_epochs, proximal_mu=settings.fedprox_mu,
+                     **flower_kwargs(run))
 
 
 @register_strategy("fedmedian")
-def _fedmedian(cfg: RunConfig, run: RunSetup) -> FedMedian:
-    return FedMedian(**flower_kwargs(cfg, run))
+def _fedmedian(settings: Settings, run: RunSetup) -> FedMedian:
+    return FedMedian(**flower_kwargs(run))
 
 
-@register_strategy("fedtrimmedavg")
-def _fedtrimmedavg(cfg: RunConfig, run: RunSetup) -> FedTrimmedAvg:
-    return FedTrimmedAvg(beta=cfg.fedtrimmedavg_beta, **flower_kwargs(cfg, run))
+@register_strategy("fedtrimmedavg", settings=TrimmedMeanSettings)
+def _fedtrimmedavg(settings: TrimmedMeanSettings, run: RunSetup) -> FedTrimmedAvg:
+    return FedTrimmedAvg(beta=settings.fedtrimmedavg_beta, **flower_kwargs(run))
 
 
 @register_strategy("krum")
-def _krum(cfg: RunConfig, run: RunSetup) -> Krum:
-    return Krum(num_malicious_nodes=run.num_attackers, **flower_kwargs(cfg, run))
+def _krum(settings: Settings, run: RunSetup) -> Krum:
+    return Krum(num_malicious_nodes=run.num_attackers, **flower_kwargs(run))

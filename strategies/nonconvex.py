@@ -16,18 +16,17 @@ averaging for small c, leaning to the larger clients as c grows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message
 
+from .core.protocol import NUM_EXAMPLES
+from .core.registry import RunSetup, flower_kwargs, register_strategy
+from .core.settings import Settings, SettingsContext
 from .flower import FedAvg
-from .protocol import NUM_EXAMPLES
-from .registry import RunSetup, flower_kwargs, register_strategy
-
-if TYPE_CHECKING:
-    from fedamp_flwr.config import RunConfig
 
 
 def nonconvex_weights(num_examples: np.ndarray, c: float, normalize: bool = False) -> np.ndarray:
@@ -92,7 +91,7 @@ class NonConvex(FedAvg):
         self._alpha_sum = float(alphas.sum())
         return replies
 
-    def aggregate_train(self, server_round, replies):  # noqa: D102
+    def aggregate_train(self, server_round, replies):
         arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is not None and not self.normalize:
             arrays = ArrayRecord({
@@ -102,6 +101,20 @@ class NonConvex(FedAvg):
         return arrays, metrics
 
 
-@register_strategy("nonconvex")
-def _nonconvex(cfg: RunConfig, run: RunSetup) -> NonConvex:
-    return NonConvex(c=cfg.nonconvex_c, normalize=cfg.nonconvex_normalize, **flower_kwargs(cfg, run))
+@dataclass(frozen=True)
+class NonConvexSettings(Settings):
+    """Ioste and Finger's keys: ``nonconvex-c`` (alpha_h = exp(c * share of samples); the
+    paper's 1e-3) and ``nonconvex-normalize`` (true: the alphas divided by their sum, not
+    the paper's rule)."""
+
+    nonconvex_c: float = 1e-3
+    nonconvex_normalize: bool = False
+
+    def check(self, run: SettingsContext) -> None:
+        self.require("nonconvex-c", math.isfinite(self.nonconvex_c), "a finite number")
+
+
+@register_strategy("nonconvex", settings=NonConvexSettings)
+def _nonconvex(settings: NonConvexSettings, run: RunSetup) -> NonConvex:
+    return NonConvex(c=settings.nonconvex_c, normalize=settings.nonconvex_normalize,
+                     **flower_kwargs(run))

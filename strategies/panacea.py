@@ -36,9 +36,9 @@ at each step (the first step equals the paper's).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from dataclasses import dataclass
 from logging import INFO
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -46,177 +46,17 @@ from flwr.app import ConfigRecord
 from flwr.supercore import log
 from torch import nn
 
-from .base import PersonalizedStrategy
-from .client import ClientJob, ClientUpdate, register_client_update
-from .registry import RunSetup, personal_kwargs, register_strategy
-
-if TYPE_CHECKING:
-    from fedamp_flwr.config import RunConfig
+from .core.base import PersonalizedStrategy
+from .core.client import ClientJob, ClientUpdate, register_client_update
+from .core.registry import RunSetup, personal_kwargs, register_strategy
+from .core.settings import ConfigError, Settings, SettingsContext
+from .hypernetwork import GraphHyperNetwork, normalized_adjacency, sample_pairs, server_step
 
 HYPERNETWORK = "hypernetwork"
 CLIENT_LR = "hn-client-lr"
 CLIENT_MOMENTUM = "hn-client-momentum"
 CLIENT_WEIGHT_DECAY = "hn-client-weight-decay"
 CLIENT_CLIP = "hn-client-clip"
-
-
-def normalized_adjacency(adj: torch.Tensor) -> torch.Tensor:
-    """GCN propagation matrix D^-1/2 (A + I) D^-1/2 of a symmetric (n, n) adjacency."""
-    a = adj.float() + torch.eye(adj.shape[0], device=adj.device)
-    d = a.sum(dim=1).rsqrt()
-    return d[:, None] * a * d[None, :]
-
-
-def _mlp(sizes: Sequence[int]) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
-class GCNLayer(nn.Module):
-    """One graph convolution H' = P H W (Kipf and Welling 2017), P the propagation matrix."""
-
-    def __init__(self, d_in: int, d_out: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(d_in, d_out)
-
-    def forward(self, h: torch.Tensor, prop: torch.Tensor) -> torch.Tensor:
-        return prop @ self.linear(h)
-
-
-class GraphHyperNetwork(nn.Module):
-    """GH(h^(0), A; psi): client embeddings -> GCN encoder -> MLP with per-tensor heads.
-
-    Parameters
-    ----------
-    num_clients : int
-        Number of clients (rows of the embedding table).
-    head_sizes : Sequence[int]
-        Number of values of each target tensor, in the order of the flat model
-        vector (:class:`strategies.layout.FlatLayout`); the output is their concatenation.
-    embed_dim : int (default: 100)
-        Dimension of h^(0) (paper: 100).
-    gnn_layers : int (default: 3)
-        GCN layers of E (paper: 3); 0 means no encoder (pFedHN: z = h^(0)).
-    hidden : int (default: 100)
-        Width of E's layers and of M's hidden layers (paper: 100).
-    mlp_layers : int (default: 3)
-        Linear layers of M before the heads (paper: 3).
-    generator : bool (default: True)
-        Whether the graph generator D exists (False for Panacea-GN and pFedHN).
-    """
-
-    def __init__(self, num_clients: int, head_sizes: Sequence[int], embed_dim: int = 100,
-                 gnn_layers: int = 3, hidden: int = 100, mlp_layers: int = 3,
-                 generator: bool = True) -> None:
-        super().__init__()
-        self.embeddings = nn.Embedding(num_clients, embed_dim)
-        nn.init.normal_(self.embeddings.weight, std=1.0)
-        dims = [embed_dim] + [hidden] * gnn_layers
-        self.encoder = nn.ModuleList(GCNLayer(a, b) for a, b in zip(dims[:-1], dims[1:]))
-        z_dim = dims[-1]
-        self.mlp = nn.Sequential(_mlp([z_dim] + [hidden] * mlp_layers), nn.ReLU())
-        self.heads = nn.ModuleList(nn.Linear(hidden, int(n)) for n in head_sizes)
-        self.generator = _mlp([z_dim, hidden, hidden]) if generator else None
-
-    def encoder_parameters(self) -> list[nn.Parameter]:
-        """psi_e: embeddings, encoder and graph generator."""
-        gen = list(self.generator.parameters()) if self.generator is not None else []
-        return [self.embeddings.weight, *self.encoder.parameters(), *gen]
-
-    def encode(self, prop: torch.Tensor | None) -> torch.Tensor:
-        """z for every client: h^(0) through the GCN layers (ReLU between), or h^(0) if none."""
-        h = self.embeddings.weight
-        for i, layer in enumerate(self.encoder):
-            h = layer(h, prop)
-            if i < len(self.encoder) - 1:
-                h = torch.relu(h)
-        return h
-
-    def generate(self, z: torch.Tensor) -> torch.Tensor:
-        """Flat target models (k, d) from embeddings z (k, z_dim)."""
-        features = self.mlp(z)
-        return torch.cat([head(features) for head in self.heads], dim=1)
-
-    def forward(self, prop: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
-        """theta for clients ``rows``: (len(rows), d)."""
-        return self.generate(self.encode(prop)[rows])
-
-
-def graph_reconstruction_loss(f: torch.Tensor, adj: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
-    """L_d over ``pairs`` (P, 2): mean of -A log s(f_u.f_v) - (1 - A) log(1 - s(f_u.f_v))."""
-    scores = (f[pairs[:, 0]] * f[pairs[:, 1]]).sum(dim=1)
-    target = adj[pairs[:, 0], pairs[:, 1]].float()
-    return nn.functional.binary_cross_entropy_with_logits(scores, target)
-
-
-def sample_pairs(adj: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """All edges (u < v) and as many random non-adjacent pairs: the pairs of L_d.
-
-    A choice the paper leaves open ("sampled client pairs"): balancing edges
-    and non-edges keeps L_d informative on sparse graphs.
-    """
-    device, adj = adj.device, adj.cpu()  # drawn with a CPU generator
-    n = adj.shape[0]
-    upper = torch.triu(adj > 0, diagonal=1)
-    pos = upper.nonzero()
-    k = max(len(pos), 1)
-    u = torch.randint(0, n, (4 * k,), generator=generator)
-    v = torch.randint(0, n, (4 * k,), generator=generator)
-    keep = (u != v) & (adj[u, v] == 0)
-    neg = torch.stack([u[keep], v[keep]], dim=1)[:k]
-    return torch.cat([pos, neg]).to(device)
-
-
-def server_step(
-    hnet: GraphHyperNetwork,
-    optimizer: torch.optim.Optimizer,
-    prop: torch.Tensor | None,
-    rows: torch.Tensor,
-    trained: torch.Tensor,
-    adj: torch.Tensor | None = None,
-    lambda_d: float = 0.0,
-    pairs: torch.Tensor | None = None,
-    clip_norm: float = 0.0,
-) -> float:
-    """One update of psi toward the clients' trained models.
-
-    Gradients of the model term come from ``torch.autograd.grad(theta, psi,
-    grad_outputs=(theta - trained) / k)`` over the k rows (the gradient of
-    the mean of 1/2 ||theta_t - trained_t||^2); with a graph generator,
-    ``lambda_d * grad L_d`` is added to psi_e's gradients; with ``clip_norm``
-    > 0 the gradients' total norm is clipped to it (pFedHN's reference trainer: 50).
-
-    Returns
-    -------
-    float
-        The mean over rows of 1/2 ||theta_t - trained_t||^2 before the step.
-    """
-    params = [p for p in hnet.parameters() if p.requires_grad]
-    z = hnet.encode(prop)
-    theta = hnet.generate(z[rows])
-    residual = (theta - trained).detach()
-    grads = torch.autograd.grad(theta, params, grad_outputs=residual / len(rows), allow_unused=True,
-                                retain_graph=hnet.generator is not None and lambda_d > 0)
-    grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
-    if hnet.generator is not None and lambda_d > 0 and adj is not None and pairs is not None:
-        loss_d = graph_reconstruction_loss(hnet.generator(z), adj, pairs)
-        psi_e = hnet.encoder_parameters()
-        extra = torch.autograd.grad(loss_d, psi_e, allow_unused=True)
-        index = {id(p): i for i, p in enumerate(params)}
-        for p, g in zip(psi_e, extra):
-            if g is not None:
-                grads[index[id(p)]] = grads[index[id(p)]] + lambda_d * g
-    optimizer.zero_grad(set_to_none=True)
-    for p, g in zip(params, grads):
-        p.grad = g
-    if clip_norm > 0:
-        nn.utils.clip_grad_norm_(params, clip_norm)
-    optimizer.step()
-    return 0.5 * float((residual ** 2).sum()) / len(rows)
 
 
 @register_client_update
@@ -233,7 +73,7 @@ class HypernetworkClient(ClientUpdate):
     name = HYPERNETWORK
     train_keys = (CLIENT_LR, CLIENT_MOMENTUM, CLIENT_WEIGHT_DECAY, CLIENT_CLIP)
 
-    def train(self, job: ClientJob) -> tuple[float, dict]:  # noqa: D102
+    def train(self, job: ClientJob) -> tuple[float, dict]:
         c = job.config
         return job.fit(optimizer="sgd", lr=float(c[CLIENT_LR]), momentum=float(c[CLIENT_MOMENTUM]),
                        weight_decay=float(c[CLIENT_WEIGHT_DECAY]),
@@ -270,7 +110,7 @@ class Panacea(PersonalizedStrategy):
         Learning rate of the clients' SGD (which trains the run's
         ``local-steps`` K_c, or ``local-epochs`` when that is 0).
     **kwargs
-        Passed to :class:`strategies.base.PersonalizedStrategy`.
+        Passed to :class:`strategies.core.base.PersonalizedStrategy`.
     """
 
     client_update = HYPERNETWORK
@@ -296,11 +136,11 @@ class Panacea(PersonalizedStrategy):
         self.client_lr = client_lr
         self.hnet: GraphHyperNetwork | None = None
 
-    def train_keys(self) -> dict:  # noqa: D102
+    def train_keys(self) -> dict:
         return {CLIENT_LR: self.client_lr, CLIENT_MOMENTUM: self.client_momentum,
                 CLIENT_WEIGHT_DECAY: self.client_weight_decay, CLIENT_CLIP: self.client_clip}
 
-    def summary(self) -> None:  # noqa: D102
+    def summary(self) -> None:
         super().summary()
         log(INFO, "\t└── graph %s, generator %s, sizes %s, server SGD lr %g (momentum %g, weight "
             "decay %g, clip %g) x %d steps; clients: SGD lr %g (momentum %g, weight decay %g, "
@@ -391,7 +231,7 @@ class Panacea(PersonalizedStrategy):
                          pair_gen=self.pair_gen.get_state())
         return state
 
-    def load_state_dict(self, state: dict, initial_arrays) -> None:  # noqa: D102
+    def load_state_dict(self, state: dict, initial_arrays) -> None:
         super().load_state_dict(state, initial_arrays)
         if "hnet" in state:
             self.hnet.load_state_dict(state["hnet"])
@@ -421,20 +261,69 @@ class Panacea(PersonalizedStrategy):
         return self.generated()
 
 
-def _panacea_kwargs(cfg: RunConfig, run: RunSetup, graph: bool, generator: bool) -> dict:
+@dataclass(frozen=True)
+class PanaceaSettings(Settings):
+    """The keys of Panacea, Panacea-GN and pFedHN (``panacea-...``).
+
+    The hypernetwork's sizes (``panacea-embed-dim``, ``-gnn-layers``, ``-hidden``,
+    ``-mlp-layers``; the paper's 100, 3, 100, 3), the graph generator's weight
+    ``panacea-lambda-d``, the server's SGD (``panacea-server-lr``, ``-momentum``,
+    ``-steps``, ``-weight-decay``, ``-clip``) and the clients' SGD
+    (``panacea-client-lr``, ``-momentum``, ``-weight-decay``, ``-clip``). Keys left
+    at "auto" take the strategy's value for the task (pFedHN: its reference trainer's,
+    :data:`PFEDHN_REFERENCE`; Panacea on TPT-48: :data:`PANACEA_TPT48`), else
+    :attr:`AUTO` (the values this project has used since the start).
+    """
+
+    AUTO = {"panacea-client-lr": 0.1, "panacea-client-momentum": 0.0,
+            "panacea-client-weight-decay": 0.0, "panacea-client-clip": 0.0,
+            "panacea-server-lr": 0.1, "panacea-server-steps": 10,
+            "panacea-server-weight-decay": 0.0, "panacea-server-clip": 0.0}
+
+    panacea_embed_dim: int = 100
+    panacea_gnn_layers: int = 3
+    panacea_hidden: int = 100
+    panacea_mlp_layers: int = 3
+    panacea_server_lr: float | str = "auto"
+    panacea_server_momentum: float = 0.9
+    panacea_server_steps: int | str = "auto"
+    panacea_server_weight_decay: float | str = "auto"
+    panacea_server_clip: float | str = "auto"
+    panacea_lambda_d: float = 1.0
+    panacea_client_lr: float | str = "auto"
+    panacea_client_momentum: float | str = "auto"
+    panacea_client_weight_decay: float | str = "auto"
+    panacea_client_clip: float | str = "auto"
+
+    def check(self, run: SettingsContext) -> None:
+        for key in ("panacea-embed-dim", "panacea-hidden", "panacea-mlp-layers",
+                    "panacea-server-steps", "panacea-gnn-layers"):
+            self.require(key, getattr(self, key.replace("-", "_")) >= 1, "an integer >= 1")
+        for key in ("panacea-server-lr", "panacea-client-lr"):
+            self.require(key, getattr(self, key.replace("-", "_")) > 0, "a number > 0")
+        for key in ("panacea-server-momentum", "panacea-client-momentum"):
+            self.require(key, 0 <= getattr(self, key.replace("-", "_")) < 1, "a number in [0, 1)")
+        for key in ("panacea-client-weight-decay", "panacea-client-clip",
+                    "panacea-server-weight-decay", "panacea-server-clip"):
+            self.require(key, 0 <= getattr(self, key.replace("-", "_")) < math.inf,
+                         "a finite number >= 0 (0: none)")
+        self.require("panacea-lambda-d", self.panacea_lambda_d >= 0, "a number >= 0")
+
+
+def _panacea_kwargs(s: PanaceaSettings, run: RunSetup, graph: bool, generator: bool) -> dict:
     if graph and run.adjacency is None:
-        raise ValueError("run config 'graph' = 'none' is invalid for Panacea and Panacea-GN; "
-                         "allowed: task, file, groups (pfedhn needs no graph)")
+        raise ConfigError("run config 'graph' = 'none' is invalid for Panacea and Panacea-GN; "
+                          "allowed: task, file, groups (pfedhn needs no graph)")
     return dict(adjacency=run.adjacency if graph else None, generator=generator,
-                embed_dim=cfg.panacea_embed_dim, gnn_layers=cfg.panacea_gnn_layers,
-                hidden=cfg.panacea_hidden, mlp_layers=cfg.panacea_mlp_layers,
-                lambda_d=cfg.panacea_lambda_d, server_lr=cfg.panacea_server_lr,
-                server_momentum=cfg.panacea_server_momentum,
-                server_steps=cfg.panacea_server_steps, client_lr=cfg.panacea_client_lr,
-                server_weight_decay=cfg.panacea_server_weight_decay,
-                server_clip=cfg.panacea_server_clip, client_momentum=cfg.panacea_client_momentum,
-                client_weight_decay=cfg.panacea_client_weight_decay,
-                client_clip=cfg.panacea_client_clip, **personal_kwargs(cfg, run))
+                embed_dim=s.panacea_embed_dim, gnn_layers=s.panacea_gnn_layers,
+                hidden=s.panacea_hidden, mlp_layers=s.panacea_mlp_layers,
+                lambda_d=s.panacea_lambda_d, server_lr=s.panacea_server_lr,
+                server_momentum=s.panacea_server_momentum,
+                server_steps=s.panacea_server_steps, client_lr=s.panacea_client_lr,
+                server_weight_decay=s.panacea_server_weight_decay,
+                server_clip=s.panacea_server_clip, client_momentum=s.panacea_client_momentum,
+                client_weight_decay=s.panacea_client_weight_decay,
+                client_clip=s.panacea_client_clip, **personal_kwargs(run))
 
 
 # pFedHN's reference trainer (Shamsian et al. 2021, github.com/AvivSham/pFedHN,
@@ -447,18 +336,25 @@ PFEDHN_REFERENCE = {
     "panacea-server-lr": 1e-2, "panacea-server-steps": 1,
     "panacea-server-weight-decay": 1e-3, "panacea-server-clip": 50.0,
 }
+# TPT-48 (measured in docs/reproducing.md): Panacea and Panacea-GN need longer local
+# training and server fits than the task's default one epoch of batch 16.
+PANACEA_TPT48 = {"local-steps": 50, "batch-size": 16, "panacea-client-lr": 0.2,
+                 "panacea-server-lr": 0.1, "panacea-server-steps": 20}
 
 
-@register_strategy("panacea", graph=True)
-def _panacea(cfg: RunConfig, run: RunSetup) -> Panacea:
-    return Panacea(**_panacea_kwargs(cfg, run, graph=True, generator=True))
+@register_strategy("panacea", settings=PanaceaSettings, graph=True,
+                   task_auto={"tpt48": PANACEA_TPT48})
+def _panacea(settings: PanaceaSettings, run: RunSetup) -> Panacea:
+    return Panacea(**_panacea_kwargs(settings, run, graph=True, generator=True))
 
 
-@register_strategy("panacea-gn", graph=True)
-def _panacea_gn(cfg: RunConfig, run: RunSetup) -> Panacea:
-    return Panacea(**_panacea_kwargs(cfg, run, graph=True, generator=False))
+@register_strategy("panacea-gn", settings=PanaceaSettings, graph=True,
+                   task_auto={"tpt48": PANACEA_TPT48})
+def _panacea_gn(settings: PanaceaSettings, run: RunSetup) -> Panacea:
+    return Panacea(**_panacea_kwargs(settings, run, graph=True, generator=False))
 
 
-@register_strategy("pfedhn", auto=PFEDHN_REFERENCE)
-def _pfedhn(cfg: RunConfig, run: RunSetup) -> Panacea:
-    return Panacea(**_panacea_kwargs(cfg, run, graph=False, generator=False))
+@register_strategy("pfedhn", settings=PanaceaSettings, auto=PFEDHN_REFERENCE,
+                   task_auto={"tpt48": {"batch-size": 16}})
+def _pfedhn(settings: PanaceaSettings, run: RunSetup) -> Panacea:
+    return Panacea(**_panacea_kwargs(settings, run, graph=False, generator=False))

@@ -18,19 +18,17 @@ shuffled pass.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from tasks.train import loss_for, make_optimizer, run_batches
 
-from .client import ClientJob, ClientUpdate, register_client_update
+from .core.client import ClientJob, ClientUpdate, register_client_update
+from .core.registry import RunSetup, flower_kwargs, register_strategy
+from .core.settings import Settings, SettingsContext
 from .flower import FedAvg, finetune
-from .registry import RunSetup, flower_kwargs, register_strategy
-
-if TYPE_CHECKING:
-    from fedamp_flwr.config import RunConfig
 
 PER_FEDAVG = "per-fedavg"
 ALPHA = "per-fedavg-alpha"
@@ -91,11 +89,11 @@ class PerFedAvgClient(ClientUpdate):
     train_keys = (ALPHA,)
     evaluate_keys = (ALPHA,)
 
-    def train(self, job: ClientJob) -> tuple[float, dict]:  # noqa: D102
+    def train(self, job: ClientJob) -> tuple[float, dict]:
         return train_per_fedavg(job.model, job.data.x_train, job.targets,
                                 alpha=float(job.config[ALPHA]), **job.loop_kwargs()), {}
 
-    def evaluate(self, job: ClientJob) -> nn.Module:  # noqa: D102
+    def evaluate(self, job: ClientJob) -> nn.Module:
         return finetune(job, epochs=0, steps=1, lr=float(job.config[ALPHA]), optimizer="sgd")
 
 
@@ -118,12 +116,22 @@ class PerFedAvg(FedAvg):
         self.alpha = alpha
         super().__init__(**kwargs)
 
-    def train_keys(self) -> dict:  # noqa: D102
+    def train_keys(self) -> dict:
         return {ALPHA: self.alpha}
 
     evaluate_keys = train_keys
 
 
-@register_strategy(PER_FEDAVG)
-def _per_fedavg(cfg: RunConfig, run: RunSetup) -> PerFedAvg:
-    return PerFedAvg(alpha=cfg.per_fedavg_alpha, **flower_kwargs(cfg, run))
+@dataclass(frozen=True)
+class PerFedAvgSettings(Settings):
+    """Per-FedAvg's key: ``per-fedavg-alpha``, the inner (personalization) step size, > 0."""
+
+    per_fedavg_alpha: float = 0.01
+
+    def check(self, run: SettingsContext) -> None:
+        self.require("per-fedavg-alpha", self.per_fedavg_alpha > 0, "a number > 0")
+
+
+@register_strategy(PER_FEDAVG, settings=PerFedAvgSettings)
+def _per_fedavg(settings: PerFedAvgSettings, run: RunSetup) -> PerFedAvg:
+    return PerFedAvg(alpha=settings.per_fedavg_alpha, **flower_kwargs(run))

@@ -18,7 +18,7 @@ that never trained is tested on w).
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -27,12 +27,10 @@ from torch import nn
 
 from tasks.train import loss_for, run_batches
 
-from .client import ClientJob, ClientUpdate, register_client_update
+from .core.client import ClientJob, ClientUpdate, register_client_update
+from .core.registry import RunSetup, flower_kwargs, register_strategy
+from .core.settings import Settings, SettingsContext
 from .flower import FedAvg
-from .registry import RunSetup, flower_kwargs, register_strategy
-
-if TYPE_CHECKING:
-    from fedamp_flwr.config import RunConfig
 
 PFEDME = "pfedme"
 LAMBDA = "pfedme-lambda"
@@ -106,7 +104,7 @@ class PFedMeClient(ClientUpdate):
     name = PFEDME
     train_keys = (LAMBDA, INNER_STEPS, PERSONAL_LR)
 
-    def train(self, job: ClientJob) -> tuple[float, dict]:  # noqa: D102
+    def train(self, job: ClientJob) -> tuple[float, dict]:
         personal = copy.deepcopy(job.model)
         loop = {k: v for k, v in job.loop_kwargs().items() if k != "optimizer"}
         loss = train_pfedme(job.model, personal, job.data.x_train, job.targets,
@@ -151,22 +149,39 @@ class PFedMe(FedAvg):
         self._previous: ArrayRecord | None = None
         super().__init__(**kwargs)
 
-    def train_keys(self) -> dict:  # noqa: D102
+    def train_keys(self) -> dict:
         return {LAMBDA: self.lam, INNER_STEPS: self.inner_steps, PERSONAL_LR: self.personal_lr}
 
-    def configure_train(self, server_round, arrays, config, grid):  # noqa: D102
+    def configure_train(self, server_round, arrays, config, grid):
         self._previous = arrays
         return super().configure_train(server_round, arrays, config, grid)
 
-    def aggregate_train(self, server_round, replies):  # noqa: D102
+    def aggregate_train(self, server_round, replies):
         arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is not None and self._previous is not None and self.beta != 1.0:
             arrays = pfedme_global(self._previous, arrays, self.beta)
         return arrays, metrics
 
 
-@register_strategy(PFEDME)
-def _pfedme(cfg: RunConfig, run: RunSetup) -> PFedMe:
-    return PFedMe(lam=cfg.pfedme_lambda, inner_steps=cfg.pfedme_inner_steps,
-                  personal_lr=cfg.pfedme_personal_lr, beta=cfg.pfedme_beta,
-                  **flower_kwargs(cfg, run))
+@dataclass(frozen=True)
+class PFedMeSettings(Settings):
+    """pFedMe's keys: ``pfedme-lambda`` (the Moreau envelope's lambda), ``pfedme-inner-steps``
+    (K steps on the personalized problem per batch), ``pfedme-personal-lr`` (their step
+    size), ``pfedme-beta`` (server mixing; 1 = plain averaging)."""
+
+    pfedme_lambda: float = 15.0
+    pfedme_inner_steps: int = 5
+    pfedme_personal_lr: float = 0.01
+    pfedme_beta: float = 1.0
+
+    def check(self, run: SettingsContext) -> None:
+        for key in ("pfedme-lambda", "pfedme-personal-lr", "pfedme-beta"):
+            self.require(key, getattr(self, key.replace("-", "_")) > 0, "a number > 0")
+        self.require("pfedme-inner-steps", self.pfedme_inner_steps >= 1, "an integer >= 1")
+
+
+@register_strategy(PFEDME, settings=PFedMeSettings)
+def _pfedme(settings: PFedMeSettings, run: RunSetup) -> PFedMe:
+    return PFedMe(lam=settings.pfedme_lambda, inner_steps=settings.pfedme_inner_steps,
+                  personal_lr=settings.pfedme_personal_lr, beta=settings.pfedme_beta,
+                  **flower_kwargs(run))

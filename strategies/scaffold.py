@@ -27,22 +27,18 @@ equal client sizes).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from flwr.app import ArrayRecord, Message
 from torch import nn
 
 from tasks.train import LossFn, loss_for
 
-from .layout import FlatLayout
-from .replies import array_spec, arrays_problem
-from .client import ClientJob, ClientUpdate, register_client_update
+from .core.client import ClientJob, ClientUpdate, register_client_update
+from .core.layout import FlatLayout
+from .core.registry import RunSetup, flower_kwargs, register_strategy
+from .core.replies import array_spec, arrays_problem
+from .core.settings import Settings
 from .flower import FedAvg
-from .registry import RunSetup, flower_kwargs, register_strategy
-
-if TYPE_CHECKING:
-    from fedamp_flwr.config import RunConfig
 
 SCAFFOLD = "scaffold"
 CONTROL = "control"  # the server control variate c, in train messages
@@ -129,7 +125,7 @@ class Scaffold(FedAvg):
             self.layout = FlatLayout.from_arrays(ArrayRecord({k: arrays[k] for k in self.param_keys}))
             self.control = torch.zeros(self.layout.size)
 
-    def configure_train(self, server_round, arrays, config, grid):  # noqa: D102
+    def configure_train(self, server_round, arrays, config, grid):
         self._ensure_control(arrays)
         messages = super().configure_train(server_round, arrays, config, grid)
         record = self.layout.unflatten(self.control)
@@ -154,13 +150,13 @@ class Scaffold(FedAvg):
             self.control = update_control(self.control, stacked, self._num_training_clients())
         return replies
 
-    def state_dict(self) -> dict:  # noqa: D102
+    def state_dict(self) -> dict:
         state = super().state_dict()
         if self.control is not None:
             state["control"] = self.control.clone()
         return state
 
-    def load_state_dict(self, state: dict, initial_arrays: ArrayRecord) -> None:  # noqa: D102
+    def load_state_dict(self, state: dict, initial_arrays: ArrayRecord) -> None:
         super().load_state_dict(state, initial_arrays)
         self._ensure_control(initial_arrays)
         if "control" in state:
@@ -168,5 +164,5 @@ class Scaffold(FedAvg):
 
 
 @register_strategy(SCAFFOLD)
-def _scaffold(cfg: RunConfig, run: RunSetup) -> Scaffold:
-    return Scaffold(param_keys=run.param_keys, **flower_kwargs(cfg, run))
+def _scaffold(settings: Settings, run: RunSetup) -> Scaffold:
+    return Scaffold(param_keys=run.param_keys, **flower_kwargs(run))

@@ -2,20 +2,16 @@
 
 No collaboration at all: each client's model on the server is only ever
 replaced by that client's own training result, and each client is tested on
-its own model. It is :class:`strategies.base.PersonalizedStrategy` with its
+its own model. It is :class:`strategies.core.base.PersonalizedStrategy` with its
 default hooks; the server merely keeps the models between rounds (and applies
 the scenarios: drop-outs, heterogeneous epochs).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from .base import PersonalizedStrategy
-from .registry import RunSetup, personal_kwargs, register_strategy
-
-if TYPE_CHECKING:
-    from fedamp_flwr.config import RunConfig
+from .core.base import PersonalizedStrategy
+from .core.registry import RunSetup, personal_kwargs, register_strategy
+from .core.settings import Settings
 
 
 class Separate(PersonalizedStrategy):
@@ -23,10 +19,10 @@ class Separate(PersonalizedStrategy):
 
     Client contract: plain local training (``local``) of the received own
     model; tested as received. Parameters are those of
-    :class:`strategies.base.PersonalizedStrategy`.
+    :class:`strategies.core.base.PersonalizedStrategy`.
     """
 
 
 @register_strategy("separate")
-def _separate(cfg: RunConfig, run: RunSetup) -> Separate:
-    return Separate(**personal_kwargs(cfg, run))
+def _separate(settings: Settings, run: RunSetup) -> Separate:
+    return Separate(**personal_kwargs(run))

@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .partitioners import client_group
+
 
 @dataclass(frozen=True)
 class Split:
@@ -45,7 +47,7 @@ class Split:
         if self.coarse is not None and len(self.coarse) != len(self.y):
             raise ValueError(f"coarse has {len(self.coarse)} rows but y has {len(self.y)}")
 
-    def subset(self, idx: np.ndarray) -> "Split":
+    def subset(self, idx: np.ndarray) -> Split:
         """Return the rows ``idx`` as a new split."""
         return Split(self.x[idx], self.y[idx], None if self.coarse is None else self.coarse[idx])
 
@@ -113,7 +115,6 @@ def synthetic_group_view(split: Split, partition_id: int, num_partitions: int, s
     the same groups as the practical partitioning; each group has its own
     seeded random rotation of the feature space.
     """
-    from .partitioners import client_group  # noqa: PLC0415 - partitioners imports this module's users
 
     group = client_group(partition_id, num_partitions, SYNTHETIC_GROUPS)
     rng = np.random.default_rng([20_011 + seed, group])

@@ -197,7 +197,8 @@ def load_npz(path: Path, seed: int = 0) -> FederatedData:
     with np.load(path, allow_pickle=False) as data:
         missing = [k for k in ("x", "y", "client") if k not in data.files]
         if missing:
-            raise ValueError(f"{path}: missing key(s) {missing}; needs x, y, client (and optional adjacency)")
+            raise ValueError(f"{path}: missing key(s) {missing}; needs x, y, client (and optional "
+                             "adjacency)")
         x, y, client = data["x"], data["y"], data["client"]
         adjacency = data["adjacency"] if "adjacency" in data.files else None
     if x.ndim != 2:
@@ -224,5 +225,6 @@ def load_npz(path: Path, seed: int = 0) -> FederatedData:
         train.append(tr)
         test.append(te)
     if adjacency is not None and adjacency.shape != (num_clients, num_clients):
-        raise ValueError(f"{path}: adjacency is {adjacency.shape}, expected {(num_clients, num_clients)}")
+        raise ValueError(f"{path}: adjacency is {adjacency.shape}, expected "
+                         f"{(num_clients, num_clients)}")
     return FederatedData(train, test, None if adjacency is None else adjacency.astype(np.float32))

@@ -162,7 +162,7 @@ def load_npz(path: Path, schema: MemberSchema, seed: int, name: str) -> tuple[Sp
             arrays = {k: data[k] for k in data.files}
     except ValueError as err:  # object arrays need pickle: refused
         raise _fail(path, f"cannot be read without pickle ({err})") from None
-    except (OSError, EOFError, Exception) as err:  # noqa: BLE001 - a damaged or foreign file
+    except (OSError, EOFError, Exception) as err:
         raise _fail(path, f"is not a readable .npz file ({type(err).__name__}: {err})") from None
     missing = [k for k in ("x", "y") if k not in arrays]
     if missing:
@@ -180,11 +180,11 @@ def load_npz(path: Path, schema: MemberSchema, seed: int, name: str) -> tuple[Sp
 
 def load_table(path: Path, schema: MemberSchema, seed: int, name: str) -> tuple[Split, Split]:
     """A member's CSV or Parquet table (see the module docstring)."""
-    import pandas as pd  # noqa: PLC0415 - only members with tables need it
+    import pandas as pd
 
     try:
         frame = pd.read_csv(path) if path.suffix.lower() == ".csv" else pd.read_parquet(path)
-    except Exception as err:  # noqa: BLE001 - whatever the reader says about a bad file
+    except Exception as err:
         raise _fail(path, f"cannot be read as a {path.suffix} table ({type(err).__name__}: "
                           f"{err})") from None
     columns = list(frame.columns)
@@ -222,7 +222,7 @@ def load_table(path: Path, schema: MemberSchema, seed: int, name: str) -> tuple[
 
 
 def _read_images(folder: Path, schema: MemberSchema) -> tuple[np.ndarray, np.ndarray]:
-    from PIL import Image  # noqa: PLC0415 - only members with images need it
+    from PIL import Image
 
     channels, height, width = schema.input_shape
     mode = {1: "L", 3: "RGB"}[channels]
@@ -243,7 +243,7 @@ def _read_images(folder: Path, schema: MemberSchema) -> tuple[np.ndarray, np.nda
                     if img.size != (width, height):
                         img = img.resize((width, height), Image.Resampling.BILINEAR)
                     a = np.asarray(img, dtype=np.uint8)
-            except Exception as err:  # noqa: BLE001 - a damaged image
+            except Exception as err:
                 raise _fail(f, f"cannot be read as an image ({type(err).__name__}: {err})") from None
             xs.append(a[None] if channels == 1 else a.transpose(2, 0, 1))
             ys.append(classes[sub.name])

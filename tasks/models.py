@@ -75,7 +75,7 @@ def resnet18(num_classes: int) -> nn.Module:
     pooling is dropped, the usual adaptation for CIFAR images. torchvision is
     imported here only, so that tasks without ResNet-18 never load it.
     """
-    import torchvision  # noqa: PLC0415 - see module docstring of tasks/__init__.py
+    import torchvision  # only the CIFAR tasks need it (see tasks/loading.py)
 
     model = torchvision.models.resnet18(num_classes=num_classes)
     model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)

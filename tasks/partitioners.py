@@ -71,7 +71,7 @@ class PracticalRecipe:
         """Number of groups."""
         return self.superclass_groups or len(self.group_classes)
 
-    def for_pool(self, coarse_of_fine: Sequence[int] | None) -> "PracticalRecipe":
+    def for_pool(self, coarse_of_fine: Sequence[int] | None) -> PracticalRecipe:
         """The recipe with its dominant classes filled in from the data: with
         ``superclass_groups`` = G, group g is dominated by the fine classes of superclass g."""
         if not self.superclass_groups:
@@ -207,16 +207,3 @@ def matching_test_indices(
         base[order[: n_test - base.sum()]] += 1
         counts[i] = base
     return draw_by_counts(test_labels, counts, np.random.default_rng(seed + 1), reuse=True)
-
-
-# The partitioner classes and the functions that run them need flwr-datasets, whose import
-# takes seconds: they live in tasks.partitioner_classes, imported on first use.
-_LAZY = ("PracticalPartitioner", "LabelBlocksPartitioner", "build_partitioner", "partition_pool")
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        from . import partitioner_classes
-
-        return getattr(partitioner_classes, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from experiments.processes import free_port, stop_tree
+from experiments.processes import SuperLink, free_port, stop_tree
 from fedamp_flwr.inprocess import InProcessGrid, run_inprocess
+from fedamp_flwr.inprocess import task_identity as inprocess_task_identity
 
 ROOT = Path(__file__).resolve().parents[1]
 # Clients' prepared data (tasks.cache) goes to a folder of this test session, never to the
@@ -44,12 +45,9 @@ __all__ = ["free_port"]  # the app's own (experiments.processes), for the tests
 
 @pytest.fixture(autouse=True)
 def task_identity():
-    """Messages made outside a Flower process need a run and node id."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-    yield
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = None, None, None
+    """Messages made outside a Flower process need a run and node id (the app's own helper)."""
+    with inprocess_task_identity():
+        yield
 
 
 # ---------------------------------------------------------------------------
@@ -100,6 +98,7 @@ def setup_strategy(name: str, n: int = 3, roles=None, **run_config):
     import strategies
     import tasks
     from fedamp_flwr.config import RunConfig
+    from fedamp_flwr.discovery import discover_clients
     from fedamp_flwr.server_app import run_setup
 
     cfg = RunConfig.from_run_config({"strategy": name, "server-device": "cpu", **run_config})
@@ -110,8 +109,8 @@ def setup_strategy(name: str, n: int = 3, roles=None, **run_config):
         import torch
 
         adjacency = torch.ones(n, n) - torch.eye(n)
-    strategy = strategies.build_strategy(name, cfg, run_setup(cfg, n, keys, adjacency))
-    strategy.setup_tracking(strategies.discover_clients(LocalGrid(infos=client_infos(n)), n), roles)
+    strategy = strategies.build_strategy(name, cfg.settings, run_setup(cfg, n, keys, adjacency))
+    strategy.setup_tracking(discover_clients(LocalGrid(infos=client_infos(n)), n), roles)
     return strategy, model
 
 
@@ -119,11 +118,14 @@ def setup_strategy(name: str, n: int = 3, roles=None, **run_config):
 # Real Flower processes
 # ---------------------------------------------------------------------------
 class Processes:
-    """Processes a test started; stopped at teardown with what they started, by process ids."""
+    """Processes a test started (and SuperLinks, the app's own
+    :class:`experiments.processes.SuperLink`); stopped at teardown with what they started,
+    by process ids."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.procs: list[subprocess.Popen] = []
+        self.links: list[SuperLink] = []
         self.env = dict(os.environ)
         self.env.update({
             "FLWR_HOME": str(tmp / "flwr-home"),
@@ -133,7 +135,7 @@ class Processes:
         })
 
     def start(self, args: list[str], name: str) -> subprocess.Popen:
-        log = open(self.tmp / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+        log = open(self.tmp / f"{name}.log", "w")
         proc = subprocess.Popen(args, env=self.env, cwd=self.tmp, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append(proc)
@@ -142,11 +144,20 @@ class Processes:
     def log(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text()
 
+    def superlink(self, simulation: bool) -> SuperLink:
+        """A SuperLink on free ports with this test's FLWR_HOME (its default connection), up
+        and answering when this returns."""
+        link = SuperLink(Path(self.env["FLWR_HOME"]), simulation=simulation).__enter__()
+        self.links.append(link)
+        return link
+
     def stop(self) -> None:
         """Stop each process with everything it started (``experiments.processes.stop_tree``)."""
         for proc in reversed(self.procs):
             stop_tree(proc.pid, timeout=20)
             proc.wait()
+        for link in reversed(self.links):
+            link.__exit__(None, None, None)
 
 
 @pytest.fixture

@@ -107,6 +107,7 @@ def _prepare(client_id: int) -> list[float]:
     return [float(data.x_train.sum()), float(data.x_test.sum()), len(data.y_train)]
 
 
+@pytest.mark.slow
 def test_processes_that_start_at_once_agree(folder):
     """Six processes prepare the same three clients at once: each gets the tensors that a
     process without a cache makes, and no part-written or temporary file is left."""
@@ -115,7 +116,7 @@ def test_processes_that_start_at_once_agree(folder):
         got = pool.map(_prepare, [0, 1, 2, 0, 1, 2])
     os.environ[cache.CACHE_ENV] = "off"
     try:
-        tasks._client_data.cache_clear()
+        tasks.loading._client_data.cache_clear()
         want = [_prepare(c) for c in (0, 1, 2)]
     finally:
         os.environ[cache.CACHE_ENV] = str(folder)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +11,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 
 from fedamp_flwr import client_app
 from fedamp_flwr.config import ConfigError, RunConfig
-from strategies.discovery import discover_clients
+from fedamp_flwr.discovery import discover_clients
 
 from .conftest import LocalGrid, client_infos, needs_data, reply, setup_strategy
 
@@ -19,8 +20,10 @@ RD = RecordDict
 
 def test_defaults_are_valid():
     cfg = RunConfig.from_run_config({})
-    assert cfg.strategy == "fedamp" and cfg.sigma("fedamp") == 1.0
-    assert RunConfig.from_run_config({"dataset": "fmnist", "data-dir": "x"}).sigma("fedamp") == 10.0
+    assert cfg.strategy == "fedamp"
+    assert cfg.settings.sigma("fedamp", cfg.dataset, cfg.setting_kind) == 1.0
+    fmnist = RunConfig.from_run_config({"dataset": "fmnist", "data-dir": "x"})
+    assert fmnist.settings.sigma("fedamp", "fmnist", "practical") == 10.0
 
 
 @pytest.mark.parametrize(
@@ -169,7 +172,7 @@ def test_a_deployed_grid_is_pulled_often_and_within_the_timeout(monkeypatch):
 
     from flwr.superlink.grid.http_grid import HttpGrid
 
-    from strategies import discovery
+    from fedamp_flwr import discovery
 
     class FakeHttpGrid(HttpGrid):
         def __init__(self, ready_after: int):

@@ -14,7 +14,8 @@ from experiments.processes import stop_tree
 from .conftest import free_port
 from .test_flower_e2e import FLWR, ROOT, _flwr_run, _start_superlink
 
-pytestmark = pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
 
 
 def _wait_for(path: Path, until, timeout: float, what: str) -> dict:
@@ -42,7 +43,7 @@ def test_a_supernode_killed_mid_run_and_restarted(processes):
     port = _start_superlink(processes, simulation=False)
     nodes = {pid: _supernode(processes, port, pid, 3, f"supernode{pid}") for pid in range(3)}
     results = processes.tmp / "results"
-    log = open(processes.tmp / "run.log", "w")  # noqa: SIM115 - closed below
+    log = open(processes.tmp / "run.log", "w")
     run = subprocess.Popen(
         [FLWR, "run", str(ROOT), "--stream", "--run-config",
          f"num-server-rounds=6 local-epochs=1 min-nodes=3 round-timeout=20 "
@@ -78,7 +79,7 @@ def test_a_supernode_killed_mid_run_and_restarted(processes):
     ("panacea", "graph='groups' local-steps=3 min-nodes=6 panacea-server-lr=0.01"),
 ])
 def test_a_server_killed_mid_run_and_resumed_gives_identical_metrics(processes, strategy, extra):
-    _start_superlink(processes, simulation=True)
+    link = processes.superlink(simulation=True)
     n = 6 if strategy == "panacea" else 3
     results = processes.tmp / "results"
     config = (f"strategy='{strategy}' num-server-rounds=8 local-epochs=3 {extra} "
@@ -90,7 +91,7 @@ def test_a_server_killed_mid_run_and_resumed_gives_identical_metrics(processes, 
     path = results / "cut" / "metrics.json"
     _wait_for(path, lambda m: m["completed_rounds"] >= 2, 300, "round 2")
     # the server machine dies: the SuperLink with its ServerApp, mid-run
-    stop_tree(processes.procs[0].pid, timeout=10)
+    stop_tree(link.proc.pid, timeout=10)
     half = json.loads(path.read_text())
     assert not half["finished"] and half["completed_rounds"] < 8
     _start_superlink(processes, simulation=True)  # a new SuperLink

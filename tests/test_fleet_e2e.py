@@ -13,11 +13,12 @@ import json
 import shutil
 import ssl
 import subprocess
-import time
 import urllib.error
 import urllib.request
 
 import pytest
+
+from experiments.processes import wait_for_port
 
 from .conftest import ROOT, free_port
 from .test_members_fleet import SCHEMA, _member_file
@@ -72,7 +73,7 @@ def test_tls_authentication_and_a_fleet_endpoint_without_the_control_api(process
     (tmp / "nginx.conf").write_text(conf)
     processes.start(["nginx", "-c", str(tmp / "nginx.conf"), "-p", str(tmp), "-g", "daemon off;"],
                     "nginx")
-    time.sleep(4)
+    assert wait_for_port(admin, 60) and wait_for_port(fleet, 60), processes.log("superlink")
     for i in (0, 1):  # register two of the three keys
         subprocess.run([FLWR, "supernode", "register", str(keys / f"client_{i}.pub"), "admin"],
                        env=processes.env, cwd=tmp, check=True, capture_output=True, timeout=60)

@@ -5,34 +5,21 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
+from pathlib import Path
 
 import pytest
 
 from .conftest import ROOT, free_port
 
 FLWR = shutil.which("flwr")
-pytestmark = pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")
-
-
-def _write_connection(procs, port: int) -> None:
-    home = procs.tmp / "flwr-home"
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
-        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
-    )
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
 
 
 def _start_superlink(procs, simulation: bool) -> int:
-    """A SuperLink on a free port (Flower 1.41 serves the Fleet, Control and runtime APIs there)."""
-    port = free_port()
-    args = ["flower-superlink", "--insecure", "--isolation", "subprocess",
-            "--host", "127.0.0.1", "--port", str(port)]
-    procs.start(args + (["--simulation"] if simulation else []), "superlink")
-    _write_connection(procs, port)
-    time.sleep(3)
-    return port
+    """A SuperLink on a free port (Flower 1.41 serves the Fleet, Control and runtime APIs
+    there), the default connection of the test's FLWR_HOME; returns its port."""
+    return procs.superlink(simulation).port
 
 
 def _flwr_run(procs, run_config: str, extra: list[str], timeout: float = 400) -> str:
@@ -44,7 +31,8 @@ def _flwr_run(procs, run_config: str, extra: list[str], timeout: float = 400) ->
 
 def _metrics(procs, name: str) -> dict:
     path = procs.tmp / "results" / name / "metrics.json"
-    assert path.is_file(), f"{path} missing; superlink log:\n{procs.log('superlink')[-3000:]}"
+    log = Path(procs.env["FLWR_HOME"]) / "superlink.log"
+    assert path.is_file(), f"{path} missing; superlink log:\n{log.read_text()[-3000:]}"
     return json.loads(path.read_text())
 
 

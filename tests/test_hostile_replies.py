@@ -60,7 +60,7 @@ def bad_train_reply(node: int, sent: dict[str, torch.Tensor], defects: list[str]
             arrays[key].view(-1)[0] = float(d)
         elif d == "huge":
             arrays[key] = torch.full_like(arrays[key], 1e12)
-        elif d == "poison 1e7":  # finite, below the absolute norm bound: the update-norm bound catches it
+        elif d == "poison 1e7":  # finite, below the absolute bound: the update-norm bound catches it
             arrays[key] = torch.full_like(arrays[key], 1e7)
         elif d.startswith("num-examples"):
             metrics["num-examples"] = {"num-examples 0": 0, "num-examples -3": -3,
@@ -133,7 +133,8 @@ defects = st.lists(st.sampled_from(ARRAY_DEFECTS + METRIC_DEFECTS + ENVELOPE_DEF
 def test_malformed_train_replies_never_crash_the_server_or_touch_its_state(name, overrides, replies):
     strategy, model = setup_strategy(name, n=N, **overrides)
     initial = ArrayRecord(model.state_dict())
-    messages = list(strategy.configure_train(1, initial, ConfigRecord(), LocalGrid(infos=client_infos(N))))
+    grid = LocalGrid(infos=client_infos(N))
+    messages = list(strategy.configure_train(1, initial, ConfigRecord(), grid))
     sent = {m.metadata.dst_node_id: m.content["arrays"].to_torch_state_dict() for m in messages}
     before = snapshot(strategy)
     built = []
@@ -186,7 +187,8 @@ def test_malformed_evaluation_replies_are_never_recorded(name, overrides, replie
 def test_one_good_reply_among_bad_ones_is_the_only_one_used():
     strategy, model = setup_strategy("fedamp", n=N)
     initial = ArrayRecord(model.state_dict())
-    messages = list(strategy.configure_train(1, initial, ConfigRecord(), LocalGrid(infos=client_infos(N))))
+    grid = LocalGrid(infos=client_infos(N))
+    messages = list(strategy.configure_train(1, initial, ConfigRecord(), grid))
     sent = {m.metadata.dst_node_id: m.content["arrays"].to_torch_state_dict() for m in messages}
     before = strategy.models.clone()
     good = bad_train_reply(11, sent[11], [])

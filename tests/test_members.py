@@ -15,15 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from flwr.app import Context, RecordDict
 
 import tasks
 from experiments.make_sites import member_name, write_sites
-from fedamp_flwr.config import ConfigError, RunConfig
-from flwr.app import Context, RecordDict
-
 from fedamp_flwr import server_app
+from fedamp_flwr.config import ConfigError, RunConfig
+from fedamp_flwr.discovery import ClientSetupError
 from fedamp_flwr.inprocess import InProcessGrid, run_inprocess, task_identity
-from strategies.discovery import ClientSetupError
 from tasks.members import MemberDataError, MemberSchema, load_member_data
 
 ROUND_KEYS = ("round", "client_accuracy", "mean_accuracy", "train_loss", "mean_loss",

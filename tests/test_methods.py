@@ -10,11 +10,16 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
 import strategies
 from fedamp_flwr import client_app
-from fedamp_flwr.config import RunConfig, _coerce
-from strategies.client import (ClientUpdate, instruction_problem, register_client_update,
-                               unregister_client_update)
-from strategies.panacea import server_step
-from strategies.protocol import REFUSED
+from fedamp_flwr.config import RunConfig
+from strategies.core.client import (
+    ClientUpdate,
+    instruction_problem,
+    register_client_update,
+    unregister_client_update,
+)
+from strategies.core.protocol import REFUSED
+from strategies.core.settings import coerce as _coerce
+from strategies.hypernetwork import server_step
 
 from .conftest import LocalGrid, client_infos, reply, run_local, setup_strategy
 
@@ -198,7 +203,7 @@ def test_factories_get_the_typed_run_config():
 def test_coercion_raises_on_a_type_it_does_not_know():
     with pytest.raises(TypeError, match="no coercion for the field type 'list'"):
         _coerce("k", [1], "list")
-    assert RunConfig.from_run_config({"fedamp-sigma": "2.5"}).fedamp_sigma == 2.5
+    assert RunConfig.from_run_config({"fedamp-sigma": "2.5"}).settings.fedamp_sigma == 2.5
 
 
 def test_panacea_stops_with_a_clear_error_when_its_hypernetwork_diverges():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tasks
-from strategies.panacea import (
+from strategies.hypernetwork import (
     GraphHyperNetwork,
     graph_reconstruction_loss,
     normalized_adjacency,
@@ -230,11 +230,11 @@ def test_pfedhn_takes_its_reference_trainers_settings_unless_told_otherwise():
 
     cfg = RunConfig.from_run_config({"strategy": "pfedhn"})
     for key, value in PFEDHN_REFERENCE.items():
-        assert getattr(cfg, key.replace("-", "_")) == value, key
+        assert cfg.value(key) == value, key
     assert RunConfig.from_run_config({"strategy": "pfedhn", "panacea-client-lr": 0.2}
-                                     ).panacea_client_lr == 0.2
+                                     ).settings.panacea_client_lr == 0.2
     panacea = RunConfig.from_run_config({"strategy": "panacea"})
-    assert panacea.panacea_client_clip == 0.0 and panacea.local_steps == 0
+    assert panacea.settings.panacea_client_clip == 0.0 and panacea.local_steps == 0
 
 
 def test_server_step_clips_the_hypernetwork_gradient():

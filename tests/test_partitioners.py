@@ -6,13 +6,8 @@ import numpy as np
 import pytest
 
 import tasks
-from tasks.partitioners import (
-    PracticalPartitioner,
-    build_partitioner,
-    matching_test_indices,
-    partition_pool,
-    practical_class_counts,
-)
+from tasks.partitioner_classes import PracticalPartitioner, build_partitioner, partition_pool
+from tasks.partitioners import matching_test_indices, practical_class_counts
 
 from .conftest import needs_data
 
@@ -168,7 +163,8 @@ def test_sigma_auto_takes_the_papers_cell_of_the_dataset_and_setting(dataset, pa
 
     cfg = RunConfig.from_run_config({"dataset": dataset, "partitioning": partitioning,
                                      "data-dir": "x"})
-    assert (cfg.sigma("fedamp"), cfg.sigma("heurfedamp")) == sigma
+    assert tuple(cfg.settings.sigma(m, cfg.dataset, cfg.setting_kind)
+                 for m in ("fedamp", "heurfedamp")) == sigma
 
 
 @pytest.mark.parametrize("partitioning", ["iid", "pathological"])

@@ -1,4 +1,5 @@
-"""experiments/report.py on fake but consistent metrics.json dicts.
+"""The report (experiments/report.py, scores.py, tables.py, plots.py) on fake but consistent
+metrics.json dicts, read through its one schema (``RunRecord``).
 
 Expected table cells are computed by hand with the population std (numpy's
 default, ddof=0): BMTA 80 and 90 -> "85.00 ± 5.00", 70 and 72 -> "71.00 ± 1.00".
@@ -13,7 +14,8 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import pytest
 
-from experiments import report
+from experiments import report, scores, tables
+from experiments.scores import RunRecord
 
 CLIENTS = 4
 OFFSETS = [-0.02, -0.01, 0.01, 0.02]   # per-client deviation from the round's mean (sums to 0)
@@ -95,7 +97,8 @@ def read_table(path: Path) -> tuple[list[str], dict[str, dict[str, str]]]:
 
 def test_write_report(tmp_path: Path) -> None:
     runs = fake_grid()
-    written = report.write_report(runs, tmp_path, strategy_order=["fedavg", "fedamp"])
+    written = report.write_report([RunRecord.from_json(r) for r in runs], tmp_path,
+                                  strategy_order=["fedavg", "fedamp"])
     names = {p.name for p in written}
     assert all(p.parent == tmp_path and p.is_file() for p in written)
     assert names == {"results.csv", "table.md", "convergence.png", "client_accuracy.png",
@@ -139,7 +142,8 @@ def test_write_report(tmp_path: Path) -> None:
     # one drop value only: no vs_drop-rate.png, no scenario suffix, a missing cell
     only = [r for r in runs if r["config"]["drop-rate"] == 0.0]
     out = tmp_path / "single"
-    names = {p.name for p in report.write_report(only[:-1], out)}
+    names = {p.name for p in report.write_report([RunRecord.from_json(r) for r in only[:-1]],
+                                                 out)}
     assert "vs_drop-rate.png" not in names and not (out / "vs_drop-rate.png").exists()
     assert "xi_fmnist_practical_fedamp.png" in names
     _, cells = read_table(out / "table.md")
@@ -161,12 +165,12 @@ def test_novel_table_and_load_runs(tmp_path: Path) -> None:
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "metrics.json").write_text("{not json")
     loaded = report.load_runs([tmp_path])
-    assert [r["seed"] for r in loaded] == [1, 2]
-    assert report.setting_of(loaded[0]) == "fmnist/practical, novel 0.25"
+    assert [r.seed for r in loaded] == [1, 2]
+    assert scores.setting_of(loaded[0]) == "fmnist/practical, novel 0.25"
     # client 3 is novel: left out of the per-client values at the best round (round 2)
-    assert report.best_round_clients(loaded[0]).tolist() == pytest.approx([78.0, 79.0, 81.0])
+    assert scores.best_round_clients(loaded[0]).tolist() == pytest.approx([78.0, 79.0, 81.0])
 
-    report.write_table(loaded, tmp_path / "table.md")
+    tables.write_table(loaded, tmp_path / "table.md")
     text = (tmp_path / "table.md").read_text()
     main, novel = text.split("## Novel clients")
     assert "| fedamp | **82.00 ± 2.00** |" in main and "2 seed" in main
@@ -177,7 +181,7 @@ def test_csv_cells_carry_no_float_noise(tmp_path: Path) -> None:
     """A float such as 69.80000000000001 (a mean of percentages) is written as 69.8."""
     run = fake_run("fedamp", 0, 69.8)
     run["bmta"] = 69.80000000000001
-    report.write_csv([run], tmp_path / "results.csv")
+    tables.write_csv([RunRecord.from_json(run)], tmp_path / "results.csv")
     text = (tmp_path / "results.csv").read_text()
     assert ",69.8," in text and "69.80000000000001" not in text
 
@@ -188,7 +192,7 @@ def test_horizon_share_gap_and_plots(tmp_path: Path, capsys) -> None:
 
     from experiments import horizon
 
-    run = {"dataset": "fmnist", "partitioning": "practical"}
+    run = RunRecord(dataset="fmnist", partitioning="practical")
     groups = np.repeat(np.arange(5), 4)  # 20 clients, 4 per group
     xi = np.where(groups[:, None] == groups[None, :], 0.25, 0.0)
     assert horizon.own_group_share(run, xi, list(range(20))) == pytest.approx(0.75)
@@ -203,3 +207,12 @@ def test_horizon_share_gap_and_plots(tmp_path: Path, capsys) -> None:
     rows = {line.split("|")[1].strip(): line for line in capsys.readouterr().out.splitlines()
             if line.startswith("| ") and "BMTA" not in line}
     assert "| 90.00 |" in rows["fedamp"] and "| 80.00 |" in rows["separate"]
+
+
+def test_the_task_kind_comes_from_metrics_json_else_from_its_keys() -> None:
+    regression = fake_run("fedavg", 0, 0.5, regression=True)
+    assert RunRecord.from_json(regression).kind == "regression"
+    assert RunRecord.from_json(fake_run("fedavg", 0, 50.0)).kind == "classification"
+    # the ServerApp names the kind: it wins over what the keys suggest
+    assert RunRecord.from_json({**regression, "task_kind": "classification"}).kind == \
+        "classification"

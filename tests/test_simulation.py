@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 import simulation
-from experiments.processes import alive, process_tree, processes_with_env, stop_tree
+from experiments import presets, runner
+from experiments.processes import SuperLink, alive, process_tree, processes_with_env, stop_tree
 from fedamp_flwr.config import ConfigError
 
 from .conftest import ROOT
@@ -28,6 +29,7 @@ TINY = ["--preset", "quick", "--datasets", "synthetic", "--strategies", "fedavg,
         "--rounds", "2", "--num-supernodes", "2", "--set", "local-epochs=1"]
 
 
+@pytest.mark.slow
 def test_tiny_grid_writes_csv_table_and_plots_then_resumes(tmp_path, capsys):
     out = tmp_path / "grid"
     assert simulation.main([*TINY, "--output", str(out)]) == 0
@@ -62,32 +64,33 @@ def test_tiny_grid_writes_csv_table_and_plots_then_resumes(tmp_path, capsys):
 
 
 def test_bad_grid_values_fail_before_anything_runs(tmp_path):
-    grid = simulation.apply_overrides(simulation.PRESETS["quick"], "fedavg", None, None,
+    grid = presets.apply_overrides(presets.PRESETS["quick"], "fedavg", None, None,
                                       ["drop-rate=2"], None, "synthetic")
     with pytest.raises(ConfigError, match="'drop-rate' = 2"):
-        simulation.expand(grid, None, tmp_path)
+        presets.expand(grid, None, tmp_path)
     with pytest.raises(SystemExit, match="unknown run config key"):
         simulation.main(["--datasets", "synthetic", "--set", "nope=1", "--output", str(tmp_path)])
     assert not (tmp_path / "runs").exists()
 
 
 def test_presets_expand_to_valid_runs(tmp_path):
-    for name, grid in simulation.PRESETS.items():
-        runs = simulation.expand(grid, "/data", tmp_path, check_data=False)
+    for name, grid in presets.PRESETS.items():
+        runs = presets.expand(grid, "/data", tmp_path, check_data=False)
         assert len({r.name for r in runs}) == len(runs), name
-    quick = simulation.expand(simulation.PRESETS["quick"], "/data", tmp_path, check_data=False)
+    quick = presets.expand(presets.PRESETS["quick"], "/data", tmp_path, check_data=False)
     assert {r.run_config["data-dir"] for r in quick} == {"/data/mnist", "/data/fashion_mnist"}
     with pytest.raises(ConfigError, match="no folder mnist/"):
-        simulation.expand(simulation.PRESETS["quick"], str(tmp_path), tmp_path)
+        presets.expand(presets.PRESETS["quick"], str(tmp_path), tmp_path)
 
 
 def test_command_line_values_win_over_a_settings_own(tmp_path):
-    preset = simulation.PRESETS["quick"]
+    preset = presets.PRESETS["quick"]
     sigma = {r.name: r.run_config.get("heurfedamp-sigma")
-             for r in simulation.expand(preset, "/data", tmp_path, check_data=False)}
-    assert sigma["heurfedamp-mnist-practical-s0"] == 5.0 and sigma["heurfedamp-fmnist-practical-s0"] is None
-    grid = simulation.apply_overrides(preset, "heurfedamp", None, 2, ["heurfedamp-sigma=25"], 4)
-    runs = simulation.expand(grid, "/data", tmp_path, check_data=False)
+             for r in presets.expand(preset, "/data", tmp_path, check_data=False)}
+    assert sigma["heurfedamp-mnist-practical-s0"] == 5.0
+    assert sigma["heurfedamp-fmnist-practical-s0"] is None
+    grid = presets.apply_overrides(preset, "heurfedamp", None, 2, ["heurfedamp-sigma=25"], 4)
+    runs = presets.expand(grid, "/data", tmp_path, check_data=False)
     assert [r.run_config["heurfedamp-sigma"] for r in runs] == [25, 25]
     assert all(r.run_config["num-server-rounds"] == 2 and r.num_clients == 4 for r in runs)
 
@@ -117,6 +120,7 @@ def _left_of(home: Path) -> list[int]:
     return processes_with_env("FLWR_HOME", str(home))
 
 
+@pytest.mark.slow
 def test_a_timed_out_run_is_stopped_and_the_grid_goes_on(tmp_path, capsys):
     out = tmp_path / "grid"
     args = ["--preset", "quick", "--datasets", "synthetic", "--strategies", "fedavg,fedamp",
@@ -133,13 +137,14 @@ def test_a_timed_out_run_is_stopped_and_the_grid_goes_on(tmp_path, capsys):
     assert _left_of(out / ".flwr-home") == []
 
 
+@pytest.mark.slow
 def test_a_run_that_hangs_silently_times_out_by_the_clock(tmp_path):
     """A ClientApp that sleeps without a word: no log line ever comes, the clock stops it."""
     out = tmp_path / "grid"
-    run = simulation.Run("sleepy", 2, {"sleep-seconds": 3600.0})
-    with simulation.SuperLink(tmp_path / "home") as link:
+    run = presets.Run("sleepy", 2, {"sleep-seconds": 3600.0})
+    with SuperLink(tmp_path / "home") as link:
         started = time.monotonic()
-        outcome = simulation.run_one(link, out, run, "num-supernodes=2", "[sleepy]", timeout=8,
+        outcome = runner.run_one(link, out, run, "num-supernodes=2", "[sleepy]", timeout=8,
                                      app=ROOT / "tests" / "apps" / "sleepy")
         assert time.monotonic() - started < 90
         assert outcome.timed_out and outcome.status == "finished:stopped"
@@ -156,6 +161,7 @@ def test_a_run_that_hangs_silently_times_out_by_the_clock(tmp_path):
     assert _left_of(tmp_path / "home") == []
 
 
+@pytest.mark.slow
 def test_a_failed_run_is_recorded_as_failed(tmp_path, capsys):
     """flwr run exits 0 when the ServerApp fails; Flower's status says it failed."""
     bad = tmp_path / "bad.npz"
@@ -174,6 +180,7 @@ def test_a_failed_run_is_recorded_as_failed(tmp_path, capsys):
     assert "Run stopped: clients could not start" in log
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_grid_and_everything_it_started(tmp_path):
     out = tmp_path / "grid"
     args = [sys.executable, str(simulation.ROOT / "simulation.py"), "--preset", "quick",
@@ -194,6 +201,7 @@ def test_sigterm_stops_the_grid_and_everything_it_started(tmp_path):
             proc.kill()
 
 
+@pytest.mark.slow
 def test_a_half_finished_run_is_continued_from_its_checkpoint(tmp_path, capsys):
     args = ["--preset", "quick", "--datasets", "synthetic", "--strategies", "fedamp",
             "--num-supernodes", "2", "--set", "local-epochs=1"]
@@ -239,7 +247,7 @@ def test_the_inprocess_engine_runs_a_grid_with_variants_and_resumes(tmp_path, ca
 
 
 def test_run_names_name_the_partitioning_only_for_pool_datasets():
-    from simulation import Setting, run_name
+    from experiments.presets import Setting, run_name
 
     assert run_name("panacea", Setting("fl60", "practical", 60, label="grda"), {}, 0) == \
         "panacea-fl60-grda-s0"

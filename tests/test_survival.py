@@ -12,9 +12,9 @@ from flwr.common.constant import ErrorCode
 
 from fedamp_flwr import server_app
 from fedamp_flwr.config import ConfigError
+from fedamp_flwr.discovery import discover_clients
 from fedamp_flwr.results import load_xi
-from strategies.discovery import discover_clients
-from strategies.rounds import RoundsFailedError
+from fedamp_flwr.rounds import RoundsFailedError
 
 from .conftest import LocalGrid, client_infos
 
@@ -245,7 +245,8 @@ def test_xi_goes_to_compact_files_every_kth_round_and_the_last(tmp_path):
     import torch
 
     state = torch.load(tmp_path / "run" / "checkpoint" / "state.pt", weights_only=True)
-    assert state["strategy"]["history"]["xi"] == {} and state["strategy"]["history"]["xi_rounds"] == [2, 4, 5]
+    history = state["strategy"]["history"]
+    assert history["xi"] == {} and history["xi_rounds"] == [2, 4, 5]
 
 
 @pytest.mark.parametrize("strategy", ["fedavg", "fedamp"])

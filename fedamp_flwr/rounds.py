@@ -37,8 +37,9 @@ from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from strategies.core.tracking import Tracker
+
 from .discovery import ClientInfo, accept_members, query_nodes, send_and_receive
-from .tracking import Tracker
 
 
 def model_norm(arrays: ArrayRecord) -> float:
@@ -57,7 +58,7 @@ class OnlineClients:
     def __init__(self, grid: Grid, tracker: Tracker) -> None:
         self._grid, self._tracker = grid, tracker
 
-    def get_node_ids(self) -> list[int]:  # noqa: D102
+    def get_node_ids(self) -> list[int]:
         return [self._tracker.node_of(c) for c in sorted(self._tracker.online)]
 
     def __getattr__(self, name: str):
@@ -117,7 +118,7 @@ class RoundsFailedError(RuntimeError):
 def round_failure(record: dict[str, Any]) -> str | None:
     """Why no client's training or no client's evaluation was used in a round, or None.
 
-    ``record`` is the round's entry of :class:`strategies.history.RunHistory`.
+    ``record`` is the round's entry of :class:`strategies.core.history.RunHistory`.
     The reason names the phase, how many clients were left out and the most
     common reason they were.
     """

@@ -11,7 +11,7 @@ from flwr.supercore import log
 
 from tasks.scenarios import Roles
 
-from .discovery import ClientInfo, Schema
+from .clients import ClientInfo, Schema
 from .history import RunHistory, client_order
 from .protocol import CLIENT_INDEX, LOCAL_EPOCHS, LOCAL_STEPS, REFUSED, TRAINED_ROUNDS
 from .replies import ArraySpec, evaluate_reply_problem, train_reply_problem
@@ -53,7 +53,7 @@ class Tracker:
       (:meth:`expect`), and screens the replies (:meth:`screen`): a refusal
       stops the run; a reply from a node that was sent nothing, or a second
       reply of a node, is dropped with a warning; error replies, missing
-      replies and replies that fail the checks of :mod:`strategies.replies`
+      replies and replies that fail the checks of :mod:`strategies.core.replies`
       are recorded as absent (and rejected) with their reason, so that they
       never reach a stored model;
     * applies the scenario: novel clients and drop-outs (:meth:`participants`),

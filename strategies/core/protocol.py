@@ -9,7 +9,7 @@ Records of a message (``RecordDict`` names)
     ``metrics`` (MetricRecord: in replies), ``info`` (ConfigRecord: the query reply).
 Config keys every train / evaluate message may carry
     ``server-round``, ``client-update`` (the name of the client half to run,
-    :mod:`strategies.client`), ``client-index`` (the client's id in the run),
+    :mod:`strategies.core.client`), ``client-index`` (the client's id in the run),
     ``local-epochs``, ``local-steps``, ``batch-size``, ``lr``, ``optimizer``;
     in train messages ``trained-rounds``.
 Reply metrics
@@ -71,5 +71,5 @@ NUM_OUTPUTS = "num-outputs"
 # Error code of a reply in which a client refuses a message it cannot carry
 # out (an unknown client update, keys of two methods in one message). Flower's
 # own codes are small integers (flwr.common.constant.ErrorCode); the server
-# stops the run on this one (:meth:`strategies.tracking.Tracker.stop_on_refusals`).
+# stops the run on this one (:meth:`strategies.core.tracking.Tracker.stop_on_refusals`).
 REFUSED = 1001

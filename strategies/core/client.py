@@ -35,9 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
-
 from logging import WARNING
+from typing import ClassVar
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
@@ -219,7 +218,7 @@ def instruction_problem(config: ConfigRecord, train: bool) -> str | None:
 
     The config must name a registered update (or none: ``local``), carry
     every key that update declares for the phase, and no key but those and
-    the generic ones (:data:`strategies.protocol.GENERIC_KEYS`). A key of
+    the generic ones (:data:`strategies.core.protocol.GENERIC_KEYS`). A key of
     another method (e.g. ``apfl-alpha`` beside ``proximal-mu``) is named with
     its owner. Used by both halves: the server checks every message it
     sends, the client every message it receives.

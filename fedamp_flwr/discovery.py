@@ -14,7 +14,6 @@ order of their names (members known from a checkpoint keep their numbers).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from logging import INFO, WARNING
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
@@ -26,10 +25,22 @@ try:  # the grid of a deployed ServerApp (Flower 1.41)
 except ImportError:  # another Flower: its own pulling
     HttpGrid = ()  # type: ignore[assignment,misc]
 
-from .protocol import (CLIENT_ID, CONFIG, ERROR, INPUT_SHAPE, MEMBER, NUM_OUTPUTS, NUM_PARTITIONS,
-                       NUM_TEST, NUM_TRAIN, QUERY, QUERY_CLIENT_INFO, TASK_KIND)
-from .protocol import INFO as INFO_RECORD
-
+from strategies.core.clients import ClientInfo, Schema
+from strategies.core.protocol import (
+    CLIENT_ID,
+    CONFIG,
+    ERROR,
+    INPUT_SHAPE,
+    MEMBER,
+    NUM_OUTPUTS,
+    NUM_PARTITIONS,
+    NUM_TEST,
+    NUM_TRAIN,
+    QUERY,
+    QUERY_CLIENT_INFO,
+    TASK_KIND,
+)
+from strategies.core.protocol import INFO as INFO_RECORD
 
 #: Seconds between two pulls of replies from the SuperLink. Flower's deployed grid
 #: (``HttpGrid``) pulls every 3 s, its simulation grid every 0.1 s: a reply that comes in
@@ -60,33 +71,6 @@ def send_and_receive(grid: Grid, messages: list[Message], timeout: float | None
 
 class ClientSetupError(RuntimeError):
     """The clients cannot run: one could not load its data, too few joined, or they disagree."""
-
-
-@dataclass(frozen=True)
-class ClientInfo:
-    """What a node said about itself in the query round."""
-
-    node_id: int
-    client_id: int
-    num_partitions: int
-    num_train: int
-    num_test: int
-    name: str = ""  # a member's name (node config client-id); "" in a partitioned run
-
-    @property
-    def label(self) -> str:
-        """How log lines name the client: ``member 'site-3'`` or ``client 3``."""
-        return f"member '{self.name}'" if self.name else f"client {self.client_id}"
-
-
-@dataclass(frozen=True)
-class Schema:
-    """What a run over members' own data expects of each member's data (what the server
-    checks a member's query answer against): input shape, task kind, outputs."""
-
-    input_shape: tuple[int, ...]
-    kind: str
-    num_outputs: int
 
 
 class Refusal(str):

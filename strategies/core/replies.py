@@ -8,7 +8,8 @@ nothing wrong with it (they return a reason, or None):
   only where the model has them, finite in float32 (the server's dtype), and
   a squared norm below :data:`MAX_SQ_NORM`;
 * :func:`train_reply_problem`: the ArrayRecord ``arrays`` passing
-  :func:`arrays_problem` (and no other but the method's own) and one MetricRecord with ``num-examples`` an integer in [1, the client's
+  :func:`arrays_problem` (and no other but the method's own) and one
+  MetricRecord with ``num-examples`` an integer in [1, the client's
   training size], a finite ``train-loss`` when present, and ``client-id`` /
   ``server-round`` that match the sender and the round when present;
 * :func:`evaluate_reply_problem`: one MetricRecord with the task's metric
@@ -26,8 +27,17 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
-from .protocol import (ACCURACY, ARRAYS, CLIENT_ID, LOSS, METRICS, MSE, NUM_EXAMPLES, SERVER_ROUND,
-                       TRAIN_LOSS)
+from .protocol import (
+    ACCURACY,
+    ARRAYS,
+    CLIENT_ID,
+    LOSS,
+    METRICS,
+    MSE,
+    NUM_EXAMPLES,
+    SERVER_ROUND,
+    TRAIN_LOSS,
+)
 
 # Largest squared norm of a model taken from a client. Models of norm <= 1e9
 # have centred norms <= 2e9, so every float32 Gram entry of FedAMP stays

@@ -31,7 +31,7 @@ class FlatLayout:
     num_param_keys: int = 0
 
     @classmethod
-    def from_arrays(cls, arrays: ArrayRecord, param_keys: Sequence[str] | None = None) -> "FlatLayout":
+    def from_arrays(cls, arrays: ArrayRecord, param_keys: Sequence[str] | None = None) -> FlatLayout:
         """Build the layout of ``arrays``; ``param_keys`` default to all float tensors."""
         nd = {k: v.numpy() for k, v in arrays.items()}
         floats = [k for k, v in nd.items() if np.issubdtype(v.dtype, np.floating)]

@@ -8,12 +8,13 @@
   model per client on the server and sends each client its own model; FedAMP,
   HeurFedAMP, Panacea and Separate subclass it.
 
-Both hold a :class:`strategies.tracking.Tracker` (``self.tracker``) and say
-which client half runs on the clients (:class:`ClientInstructions`). The
-pieces they are built from live in modules of their own and are re-exported
-here: :mod:`strategies.discovery` (the query round), :mod:`strategies.layout`
-(flat model vectors), :mod:`strategies.replies` (reply checks),
-:mod:`strategies.history` (the run's records), :mod:`strategies.tracking`.
+Both hold a :class:`strategies.core.tracking.Tracker` (``self.tracker``) and
+say which client half runs on the clients (:class:`ClientInstructions`). The
+pieces they are built from live in modules of their own:
+:mod:`strategies.core.clients` (who the clients are),
+:mod:`strategies.core.layout` (flat model vectors),
+:mod:`strategies.core.replies` (reply checks), :mod:`strategies.core.history`
+(the run's records), :mod:`strategies.core.tracking`.
 """
 
 from __future__ import annotations
@@ -32,17 +33,18 @@ from flwr.supercore import log
 from tasks.scenarios import Roles
 
 from .client import LOCAL, instruction_problem
-from .discovery import ClientInfo, discover_clients
+from .clients import ClientInfo
 from .history import RunHistory
 from .layout import FlatLayout, dtypes_of, with_dtypes
-from .protocol import ARRAYS, CLIENT_ID, CLIENT_UPDATE, CONFIG, NUM_EXAMPLES, SERVER_ROUND
-from .replies import MAX_SQ_NORM, ArraySpec, array_spec, arrays_problem, mean_metrics
+from .protocol import ARRAYS, CLIENT_UPDATE, CONFIG, SERVER_ROUND
+from .replies import array_spec, mean_metrics
 from .tracking import EVALUATE, TRAIN, Tracker
+
 
 class ClientInstructions:
     """What a strategy asks of the clients: which client half runs, with which keys.
 
-    ``client_update`` names the :class:`strategies.client.ClientUpdate` that
+    ``client_update`` names the :class:`strategies.core.client.ClientUpdate` that
     runs on train messages, ``evaluate_update`` the one on evaluate messages
     (None: the same). :meth:`train_keys` and :meth:`evaluate_keys` are the
     method's own config entries, added to every message of that kind.
@@ -83,7 +85,7 @@ class ClientInstructions:
 def check_instructions(messages: Iterable[Message]) -> None:
     """Raise ValueError if a message's config cannot be carried out by a client.
 
-    The server checks what it sends (see :func:`strategies.client.instruction_problem`),
+    The server checks what it sends (see :func:`strategies.core.client.instruction_problem`),
     so that a wrong message stops the run before any client sees it.
     """
     seen: set[int] = set()
@@ -151,7 +153,8 @@ class Tracked(ClientInstructions):
 
     def _within_bound(self, server_round: int, replies: list[Message], distances: torch.Tensor,
                       sent_norms: torch.Tensor) -> list[bool]:
-        """Whether each reply's update ||w - w_sent|| is within ``max_update_ratio``; record the others."""
+        """Whether each reply's update ||w - w_sent|| is within ``max_update_ratio``; record
+        the others."""
         bound = self.max_update_ratio * sent_norms.clamp_min(1.0)
         ok = (distances <= bound).tolist()
         for msg, fine, dist, b in zip(replies, ok, distances.tolist(), bound.tolist()):
@@ -173,7 +176,7 @@ class TrackedStrategy(Tracked):
 
     The global model keeps the dtypes of the first model it is given (the
     initial one): what Flower's aggregation returns is cast back to them
-    (:func:`strategies.layout.with_dtypes`; integer buffers such as
+    (:func:`strategies.core.layout.with_dtypes`; integer buffers such as
     BatchNorm's ``num_batches_tracked`` come back from Flower's helpers as
     float64), and replies must match them.
     """
@@ -194,7 +197,7 @@ class TrackedStrategy(Tracked):
         """Hook: the valid replies, just before the Flower strategy aggregates them."""
         return replies
 
-    def configure_train(self, server_round, arrays, config, grid):  # noqa: D102
+    def configure_train(self, server_round, arrays, config, grid):
         t = self.tracker
         arrays = self._as_sent(arrays)
         t.spec = array_spec(arrays)
@@ -220,7 +223,7 @@ class TrackedStrategy(Tracked):
         t.expect(TRAIN, out)
         return out
 
-    def aggregate_train(self, server_round, replies):  # noqa: D102
+    def aggregate_train(self, server_round, replies):
         good = self._screen_train(server_round, replies)
         if good and self._sent is not None:
             layout, sent = self._sent
@@ -233,7 +236,7 @@ class TrackedStrategy(Tracked):
                                                   self.before_aggregation(server_round, good))
         return (None if arrays is None else self._as_sent(arrays)), metrics
 
-    def configure_evaluate(self, server_round, arrays, config, grid):  # noqa: D102
+    def configure_evaluate(self, server_round, arrays, config, grid):
         config = self.instruct(config, train=False)
         arrays = self._as_sent(arrays)
         messages = (list(super().configure_evaluate(server_round, arrays, config, grid))
@@ -250,7 +253,7 @@ class TrackedStrategy(Tracked):
         t.expect(EVALUATE, out)
         return out
 
-    def aggregate_evaluate(self, server_round, replies):  # noqa: D102
+    def aggregate_evaluate(self, server_round, replies):
         good = self.tracker.screen(server_round, replies, EVALUATE)
         self.tracker.record_evaluation(server_round, good)
         return super().aggregate_evaluate(server_round, good)
@@ -360,13 +363,13 @@ class PersonalizedStrategy(Tracked, Strategy):
             self.models = torch.cat([self.models, self.new_client_model()[None].to(self.models)])
 
     # -- checkpoints ---------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:  # noqa: D102
+    def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         if self.models is not None:
             state["models"] = self.models.detach().cpu()
         return state
 
-    def load_state_dict(self, state: dict[str, Any], initial_arrays: ArrayRecord) -> None:  # noqa: D102
+    def load_state_dict(self, state: dict[str, Any], initial_arrays: ArrayRecord) -> None:
         super().load_state_dict(state, initial_arrays)
         self._ensure_models(initial_arrays)
         if "models" in state:
@@ -386,7 +389,7 @@ class PersonalizedStrategy(Tracked, Strategy):
         """On first use: the flat layout of the model and :meth:`initial_models`."""
         if self.layout is None:
             if not self.client_ids:
-                raise RuntimeError("no clients: call setup_tracking(discover_clients(...)) first")
+                raise RuntimeError("no clients: call setup_tracking(clients) first")
             self.layout = FlatLayout.from_arrays(arrays, self.param_keys)
             self.tracker.spec = array_spec(arrays)
             self._initial = self.layout.flatten(arrays).to(self.device)
@@ -478,10 +481,3 @@ class PersonalizedStrategy(Tracked, Strategy):
         means = self.tracker.record_evaluation(server_round, good)
         return MetricRecord(means) if means else None
 
-
-__all__ = [
-    "CLIENT_ID", "MAX_SQ_NORM", "NUM_EXAMPLES", "ArraySpec", "ClientInfo",
-    "ClientInstructions", "FlatLayout", "PersonalizedStrategy", "RunHistory", "TrackedStrategy",
-    "Tracker", "array_spec", "arrays_problem", "check_instructions", "discover_clients",
-    "mean_metrics",
-]

@@ -1,0 +1,413 @@
+"""A run's numbers: the one schema the report reads (:class:`RunRecord`), scores, settings.
+
+A run is what its ``metrics.json`` says (see ``fedamp_flwr/server_app.py``
+and ``strategies.core.history.RunHistory.to_dict``), with the runner's
+``status.json``. Runs are grouped by *setting* (:func:`setting_of`: dataset,
+partitioning and the scenario keys the runs vary) and by strategy.
+Classification runs are scored by BMTA (best mean test accuracy over the
+rounds, in %, higher is better), regression runs by the best mean test MSE
+(lower is better). Means are over the benign training clients (neither novel
+nor attackers), as in the runs' own records.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+CLASSIFICATION, REGRESSION = "classification", "regression"
+#: The headline numbers a run records itself.
+RECORDED = ("bmta", "novel_bmta", "best_mean_mse", "novel_best_mean_mse")
+#: Scenario run-config keys: (label used in setting names, value when the key is missing).
+SCENARIOS: dict[str, tuple[str, Any]] = {
+    "drop-rate": ("drop", 0.0),
+    "heterogeneous-epochs": ("het. epochs", False),
+    "attack-ratio": ("attack", 0.0),
+    "novel-client-fraction": ("novel", 0.0),
+    "fl60-variant": ("", "text"),
+    "tpt48-split": ("split", "time"),
+}
+#: Scenario keys that get a ``vs_<key>.png`` plot when a dataset has two or more values.
+SWEEP_KEYS = ("drop-rate", "attack-ratio", "novel-client-fraction")
+#: The file the runner writes beside a run's metrics.json: Flower's run id and status.
+STATUS_FILE = "status.json"
+#: Flower's status of a run that ended well.
+COMPLETED = "finished:completed"
+
+
+@dataclass
+class RunRecord:
+    """One run, as its ``metrics.json`` (and the runner's ``status.json``) say: the one
+    schema the report reads.
+
+    ``kind`` is the task's (``classification``: scored by BMTA; ``regression``: by the
+    best mean test MSE), which the ServerApp writes as ``task_kind``; for an older
+    ``metrics.json`` without it, it is read from which metrics the rounds hold.
+    ``recorded`` holds the headline numbers the run recorded itself (``bmta``,
+    ``novel_bmta``, ``best_mean_mse``, ``novel_best_mean_mse``). A ``metrics.json``
+    without ``finished`` (written by hand, or by an older version) counts as finished.
+    """
+
+    run_name: str = ""
+    strategy: str = "?"
+    label: str = ""
+    dataset: str = "?"
+    partitioning: str = "?"
+    seed: int | None = None
+    num_clients: int | None = None
+    kind: str = CLASSIFICATION
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    finished: bool = True
+    status: str | None = None
+    timed_out: bool | None = None
+    flower_run_id: str | None = None
+    wall_time_s: float | None = None
+    sigma: dict[str, Any] = field(default_factory=dict)
+    xi: dict[str, Any] | None = None
+    novel_clients: list[Any] = field(default_factory=list)
+    attackers: list[Any] = field(default_factory=list)
+    recorded: dict[str, float] = field(default_factory=dict)
+    directory: str = ""
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], directory: str = "",
+                  status: Mapping[str, Any] | None = None) -> RunRecord:
+        """The record of a parsed ``metrics.json`` (``status``: the parsed ``status.json``)."""
+        rounds = [r for r in data.get("rounds") or [] if isinstance(r, dict)]
+        kind = data.get("task_kind")
+        if kind not in (CLASSIFICATION, REGRESSION):  # an older metrics.json
+            regression = ("best_mean_mse" in data or "novel_best_mean_mse" in data or any(
+                "client_mse" in r or "mean_mse" in r for r in rounds)) and not (
+                "bmta" in data or "novel_bmta" in data)
+            kind = REGRESSION if regression else CLASSIFICATION
+        config = data.get("config") if isinstance(data.get("config"), dict) else {}
+        return cls(
+            run_name=str(data.get("run_name") or ""), strategy=str(data.get("strategy") or "?"),
+            label=str(data.get("label") or ""), dataset=str(data.get("dataset") or "?"),
+            partitioning=str(data.get("partitioning") or "?"), seed=data.get("seed"),
+            num_clients=data.get("num_clients"), kind=kind, rounds=rounds, config=dict(config),
+            finished=bool(data.get("finished", True)),
+            status=None if status is None else status.get("status"),
+            timed_out=None if status is None else status.get("timed_out"),
+            flower_run_id=None if status is None else status.get("run_id"),
+            wall_time_s=data.get("wall_time_s"), sigma=dict(data.get("sigma") or {}),
+            xi=data.get("xi") or None, novel_clients=list(data.get("novel_clients") or []),
+            attackers=list(data.get("attackers") or []),
+            recorded={k: float(data[k]) for k in RECORDED
+                      if isinstance(data.get(k), (int, float))},
+            directory=directory)
+
+
+# ---------------------------------------------------------------------------
+# Reading runs and their numbers
+# ---------------------------------------------------------------------------
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        logger.warning("Skipping %s: %s", path, err)
+        return None
+    if not isinstance(data, dict):
+        logger.warning("Skipping %s: not a JSON object", path)
+        return None
+    return data
+
+
+def load_runs(paths: Iterable[str | Path]) -> list[RunRecord]:
+    """Read runs: their ``metrics.json`` and, where the runner wrote one, ``status.json``.
+
+    Parameters
+    ----------
+    paths : Iterable[str | Path]
+        ``metrics.json`` files, or folders searched recursively for them
+        (in sorted path order). A run folder whose ``status.json`` has no
+        ``metrics.json`` beside it (a run that failed before its first
+        round) is read from its ``status.json``. Unreadable or malformed
+        files are skipped with a warning.
+
+    Returns
+    -------
+    list[RunRecord]
+        The runs, in the order found; ``status`` (Flower's status, e.g.
+        ``finished:failed``), ``timed_out`` and ``flower_run_id`` come from
+        ``status.json``.
+    """
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            files.append(p)
+            continue
+        found = {f.parent: f for f in p.rglob(STATUS_FILE)}
+        found.update({f.parent: f for f in p.rglob("metrics.json")})  # metrics.json first
+        files.extend(found[d] for d in sorted(found))
+    runs = []
+    for f in files:
+        data = _read_json(f)
+        if data is None:
+            continue
+        status = data if f.name == STATUS_FILE else (
+            _read_json(f.parent / STATUS_FILE) if (f.parent / STATUS_FILE).is_file() else None)
+        if f.name == STATUS_FILE:  # no metrics.json: the run never finished a round
+            data = {"run_name": data.get("run_name"), **(data.get("run") or {}),
+                    "finished": False}
+        runs.append(RunRecord.from_json(data, str(f.parent), status))
+    return runs
+
+
+def complete(run: RunRecord) -> bool:
+    """Whether a run finished all its rounds (and Flower says it completed, where it says)."""
+    return run.finished and run.status in (COMPLETED, None)
+
+
+def is_regression(run: RunRecord) -> bool:
+    """Whether the run is scored by MSE (regression) rather than accuracy."""
+    return run.kind == REGRESSION
+
+
+def round_means(run: RunRecord, novel: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Per-round mean test accuracy (%) or MSE of a run.
+
+    Parameters
+    ----------
+    run : Run
+        One run.
+    novel : bool
+        The novel clients' mean instead of the benign training clients'.
+
+    Returns
+    -------
+    tuple[np.ndarray, np.ndarray]
+        Round numbers and values, only for rounds that have the mean.
+    """
+    reg = is_regression(run)
+    key = ("novel_" if novel else "") + ("mean_mse" if reg else "mean_accuracy")
+    pairs = [(r.get("round", i + 1), r[key]) for i, r in enumerate(run.rounds)
+             if isinstance(r.get(key), (int, float))]
+    rounds = np.array([p[0] for p in pairs], dtype=float)
+    values = np.array([p[1] for p in pairs], dtype=float)
+    return rounds, values if reg else 100.0 * values
+
+
+def score(run: RunRecord, novel: bool = False) -> float | None:
+    """The run's headline number: BMTA (%) or best mean MSE.
+
+    Parameters
+    ----------
+    run : Run
+        One run.
+    novel : bool
+        The novel clients' BMTA / best MSE instead.
+
+    Returns
+    -------
+    float | None
+        The recorded value, else the one computed from the rounds, else None.
+    """
+    reg = is_regression(run)
+    key = ("novel_" if novel else "") + ("best_mean_mse" if reg else "bmta")
+    if isinstance(run.recorded.get(key), (int, float)):
+        return float(run.recorded[key])
+    _, values = round_means(run, novel)
+    if values.size == 0:
+        return None
+    return float(values.min() if reg else values.max())
+
+
+def final_mean(run: RunRecord) -> float | None:
+    """Mean test accuracy (%) or MSE of the last round that has one.
+
+    Parameters
+    ----------
+    run : Run
+        One run.
+    """
+    _, values = round_means(run)
+    return float(values[-1]) if values.size else None
+
+
+def best_round_clients(run: RunRecord) -> np.ndarray:
+    """Per-client test accuracy (%) or MSE at the run's best round (by mean).
+
+    Parameters
+    ----------
+    run : Run
+        One run. Novel clients and attackers are left
+        out, like in the mean.
+
+    Returns
+    -------
+    np.ndarray
+        One value per benign client; empty when no round has a mean.
+    """
+    reg = is_regression(run)
+    mean_key, client_key = ("mean_mse", "client_mse") if reg else ("mean_accuracy",
+                                                                   "client_accuracy")
+    rounds = [r for r in run.rounds
+              if isinstance(r.get(mean_key), (int, float)) and r.get(client_key)]
+    if not rounds:
+        return np.array([])
+    means = np.array([r[mean_key] for r in rounds], dtype=float)
+    best = rounds[int(means.argmin() if reg else means.argmax())]
+    left_out = {str(c) for c in [*run.novel_clients, *run.attackers]}
+    values = np.array([v for c, v in best[client_key].items()
+                       if str(c) not in left_out and isinstance(v, (int, float))], dtype=float)
+    return values if reg else 100.0 * values
+
+
+# ---------------------------------------------------------------------------
+# Settings and grouping
+# ---------------------------------------------------------------------------
+def scenario_value(run: RunRecord, key: str) -> Any:
+    """A scenario key's value (float, or bool for heterogeneous-epochs), default if missing.
+
+    Parameters
+    ----------
+    run : Run
+        One run.
+    key : str
+        One of :data:`SCENARIOS`.
+    """
+    default = SCENARIOS[key][1]
+    value = run.config.get(key, default)
+    if isinstance(default, bool):
+        return bool(value)
+    if isinstance(default, str):
+        return str(value)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def scenario_keys(runs: Sequence[RunRecord]) -> list[str]:
+    """Scenario keys worth naming in settings: varied by the runs or non-default in one.
+
+    Parameters
+    ----------
+    runs : Sequence[RunRecord]
+        All runs of the report.
+    """
+    keys = []
+    for key, (_, default) in SCENARIOS.items():
+        values = {scenario_value(r, key) for r in runs}
+        if len(values) > 1 or values - {default}:
+            keys.append(key)
+    return keys
+
+
+def setting_of(run: RunRecord, keys: Iterable[str] | None = None) -> str:
+    """The run's setting, e.g. ``"fmnist/practical"`` or ``"fmnist/practical, drop 0.3"``.
+
+    Parameters
+    ----------
+    run : Run
+        One run.
+    keys : Iterable[str] | None
+        Scenario keys to name (numbers always, heterogeneous-epochs only when
+        on); None: those with a non-default value in this run.
+    """
+    keys = set(keys) if keys is not None else {
+        k for k, (_, d) in SCENARIOS.items() if scenario_value(run, k) != d}
+    parts = []
+    for key, (label, _) in SCENARIOS.items():
+        if key not in keys:
+            continue
+        value = scenario_value(run, key)
+        if isinstance(value, bool):
+            if value:
+                parts.append(label)
+        elif isinstance(value, str):
+            parts.append(f"{label} {value}".strip())
+        else:
+            parts.append(f"{label} {value:g}")
+    base = f"{run.dataset}/{run.partitioning}"
+    return ", ".join([base, *parts])
+
+
+def _first_seen(items: Iterable[Any]) -> dict[Any, int]:
+    order: dict[Any, int] = {}
+    for item in items:
+        order.setdefault(item, len(order))
+    return order
+
+
+def method_of(run: RunRecord) -> str:
+    """The row a run goes in: its ``label`` (a variant of a strategy, e.g.
+    ``fedamp@paper``), else its strategy."""
+    return run.label or run.strategy
+
+
+def strategies_of(runs: Sequence[RunRecord], strategy_order: Sequence[str] | None = None) -> list[str]:
+    """The strategies present, those in ``strategy_order`` first, the rest by first appearance.
+
+    Parameters
+    ----------
+    runs : Sequence[RunRecord]
+        All runs of the report.
+    strategy_order : Sequence[str] | None
+        Preferred order of the rows; strategies without runs are left out.
+    """
+    present = list(_first_seen(method_of(r) for r in runs))
+    wanted = [s for s in (strategy_order or []) if s in present]
+    return list(dict.fromkeys(wanted)) + [s for s in present if s not in wanted]
+
+
+def group_runs(runs: Sequence[RunRecord], strategy_order: Sequence[str] | None = None,
+               exclude: Iterable[str] = ()
+               ) -> tuple[list[str], list[str], dict[tuple[str, str], list[RunRecord]]]:
+    """Group runs by setting and strategy.
+
+    A run's setting names the scenario keys that :func:`scenario_keys` finds
+    among the runs of its dataset and partitioning.
+
+    Parameters
+    ----------
+    runs : Sequence[RunRecord]
+        All runs of the report.
+    strategy_order : Sequence[str] | None
+        Preferred order of the strategies (see :func:`strategies_of`).
+    exclude : Iterable[str]
+        Scenario keys never to name (e.g. the x axis of :func:`plot_versus`).
+
+    Returns
+    -------
+    tuple[list[str], list[str], dict[tuple[str, str], list[RunRecord]]]
+        Settings (datasets and partitionings by first appearance, scenario
+        values ascending), strategies, and the runs of each (setting, strategy).
+    """
+    exclude = set(exclude)
+    pairs: dict[tuple[Any, Any], list[RunRecord]] = {}
+    for run in runs:
+        pairs.setdefault((run.dataset, run.partitioning), []).append(run)
+    keys = {pair: [k for k in scenario_keys(rs) if k not in exclude] for pair, rs in pairs.items()}
+    datasets = _first_seen(d for d, _ in pairs)
+    order: dict[str, tuple] = {}
+    groups: dict[tuple[str, str], list[RunRecord]] = {}
+    for i, (pair, pair_runs) in enumerate(pairs.items()):
+        for run in pair_runs:
+            name = setting_of(run, keys[pair])
+            order.setdefault(name, (datasets[pair[0]], i,
+                                    *(scenario_value(run, k) for k in SCENARIOS)))
+            groups.setdefault((name, method_of(run)), []).append(run)
+    settings = sorted(order, key=order.__getitem__)
+    return settings, strategies_of(runs, strategy_order), groups
+
+
+def _stats(values: Sequence[float | None]) -> tuple[float, float, int] | None:
+    """Mean, population std and count of the non-missing values; None if there are none."""
+    arr = np.array([v for v in values if v is not None], dtype=float)
+    return (float(arr.mean()), float(arr.std()), arr.size) if arr.size else None
+
+
+# ---------------------------------------------------------------------------
+# results.csv and table.md
+# ---------------------------------------------------------------------------

@@ -1,0 +1,204 @@
+"""The report's tables: ``results.csv`` (a row per run) and ``table.md`` (a row per strategy).
+
+Seeds of a (setting, strategy) are summarised by their mean and population
+standard deviation (numpy's default, ``ddof=0``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .scores import (
+    SCENARIOS,
+    RunRecord,
+    _first_seen,
+    _stats,
+    final_mean,
+    group_runs,
+    is_regression,
+    scenario_value,
+    score,
+)
+
+#: The first columns of ``results.csv``; every other config key follows as ``config.<key>``.
+CSV_COLUMNS = ["run_name", "strategy", "dataset", "partitioning", "seed", "num_clients",
+               *SCENARIOS, "bmta", "novel_bmta", "best_mean_mse", "novel_best_mean_mse",
+               "final_mean", "num_rounds", "sigma", "wall_time_s", "finished", "status",
+               "timed_out", "flower_run_id"]
+MISSING = "–"
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    if isinstance(value, float):  # 12 significant digits: 69.8, not 69.80000000000001
+        return float(f"{value:.12g}")
+    return value
+
+
+def csv_rows(runs: Sequence[RunRecord]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The columns and rows of ``results.csv``.
+
+    Parameters
+    ----------
+    runs : Sequence[RunRecord]
+        All runs of the report, one row each.
+
+    Returns
+    -------
+    tuple[list[str], list[dict[str, Any]]]
+        :data:`CSV_COLUMNS` then ``config.<key>`` for every other config key
+        (by first appearance), and one dict per run (None for missing values).
+    """
+    config_keys = list(_first_seen(k for r in runs for k in r.config
+                                   if k not in CSV_COLUMNS))
+    rows = []
+    for run in runs:
+        cfg = run.config
+        strategy = run.strategy
+        row: dict[str, Any] = {
+            "run_name": run.run_name, "strategy": strategy,
+            "dataset": run.dataset, "partitioning": run.partitioning,
+            "seed": run.seed if run.seed is not None else cfg.get("seed"),
+            "num_clients": run.num_clients,
+            **{k: scenario_value(run, k) for k in SCENARIOS},
+            **{k: run.recorded.get(k) for k in ("bmta", "novel_bmta", "best_mean_mse",
+                                       "novel_best_mean_mse")},
+            "final_mean": None if (last := final_mean(run)) is None else float(f"{last:.10g}"),
+            "num_rounds": len(run.rounds),
+            "sigma": run.sigma.get(strategy),
+            "wall_time_s": run.wall_time_s, "finished": run.finished,
+            "status": run.status, "timed_out": run.timed_out,
+            "flower_run_id": run.flower_run_id,
+        }
+        row.update({f"config.{k}": cfg.get(k) for k in config_keys})
+        rows.append(row)
+    return CSV_COLUMNS + [f"config.{k}" for k in config_keys], rows
+
+
+def write_csv(runs: Sequence[RunRecord], path: str | Path) -> Path:
+    """Write ``results.csv``: a row per run (see :func:`csv_rows`), empty cells for missing values.
+
+    Parameters
+    ----------
+    runs : Sequence[RunRecord]
+        All runs of the report.
+    path : str | Path
+        The CSV file to write.
+    """
+    path = Path(path)
+    columns, rows = csv_rows(runs)
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        writer.writerows([_cell(row[c]) for c in columns] for row in rows)
+    return path
+
+
+def format_cell(stats: tuple[float, float, int] | None, regression: bool) -> str:
+    """``"mean ± std"`` (BMTA: 2 decimals; MSE: 4 significant digits), the mean alone for one seed.
+
+    Parameters
+    ----------
+    stats : tuple[float, float, int] | None
+        Mean, std and number of seeds; None gives :data:`MISSING`.
+    regression : bool
+        Format as MSE rather than BMTA.
+    """
+    if stats is None:
+        return MISSING
+    mean, std, n = stats
+    fmt = (lambda v: f"{v:.4g}") if regression else (lambda v: f"{v:.2f}")
+    return fmt(mean) if n == 1 else f"{fmt(mean)} ± {fmt(std)}"
+
+
+def markdown_table(runs: Sequence[RunRecord], strategy_order: Sequence[str] | None = None,
+                   novel: bool = False) -> str | None:
+    """One Markdown table: a row per strategy, a column per setting, the best of each column bold.
+
+    Parameters
+    ----------
+    runs : Sequence[RunRecord]
+        All runs of the report.
+    strategy_order : Sequence[str] | None
+        Preferred order of the rows.
+    novel : bool
+        Tabulate the novel clients' BMTA / best MSE instead.
+
+    Returns
+    -------
+    str | None
+        The description line, a blank line and the table; None when no run
+        has a value.
+    """
+    settings, strategies, groups = group_runs(runs, strategy_order)
+    stats = {key: _stats([score(r, novel) for r in rs]) for key, rs in groups.items()}
+    settings = [s for s in settings if any(stats.get((s, m)) for m in strategies)]
+    if not settings:
+        return None
+    regression = {s: any(is_regression(r) for m in strategies for r in groups.get((s, m), []))
+                  for s in settings}
+    header = ["Method"] + [f"{s} (MSE)" if regression[s] else s for s in settings]
+    body = {m: [format_cell(stats.get((s, m)), regression[s]) for s in settings]
+            for m in strategies}
+    for j, s in enumerate(settings):
+        means = np.array([stats[(s, m)][0] if stats.get((s, m)) else np.nan for m in strategies])
+        best = np.nanmin(means) if regression[s] else np.nanmax(means)
+        for i in np.flatnonzero(np.isclose(means, best)):
+            body[strategies[i]][j] = f"**{body[strategies[i]][j]}**"
+    strategies = [m for m in strategies if any(c != MISSING for c in body[m])]
+    counts = sorted({n for st in stats.values() if st for n in [st[2]]})
+    seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    metrics = []
+    if not all(regression.values()):
+        metrics.append("BMTA (best mean test accuracy over the rounds, %, higher is better)")
+    if any(regression.values()):
+        metrics.append("best mean test MSE over the rounds (columns marked MSE, lower is better)")
+    who = "novel clients" if novel else "benign training clients"
+    desc = " and ".join(metrics)
+    line = (f"{desc[0].upper()}{desc[1:]} of the {who}; mean ± std (population) over "
+            f"{seeds} seed(s); best per column in bold.")
+    lines = [line, "", "| " + " | ".join(header) + " |",
+             "|---|" + "---:|" * len(settings)]
+    lines += ["| " + " | ".join([m, *body[m]]) + " |" for m in strategies]
+    return "\n".join(lines)
+
+
+def write_table(runs: Sequence[RunRecord], path: str | Path,
+                strategy_order: Sequence[str] | None = None, left_out: int = 0) -> Path:
+    """Write ``table.md``: the main table and, when there are novel clients, a second one for them.
+
+    Parameters
+    ----------
+    runs : Sequence[RunRecord]
+        All runs of the report.
+    path : str | Path
+        The Markdown file to write.
+    strategy_order : Sequence[str] | None
+        Preferred order of the rows.
+    left_out : int
+        Runs not tabulated because they did not finish (said under the table).
+    """
+    path = Path(path)
+    parts = [markdown_table(runs, strategy_order) or "No run has a result."]
+    if left_out:
+        parts.append(f"{left_out} run(s) that did not finish are left out (see results.csv: "
+                     "`finished`, `status`).")
+    novel = markdown_table(runs, strategy_order, novel=True)
+    if novel:
+        parts += ["## Novel clients", novel]
+    path.write_text("\n\n".join(parts) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------

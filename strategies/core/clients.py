@@ -1,0 +1,39 @@
+"""Who the clients of a run are: what a node says about itself in the query round."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    """What a node said about itself in the query round.
+
+    ``client_id`` is the client's id in the run (its partition id, or a member's
+    number in the order of the members' names); ``name`` a member's name (its
+    node config's ``client-id``), "" in a partitioned run. A negative
+    ``node_id`` stands for a member known from a checkpoint whose node has not
+    connected (yet).
+    """
+
+    node_id: int
+    client_id: int
+    num_partitions: int
+    num_train: int
+    num_test: int
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        """How log lines name the client: ``member 'site-3'`` or ``client 3``."""
+        return f"member '{self.name}'" if self.name else f"client {self.client_id}"
+
+
+@dataclass(frozen=True)
+class Schema:
+    """What a run over members' own data expects of each member's data (what the server
+    checks a member's query answer against): input shape, task kind, outputs."""
+
+    input_shape: tuple[int, ...]
+    kind: str
+    num_outputs: int

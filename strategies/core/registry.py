@@ -1,0 +1,169 @@
+"""Strategies by name: each method's module registers a factory with :func:`register_strategy`.
+
+A factory receives the method's own settings (an instance of the
+:class:`strategies.core.settings.Settings` class it registered, checked and
+with its "auto" values resolved) and the :class:`RunSetup`, what the run
+determines (clients, the model's parameter keys, the server device, the
+client graph, the data setting), and returns the strategy:
+
+.. code:: python
+
+    @register_strategy("fedprox", settings=ProximalSettings)
+    def _fedprox(settings: ProximalSettings, run: RunSetup) -> FedProx:
+        return FedProx(proximal_mu=settings.fedprox_mu, **flower_kwargs(run))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .replies import mean_metrics
+from .settings import NoSettings, Settings
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """What the run determines beside the method's settings.
+
+    Attributes
+    ----------
+    num_clients : int
+        Clients found in the query round.
+    param_keys : list[str]
+        State-dict keys of the model's trainable parameters.
+    device : str
+        Where the server keeps and mixes models.
+    adjacency : torch.Tensor | None
+        The client graph (rows in client-id order), for strategies registered
+        with ``graph=True``.
+    num_attackers : int
+        Clients that the ``attack-ratio`` scenario makes attackers (Krum's f).
+    fraction_train : float
+        Share of the clients sampled for training each round.
+    seed : int
+        The run's seed (client sampling, the server's own randomness).
+    dataset, setting : str
+        The data (``dataset``) and its setting (the partitioning of a pool
+        dataset, ``federated`` for a task whose data defines its clients).
+    groups : Sequence[int] | None
+        Each client's group of same-distribution clients, where the setting has them.
+    """
+
+    num_clients: int
+    param_keys: list[str]
+    device: str = "cpu"
+    adjacency: torch.Tensor | None = None
+    num_attackers: int = 0
+    fraction_train: float = 1.0
+    seed: int = 0
+    dataset: str = ""
+    setting: str = ""
+    groups: Sequence[int] | None = None
+
+
+Factory = Callable[[Any, RunSetup], Any]
+
+
+@dataclass(frozen=True)
+class StrategyEntry:
+    """A registered strategy: its factory, its settings class, whether it needs the client
+    graph, and its own values of "auto" settings (for every task, and per task)."""
+
+    name: str
+    factory: Factory
+    settings: type[Settings] = NoSettings
+    uses_graph: bool = False
+    auto: Mapping[str, Any] = field(default_factory=dict)
+    task_auto: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+STRATEGIES: dict[str, StrategyEntry] = {}
+
+
+def _check_keys(name: str, settings: type[Settings]) -> None:
+    """A key declared by two settings classes must be one field (the same type and default)."""
+    for other in STRATEGIES.values():
+        if other.settings is settings or other.name == name:
+            continue
+        theirs = other.settings.keys()
+        for key, f in settings.keys().items():
+            g = theirs.get(key)
+            if g is not None and (str(g.type), g.default) != (str(f.type), f.default):
+                raise ValueError(f"strategy {name!r}: run-config key {key!r} of "
+                                 f"{settings.__name__} differs from {other.settings.__name__}'s "
+                                 f"(strategy {other.name!r}); a key has one type and default")
+
+
+def register_strategy(name: str, *, settings: type[Settings] = NoSettings, graph: bool = False,
+                      auto: Mapping[str, Any] | None = None,
+                      task_auto: Mapping[str, Mapping[str, Any]] | None = None
+                      ) -> Callable[[Factory], Factory]:
+    """Decorator: register ``factory(settings, run)`` as the strategy ``name``.
+
+    ``settings``: the class of the method's own run-config keys. ``graph=True``:
+    the ServerApp builds the client graph (``graph`` run-config key) and passes
+    it as ``run.adjacency``. ``auto``: the strategy's own values of settings left
+    at "auto" (e.g. pFedHN's reference trainer); ``task_auto``: its values for
+    one task (dataset name -> values, e.g. Panacea's on TPT-48).
+    """
+    def add(factory: Factory) -> Factory:
+        current = STRATEGIES.get(name)
+        if current is not None and current.factory is not factory:
+            raise ValueError(f"strategy {name!r} is already registered")
+        _check_keys(name, settings)
+        STRATEGIES[name] = StrategyEntry(name, factory, settings, graph, dict(auto or {}),
+                                         {k: dict(v) for k, v in (task_auto or {}).items()})
+        return factory
+    return add
+
+
+def unregister_strategy(name: str) -> None:
+    """Remove the strategy ``name`` (tests and plugins)."""
+    STRATEGIES.pop(name, None)
+
+
+def settings_classes() -> list[type[Settings]]:
+    """Every registered settings class, once, in registration order."""
+    return list(dict.fromkeys(e.settings for e in STRATEGIES.values()))
+
+
+def method_keys() -> dict[str, dataclasses.Field]:
+    """Every run-config key that a registered method declares, with its field."""
+    out: dict[str, dataclasses.Field] = {}
+    for cls in settings_classes():
+        out.update(cls.keys())
+    return out
+
+
+def build_strategy(name: str, settings: Settings, run: RunSetup) -> Any:
+    """Return a new strategy ``name`` made by its factory from its settings and the run setup."""
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy '{name}'; allowed: {', '.join(sorted(STRATEGIES))}")
+    entry = STRATEGIES[name]
+    if not isinstance(settings, entry.settings):
+        raise TypeError(f"strategy {name!r} takes {entry.settings.__name__}, "
+                        f"not {type(settings).__name__}")
+    return entry.factory(settings, run)
+
+
+def flower_kwargs(run: RunSetup) -> dict[str, Any]:
+    """Arguments of Flower's FedAvg family: every connected client evaluates, metrics are
+    client means. The ``min_*_nodes`` are 1: the round loop hands the strategy only the
+    connected clients (``fedamp_flwr.rounds.OnlineClients``), and Flower's sampler would
+    wait for ever for a node that is gone."""
+    return dict(
+        fraction_train=run.fraction_train, fraction_evaluate=1.0,
+        min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1,
+        train_metrics_aggr_fn=mean_metrics, evaluate_metrics_aggr_fn=mean_metrics,
+    )
+
+
+def personal_kwargs(run: RunSetup) -> dict[str, Any]:
+    """Arguments of :class:`strategies.core.base.PersonalizedStrategy`."""
+    return dict(fraction_train=run.fraction_train, param_keys=run.param_keys,
+                device=run.device, seed=run.seed)

@@ -1,0 +1,183 @@
+"""The graph hypernetwork of Panacea (and Panacea-GN, pFedHN) and its server step.
+
+The server-side model psi = {psi_e, psi_m} generates every client's model:
+
+    z = E(h^(0), A)          client embeddings h^(0) through a GCN encoder E
+    theta_t = M(z_t)         an MLP with one output head per target tensor
+
+psi_e = {h^(0), E} (and the graph generator D), psi_m = M. The graph
+generator D scores a client pair by s(f(z_u)^T f(z_v)) (f an MLP, s the
+sigmoid) and adds the reconstruction loss
+
+    L_d = E_{u,v}[-A_uv log s(.) - (1 - A_uv) log(1 - s(.))]
+
+with weight lambda_d, to psi_e's update only. :func:`server_step` is one
+update of psi toward the clients' trained models (the strategy that uses it,
+with its deviations from the paper, is :mod:`strategies.panacea`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+def normalized_adjacency(adj: torch.Tensor) -> torch.Tensor:
+    """GCN propagation matrix D^-1/2 (A + I) D^-1/2 of a symmetric (n, n) adjacency."""
+    a = adj.float() + torch.eye(adj.shape[0], device=adj.device)
+    d = a.sum(dim=1).rsqrt()
+    return d[:, None] * a * d[None, :]
+
+
+def _mlp(sizes: Sequence[int]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class GCNLayer(nn.Module):
+    """One graph convolution H' = P H W (Kipf and Welling 2017), P the propagation matrix."""
+
+    def __init__(self, d_in: int, d_out: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(d_in, d_out)
+
+    def forward(self, h: torch.Tensor, prop: torch.Tensor) -> torch.Tensor:
+        return prop @ self.linear(h)
+
+
+class GraphHyperNetwork(nn.Module):
+    """GH(h^(0), A; psi): client embeddings -> GCN encoder -> MLP with per-tensor heads.
+
+    Parameters
+    ----------
+    num_clients : int
+        Number of clients (rows of the embedding table).
+    head_sizes : Sequence[int]
+        Number of values of each target tensor, in the order of the flat model
+        vector (:class:`strategies.core.layout.FlatLayout`); the output is their concatenation.
+    embed_dim : int (default: 100)
+        Dimension of h^(0) (paper: 100).
+    gnn_layers : int (default: 3)
+        GCN layers of E (paper: 3); 0 means no encoder (pFedHN: z = h^(0)).
+    hidden : int (default: 100)
+        Width of E's layers and of M's hidden layers (paper: 100).
+    mlp_layers : int (default: 3)
+        Linear layers of M before the heads (paper: 3).
+    generator : bool (default: True)
+        Whether the graph generator D exists (False for Panacea-GN and pFedHN).
+    """
+
+    def __init__(self, num_clients: int, head_sizes: Sequence[int], embed_dim: int = 100,
+                 gnn_layers: int = 3, hidden: int = 100, mlp_layers: int = 3,
+                 generator: bool = True) -> None:
+        super().__init__()
+        self.embeddings = nn.Embedding(num_clients, embed_dim)
+        nn.init.normal_(self.embeddings.weight, std=1.0)
+        dims = [embed_dim] + [hidden] * gnn_layers
+        self.encoder = nn.ModuleList(GCNLayer(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        z_dim = dims[-1]
+        self.mlp = nn.Sequential(_mlp([z_dim] + [hidden] * mlp_layers), nn.ReLU())
+        self.heads = nn.ModuleList(nn.Linear(hidden, int(n)) for n in head_sizes)
+        self.generator = _mlp([z_dim, hidden, hidden]) if generator else None
+
+    def encoder_parameters(self) -> list[nn.Parameter]:
+        """psi_e: embeddings, encoder and graph generator."""
+        gen = list(self.generator.parameters()) if self.generator is not None else []
+        return [self.embeddings.weight, *self.encoder.parameters(), *gen]
+
+    def encode(self, prop: torch.Tensor | None) -> torch.Tensor:
+        """z for every client: h^(0) through the GCN layers (ReLU between), or h^(0) if none."""
+        h = self.embeddings.weight
+        for i, layer in enumerate(self.encoder):
+            h = layer(h, prop)
+            if i < len(self.encoder) - 1:
+                h = torch.relu(h)
+        return h
+
+    def generate(self, z: torch.Tensor) -> torch.Tensor:
+        """Flat target models (k, d) from embeddings z (k, z_dim)."""
+        features = self.mlp(z)
+        return torch.cat([head(features) for head in self.heads], dim=1)
+
+    def forward(self, prop: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
+        """theta for clients ``rows``: (len(rows), d)."""
+        return self.generate(self.encode(prop)[rows])
+
+
+def graph_reconstruction_loss(f: torch.Tensor, adj: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+    """L_d over ``pairs`` (P, 2): mean of -A log s(f_u.f_v) - (1 - A) log(1 - s(f_u.f_v))."""
+    scores = (f[pairs[:, 0]] * f[pairs[:, 1]]).sum(dim=1)
+    target = adj[pairs[:, 0], pairs[:, 1]].float()
+    return nn.functional.binary_cross_entropy_with_logits(scores, target)
+
+
+def sample_pairs(adj: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """All edges (u < v) and as many random non-adjacent pairs: the pairs of L_d.
+
+    A choice the paper leaves open ("sampled client pairs"): balancing edges
+    and non-edges keeps L_d informative on sparse graphs.
+    """
+    device, adj = adj.device, adj.cpu()  # drawn with a CPU generator
+    n = adj.shape[0]
+    upper = torch.triu(adj > 0, diagonal=1)
+    pos = upper.nonzero()
+    k = max(len(pos), 1)
+    u = torch.randint(0, n, (4 * k,), generator=generator)
+    v = torch.randint(0, n, (4 * k,), generator=generator)
+    keep = (u != v) & (adj[u, v] == 0)
+    neg = torch.stack([u[keep], v[keep]], dim=1)[:k]
+    return torch.cat([pos, neg]).to(device)
+
+
+def server_step(
+    hnet: GraphHyperNetwork,
+    optimizer: torch.optim.Optimizer,
+    prop: torch.Tensor | None,
+    rows: torch.Tensor,
+    trained: torch.Tensor,
+    adj: torch.Tensor | None = None,
+    lambda_d: float = 0.0,
+    pairs: torch.Tensor | None = None,
+    clip_norm: float = 0.0,
+) -> float:
+    """One update of psi toward the clients' trained models.
+
+    Gradients of the model term come from ``torch.autograd.grad(theta, psi,
+    grad_outputs=(theta - trained) / k)`` over the k rows (the gradient of
+    the mean of 1/2 ||theta_t - trained_t||^2); with a graph generator,
+    ``lambda_d * grad L_d`` is added to psi_e's gradients; with ``clip_norm``
+    > 0 the gradients' total norm is clipped to it (pFedHN's reference trainer: 50).
+
+    Returns
+    -------
+    float
+        The mean over rows of 1/2 ||theta_t - trained_t||^2 before the step.
+    """
+    params = [p for p in hnet.parameters() if p.requires_grad]
+    z = hnet.encode(prop)
+    theta = hnet.generate(z[rows])
+    residual = (theta - trained).detach()
+    grads = torch.autograd.grad(theta, params, grad_outputs=residual / len(rows), allow_unused=True,
+                                retain_graph=hnet.generator is not None and lambda_d > 0)
+    grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+    if hnet.generator is not None and lambda_d > 0 and adj is not None and pairs is not None:
+        loss_d = graph_reconstruction_loss(hnet.generator(z), adj, pairs)
+        psi_e = hnet.encoder_parameters()
+        extra = torch.autograd.grad(loss_d, psi_e, allow_unused=True)
+        index = {id(p): i for i, p in enumerate(params)}
+        for p, g in zip(psi_e, extra):
+            if g is not None:
+                grads[index[id(p)]] = grads[index[id(p)]] + lambda_d * g
+    optimizer.zero_grad(set_to_none=True)
+    for p, g in zip(params, grads):
+        p.grad = g
+    if clip_norm > 0:
+        nn.utils.clip_grad_norm_(params, clip_norm)
+    optimizer.step()
+    return 0.5 * float((residual ** 2).sum()) / len(rows)

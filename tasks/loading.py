@@ -1,0 +1,153 @@
+"""Loading a task's data and model: the pool, the clients' data (cached), the model.
+
+:func:`load_federated` builds a task's :class:`tasks.federated.FederatedData`
+once per process; :func:`load_client_data` returns one client's tensors (a
+member's, from its own file), cached per process and on the node's disk
+(:mod:`tasks.cache`); :func:`build_model` makes the run's model.
+
+torchvision is imported only by :func:`tasks.models.resnet18` (CIFAR tasks): the
+only torchvision wheel on the package index of CPU-only machines here is a
+CUDA build whose compiled ops fail to load beside the CPU torch.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import cache
+from . import data as _data
+from .federated import FederatedData
+from .members import load_member_data
+from .models import MODELS, auto_model
+from .registry import CLASSIFICATION, REGRESSION, DataConfig, DataInfo, get_task
+
+
+@functools.lru_cache(maxsize=2)
+def load_pool(dataset: str, data_dir: str, seed: int,
+              num_clients: int = 0) -> tuple[_data.Split, _data.Split]:
+    """Load the whole (train, test) pool of a pool task (cached per process); a generated
+    pool is made for ``num_clients`` clients."""
+    spec = get_task(dataset)
+    if spec.hub is None:  # generated
+        return spec.load_pool(Path("."), seed, num_clients)
+    if data_dir:
+        folder = Path(data_dir).expanduser()
+        if not folder.is_dir():
+            raise FileNotFoundError(f"data-dir '{data_dir}' is not a folder")
+        return spec.load_pool(folder, seed, num_clients)
+    return _data.load_from_hub(*spec.hub)
+
+
+@functools.lru_cache(maxsize=2)
+def load_federated(dc: DataConfig) -> FederatedData:
+    """The clients' data of ``dc`` (cached per process; deterministic by seed)."""
+    spec = get_task(dc.dataset)
+    if spec.needs_data_dir and not dc.data_dir:
+        raise FileNotFoundError(f"dataset '{dc.dataset}' needs data-dir")
+    if spec.federated:
+        return spec.load_federated(dc)
+    train, test = load_pool(dc.dataset, dc.data_dir, dc.seed,
+                            dc.num_clients if spec.hub is None else 0)
+    if dc.num_clients > len(train.y):
+        raise ValueError(
+            f"{dc.num_clients} clients but dataset '{dc.dataset}' has only {len(train.y)} "
+            "training samples"
+        )
+    recipe = spec.practical.for_pool(
+        _data.coarse_of_fine(train) if spec.practical.superclass_groups else None)
+    from .partitioner_classes import build_partitioner, partition_pool  # seconds to import
+
+    partitioner = build_partitioner(dc.partitioning, dc.num_clients, dc.seed,
+                                    dc.dirichlet_alpha, recipe)
+    train_idx, test_idx = partition_pool(train.y, test.y, partitioner, dc.test_samples, dc.seed)
+    parts = [(train.subset(a), test.subset(b)) for a, b in zip(train_idx, test_idx)]
+    if spec.client_view is not None:
+        parts = [tuple(spec.client_view(p, i, dc.num_clients, dc.seed) for p in pair)
+                 for i, pair in enumerate(parts)]
+    return FederatedData([p[0] for p in parts], [p[1] for p in parts])
+
+
+def data_info(dc: DataConfig) -> DataInfo:
+    """Input shape, number of model outputs and kind of the data of ``dc``.
+
+    Known without the data for every task but npz, whose file is read; for members,
+    from the run's schema.
+    """
+    if dc.schema is not None:
+        return DataInfo(dc.schema.input_shape, dc.schema.num_outputs, dc.schema.kind)
+    if get_task(dc.dataset).info is not None:
+        return get_task(dc.dataset).info
+    fed = load_federated(dc)
+    x, y = fed.train[0].x, fed.train[0].y
+    if np.issubdtype(y.dtype, np.integer):
+        classes = max(int(max(s.y.max(initial=0) for s in fed.train + fed.test)) + 1, 2)
+        return DataInfo(tuple(x.shape[1:]), classes, CLASSIFICATION)
+    return DataInfo(tuple(x.shape[1:]), int(np.prod(y.shape[1:])) or 1, REGRESSION)
+
+
+def model_name(dc: DataConfig, model: str = "auto") -> str:
+    """The model of a run: ``model`` (the run config's), or for "auto" the task's own, or
+    the one its input shape calls for (:func:`tasks.models.auto_model`)."""
+    if model != "auto":
+        return model
+    return get_task(dc.dataset).model or auto_model(data_info(dc).input_shape)
+
+
+def build_model(dc: DataConfig, model: str = "auto") -> nn.Module:
+    """A freshly initialised target model for the data of ``dc`` (see :func:`model_name`)."""
+    info = data_info(dc)
+    return MODELS[model_name(dc, model)](info.input_shape, info.num_outputs)
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """One client's tensors: training and test inputs and targets (on the CPU)."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+
+class ClientCountError(ValueError):
+    """A federated task defines another number of clients than the run has."""
+
+
+def load_client_data(dc: DataConfig, client_id: int) -> ClientData:
+    """Return the training and test data of client ``client_id`` (cached per process, and on
+    the node's disk: :mod:`tasks.cache`).
+
+    A simulation worker serves many clients and every round; a SuperNode starts
+    a process per message: the tensors are made once per client. They are never
+    modified in place. Raises FileNotFoundError (data folder), ClientCountError
+    (a federated task with another number of clients) or ValueError (a setting
+    the data cannot give).
+    """
+    return _client_data(dc, client_id)
+
+
+@functools.lru_cache(maxsize=128)
+def _client_data(dc: DataConfig, client_id: int) -> ClientData:
+    def make() -> dict[str, torch.Tensor]:
+        if dc.schema is not None:  # a member: its own file, checked against the run's schema
+            train, test = load_member_data(dc.data_dir, dc.schema, dc.seed, dc.member)
+            (xtr, ytr), (xte, yte) = _data.to_tensors(train), _data.to_tensors(test)
+            return {"x_train": xtr, "y_train": ytr, "x_test": xte, "y_test": yte}
+        fed = load_federated(dc)
+        if fed.num_clients != dc.num_clients:
+            raise ClientCountError(
+                f"dataset {dc.dataset!r} defines {fed.num_clients} clients but num-partitions = "
+                f"{dc.num_clients}; allowed: run {fed.num_clients} SuperNodes")
+        if not 0 <= client_id < fed.num_clients:
+            raise ValueError(f"client {client_id} is outside the task's {fed.num_clients} clients")
+        (xtr, ytr), (xte, yte) = (_data.to_tensors(s) for s in (fed.train[client_id],
+                                                                fed.test[client_id]))
+        return {"x_train": xtr, "y_train": ytr, "x_test": xte, "y_test": yte}
+
+    return ClientData(**cache.cached(dc, client_id, make))

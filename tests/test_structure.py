@@ -1,0 +1,118 @@
+"""The house: imports run downward only, and the run config's defaults are written once.
+
+* Layers: ``tasks`` imports none of the others; ``strategies`` imports ``tasks``
+  only; the app (``fedamp_flwr``) imports ``strategies`` and ``tasks``; the
+  experiment runner (``experiments``, ``simulation.py``, ``benchmarks``) may
+  import all. No module imports, directly or through others, itself (no
+  circles), lazy imports inside functions included.
+* ``pyproject.toml``'s ``[tool.flwr.app.config]`` and the code's defaults (the
+  app's generic keys and every method's settings) agree, key by key.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fedamp_flwr.config import default_values
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("tasks", "strategies", "fedamp_flwr", "experiments", "benchmarks")
+# what each layer may import (besides itself)
+ALLOWED = {"tasks": set(), "strategies": {"tasks"}, "fedamp_flwr": {"tasks", "strategies"},
+           "experiments": {"tasks", "strategies", "fedamp_flwr", "simulation"},
+           "benchmarks": {"tasks", "strategies", "fedamp_flwr", "experiments", "simulation"},
+           "simulation": {"tasks", "strategies", "fedamp_flwr", "experiments"}}
+
+
+def _modules() -> dict[str, Path]:
+    out = {"simulation": ROOT / "simulation.py"}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project's modules that module ``name`` imports (anywhere in it)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+GRAPH = {n: _imports(n, p, set(_modules())) for n, p in _modules().items()}
+
+
+def _layer(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_imports_run_downward_only():
+    wrong = sorted(f"{a} -> {b}" for a, targets in GRAPH.items() for b in targets
+                   if _layer(b) != _layer(a) and _layer(b) not in ALLOWED[_layer(a)])
+    assert wrong == []
+
+
+def test_no_module_imports_itself_through_others():
+    """No circles: a depth-first search finds no back edge (a package's __init__ importing
+    its own submodules is fine; a submodule importing its package back is a circle)."""
+    state: dict[str, int] = {}
+    circles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(GRAPH[node]):
+            if nxt.startswith(node + "."):
+                continue  # a package importing its own submodule
+            if state.get(nxt) == 1:
+                circles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for node in sorted(GRAPH):
+        if node not in state:
+            visit(node, [node])
+    assert circles == []
+
+
+def test_no_strategy_module_imports_the_app():
+    assert not [n for n in GRAPH if _layer(n) == "strategies"
+                and any(_layer(t) == "fedamp_flwr" for t in GRAPH[n])]
+
+
+def test_pyproject_and_the_code_have_the_same_keys_and_defaults():
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    code = default_values()
+    assert sorted(table) == sorted(code)
+    for key, value in table.items():
+        assert code[key] == value and type(code[key]) is type(value), key
+
+
+@pytest.mark.parametrize("key", ["fedamp-sigma", "panacea-client-lr", "fedprox-mu"])
+def test_a_methods_key_is_declared_by_its_module(key):
+    from strategies.core.registry import STRATEGIES
+
+    owners = {e.settings.__module__ for e in STRATEGIES.values() if key in e.settings.keys()}
+    assert owners and all(o.startswith("strategies.") and ".core." not in o for o in owners)
