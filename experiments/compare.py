@@ -63,7 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    completed, failed = [], []
+    completed: list[str] = []
+    failed: list[str] = []
     with tempfile.TemporaryDirectory() as home, SuperLink(Path(home)) as link:
         for s in args.strategies:
             print(f"== {s}", flush=True)

@@ -17,14 +17,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tasks
 from experiments.plots import xi_matrices
+from experiments.scores import RunRecord
 
 path = Path(sys.argv[1])
-metrics = {**json.loads(path.read_text()), "_dir": str(path.parent)}
-ids, rounds = xi_matrices(metrics)
-groups = tasks.client_groups(metrics["dataset"], metrics["partitioning"], len(ids))
-if groups is None:
-    sys.exit(f"{metrics['dataset']}/{metrics['partitioning']} has no groups of clients")
-groups = np.array([groups[c] for c in ids])
+run = RunRecord.from_json(json.loads(path.read_text()), str(path.parent))
+ids, rounds = xi_matrices(run)
+of_client = tasks.client_groups(run.dataset, run.partitioning, len(ids))
+if of_client is None:
+    sys.exit(f"{run.dataset}/{run.partitioning} has no groups of clients")
+groups = np.array([of_client[c] for c in ids])
 same = (groups[:, None] == groups[None, :]) & ~np.eye(len(ids), dtype=bool)
 for r, xi in sorted(rounds.items()):
     print(f"round {r}: {100 * (xi * same).sum(1).mean():.1f}% of the weight within the group, "

@@ -19,6 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import matplotlib.ticker
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,9 +29,11 @@ from experiments import plots, report, scores
 MARKS = (5, 10, 20, 30)
 
 
-def own_group_share(run: dict, xi: np.ndarray, ids: list[int]) -> float:
+def own_group_share(run: scores.RunRecord, xi: np.ndarray, ids: list[int]) -> float:
     """Mean over clients of the weight on the other clients of their own group."""
     groups = tasks.client_groups(run.dataset, run.partitioning, len(ids))
+    if groups is None:
+        raise ValueError(f"{run.dataset}/{run.partitioning} has no groups of clients")
     g = np.array([groups[c] for c in ids])
     same = (g[:, None] == g[None, :]) & ~np.eye(len(ids), dtype=bool)
     return float((xi * same).sum(1).mean())
@@ -60,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set(xlabel="round", ylabel="accuracy minus Separate's (points)",
                title="gap to training alone")
-        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
         fig.tight_layout()

@@ -277,7 +277,7 @@ def plot_versus(runs: Sequence[RunRecord], key: str, path: str | Path,
             xs = np.array([scenario_value(r, key) for r in rs])
             ys = np.array([score(r) for r in rs])
             x = np.unique(xs)
-            stats = [_stats(ys[xs == v]) for v in x]
+            stats = [st for v in x if (st := _stats(ys[xs == v])) is not None]
             ax.errorbar(x, [s[0] for s in stats], yerr=[s[1] for s in stats], color=colors[m],
                         marker="o", capsize=3, label=m)
         if regression:

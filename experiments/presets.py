@@ -94,7 +94,8 @@ _NO_GROUPS = (("fedamp-self-weight", "eq6"), ("heurfedamp-self-weight", 0.1))
 
 
 def _fedamp_setting(dataset: str, partitioning: str) -> Setting:
-    extra = () if partitioning == "practical" else _SIGMA_STAND_IN[dataset]
+    extra: tuple[tuple[str, Any], ...] = (
+        () if partitioning == "practical" else _SIGMA_STAND_IN[dataset])
     if partitioning == "pathological":
         extra += _NO_GROUPS
     return Setting(dataset, partitioning, 62 if dataset == "emnist" else 100, extra)

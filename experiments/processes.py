@@ -15,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 import psutil
 
@@ -146,7 +147,7 @@ class SuperLink:
         if ray_address:
             self.env["RAY_ADDRESS"] = ray_address
         self.proc: subprocess.Popen | None = None
-        self._log = None
+        self._log: IO[str] | None = None
 
     def __enter__(self) -> SuperLink:
         exe = shutil.which("flower-superlink")

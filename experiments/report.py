@@ -50,13 +50,13 @@ def write_report(runs: Sequence[RunRecord], out_dir: str | Path,
     out.mkdir(parents=True, exist_ok=True)
     everything = list(runs)
     runs = [r for r in everything if complete(r)]
-    written = [write_csv(everything, out / "results.csv"),
-               write_table(runs, out / "table.md", strategy_order,
-                           left_out=len(everything) - len(runs))]
-    written.append(plot_convergence(runs, out / "convergence.png", strategy_order))
-    written.append(plot_client_accuracy(runs, out / "client_accuracy.png", strategy_order))
-    written += plot_xi_all(runs, out, strategy_order)
-    written += [plot_versus(runs, k, out / f"vs_{k}.png", strategy_order) for k in SWEEP_KEYS]
+    written: list[Path | None] = [
+        write_csv(everything, out / "results.csv"),
+        write_table(runs, out / "table.md", strategy_order, left_out=len(everything) - len(runs)),
+        plot_convergence(runs, out / "convergence.png", strategy_order),
+        plot_client_accuracy(runs, out / "client_accuracy.png", strategy_order),
+        *plot_xi_all(runs, out, strategy_order),
+        *(plot_versus(runs, k, out / f"vs_{k}.png", strategy_order) for k in SWEEP_KEYS)]
     return [p for p in written if p is not None]
 
 

@@ -181,15 +181,16 @@ def run_grid(runs: list[Run], output: Path, cpus: float, gpus: float, ray_addres
     failed: list[str] = []
     if not todo:
         return failed
-    link_or_none = (SuperLink(output / ".flwr-home", ray_address) if engine == "flower"
-                    else contextlib.nullcontext())
+    link_or_none: contextlib.AbstractContextManager[SuperLink | None] = (
+        SuperLink(output / ".flwr-home", ray_address) if engine == "flower"
+        else contextlib.nullcontext())
     with link_or_none as link:
         for i, run in enumerate(todo, 1):
             prefix = f"[{i}/{len(todo)}] {run.name}"
             print(f"{prefix}: {run.num_clients} clients", flush=True)
             started = time.monotonic()
             fed = federation_config(run.num_clients, cpus, gpus)
-            outcome = (run_one(link, output, run, fed, prefix, timeout) if engine == "flower"
+            outcome = (run_one(link, output, run, fed, prefix, timeout) if link is not None
                        else run_one_inprocess(output, run, prefix))
             if succeeded(output, run, outcome):
                 m = json.loads(metrics_path(output, run).read_text())

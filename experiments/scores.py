@@ -89,12 +89,13 @@ class RunRecord:
                 "client_mse" in r or "mean_mse" in r for r in rounds)) and not (
                 "bmta" in data or "novel_bmta" in data)
             kind = REGRESSION if regression else CLASSIFICATION
-        config = data.get("config") if isinstance(data.get("config"), dict) else {}
+        raw = data.get("config")
+        config: dict[str, Any] = dict(raw) if isinstance(raw, dict) else {}
         return cls(
             run_name=str(data.get("run_name") or ""), strategy=str(data.get("strategy") or "?"),
             label=str(data.get("label") or ""), dataset=str(data.get("dataset") or "?"),
             partitioning=str(data.get("partitioning") or "?"), seed=data.get("seed"),
-            num_clients=data.get("num_clients"), kind=kind, rounds=rounds, config=dict(config),
+            num_clients=data.get("num_clients"), kind=kind, rounds=rounds, config=config,
             finished=bool(data.get("finished", True)),
             status=None if status is None else status.get("status"),
             timed_out=None if status is None else status.get("timed_out"),

@@ -150,7 +150,7 @@ def markdown_table(runs: Sequence[RunRecord], strategy_order: Sequence[str] | No
     body = {m: [format_cell(stats.get((s, m)), regression[s]) for s in settings]
             for m in strategies}
     for j, s in enumerate(settings):
-        means = np.array([stats[(s, m)][0] if stats.get((s, m)) else np.nan for m in strategies])
+        means = np.array([st[0] if (st := stats.get((s, m))) else np.nan for m in strategies])
         best = np.nanmin(means) if regression[s] else np.nanmax(means)
         for i in np.flatnonzero(np.isclose(means, best)):
             body[strategies[i]][j] = f"**{body[strategies[i]][j]}**"

@@ -80,6 +80,8 @@ from strategies.core.protocol import (
     SERVER_ROUND,
     TASK_KIND,
     TRAIN_LOSS,
+    as_float,
+    as_int,
 )
 from tasks.scenarios import flip_labels
 from tasks.train import evaluate as evaluate_model
@@ -213,25 +215,25 @@ def _data_schema(setup: Setup) -> dict:
 
 def _job(msg: Message, context: Context, train: bool) -> tuple[ClientUpdate, ClientJob, int]:
     """The client update the message names (checked: :func:`instruction_problem`) and its job."""
-    c = msg.content[CONFIG]
+    c = msg.content.config_records[CONFIG]
     setup = _setup(context)
     cfg, dc, data = setup.cfg, setup.dc, setup.data
     pid = _client_index(c, setup)
-    server_round = int(c.get(SERVER_ROUND, 0))
+    server_round = as_int(c.get(SERVER_ROUND, 0), SERVER_ROUND)
     seed = _seed(cfg, server_round, pid)
     targets = data.y_train
     if train and setup.pid >= 0 and pid in cfg.roles(dc.num_clients).attackers:  # attack-ratio
         classes = tasks.data_info(dc).num_outputs
         targets = flip_labels(data.y_train, classes, torch.Generator().manual_seed(seed))
     model = tasks.build_model(dc, cfg.model)
-    model.load_state_dict(msg.content[ARRAYS].to_torch_state_dict())
-    optim = Optim(batch_size=int(c.get(BATCH_SIZE, cfg.batch_size)),
-                  lr=float(c.get(LR, cfg.learning_rate)),
+    model.load_state_dict(msg.content.array_records[ARRAYS].to_torch_state_dict())
+    optim = Optim(batch_size=as_int(c.get(BATCH_SIZE, cfg.batch_size), BATCH_SIZE),
+                  lr=as_float(c.get(LR, cfg.learning_rate), LR),
                   optimizer=str(c.get(OPTIMIZER, cfg.optimizer)), device=_device())
     job = ClientJob(model=model, data=data, targets=targets, content=msg.content, config=c,
                     state=context.state, server_round=server_round, seed=seed,
-                    epochs=int(c.get(LOCAL_EPOCHS, cfg.local_epochs)),
-                    steps=int(c.get(LOCAL_STEPS, cfg.local_steps)), optim=optim)
+                    epochs=as_int(c.get(LOCAL_EPOCHS, cfg.local_epochs), LOCAL_EPOCHS),
+                    steps=as_int(c.get(LOCAL_STEPS, cfg.local_steps), LOCAL_STEPS), optim=optim)
     return CLIENT_UPDATES[update_name(c)], job, pid
 
 
@@ -258,7 +260,7 @@ def _metrics(job: ClientJob, pid: int, **values) -> MetricRecord:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Run the named client update on the received model; reply the trained model."""
-    problem = instruction_problem(msg.content[CONFIG], train=True)
+    problem = instruction_problem(msg.content.config_records[CONFIG], train=True)
     if problem is not None:
         return _refusal(msg, problem)
     update, job, pid = _job(msg, context, train=True)
@@ -275,7 +277,7 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Test the model that the named client update makes of the received one."""
-    problem = instruction_problem(msg.content[CONFIG], train=False)
+    problem = instruction_problem(msg.content.config_records[CONFIG], train=False)
     if problem is not None:
         return _refusal(msg, problem)
     update, job, pid = _job(msg, context, train=False)

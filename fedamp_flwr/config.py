@@ -78,10 +78,6 @@ def parse_shape(text: str) -> tuple[int, ...] | None:
     return shape
 
 
-def _bad(key: str, value: Any, allowed: str) -> ConfigError:
-    return ConfigError(f"run config '{key}' = {value!r} is invalid; allowed: {allowed}")
-
-
 @dataclass(frozen=True)
 class RunConfig:
     """The run config of this app, validated: its generic keys, and the chosen strategy's
@@ -222,10 +218,12 @@ class RunConfig:
         for key in ("num-server-rounds", "local-epochs", "batch-size", "test-samples",
                     "min-nodes"):
             check(key, getattr(self, key.replace("-", "_")) >= 1, "an integer >= 1")
-        check("learning-rate", self.learning_rate > 0, "a number > 0")
+        lr, steps = self.learning_rate, self.local_steps  # numbers once "auto" is resolved
+        assert not isinstance(lr, str) and not isinstance(steps, str), "resolve 'auto' first"
+        check("learning-rate", lr > 0, "a number > 0")
         check("fraction-train", 0 < self.fraction_train <= 1, "a number in (0, 1]")
         check("dirichlet-alpha", self.dirichlet_alpha > 0, "a number > 0")
-        check("local-steps", self.local_steps >= 0, "an integer >= 0 (0: use local-epochs)")
+        check("local-steps", steps >= 0, "an integer >= 0 (0: use local-epochs)")
         check("fl60-noise-std", self.fl60_noise_std > 0, "a number > 0")
         check("novel-client-fraction", 0 <= self.novel_client_fraction < 1, "a number in [0, 1)")
         check("attack-ratio", 0 <= self.attack_ratio <= 0.5, "a number in [0, 0.5]")

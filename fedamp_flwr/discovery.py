@@ -73,6 +73,12 @@ class ClientSetupError(RuntimeError):
     """The clients cannot run: one could not load its data, too few joined, or they disagree."""
 
 
+def _text(value: object) -> str:
+    """A value of an untrusted reply as text (bytes decoded, at most 1,000 characters)."""
+    text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    return text[:1000]
+
+
 class Refusal(str):
     """Why a member cannot take part (a member may be left out; the others go on)."""
 
@@ -91,7 +97,7 @@ def _parse_info(node: int, reply: Message, schema: Schema | None = None) -> Clie
     if schema is not None:
         return _parse_member(node, cfg, schema)
     if cfg.get(ERROR):
-        return f"client {cfg.get(CLIENT_ID, '?')} (node {node}): {cfg[ERROR]}"
+        return f"client {_text(cfg.get(CLIENT_ID, '?'))} (node {node}): {_text(cfg[ERROR])}"
     values = {}
     for key, low in ((CLIENT_ID, 0), (NUM_PARTITIONS, 1), (NUM_TRAIN, 0), (NUM_TEST, 0)):
         v = cfg.get(key)
@@ -112,7 +118,7 @@ def _parse_member(node: int, cfg, schema: Schema) -> ClientInfo | str:
                "fleet running this app with dataset = \"members\"?"
     who = f"member '{name}' (node {node})"
     if cfg.get(ERROR):
-        return Refusal(f"{who}: {str(cfg[ERROR])[:1000]}")
+        return Refusal(f"{who}: {_text(cfg[ERROR])}")
     values = {}
     for key, low in ((NUM_TRAIN, 1), (NUM_TEST, 1), (NUM_OUTPUTS, 1)):
         v = cfg.get(key)

@@ -19,10 +19,11 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.serverapp import ServerApp
+from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.task_identity import TaskIdentity
 
 
@@ -92,7 +93,8 @@ class InProcessGrid:
 
     def sent_configs(self, message_type: str) -> list[ConfigRecord]:
         """The config records of the messages of one type sent so far."""
-        return [m.content["config"] for m in self.sent if m.metadata.message_type == message_type]
+        return [m.content.config_records["config"] for m in self.sent
+                if m.metadata.message_type == message_type]
 
 
 def run_inprocess(run_config: dict, num_clients: int, log_file: Path | None = None,
@@ -108,7 +110,9 @@ def run_inprocess(run_config: dict, num_clients: int, log_file: Path | None = No
     Returns the grid (its nodes' contexts hold the clients' state).
     """
     if server_app is None:
-        from .server_app import app as server_app
+        from .server_app import app as default_app
+
+        server_app = default_app
 
     grid = InProcessGrid(run_config, num_clients, keep_sent=keep_sent, client_app=client_app,
                          node_configs=node_configs)
@@ -119,8 +123,9 @@ def run_inprocess(run_config: dict, num_clients: int, log_file: Path | None = No
         logging.getLogger("flwr").addHandler(handler)
     try:
         with task_identity():
-            server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
-                                     run_config=run_config))
+            # duck-typed: the ServerApp uses get_node_ids and send_and_receive of its grid
+            server_app(cast(Grid, grid), Context(run_id=1, node_id=0, node_config={},
+                                                 state=RecordDict(), run_config=run_config))
     finally:
         if handler is not None:
             logging.getLogger("flwr").removeHandler(handler)

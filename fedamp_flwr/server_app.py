@@ -63,6 +63,7 @@ def client_graph(cfg: RunConfig, dc: tasks.DataConfig,
     task_adj = tasks.load_federated(dc).adjacency if cfg.graph == "task" else None
     adj = build_graph(cfg.graph, dc.num_clients, task_adj, cfg.graph_file, cfg.dataset,
                       cfg.groups(dc.num_clients), names)
+    assert adj is not None  # only graph = "none" gives none, returned above
     log(INFO, "Client graph '%s': %d clients, %d edges", cfg.graph, dc.num_clients,
         int(adj.sum()) // 2)
     return torch.from_numpy(adj)
@@ -80,12 +81,12 @@ def find_clients(cfg: RunConfig, grid: Grid, known: list[str]
     (those whose data fits, numbered by name; ``known``: a checkpoint's, which keep their
     ids). Returns node id -> info, the members' names by client id ([] if partitioned),
     and the nodes left out."""
-    schema = cfg.member_schema()
+    schema = find_schema(cfg)
     if schema is None:
         clients = discover_clients(grid, cfg.min_nodes, timeout=cfg.node_wait_timeout)
         return clients, [], set()
-    return discover_members(grid, cfg.min_nodes, find_schema(cfg),
-                                       timeout=cfg.node_wait_timeout, known=known)
+    return discover_members(grid, cfg.min_nodes, schema, timeout=cfg.node_wait_timeout,
+                            known=known)
 
 
 @app.main()

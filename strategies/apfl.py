@@ -26,6 +26,7 @@ from torch import nn
 from tasks.train import loss_for, make_optimizer, run_batches
 
 from .core.client import ClientJob, ClientUpdate, register_client_update
+from .core.protocol import as_float
 from .core.registry import RunSetup, flower_kwargs, register_strategy
 from .core.settings import Settings, SettingsContext
 from .flower import FedAvg
@@ -110,7 +111,7 @@ class APFLClient(ClientUpdate):
     def train(self, job: ClientJob) -> tuple[float, dict]:
         local = _local_model(job)
         loss = train_apfl(job.model, local, job.data.x_train, job.targets,
-                          alpha=float(job.config[ALPHA]), **job.loop_kwargs())
+                          alpha=as_float(job.config[ALPHA], ALPHA), **job.loop_kwargs())
         job.state[STATE] = ArrayRecord(local.to("cpu").state_dict())
         return loss, {}
 
@@ -118,7 +119,7 @@ class APFLClient(ClientUpdate):
         """The personalized model ``alpha v + (1 - alpha) w``."""
         model, local = job.model, _local_model(job)
         with torch.no_grad():
-            mixed = mix_parameters(local, model, float(job.config[ALPHA]))
+            mixed = mix_parameters(local, model, as_float(job.config[ALPHA], ALPHA))
             for name, p in model.named_parameters():
                 p.copy_(mixed[name])
         return model

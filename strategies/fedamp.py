@@ -276,10 +276,11 @@ class FedAMP(PersonalizedStrategy):
 
     def summary(self) -> None:
         super().summary()
-        own = {None: "1 - the others (Eq. 6)", "paper": "1 / (N_i + 1) (the appendix)"}
+        own = ("1 - the others (Eq. 6)" if self.self_weight is None else
+               "1 / (N_i + 1) (the appendix)" if self.self_weight == "paper" else
+               f"{self.self_weight:g}")
         log(INFO, "\t└── alpha_k %g (x%g every %d rounds), lambda %g, sigma %g, self weight %s",
-            self.alpha_k, self.alpha_decay, self.alpha_decay_every, self.lam, self.sigma,
-            own.get(self.self_weight, self.self_weight))
+            self.alpha_k, self.alpha_decay, self.alpha_decay_every, self.lam, self.sigma, own)
 
     def alpha_at(self, server_round: int) -> float:
         """alpha_k of round ``server_round`` (1-based)."""
@@ -294,7 +295,9 @@ class FedAMP(PersonalizedStrategy):
         """xi_ii of the clients in rows ``active``: the fixed number, or "paper"'s
         1 / (N_i + 1), N_i the other clients of i's group among ``active``."""
         if self.self_weight != "paper":
+            assert not isinstance(self.self_weight, str), "a number, 'paper' or None"
             return self.self_weight
+        assert self.groups is not None  # checked in __init__
         ids = torch.as_tensor(self.client_ids, dtype=torch.long)[active.cpu()]
         group = self.groups[ids]
         return 1.0 / torch.bincount(group)[group].double()
@@ -305,7 +308,7 @@ class FedAMP(PersonalizedStrategy):
         xi = self.collaboration(server_round, rows)
         self.history.record_xi(server_round, self.client_ids, xi)
         self._round_xi = xi
-        clouds = xi[rows.to(xi.device)].to(self.models.dtype) @ self.models
+        clouds = xi[rows.to(xi.device)].to(self.store.dtype) @ self.store
         cfg = ConfigRecord(dict(config))
         cfg[PROXIMAL_MU] = self.lam / self.alpha_at(server_round)
         return clouds, cfg
@@ -315,7 +318,7 @@ class FedAMP(PersonalizedStrategy):
         training clients' models, so that its first cloud model u_i comes from the others
         (the paper has no late joiners; with the initial model, far from every trained one,
         Eq. 6 would give it weight 1 on itself)."""
-        return self.models[self.training_rows.to(self.models.device)].mean(dim=0)
+        return self.store[self.training_rows.to(self.store.device)].mean(dim=0)
 
     def sent_distances(self, rows: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
         """``||w - u_i||`` from this round's xi and the store (the cloud models are not kept):
@@ -325,8 +328,9 @@ class FedAMP(PersonalizedStrategy):
         feeds the update-norm bound (``max-update-ratio``, 100x by default), where a
         relative error of 1e-3 in a small distance does not matter.
         """
+        assert self._round_xi is not None, "personalize() sets this round's xi first"
         xi = self._round_xi[rows.to(self._round_xi.device)].to(vectors.device, vectors.dtype)
-        wu = ((vectors @ self.models.T) * xi).sum(dim=1)
+        wu = ((vectors @ self.store.T) * xi).sum(dim=1)
         ww = torch.linalg.vector_norm(vectors, dim=1).square()
         uu = self._sent_norms[rows].to(vectors.device, vectors.dtype).square()
         return (ww - 2.0 * wu + uu).clamp_min(0.0).sqrt()
@@ -342,10 +346,10 @@ class FedAMP(PersonalizedStrategy):
         excluded ones) have identity rows and zero columns in the other rows,
         so their models never enter a cloud model.
         """
-        n, p = len(self.client_ids), self.layout.num_params
+        n, p = len(self.client_ids), self.flat.num_params
         active = self.training_rows if self.offline_clients == "include" or rows is None else rows
-        active = active.to(self.models.device)
-        params = self.models[:, :p] if len(active) == n else self.models[active, :p]
+        active = active.to(self.store.device)
+        params = self.store[:, :p] if len(active) == n else self.store[active, :p]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             xi_active = self.weights(server_round, params, self.self_weights(active))
@@ -417,6 +421,8 @@ class HeurFedAMP(FedAMP):
 
     def weights(self, server_round: int, params: torch.Tensor,
                 self_weight: float | torch.Tensor | None) -> torch.Tensor:
+        """Eq. 8's weights (HeurFedAMP always has a self weight)."""
+        assert self_weight is not None
         return heurfedamp_weights(params, self.sigma, self_weight)
 
 
@@ -532,6 +538,9 @@ def _fedamp(settings: FedAMPSettings, run: RunSetup) -> FedAMP:
 
 @register_strategy("heurfedamp", settings=FedAMPSettings)
 def _heurfedamp(settings: FedAMPSettings, run: RunSetup) -> HeurFedAMP:
-    return HeurFedAMP(sigma=_sigma(settings, "heurfedamp", run),
-                      self_weight=settings.self_weight("heurfedamp"),
+    weight = settings.self_weight("heurfedamp")
+    if weight is None:  # "eq6" is no word of heurfedamp-self-weight: checked with the config
+        raise ConfigError("run config 'heurfedamp-self-weight' = 'eq6' is invalid; allowed: "
+                          '"paper" or a number in [0, 1)')
+    return HeurFedAMP(sigma=_sigma(settings, "heurfedamp", run), self_weight=weight,
                       **_fedamp_kwargs(settings, run))

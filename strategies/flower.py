@@ -16,12 +16,14 @@ docstring). Two client halves live here, beside the strategies that use them:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from flwr.serverapp import strategy as flwr_strategy
 from torch import nn
 
 from .core.base import TrackedStrategy
 from .core.client import ClientJob, ClientUpdate, register_client_update
+from .core.protocol import as_float, as_int
 from .core.registry import RunSetup, flower_kwargs, register_strategy
 from .core.settings import Settings, SettingsContext
 
@@ -41,7 +43,7 @@ class ProximalTraining(ClientUpdate):
     train_keys = (PROXIMAL_MU,)
 
     def train(self, job: ClientJob) -> tuple[float, dict]:
-        return job.fit(proximal_mu=float(job.config.get(PROXIMAL_MU, 0.0))), {}
+        return job.fit(proximal_mu=as_float(job.config.get(PROXIMAL_MU, 0.0), PROXIMAL_MU)), {}
 
 
 def finetune(job: ClientJob, *, epochs: int, steps: int = 0, lr: float | None = None,
@@ -64,7 +66,7 @@ class FineTuning(ClientUpdate):
     evaluate_keys = (FINETUNE_EPOCHS,)
 
     def evaluate(self, job: ClientJob) -> nn.Module:
-        return finetune(job, epochs=int(job.config[FINETUNE_EPOCHS]))
+        return finetune(job, epochs=as_int(job.config[FINETUNE_EPOCHS], FINETUNE_EPOCHS))
 
 
 class FedAvg(TrackedStrategy, flwr_strategy.FedAvg):
@@ -102,7 +104,7 @@ class FineTuned:
         Local epochs of fine-tuning on the client's training data (>= 1).
     """
 
-    evaluate_update = FINETUNE
+    evaluate_update: ClassVar[str | None] = FINETUNE
 
     def __init__(self, *args, finetune_epochs: int = 1, **kwargs) -> None:
         if finetune_epochs < 1:

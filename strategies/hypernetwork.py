@@ -86,7 +86,7 @@ class GraphHyperNetwork(nn.Module):
         self.heads = nn.ModuleList(nn.Linear(hidden, int(n)) for n in head_sizes)
         self.generator = _mlp([z_dim, hidden, hidden]) if generator else None
 
-    def encoder_parameters(self) -> list[nn.Parameter]:
+    def encoder_parameters(self) -> list[torch.Tensor]:
         """psi_e: embeddings, encoder and graph generator."""
         gen = list(self.generator.parameters()) if self.generator is not None else []
         return [self.embeddings.weight, *self.encoder.parameters(), *gen]
@@ -163,9 +163,9 @@ def server_step(
     z = hnet.encode(prop)
     theta = hnet.generate(z[rows])
     residual = (theta - trained).detach()
-    grads = torch.autograd.grad(theta, params, grad_outputs=residual / len(rows), allow_unused=True,
-                                retain_graph=hnet.generator is not None and lambda_d > 0)
-    grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+    raw = torch.autograd.grad(theta, params, grad_outputs=residual / len(rows), allow_unused=True,
+                              retain_graph=hnet.generator is not None and lambda_d > 0)
+    grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, raw)]
     if hnet.generator is not None and lambda_d > 0 and adj is not None and pairs is not None:
         loss_d = graph_reconstruction_loss(hnet.generator(z), adj, pairs)
         psi_e = hnet.encoder_parameters()

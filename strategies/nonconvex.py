@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message
 
-from .core.protocol import NUM_EXAMPLES
+from .core.protocol import NUM_EXAMPLES, as_float
 from .core.registry import RunSetup, flower_kwargs, register_strategy
 from .core.settings import Settings, SettingsContext
 from .flower import FedAvg
@@ -84,7 +84,8 @@ class NonConvex(FedAvg):
         if not replies:
             return replies
         records = [next(iter(m.content.metric_records.values())) for m in replies]
-        alphas = nonconvex_weights(np.array([float(r[NUM_EXAMPLES]) for r in records]), self.c,
+        alphas = nonconvex_weights(np.array([as_float(r[NUM_EXAMPLES], NUM_EXAMPLES)
+                                             for r in records]), self.c,
                                    self.normalize)
         for record, alpha in zip(records, alphas):
             record[NUM_EXAMPLES] = float(alpha)

@@ -48,6 +48,7 @@ from torch import nn
 
 from .core.base import PersonalizedStrategy
 from .core.client import ClientJob, ClientUpdate, register_client_update
+from .core.protocol import as_float
 from .core.registry import RunSetup, personal_kwargs, register_strategy
 from .core.settings import ConfigError, Settings, SettingsContext
 from .hypernetwork import GraphHyperNetwork, normalized_adjacency, sample_pairs, server_step
@@ -75,9 +76,10 @@ class HypernetworkClient(ClientUpdate):
 
     def train(self, job: ClientJob) -> tuple[float, dict]:
         c = job.config
-        return job.fit(optimizer="sgd", lr=float(c[CLIENT_LR]), momentum=float(c[CLIENT_MOMENTUM]),
-                       weight_decay=float(c[CLIENT_WEIGHT_DECAY]),
-                       clip_norm=float(c[CLIENT_CLIP])), {}
+        return job.fit(optimizer="sgd", lr=as_float(c[CLIENT_LR], CLIENT_LR),
+                       momentum=as_float(c[CLIENT_MOMENTUM], CLIENT_MOMENTUM),
+                       weight_decay=as_float(c[CLIENT_WEIGHT_DECAY], CLIENT_WEIGHT_DECAY),
+                       clip_norm=as_float(c[CLIENT_CLIP], CLIENT_CLIP)), {}
 
 
 class Panacea(PersonalizedStrategy):
@@ -150,28 +152,35 @@ class Panacea(PersonalizedStrategy):
             self.server_weight_decay, self.server_clip, self.server_steps, self.client_lr,
             self.client_momentum, self.client_weight_decay, self.client_clip)
 
+    @property
+    def net(self) -> GraphHyperNetwork:
+        """GH, once the first round has built it."""
+        if self.hnet is None:
+            raise RuntimeError("the hypernetwork is built in the first round")
+        return self.hnet
+
     def initial_models(self, initial: torch.Tensor) -> None:
         """Build GH and its optimizer; no per-client store (GH generates the models)."""
         n = len(self.client_ids)
         if self.adjacency is not None and tuple(self.adjacency.shape) != (n, n):
             raise ValueError(f"the graph has {self.adjacency.shape[0]} clients, the run {n}")
-        params = self.layout.float_keys[: self.layout.num_param_keys]
-        sizes = [int(np.prod(self.layout.shapes[k])) for k in params]
+        params = self.flat.float_keys[: self.flat.num_param_keys]
+        sizes = [int(np.prod(self.flat.shapes[k])) for k in params]
         # Floating-point buffers (batch-norm statistics) are not generated: a
         # linear head could make a running variance negative. They stay at
         # the initial model's values.
-        self.buffers = initial[self.layout.num_params :]
+        self.buffers = initial[self.flat.num_params :]
         torch.manual_seed(self.seed)
         self.hnet = GraphHyperNetwork(n, sizes, generator=self.use_generator, **self.sizes)
-        self.hnet.to(self.device)
-        self.optimizer = torch.optim.SGD(self.hnet.parameters(), lr=self.server_lr,
+        self.net.to(self.device)
+        self.optimizer = torch.optim.SGD(self.net.parameters(), lr=self.server_lr,
                                          momentum=self.server_momentum,
                                          weight_decay=self.server_weight_decay)
         self.adj = None if self.adjacency is None else self.adjacency.to(self.device)
         self.prop = None if self.adj is None else normalized_adjacency(self.adj)
         self.pair_gen = torch.Generator().manual_seed(self.seed)
         log(INFO, "Hypernetwork: %d clients, %d parameters; target model of %d values",
-            n, sum(p.numel() for p in self.hnet.parameters()), self.layout.size)
+            n, sum(p.numel() for p in self.net.parameters()), self.flat.size)
         return None
 
     def add_client(self, info, adjacency: torch.Tensor | None = None) -> None:
@@ -210,8 +219,8 @@ class Panacea(PersonalizedStrategy):
     @torch.no_grad()
     def generated(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Full flat models for ``rows`` (all clients if None): generated parameters, initial buffers."""
-        z = self.hnet.encode(self.prop)
-        theta = self.hnet.generate(z if rows is None else z[rows.to(z.device)])
+        z = self.net.encode(self.prop)
+        theta = self.net.generate(z if rows is None else z[rows.to(z.device)])
         return torch.cat([theta, self.buffers.expand(len(theta), -1)], dim=1)
 
     def personalize(self, server_round: int, rows: torch.Tensor, config: ConfigRecord
@@ -234,7 +243,7 @@ class Panacea(PersonalizedStrategy):
     def load_state_dict(self, state: dict, initial_arrays) -> None:
         super().load_state_dict(state, initial_arrays)
         if "hnet" in state:
-            self.hnet.load_state_dict(state["hnet"])
+            self.net.load_state_dict(state["hnet"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.pair_gen.set_state(state["pair_gen"])
 
@@ -243,13 +252,14 @@ class Panacea(PersonalizedStrategy):
         rows = rows.to(self.device)
         loss = 0.0
         for _ in range(self.server_steps):
-            pairs = sample_pairs(self.adj, self.pair_gen) if self.use_generator else None
-            loss = server_step(self.hnet, self.optimizer, self.prop, rows,
-                               trained[:, : self.layout.num_params], self.adj, self.lambda_d, pairs,
+            pairs = (sample_pairs(self.adj, self.pair_gen) if self.use_generator and self.adj is not None
+                     else None)
+            loss = server_step(self.net, self.optimizer, self.prop, rows,
+                               trained[:, : self.flat.num_params], self.adj, self.lambda_d, pairs,
                                self.server_clip)
         log(INFO, "Round %d: server step on %d clients, mean 1/2 ||theta - trained||^2 = %.4g",
             server_round, len(rows), loss)
-        if not all(bool(torch.isfinite(p).all()) for p in self.hnet.parameters()):
+        if not all(bool(torch.isfinite(p).all()) for p in self.net.parameters()):
             raise RuntimeError(
                 f"round {server_round}: the hypernetwork's parameters are no longer finite after "
                 f"{self.server_steps} server steps at lr {self.server_lr:g} (momentum "

@@ -26,6 +26,7 @@ from torch import nn
 from tasks.train import loss_for, make_optimizer, run_batches
 
 from .core.client import ClientJob, ClientUpdate, register_client_update
+from .core.protocol import as_float
 from .core.registry import RunSetup, flower_kwargs, register_strategy
 from .core.settings import Settings, SettingsContext
 from .flower import FedAvg, finetune
@@ -91,10 +92,10 @@ class PerFedAvgClient(ClientUpdate):
 
     def train(self, job: ClientJob) -> tuple[float, dict]:
         return train_per_fedavg(job.model, job.data.x_train, job.targets,
-                                alpha=float(job.config[ALPHA]), **job.loop_kwargs()), {}
+                                alpha=as_float(job.config[ALPHA], ALPHA), **job.loop_kwargs()), {}
 
     def evaluate(self, job: ClientJob) -> nn.Module:
-        return finetune(job, epochs=0, steps=1, lr=float(job.config[ALPHA]), optimizer="sgd")
+        return finetune(job, epochs=0, steps=1, lr=as_float(job.config[ALPHA], ALPHA), optimizer="sgd")
 
 
 class PerFedAvg(FedAvg):

@@ -28,6 +28,7 @@ from torch import nn
 from tasks.train import loss_for, run_batches
 
 from .core.client import ClientJob, ClientUpdate, register_client_update
+from .core.protocol import as_float, as_int
 from .core.registry import RunSetup, flower_kwargs, register_strategy
 from .core.settings import Settings, SettingsContext
 from .flower import FedAvg
@@ -108,15 +109,16 @@ class PFedMeClient(ClientUpdate):
         personal = copy.deepcopy(job.model)
         loop = {k: v for k, v in job.loop_kwargs().items() if k != "optimizer"}
         loss = train_pfedme(job.model, personal, job.data.x_train, job.targets,
-                            lam=float(job.config[LAMBDA]), inner_steps=int(job.config[INNER_STEPS]),
-                            personal_lr=float(job.config[PERSONAL_LR]), **loop)
+                            lam=as_float(job.config[LAMBDA], LAMBDA),
+                            inner_steps=as_int(job.config[INNER_STEPS], INNER_STEPS),
+                            personal_lr=as_float(job.config[PERSONAL_LR], PERSONAL_LR), **loop)
         job.state[STATE] = ArrayRecord(personal.to("cpu").state_dict())
         return loss, {}
 
     def evaluate(self, job: ClientJob) -> nn.Module:
         """The client's theta (the received w if it never trained)."""
         if STATE in job.state.array_records:
-            job.model.load_state_dict(job.state[STATE].to_torch_state_dict())
+            job.model.load_state_dict(job.state.array_records[STATE].to_torch_state_dict())
         return job.model
 
 

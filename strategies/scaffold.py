@@ -79,7 +79,7 @@ class ScaffoldClient(ClientUpdate):
         """Train with the correction ``c - c_i``; keep ``c_i+``; reply ``c_i+ - c_i``."""
         if CONTROL not in job.content.array_records:
             raise ValueError(f"a '{SCAFFOLD}' train message needs the ArrayRecord '{CONTROL}'")
-        server_c = job.content[CONTROL].to_torch_state_dict()
+        server_c = job.content.array_records[CONTROL].to_torch_state_dict()
         names = [k for k, _ in job.model.named_parameters()]
         new_c = dict(zip(names, (g.cpu() for g in mean_gradient(
             job.model, job.data.x_train, job.targets, batch_size=job.optim.batch_size,
@@ -120,15 +120,18 @@ class Scaffold(FedAvg):
         novel = self.tracker.roles.novel
         return max(1, sum(1 for i in self.tracker.clients.values() if i.client_id not in novel))
 
-    def _ensure_control(self, arrays: ArrayRecord) -> None:
-        if self.control is None:
-            self.layout = FlatLayout.from_arrays(ArrayRecord({k: arrays[k] for k in self.param_keys}))
+    def _ensure_control(self, arrays: ArrayRecord) -> tuple[FlatLayout, torch.Tensor]:
+        """The layout of the trainable parameters and c (zero at the start)."""
+        if self.layout is None or self.control is None:
+            params = ArrayRecord({k: arrays[k] for k in self.param_keys})
+            self.layout = FlatLayout.from_arrays(params)
             self.control = torch.zeros(self.layout.size)
+        return self.layout, self.control
 
     def configure_train(self, server_round, arrays, config, grid):
-        self._ensure_control(arrays)
+        layout, control = self._ensure_control(arrays)
         messages = super().configure_train(server_round, arrays, config, grid)
-        record = self.layout.unflatten(self.control)
+        record = layout.unflatten(control)
         for m in messages:
             m.content[CONTROL] = record
         return messages
@@ -138,6 +141,7 @@ class Scaffold(FedAvg):
         delta = msg.content.array_records.get(CONTROL_DELTA)
         if delta is None:
             return f"no '{CONTROL_DELTA}' ArrayRecord"
+        assert self.layout is not None and self.control is not None  # set by configure_train
         return arrays_problem(delta, array_spec(self.layout.unflatten(self.control)))
 
     def before_aggregation(self, server_round: int, replies: list[Message]) -> list[Message]:
@@ -146,6 +150,7 @@ class Scaffold(FedAvg):
         for m in replies:
             del m.content[CONTROL_DELTA]
         if deltas:
+            assert self.layout is not None and self.control is not None  # set by configure_train
             stacked = torch.stack([self.layout.flatten(d) for d in deltas])
             self.control = update_control(self.control, stacked, self._num_training_clients())
         return replies
@@ -158,9 +163,9 @@ class Scaffold(FedAvg):
 
     def load_state_dict(self, state: dict, initial_arrays: ArrayRecord) -> None:
         super().load_state_dict(state, initial_arrays)
-        self._ensure_control(initial_arrays)
+        _, control = self._ensure_control(initial_arrays)
         if "control" in state:
-            self.control = state["control"].to(self.control.dtype)
+            self.control = state["control"].to(control.dtype)
 
 
 @register_strategy(SCAFFOLD)

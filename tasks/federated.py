@@ -124,6 +124,8 @@ def fl60_oracle_accuracy(data: FederatedData) -> float:
     The ceiling any method can reach on this FL-60 draw: the two classes of a
     client overlap unless ||mu_t1|| = |omega_t| / pi is large against the noise.
     """
+    if data.extras is None or "mu1" not in data.extras:
+        raise ValueError("the Bayes classifier needs FL-60 as make_fl60 draws it (its mu1)")
     mu1 = data.extras["mu1"]
     accs = [((t.x @ mu1[c] > 0).astype(np.int64) == t.y).mean() for c, t in enumerate(data.test)]
     return float(np.mean(accs))

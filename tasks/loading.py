@@ -34,6 +34,8 @@ def load_pool(dataset: str, data_dir: str, seed: int,
     """Load the whole (train, test) pool of a pool task (cached per process); a generated
     pool is made for ``num_clients`` clients."""
     spec = get_task(dataset)
+    if spec.load_pool is None:
+        raise ValueError(f"dataset '{dataset}' has no pool: its data defines its clients")
     if spec.hub is None:  # generated
         return spec.load_pool(Path("."), seed, num_clients)
     if data_dir:
@@ -50,7 +52,7 @@ def load_federated(dc: DataConfig) -> FederatedData:
     spec = get_task(dc.dataset)
     if spec.needs_data_dir and not dc.data_dir:
         raise FileNotFoundError(f"dataset '{dc.dataset}' needs data-dir")
-    if spec.federated:
+    if spec.load_federated is not None:
         return spec.load_federated(dc)
     train, test = load_pool(dc.dataset, dc.data_dir, dc.seed,
                             dc.num_clients if spec.hub is None else 0)
@@ -59,17 +61,18 @@ def load_federated(dc: DataConfig) -> FederatedData:
             f"{dc.num_clients} clients but dataset '{dc.dataset}' has only {len(train.y)} "
             "training samples"
         )
-    recipe = spec.practical.for_pool(
-        _data.coarse_of_fine(train) if spec.practical.superclass_groups else None)
+    coarse = _data.coarse_of_fine(train) if spec.practical.superclass_groups else None
+    recipe = spec.practical.for_pool(None if coarse is None else coarse.tolist())
     from .partitioner_classes import build_partitioner, partition_pool  # seconds to import
 
     partitioner = build_partitioner(dc.partitioning, dc.num_clients, dc.seed,
                                     dc.dirichlet_alpha, recipe)
     train_idx, test_idx = partition_pool(train.y, test.y, partitioner, dc.test_samples, dc.seed)
     parts = [(train.subset(a), test.subset(b)) for a, b in zip(train_idx, test_idx)]
-    if spec.client_view is not None:
-        parts = [tuple(spec.client_view(p, i, dc.num_clients, dc.seed) for p in pair)
-                 for i, pair in enumerate(parts)]
+    view = spec.client_view
+    if view is not None:
+        parts = [(view(tr, i, dc.num_clients, dc.seed), view(te, i, dc.num_clients, dc.seed))
+                 for i, (tr, te) in enumerate(parts)]
     return FederatedData([p[0] for p in parts], [p[1] for p in parts])
 
 
@@ -81,8 +84,9 @@ def data_info(dc: DataConfig) -> DataInfo:
     """
     if dc.schema is not None:
         return DataInfo(dc.schema.input_shape, dc.schema.num_outputs, dc.schema.kind)
-    if get_task(dc.dataset).info is not None:
-        return get_task(dc.dataset).info
+    info = get_task(dc.dataset).info
+    if info is not None:
+        return info
     fed = load_federated(dc)
     x, y = fed.train[0].x, fed.train[0].y
     if np.issubdtype(y.dtype, np.integer):

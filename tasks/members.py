@@ -238,8 +238,8 @@ def _read_images(folder: Path, schema: MemberSchema) -> tuple[np.ndarray, np.nda
             if f.suffix.lower() not in IMAGE_SUFFIXES:
                 continue
             try:
-                with Image.open(f) as img:
-                    img = img.convert(mode)
+                with Image.open(f) as opened:
+                    img = opened.convert(mode)
                     if img.size != (width, height):
                         img = img.resize((width, height), Image.Resampling.BILINEAR)
                     a = np.asarray(img, dtype=np.uint8)

@@ -96,8 +96,12 @@ class PracticalRecipe:
     def sizes(self, n: int) -> list[int]:
         """The training size of each of ``n`` clients."""
         if self.size_blocks is not None:
-            return [self.size_blocks[client_group(i, n, len(self.size_blocks))] for i in range(n)]
-        return [self.group_sizes[g] for g in self.groups(n)]
+            blocks = self.size_blocks
+            return [blocks[client_group(i, n, len(blocks))] for i in range(n)]
+        if self.group_sizes is None:
+            raise ValueError("a practical recipe needs group_sizes or size_blocks")
+        sizes = self.group_sizes
+        return [sizes[g] for g in self.groups(n)]
 
 
 def emnist_recipe() -> PracticalRecipe:
@@ -169,7 +173,7 @@ def draw_by_counts(
     out = []
     for row in counts:
         parts = []
-        for c in np.flatnonzero(row):
+        for c in (int(i) for i in np.flatnonzero(row)):
             k = int(row[c])
             pool = pools[c]
             if reuse:

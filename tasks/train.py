@@ -142,14 +142,16 @@ def train(
             # the proximal term's gradient, mu (w - center), added to the gradient directly
             # (the same gradient as backpropagating 0.5 mu ||w - center||^2, without its graph)
             with torch.no_grad():
-                used = [i for i, p in enumerate(params) if p.grad is not None]
-                torch._foreach_add_([params[i].grad for i in used],
+                grads = [(i, p.grad) for i, p in enumerate(params) if p.grad is not None]
+                used = [i for i, _ in grads]
+                torch._foreach_add_([g for _, g in grads],
                                     torch._foreach_sub([params[i] for i in used],
                                                        [center[i] for i in used]),
                                     alpha=proximal_mu)
         if correction is not None:
             for p, c in zip(params, correction):
-                p.grad.add_(c)
+                if p.grad is not None:
+                    p.grad.add_(c)
         if clip_norm > 0:
             nn.utils.clip_grad_norm_(params, clip_norm)
         opt.step()

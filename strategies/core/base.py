@@ -37,7 +37,7 @@ from .clients import ClientInfo
 from .history import RunHistory
 from .layout import FlatLayout, dtypes_of, with_dtypes
 from .protocol import ARRAYS, CLIENT_UPDATE, CONFIG, SERVER_ROUND
-from .replies import array_spec, mean_metrics
+from .replies import array_spec, mean_metrics, metric_values
 from .tracking import EVALUATE, TRAIN, Tracker
 
 
@@ -227,7 +227,7 @@ class TrackedStrategy(Tracked):
         good = self._screen_train(server_round, replies)
         if good and self._sent is not None:
             layout, sent = self._sent
-            vectors = torch.stack([layout.flatten(m.content[ARRAYS]) for m in good])
+            vectors = torch.stack([layout.flatten(m.content.array_records[ARRAYS]) for m in good])
             ok = self._within_bound(server_round, good, (vectors - sent).norm(dim=1),
                                     sent.norm().expand(len(good)))
             good = [m for m, fine in zip(good, ok) if fine]
@@ -312,6 +312,20 @@ class PersonalizedStrategy(Tracked, Strategy):
         self.layout, self.models = None, None
         self._sent_norms = torch.zeros(len(self.client_ids))
 
+    @property
+    def store(self) -> torch.Tensor:
+        """The per-client models (clients x d), once the first round has set them up."""
+        if self.models is None:
+            raise RuntimeError(f"{type(self).__name__} keeps no per-client store before round 1")
+        return self.models
+
+    @property
+    def flat(self) -> FlatLayout:
+        """The flat layout of the model, once the first round has set it up."""
+        if self.layout is None:
+            raise RuntimeError(f"{type(self).__name__} has no model layout before round 1")
+        return self.layout
+
     # -- hooks for subclasses ------------------------------------------------
     def personalize(
         self, server_round: int, rows: torch.Tensor, config: ConfigRecord
@@ -320,23 +334,23 @@ class PersonalizedStrategy(Tracked, Strategy):
 
         The default sends each client its own stored model.
         """
-        return self.models[rows], config
+        return self.store[rows], config
 
     def sent_distances(self, rows: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
         """``||vectors[i] - the model sent to rows[i]||``, before :meth:`update` (the default:
         the stored models, which the default :meth:`personalize` sends)."""
-        return (vectors - self.models[rows]).norm(dim=1)
+        return (vectors - self.store[rows]).norm(dim=1)
 
     def update(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
         """Take the valid trained models (len(rows) x d) of clients ``rows``.
 
         The default stores them as the clients' personalized models.
         """
-        self.models[rows] = trained
+        self.store[rows] = trained
 
     def evaluation_models(self) -> torch.Tensor:
         """The (clients x d) models the clients test, row i for ``client_ids[i]``."""
-        return self.models
+        return self.store
 
     def initial_models(self, initial: torch.Tensor) -> torch.Tensor | None:
         """The per-client store at the start: every client holds the initial model."""
@@ -374,10 +388,10 @@ class PersonalizedStrategy(Tracked, Strategy):
         self._ensure_models(initial_arrays)
         if "models" in state:
             models = state["models"]
-            if tuple(models.shape) != tuple(self.models.shape):
+            if tuple(models.shape) != tuple(self.store.shape):
                 raise ValueError(f"checkpoint store is {tuple(models.shape)}, the run's "
-                                 f"{tuple(self.models.shape)}")
-            self.models = models.to(self.device, self.models.dtype)
+                                 f"{tuple(self.store.shape)}")
+            self.models = models.to(self.device, self.store.dtype)
 
     # -- Strategy API --------------------------------------------------------
     def summary(self) -> None:
@@ -398,7 +412,7 @@ class PersonalizedStrategy(Tracked, Strategy):
     def _messages(self, rows: Iterable[int], vectors: torch.Tensor,
                   configs: Sequence[ConfigRecord], message_type: str) -> list[Message]:
         messages = [
-            Message(RecordDict({ARRAYS: self.layout.unflatten(vec), CONFIG: cfg}),
+            Message(RecordDict({ARRAYS: self.flat.unflatten(vec), CONFIG: cfg}),
                     message_type=message_type,
                     dst_node_id=self.tracker.node_of(self.client_ids[int(row)]))
             for row, vec, cfg in zip(rows, vectors, configs)
@@ -449,8 +463,8 @@ class PersonalizedStrategy(Tracked, Strategy):
         t = self.tracker
         good = self._screen_train(server_round, replies)
         if good:
-            rows = torch.as_tensor([self._row[t.client_of(m)] for m in good])
-            vectors = torch.stack([self.layout.flatten(m.content[ARRAYS]) for m in good]
+            rows = torch.as_tensor([self._row[t.known_client_of(m)] for m in good])
+            vectors = torch.stack([self.flat.flatten(m.content.array_records[ARRAYS]) for m in good]
                                   ).to(self.device)
             ok = self._within_bound(server_round, good, self.sent_distances(rows, vectors).cpu(),
                                     self._sent_norms[rows])
@@ -479,5 +493,5 @@ class PersonalizedStrategy(Tracked, Strategy):
         """Record every valid client's test metrics; return their means over clients."""
         good = self.tracker.screen(server_round, replies, EVALUATE)
         means = self.tracker.record_evaluation(server_round, good)
-        return MetricRecord(means) if means else None
+        return MetricRecord(metric_values(means)) if means else None
 

@@ -39,16 +39,18 @@ from logging import WARNING
 from typing import ClassVar
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.supercore import log
 from torch import nn
 
 from tasks import ClientData
 from tasks.train import train as train_loop
 
-from .protocol import CLIENT_UPDATE, GENERIC_KEYS, TRAINED_ROUNDS
+from .protocol import CLIENT_UPDATE, GENERIC_KEYS, TRAINED_ROUNDS, as_int
 
 LOCAL = "local"
+#: the records a client update adds to its train reply (SCAFFOLD's ``control-delta``)
+Records = Mapping[str, ArrayRecord | ConfigRecord | MetricRecord]
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ class ClientJob:
     @property
     def trained_before(self) -> int:
         """In how many earlier rounds this client's training was used (train messages)."""
-        return int(self.config.get(TRAINED_ROUNDS, 0))
+        return as_int(self.config.get(TRAINED_ROUNDS, 0), TRAINED_ROUNDS)
 
     def saved_state(self, key: str) -> ArrayRecord | None:
         """The client's own state ``key`` from ``context.state``, or None if it has none.
@@ -157,7 +159,7 @@ class ClientUpdate:
     #: config keys this update reads in evaluate messages
     evaluate_keys: ClassVar[tuple[str, ...]] = ()
 
-    def train(self, job: ClientJob) -> tuple[float, Mapping[str, object]]:
+    def train(self, job: ClientJob) -> tuple[float, Records]:
         """Train ``job.model`` in place; return the training loss and extra reply records."""
         return job.fit(), {}
 

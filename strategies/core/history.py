@@ -64,8 +64,8 @@ class RunHistory:
     def record_train(self, server_round: int, replies: list[Message], client_of) -> None:
         """Record the mean training loss and the clients that trained."""
         rec = self._round(server_round)
-        losses = [metrics_of(m).get(TRAIN_LOSS) for m in replies]
-        losses = [float(v) for v in losses if v is not None]
+        values = [metrics_of(m).get(TRAIN_LOSS) for m in replies]
+        losses = [float(v) for v in values if v is not None]
         rec["trained_clients"] = sorted(client_of(m) for m in replies)
         rec["train_loss"] = float(np.mean(losses)) if losses else None
         for cid in rec["trained_clients"]:

@@ -73,3 +73,19 @@ NUM_OUTPUTS = "num-outputs"
 # own codes are small integers (flwr.common.constant.ErrorCode); the server
 # stops the run on this one (:meth:`strategies.core.tracking.Tracker.stop_on_refusals`).
 REFUSED = 1001
+
+
+def as_float(value: object, key: str) -> float:
+    """A message's value of ``key`` as a float (a ValueError naming the key if it is no number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"message key '{key}' = {value!r} is not a number")
+    return float(value)
+
+
+def as_int(value: object, key: str) -> int:
+    """A message's value of ``key`` as an int (a ValueError naming the key if it is none)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"message key '{key}' = {value!r} is not an integer")
+    return value

@@ -54,7 +54,7 @@ def array_spec(arrays: ArrayRecord) -> ArraySpec:
     spec = {}
     for key, arr in arrays.items():
         a = arr.numpy()
-        spec[key] = (tuple(a.shape), a.dtype.kind)
+        spec[key] = (tuple(int(n) for n in a.shape), str(a.dtype.kind))
     return spec
 
 
@@ -133,11 +133,11 @@ def train_reply_problem(msg: Message, spec: ArraySpec, most_examples: int | None
         return f"no ArrayRecord '{ARRAYS}' (got {sorted(names)[:5]})"
     if names - {ARRAYS} - set(extra_records):
         return f"unexpected ArrayRecords {sorted(names - {ARRAYS} - set(extra_records))[:5]}"
-    problem = arrays_problem(msg.content[ARRAYS], spec)
+    problem = arrays_problem(msg.content.array_records[ARRAYS], spec)
     if problem is not None:
         return problem
     metrics, problem = _single_metrics(msg)
-    if problem is not None:
+    if metrics is None:
         return problem
     if TRAIN_LOSS in metrics and not finite_number(metrics[TRAIN_LOSS]):
         return f"metric '{TRAIN_LOSS}' = {metrics[TRAIN_LOSS]!r} is not a finite number"
@@ -150,7 +150,7 @@ def evaluate_reply_problem(msg: Message, most_examples: int | None = None,
     if msg.has_error():
         return f"error reply: {msg.error.reason}"
     metrics, problem = _single_metrics(msg)
-    if problem is not None:
+    if metrics is None:
         return problem
     if (ACCURACY in metrics) == (MSE in metrics):
         return f"expected exactly one of the metrics '{ACCURACY}' and '{MSE}'"
@@ -178,8 +178,14 @@ def mean_metrics(contents: list[RecordDict], _weight_key: str = NUM_EXAMPLES) ->
     for content in contents:
         for record in content.metric_records.values():
             for k, v in record.items():
-                if k in _ID_KEYS or k == NUM_EXAMPLES or not finite_number(v):
+                if k in _ID_KEYS or k == NUM_EXAMPLES or not isinstance(v, (int, float)) \
+                        or not finite_number(v):
                     continue
                 sums[k] = sums.get(k, 0.0) + float(v)
                 counts[k] = counts.get(k, 0) + 1
-    return MetricRecord({k: v / counts[k] for k, v in sums.items()})
+    return MetricRecord(metric_values({k: v / counts[k] for k, v in sums.items()}))
+
+
+def metric_values(values: dict[str, float]) -> dict[str, int | float | list[int] | list[float]]:
+    """``values`` as a MetricRecord takes them (the same numbers, Flower's value type)."""
+    return dict(values)

@@ -13,7 +13,7 @@ from tasks.scenarios import Roles
 
 from .clients import ClientInfo, Schema
 from .history import RunHistory, client_order
-from .protocol import CLIENT_INDEX, LOCAL_EPOCHS, LOCAL_STEPS, REFUSED, TRAINED_ROUNDS
+from .protocol import CLIENT_INDEX, LOCAL_EPOCHS, LOCAL_STEPS, REFUSED, TRAINED_ROUNDS, as_int
 from .replies import ArraySpec, evaluate_reply_problem, train_reply_problem
 
 TRAIN, EVALUATE = "train", "evaluate"
@@ -76,7 +76,8 @@ class Tracker:
         #: keys, shapes and dtype kinds of the model sent for training (what replies must match)
         self.spec: ArraySpec = {}
         self.online: set[int] = {i.client_id for i in self.clients.values() if i.node_id >= 0}
-        self._expected: dict[str, dict[int, int]] = {}  # phase -> {node id: client id}
+        # phase -> {node id: client id ("[node N]" for a node no client is on)}
+        self._expected: dict[str, dict[int, int | str]] = {}
         self.round_timeout: float | None = None
         #: a run over members' own data: the members' names by client id, and their schema
         self.names: list[str] = []
@@ -105,6 +106,10 @@ class Tracker:
     def client_of(self, msg: Message) -> int | str:
         """Client id of a reply's sender (the node id in brackets if unknown)."""
         return self.client_of_node(msg.metadata.src_node_id)
+
+    def known_client_of(self, msg: Message) -> int:
+        """Client id of a reply that :meth:`screen` let through (its sender is a known node)."""
+        return self.clients[msg.metadata.src_node_id].client_id
 
     def node_of(self, client_id: int) -> int:
         """The node a client is on now."""
@@ -195,7 +200,7 @@ class Tracker:
                     phase, self.client_of(msg))
                 continue
             seen.add(node)
-            cid = self.client_of_node(node)
+            cid = self.clients[node].client_id  # a known node (checked above)
             if msg.has_error():
                 absent[cid] = error_reason(msg)
                 continue
@@ -205,13 +210,13 @@ class Tracker:
                 continue
             good.append(msg)
         timeout = f" ({self.round_timeout:g} s)" if self.round_timeout else ""
-        for node, cid in (expected or {}).items():
-            if node not in seen and isinstance(cid, int):
-                absent[cid] = f"no reply within the round timeout{timeout}"
+        for node, expected_cid in (expected or {}).items():
+            if node not in seen and isinstance(expected_cid, int):
+                absent[expected_cid] = f"no reply within the round timeout{timeout}"
         self.record_absent(server_round, phase, absent, rejected)
         return sorted(good, key=lambda m: client_order(self.client_of(m)))
 
-    def reject(self, server_round: int, phase: str, client_id: int, reason: str) -> None:
+    def reject(self, server_round: int, phase: str, client_id: int | str, reason: str) -> None:
         """Record a reply that passed :meth:`screen` but that the strategy refuses."""
         self.record_absent(server_round, phase, {client_id: f"rejected: {reason}"},
                            {client_id: f"rejected: {reason}"})
@@ -258,7 +263,9 @@ class Tracker:
         own[CLIENT_INDEX] = client_id
         own[TRAINED_ROUNDS] = self.history.times_trained(client_id)
         if self.roles.heterogeneous_epochs:
-            key = LOCAL_STEPS if int(config.get(LOCAL_STEPS, 0)) > 0 else LOCAL_EPOCHS
+            key = LOCAL_STEPS if as_int(config.get(LOCAL_STEPS, 0), LOCAL_STEPS) > 0 \
+                else LOCAL_EPOCHS
             if key in config:
-                own[key] = self.roles.local_units(server_round, client_id, int(config[key]))
+                own[key] = self.roles.local_units(server_round, client_id,
+                                                  as_int(config[key], key))
         return own
