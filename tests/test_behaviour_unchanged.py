@@ -111,6 +111,20 @@ def test_results_are_those_recorded(key, tmp_path):
             assert got["train_loss"] == pytest.approx(want["train_loss"], rel=LOSS_RTOL), (key, rnd)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("key", ["fedavg", "panacea"])
+def test_results_hold_with_another_thread_count(key, threads, tmp_path):
+    """Sums in threads round differently; the tolerances above hold whatever the count."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        test_results_are_those_recorded(key, tmp_path)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_every_registered_strategy_is_recorded():
     import strategies
 
