@@ -4,8 +4,10 @@ For ``--clients`` models of the CNN's size (1,663,370 parameters) and
 ResNet-18's (11,173,962, CIFAR stem, 10 classes), it times, on the GPU when
 there is one:
 
-* vectorised: ``fedamp_weights`` / ``heurfedamp_weights`` (one Gram matrix)
-  plus every cloud model ``u = xi @ W`` (one matrix product);
+* vectorised: ``fedamp_weights`` / ``heurfedamp_weights`` (Gram matrices:
+  FedAMP's in float32 blocks with the pairs that need it in float64,
+  HeurFedAMP's in float64) plus every cloud model ``u = xi @ W`` (one matrix
+  product into a buffer reused from round to round, as the strategy does);
 * loop: the same maths with a Python loop over pairs of clients (distances,
   cosines) and over clients for the mix, the way a direct transcription of
   the paper would do it. With ``--loop-rows k`` only the first k clients' rows
@@ -14,6 +16,7 @@ there is one:
 and prints the ratio loop / vectorised. Usage:
 
     python benchmarks/bench_message_passing.py [--clients 100] [--sizes cnn resnet18]
+    python benchmarks/bench_message_passing.py --params 200000   # the 20x bar
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from strategies.fedamp import fedamp_weights, heurfedamp_weights
+from strategies.fedamp import cloud_models, fedamp_weights, heurfedamp_weights
 
 SIZES = {"cnn": 1_663_370, "resnet18": 11_173_962}
 
@@ -38,12 +41,16 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+_CLOUDS: dict[str, torch.Tensor] = {}  # the cloud models' buffer, reused as the strategy does
+
+
 def vectorised(models: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "fedamp":
         xi = fedamp_weights(models, alpha_k=1e4, sigma=1e6)
     else:
         xi = heurfedamp_weights(models, sigma=10.0, self_weight=0.1)
-    return xi.to(models.dtype) @ models
+    _CLOUDS[kind] = cloud_models(xi, models, _CLOUDS.get(kind))
+    return _CLOUDS[kind]
 
 
 def loop(models: torch.Tensor, kind: str, rows: int) -> torch.Tensor:
@@ -90,6 +97,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--params", type=int, default=0,
+                        help="models of this many parameters instead of --sizes")
     parser.add_argument("--loop-rows", type=int, default=0,
                         help="loop over only this many rows and scale (0 = all rows)")
     parser.add_argument("--repeat", type=int, default=3)
@@ -101,8 +110,8 @@ def main() -> None:
           f"{args.clients} clients")
     print(f"{'model':9} {'params':>11} {'method':10} {'vectorised s':>12} {'loop s':>10} {'ratio':>8}")
     gen = torch.Generator(device="cpu").manual_seed(0)
-    for size in args.sizes:
-        d = SIZES[size]
+    sizes = {f"{args.params:,}": args.params} if args.params else {s: SIZES[s] for s in args.sizes}
+    for size, d in sizes.items():
         models = (0.05 * torch.randn(args.clients, d, generator=gen)).to(device)
         rows = args.loop_rows or args.clients
         for kind in ("fedamp", "heurfedamp"):

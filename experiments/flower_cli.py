@@ -26,6 +26,8 @@ from typing import Any
 from .processes import stop_tree
 
 COMPLETED, FAILED, STOPPED = "finished:completed", "finished:failed", "finished:stopped"
+#: the status of a run whose status Flower's CLI could not give
+UNKNOWN = "unknown"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -143,13 +145,19 @@ class FlowerRun:
                 return status, details
             time.sleep(0.5)
 
-    def follow(self, timeout: float) -> RunOutcome:
+    def follow(self, timeout: float, poll: float = 2.0) -> RunOutcome:
         """Stream the run's log until it ends or ``timeout`` seconds (a clock) have passed.
 
-        A run past its timeout is stopped with ``flwr stop`` and reported with
-        ``timed_out``; the log stream is stopped by its process id.
+        The log stream ending is not taken for the run's end: Flower's status is
+        read, and while it is not ``finished:...`` (a stream that broke off) it is
+        read again every ``poll`` seconds, within the same clock. A run past its
+        timeout is stopped with ``flwr stop`` and reported with ``timed_out``;
+        the log stream is stopped by its process id. A ``flwr`` command that fails
+        while the run is followed gives the status ``unknown`` with its message.
         """
         started = time.monotonic()
+        deadline = started + timeout
+        timed_out = False
         with open(self.log_path, "a") as log:
             proc = subprocess.Popen([self._flwr, "log", str(self.run_id), "--stream"],
                                     env=self.env, stdout=subprocess.PIPE,
@@ -166,10 +174,17 @@ class FlowerRun:
             reader = threading.Thread(target=read, daemon=True)
             reader.start()
             try:
-                reader.join(timeout)
-                timed_out = reader.is_alive()
+                reader.join(max(deadline - time.monotonic(), 0.0))
+                status, details = ("running", "") if reader.is_alive() else self.status()
+                while not status.startswith("finished") and time.monotonic() < deadline:
+                    time.sleep(poll)  # the log stream ended, the run did not (yet)
+                    status, details = self.status()
+                timed_out = not status.startswith("finished")
                 if timed_out:
                     self.stop()
+            except FlowerCliError as err:
+                return RunOutcome(self.run_id, UNKNOWN, str(err), False,
+                                  round(time.monotonic() - started, 2))
             except BaseException:  # Ctrl-C, SIGTERM: the run must not go on without us
                 self.stop()
                 raise
@@ -178,7 +193,10 @@ class FlowerRun:
                     stop_tree(proc.pid, timeout=10)
                 proc.wait()
                 reader.join(10)
-        status, details = self.final_status()
+        try:
+            status, details = self.final_status()
+        except FlowerCliError as err:
+            status, details = UNKNOWN, str(err)
         return RunOutcome(self.run_id, status, details, timed_out,
                           round(time.monotonic() - started, 2))
 

@@ -16,7 +16,7 @@ task are not carried and must be given), as ``flwr run --run-config`` takes it:
 i (members are numbered in the order of their names), so its training draws
 the same mini-batches. Each member's SuperNode then reads only its own file:
 
-    flower-supernode ... --node-config "data-path=sites/client-03.npz client-id=client-03"
+    flower-supernode ... --node-config "data-path='sites/client-03.npz' client-id='client-03'"
 """
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ class SuperLink:
             raise RuntimeError("flower-superlink is not on PATH: activate the virtual environment")
         self.home.mkdir(parents=True, exist_ok=True)
         # Flower 1.41 serves the Fleet, Control and runtime APIs on one HTTP port
-        self.port, control = free_port(), free_port()
+        self.port = free_port()
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
             f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
@@ -164,13 +164,17 @@ class SuperLink:
         self.proc = subprocess.Popen(
             [exe, "--insecure", *(["--simulation"] if self.simulation else []),
              "--isolation", "subprocess",
-             "--host", "127.0.0.1", "--port", str(self.port),
-             "--control-api-address", f"127.0.0.1:{control}"],
+             "--host", "127.0.0.1", "--port", str(self.port)],
             env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         if not wait_for_port(self.port, 60, self.proc):
             self.__exit__(None, None, None)
             raise RuntimeError(f"the SuperLink did not start; see {log_path}")
         return self
+
+    def restart(self) -> None:
+        """Stop this SuperLink with everything it started, and start a fresh one."""
+        self.__exit__(None, None, None)
+        self.__enter__()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

@@ -124,6 +124,12 @@ def run_one(link: SuperLink, output: Path, run: Run, fed_config: str, prefix: st
     if outcome.timed_out:
         print(f"{prefix} timed out after {timeout:.0f}s: stopped with flwr stop {outcome.run_id}",
               flush=True)
+    if not outcome.status.startswith("finished") and outcome.status != NOT_SUBMITTED:
+        # flwr stop did not end it, or Flower's CLI could not say: a fresh SuperLink, so that
+        # the next run never shares the machine with this one
+        print(f"{prefix}: Flower's status is {outcome.status!r}; restarting the SuperLink",
+              flush=True)
+        link.restart()
     write_outcome(run_dir / STATUS_FILE, outcome, engine="flower", **_identity(run))
     return outcome
 

@@ -87,6 +87,7 @@ from tasks.scenarios import flip_labels
 from tasks.train import evaluate as evaluate_model
 
 from .config import ConfigError, RunConfig
+from .discovery import NAME_CHARS
 
 app = ClientApp()
 
@@ -106,7 +107,6 @@ def _ids(context: Context) -> tuple[int, int]:
 
 #: The node config keys of a member (``dataset = "members"``).
 DATA_PATH, MEMBER_NAME = "data-path", "client-id"
-_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.@")
 
 
 def member_identity(context: Context) -> tuple[str, str]:
@@ -118,10 +118,10 @@ def member_identity(context: Context) -> tuple[str, str]:
         if not isinstance(value, str) or not value.strip():
             raise ConfigError(
                 f"node config '{key}' = {value!r} is invalid; allowed: {what} (start the "
-                'SuperNode with --node-config "data-path=/site/data.npz client-id=site-3")')
+                "SuperNode with --node-config \"data-path='/site/data.npz' client-id='site-3'\")")
         values.append(value.strip())
     name, path = values
-    if len(name) > 64 or not set(name) <= _NAME_CHARS:
+    if len(name) > 64 or not set(name) <= NAME_CHARS:
         raise ConfigError(f"node config '{MEMBER_NAME}' = {name!r} is invalid; allowed: letters, "
                           "digits and - _ . @ (at most 64)")
     return name, path

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from logging import INFO, WARNING
+from typing import NamedTuple
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
@@ -79,6 +80,10 @@ def _text(value: object) -> str:
     return text[:1000]
 
 
+#: The characters of a member's name (its node config's ``client-id``).
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.@")
+
+
 class Refusal(str):
     """Why a member cannot take part (a member may be left out; the others go on)."""
 
@@ -113,9 +118,10 @@ def _parse_info(node: int, reply: Message, schema: Schema | None = None) -> Clie
 
 def _parse_member(node: int, cfg, schema: Schema) -> ClientInfo | str:
     name = cfg.get(MEMBER)
-    if not isinstance(name, str) or not name or len(name) > 64:
-        return f"node {node}: the query answer names no member ('{MEMBER}' = {name!r}); is the " \
-               "fleet running this app with dataset = \"members\"?"
+    if not isinstance(name, str) or not name or len(name) > 64 or not set(name) <= NAME_CHARS:
+        return f"node {node}: the query answer names no member ('{MEMBER}' = " \
+               f"{_text(repr(name))[:80]}); is the fleet running this app with dataset = " \
+               '"members" (client-id: letters, digits and - _ . @, at most 64)?'
     who = f"member '{name}' (node {node})"
     if cfg.get(ERROR):
         return Refusal(f"{who}: {_text(cfg[ERROR])}")
@@ -125,13 +131,14 @@ def _parse_member(node: int, cfg, schema: Schema) -> ClientInfo | str:
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             return Refusal(f"{who}: query answer '{key}' = {v!r} is not an integer >= {low}")
         values[key] = v
-    shape = str(cfg.get(INPUT_SHAPE, ""))
+    shape = _text(cfg.get(INPUT_SHAPE, ""))[:60]
     want = ",".join(map(str, schema.input_shape))
     if shape != want:
         return Refusal(f"{who}: its data has inputs of shape ({shape}), the run expects ({want})")
     kind = cfg.get(TASK_KIND)
     if kind != schema.kind:
-        return Refusal(f"{who}: its data is for {kind!r}, the run is a {schema.kind}")
+        return Refusal(f"{who}: its data is for {_text(repr(kind))[:40]}, the run is a "
+                       f"{schema.kind}")
     outputs = values[NUM_OUTPUTS]
     if (outputs > schema.num_outputs if kind == "classification" else outputs != schema.num_outputs):
         what = "labels up to" if kind == "classification" else "outputs"
@@ -235,13 +242,13 @@ def number_members(infos: dict[int, ClientInfo], known: list[str]) -> tuple[dict
 
 def accept_members(found: dict[int, ClientInfo], taken: dict[str, int]
                    ) -> tuple[dict[int, ClientInfo], dict[int, str]]:
-    """The members of ``found`` (new nodes) whose name no other node claims; the others
-    refused with the reason.
+    """The members of ``found`` (new nodes) whose name no other node claims; for the others,
+    why they are held back.
 
     ``taken``: name -> node of the members the run has on connected nodes; a new node
-    claiming one of those names is refused. Two or more new nodes claiming one name are
-    all refused: nothing tells the member from an impostor (a member whose node was
-    refused so can start it again once the other one is gone).
+    claiming one of those names is held back (a restarted SuperNode's old node may still
+    count as connected for a minute). Two or more new nodes claiming one name are all
+    held back: nothing tells the member from an impostor, until only one of them is left.
     """
     claims: dict[str, list[int]] = {}
     for node in sorted(found):
@@ -253,28 +260,41 @@ def accept_members(found: dict[int, ClientInfo], taken: dict[str, int]
             for node in nodes:
                 refused[node] = Refusal(
                     f"member '{name}' (node {node}): node {taken[name]} already has client-id "
-                    f"'{name}'; every member needs its own client-id")
+                    f"'{name}'; held back until that node is gone (every member needs its own "
+                    "client-id)")
         elif len(nodes) > 1:
             for node in nodes:
                 others = ", ".join(str(n) for n in nodes if n != node)
                 refused[node] = Refusal(
                     f"member '{name}' (node {node}): node(s) {others} claim the same client-id "
-                    f"'{name}'; all are left out, every member needs its own client-id")
+                    f"'{name}'; all are held back until only one is left, every member needs "
+                    "its own client-id")
         else:
             accepted[nodes[0]] = found[nodes[0]]
     return accepted, refused
 
 
+class Members(NamedTuple):
+    """What the members' query round found: the members (node id -> info, with their client
+    ids), their names by client id, the nodes whose data does not fit (not asked again) and
+    the nodes that claim a name another node has (asked again when the conflict is over)."""
+
+    clients: dict[int, ClientInfo]
+    names: list[str]
+    misfits: set[int]
+    conflicts: dict[int, ClientInfo]
+
+
 def discover_members(grid: Grid, min_nodes: int, schema: Schema, timeout: float = 600.0,
-                     poll: float = 1.0, known: list[str] | None = None
-                     ) -> tuple[dict[int, ClientInfo], list[str], set[int]]:
-    """Query every connected node for its member name and data; return ``({node_id: info},
-    names by client id, the nodes left out)``.
+                     poll: float = 1.0, known: list[str] | None = None) -> Members:
+    """Query every connected node for its member name and data (:class:`Members`).
 
     Waits until at least ``min_nodes`` members have answered with data that fits
     ``schema`` (asking each node once, as it connects). A member whose data does
-    not fit, that could not load it, or whose name another node already has is
-    left out with a WARNING line naming it, and the others go on. ``known``: the
+    not fit, or that could not load it, is left out with a WARNING line naming
+    it, and the others go on; so is a node that does not answer (the round loop
+    asks it again). Two nodes claiming one name are both held back until one of
+    them is gone (nothing tells the member from an impostor). ``known``: the
     names of a checkpoint's members, which keep their client ids (those not
     connected now get placeholder entries with negative node ids, offline
     until they come back).
@@ -283,27 +303,41 @@ def discover_members(grid: Grid, min_nodes: int, schema: Schema, timeout: float 
     ------
     ClientSetupError
         If fewer than ``min_nodes`` members fit within ``timeout`` (naming the
-        nodes left out: misfits, nodes that did not answer or answered as no member).
+        nodes left out).
     """
     deadline = time.monotonic() + timeout
     accepted: dict[int, ClientInfo] = {}
-    refused: dict[int, str] = {}
+    pending: dict[int, ClientInfo] = {}
+    misfits: dict[int, str] = {}
+    asked: set[int] = set()
     while True:
         node_ids = sorted(grid.get_node_ids())
-        accepted = {n: i for n, i in accepted.items() if n in node_ids}  # forget nodes that left
-        new = [n for n in node_ids if n not in accepted and n not in refused]
+        live = set(node_ids)
+        accepted = {n: i for n, i in accepted.items() if n in live}  # forget nodes that left
+        pending = {n: i for n, i in pending.items() if n in live}
+        new = [n for n in node_ids if n not in asked]
+        found: dict[int, ClientInfo] = {}
         if new:
-            # a node that does not answer, or answers as no member, is left out like a misfit
+            asked.update(new)
             found, errors = query_nodes(grid, new, max(deadline - time.monotonic(), 1.0), schema)
-            ok, dup = accept_members(found, {i.name: n for n, i in accepted.items()})
-            accepted.update(ok)
-            for node, reason in {**errors, **dup}.items():
-                refused[node] = reason
+            for node, reason in errors.items():
+                if isinstance(reason, Refusal):
+                    misfits[node] = reason
                 log(WARNING, "Left out: %s", reason)
+        ok, conflicts = accept_members({**pending, **found},
+                                       {i.name: n for n, i in accepted.items()})
+        accepted.update(ok)
+        for node, reason in conflicts.items():
+            if node not in pending:
+                log(WARNING, "Held back: %s", reason)
+            pending[node] = {**pending, **found}[node]
+        pending = {n: i for n, i in pending.items() if n not in ok}
         if len(accepted) >= min_nodes:
             break
         if time.monotonic() > deadline:
-            why = ("; refused: " + "; ".join(refused.values())) if refused else ""
+            left = list(misfits.values()) + [f"member '{i.name}' (node {n}): its name is "
+                                             "claimed twice" for n, i in pending.items()]
+            why = ("; left out: " + "; ".join(left)) if left else ""
             raise ClientSetupError(f"only {len(accepted)} member(s) with fitting data after "
                                    f"{timeout:.0f}s (node-wait-timeout); min-nodes is "
                                    f"{min_nodes}{why}")
@@ -317,4 +351,4 @@ def discover_members(grid: Grid, min_nodes: int, schema: Schema, timeout: float 
     sizes = [i.num_train for i in infos.values() if i.node_id >= 0]
     log(INFO, "Found %d members (%s), %d to %d training samples each", len(present),
         ", ".join(sorted(present)), min(sizes), max(sizes))
-    return infos, names, set(refused)
+    return Members(infos, names, set(misfits), pending)

@@ -38,7 +38,11 @@ from .config import ConfigError, RunConfig
 
 CHECKPOINT_FORMAT = 1
 # Keys that may differ between a run and its resumption: how to treat the folder, and how long.
-RESUMABLE_CHANGES = ("num-server-rounds", "resume", "overwrite")
+# Keys a resumed run may change: how long it runs and how it is operated, never what it
+# computes (a run stopped by max-failed-rounds may go on with a larger one, say).
+RESUMABLE_CHANGES = ("num-server-rounds", "resume", "overwrite", "max-failed-rounds",
+                     "min-nodes", "round-timeout", "node-wait-timeout", "checkpoint-every",
+                     "xi-every")
 
 
 def strict_json(value: Any) -> Any:
@@ -107,7 +111,8 @@ class XiFiles:
 
     Every ``every``-th round and the last one are recorded (``every`` = 0: none),
     in ``dtype``. A run of 1,000 clients and 90 rounds holds 90 x 4 MB in float32
-    (half in float16) instead of about 2.5 GB of JSON.
+    (half in float16) instead of about 2.5 GB of JSON. Members who join later are
+    appended to ``client_ids.npy``: a round's (n, n) matrix covers its first n ids.
     """
 
     def __init__(self, folder: Path, every: int, dtype: str, last_round: int) -> None:
@@ -117,9 +122,10 @@ class XiFiles:
     def __call__(self, server_round: int, client_ids: list[int], xi: torch.Tensor) -> bool:
         if not self.every or (server_round % self.every and server_round != self.last):
             return False
-        if not (self.folder / "client_ids.npy").is_file():
-            ids = np.asarray(client_ids, dtype=np.int64)
-            atomic_write(self.folder / "client_ids.npy", lambda f: np.save(f, ids))
+        ids = np.asarray(client_ids, dtype=np.int64)
+        path = self.folder / "client_ids.npy"
+        if not path.is_file() or not np.array_equal(np.load(path, allow_pickle=False), ids):
+            atomic_write(path, lambda f: np.save(f, ids))
         matrix = xi.detach().cpu().numpy().astype(self.dtype)
         atomic_write(self.folder / f"round-{server_round:04d}.npy", lambda f: np.save(f, matrix))
         return True

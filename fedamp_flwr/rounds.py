@@ -39,7 +39,7 @@ from flwr.supercore import log
 
 from strategies.core.tracking import Tracker
 
-from .discovery import ClientInfo, accept_members, query_nodes, send_and_receive
+from .discovery import ClientInfo, Refusal, accept_members, query_nodes, send_and_receive
 
 
 def model_norm(arrays: ArrayRecord) -> float:
@@ -71,40 +71,53 @@ def refresh_clients(tracker: Tracker, grid: Grid, timeout: float,
 
     A node that answers with the partition id (or, a member, the name) of a known
     client takes that client's place (the old node is gone: a restarted SuperNode
-    gets a new node id). A member's name that another connected node has is
-    refused; a member the run does not know yet joins through ``on_join`` (which
-    gives it the next client id). Answers that do not fit the run (another
-    num-partitions, data that does not fit, an error) are logged, and the node is
-    left out and not asked again.
+    gets a new node id). A member the run does not know yet joins through
+    ``on_join`` (which gives it the next client id). A member whose name another
+    connected node has is held back (``tracker.pending``) and takes its place once
+    that node is gone, a restarted SuperNode's old node counting as connected for
+    a minute; two new nodes claiming one name are both held back until one is left.
+    A member whose data does not fit is left out for good (``tracker.refused``);
+    a node that does not answer, or another error, is logged and asked again in
+    the next round.
     """
     node_ids = list(grid.get_node_ids())
-    new = [n for n in node_ids if n not in tracker.clients and n not in tracker.refused]
+    live = set(node_ids)
+    new = [n for n in node_ids if n not in tracker.clients and n not in tracker.refused
+           and n not in tracker.pending]
+    infos: dict[int, ClientInfo] = {}
+    errors: dict[int, str] = {}
     if new:
         infos, errors = query_nodes(grid, new, timeout, tracker.schema)
-        if tracker.schema is None:
-            num_partitions = {i.num_partitions for i in tracker.clients.values()}
-            for node, info in sorted(infos.items()):
-                if info.num_partitions not in num_partitions:
-                    errors[node] = (f"node {node}: num-partitions = {info.num_partitions}, the "
-                                    f"run has {sorted(num_partitions)}")
-                else:
-                    tracker.rejoin(info)
-        else:
-            live = set(node_ids)
-            taken = {i.name: n for n, i in tracker.clients.items() if n in live}
-            accepted, duplicates = accept_members(infos, taken)
-            errors.update(duplicates)
-            for node, info in sorted(accepted.items()):
-                cid = tracker.id_of_name(info.name)
-                if cid is not None:
-                    tracker.rejoin(dataclasses.replace(info, client_id=cid))
-                elif on_join is not None:
-                    on_join(dataclasses.replace(info, client_id=len(tracker.names)))
-                else:
-                    errors[node] = f"{info.label} (node {node}) is not a member of this run"
-        for node, reason in errors.items():
+    if tracker.schema is None:
+        num_partitions = {i.num_partitions for i in tracker.clients.values()}
+        for node, info in sorted(infos.items()):
+            if info.num_partitions not in num_partitions:
+                errors[node] = (f"node {node}: num-partitions = {info.num_partitions}, the "
+                                f"run has {sorted(num_partitions)}")
+            else:
+                tracker.rejoin(info)
+    else:
+        tracker.pending = {n: i for n, i in tracker.pending.items() if n in live}
+        candidates = {**tracker.pending, **infos}
+        taken = {i.name: n for n, i in tracker.clients.items() if n in live}
+        accepted, conflicts = accept_members(candidates, taken)
+        for node, reason in conflicts.items():
+            if node not in tracker.pending:
+                log(WARNING, "A node that joined is held back: %s", reason)
+            tracker.pending[node] = candidates[node]
+        for node, info in sorted(accepted.items()):
+            tracker.pending.pop(node, None)
+            cid = tracker.id_of_name(info.name)
+            if cid is not None:
+                tracker.rejoin(dataclasses.replace(info, client_id=cid))
+            elif on_join is not None:
+                on_join(dataclasses.replace(info, client_id=len(tracker.names)))
+            else:
+                errors[node] = Refusal(f"{info.label} (node {node}) is not a member of this run")
+    for node, reason in errors.items():
+        if isinstance(reason, Refusal):  # a member's data that does not fit: for good
             tracker.refused.add(node)
-            log(WARNING, "A node that joined cannot take part: %s", reason)
+        log(WARNING, "A node that joined cannot take part: %s", reason)
     tracker.set_online(node_ids)
 
 

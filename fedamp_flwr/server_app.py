@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from logging import ERROR, INFO
+from logging import ERROR, INFO, WARNING
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
@@ -16,10 +16,10 @@ import tasks
 from strategies.core.clients import ClientInfo, Schema
 from strategies.core.layout import dtypes_of, with_dtypes
 from strategies.core.protocol import BATCH_SIZE, LOCAL_EPOCHS, LOCAL_STEPS, LR, OPTIMIZER
-from tasks.graphs import build_graph
+from tasks.graphs import GraphError, build_graph
 
 from .config import ConfigError, RunConfig
-from .discovery import ClientSetupError, discover_clients, discover_members
+from .discovery import ClientSetupError, Members, discover_clients, discover_members
 from .results import RunFolder, XiFiles
 from .rounds import RoundsFailedError, run_rounds
 
@@ -75,16 +75,14 @@ def find_schema(cfg: RunConfig) -> Schema | None:
     return None if schema is None else Schema(schema.input_shape, schema.kind, schema.num_outputs)
 
 
-def find_clients(cfg: RunConfig, grid: Grid, known: list[str]
-                 ) -> tuple[dict[int, ClientInfo], list[str], set[int]]:
+def find_clients(cfg: RunConfig, grid: Grid, known: list[str]) -> Members:
     """The clients of the run: partitions (every partition id on one node), or members
     (those whose data fits, numbered by name; ``known``: a checkpoint's, which keep their
-    ids). Returns node id -> info, the members' names by client id ([] if partitioned),
-    and the nodes left out."""
+    ids). For partitions, ``names`` is empty and nobody is left out."""
     schema = find_schema(cfg)
     if schema is None:
         clients = discover_clients(grid, cfg.min_nodes, timeout=cfg.node_wait_timeout)
-        return clients, [], set()
+        return Members(clients, [], set(), {})
     return discover_members(grid, cfg.min_nodes, schema, timeout=cfg.node_wait_timeout,
                             known=known)
 
@@ -101,7 +99,7 @@ def main(grid: Grid, context: Context) -> None:
     """
     try:
         _main(grid, context)
-    except (ConfigError, ClientSetupError, RoundsFailedError) as err:
+    except (ConfigError, ClientSetupError, RoundsFailedError, GraphError) as err:
         log(ERROR, "Run stopped: %s", err)
         raise type(err)(str(err)).with_traceback(None) from None
 
@@ -116,7 +114,8 @@ def _main(grid: Grid, context: Context) -> None:
         f"; resuming after round {checkpoint['round']}" if checkpoint else "")
 
     known = list(checkpoint.get("client_names", [])) if checkpoint else []
-    clients, names, refused = find_clients(cfg, grid, known)
+    found = find_clients(cfg, grid, known)
+    clients, names = found.clients, found.names
     # a checkpoint's members first: the strategy resumes with them, newer ones join after
     base = known if checkpoint and names else names
     n = len(base) if names else len(clients)
@@ -139,7 +138,8 @@ def _main(grid: Grid, context: Context) -> None:
     tracker = strategy.tracker
     tracker.names = list(base)
     tracker.schema = find_schema(cfg)
-    tracker.refused = set(refused)
+    tracker.refused = set(found.misfits)
+    tracker.pending = dict(found.conflicts)
     strategy.max_update_ratio = cfg.max_update_ratio
     strategy.history.xi_sink = XiFiles(folder.path, cfg.xi_every, cfg.xi_dtype,
                                        cfg.num_server_rounds)
@@ -157,11 +157,17 @@ def _main(grid: Grid, context: Context) -> None:
         done, spent = checkpoint["round"], checkpoint["wall_time_s"]
 
     def join(info: ClientInfo) -> None:
-        """A member the run does not know yet joins with the next client id."""
+        """A member the run does not know yet joins with the next client id (a graph file
+        that cannot place it leaves it out, with the reason, and the run goes on)."""
         graph = None
         if strategies.STRATEGIES[cfg.strategy].uses_graph and cfg.graph != "none":
-            graph = client_graph(cfg, cfg.data_config(info.client_id + 1),
-                                 tracker.names + [info.name])
+            try:
+                graph = client_graph(cfg, cfg.data_config(info.client_id + 1),
+                                     tracker.names + [info.name])
+            except (GraphError, OSError) as err:
+                tracker.refused.add(info.node_id)
+                log(WARNING, "%s cannot join: the client graph: %s", info.label, err)
+                return
         strategy.add_client(info, graph)
 
     for info in sorted(joining, key=lambda i: i.client_id):

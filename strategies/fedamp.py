@@ -33,6 +33,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
+from typing import NamedTuple
 
 import torch
 from flwr.app import ConfigRecord
@@ -54,24 +55,36 @@ class WeightsUnderflowWarning(UserWarning):
     """All off-diagonal FedAMP weights underflowed to 0: training is purely local."""
 
 
-# Columns of the models taken at a time when a Gram matrix is accumulated in float64:
-# 100 clients x 2^16 columns are 52 MB of float64 at a time.
-GRAM_BLOCK = 1 << 16
+# Columns of the models taken at a time when a Gram matrix is accumulated in float64: each
+# block is turned into float64 while it is in cache (100 clients x 2^13 columns: 6.5 MB).
+GRAM_BLOCK = 1 << 13
+# Higham and Mary's probabilistic bound on a float32 inner product of n terms (SIAM J. Sci.
+# Comput. 41(5), 2019, Thm. 3.1): |error| <= lambda sqrt(n) u sum |x_k y_k| with probability
+# at least 1 - 2 exp(-lambda^2 (1 - u)^2 / 2), u = 2^-24; lambda = 10: 1 - 4e-22 per sum.
+ROUNDING_LAMBDA = 10.0
+UNIT_ROUNDOFF_32 = 2.0 ** -24
+# Columns per float32 Gram block (:func:`sq_distances_float32`): the blocks' float32 inner
+# products are added in float64, so the bound grows with sqrt(block), not sqrt(d).
+FLOAT32_BLOCK = 1 << 11
+# What the weights of one row may be off by, together, where distances come from float32:
+# the largest possible errors of a row are recomputed in float64 until the rest sum below it.
+ROW_TOLERANCE = 2.5e-7
 
 
 def gram64(models: torch.Tensor, centre: bool = False, block: int = GRAM_BLOCK) -> torch.Tensor:
     """The (m, m) Gram matrix ``X X^T`` of the (m, d) models, accumulated in float64.
 
     Column blocks of ``block`` are turned into float64 one at a time (the
-    models stay in their dtype), on the models' device; with ``centre``, each
-    column is centred on its mean first (which leaves distances unchanged).
+    models stay in their dtype), on the models' device; with ``centre``, the
+    models are centred on their mean first (which leaves distances unchanged).
     """
     m, d = models.shape
     gram = torch.zeros(m, m, dtype=torch.float64, device=models.device)
+    mean = models.double().mean(dim=0) if centre else None
     for start in range(0, d, block):
         x = models[:, start:start + block].double()
-        if centre:
-            x = x - x.mean(dim=0, keepdim=True)
+        if mean is not None:
+            x -= mean[start:start + block]
         gram.addmm_(x, x.T)
     return gram
 
@@ -90,6 +103,139 @@ def pairwise_sq_distances(models: torch.Tensor, block: int = GRAM_BLOCK) -> torc
     d2 = (sq[:, None] + sq[None, :] - 2.0 * gram).clamp_min_(0.0)
     d2.fill_diagonal_(0.0)
     return d2
+
+
+def sq_distances_float32(models: torch.Tensor, block: int = FLOAT32_BLOCK
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """||w_i - w_j||^2 from float32 Gram matrices (BLAS speed), and a bound on their error.
+
+    The models are taken relative to the first one, c_i = w_i - w_0 (distances do
+    not change; models trained from one start share most of their norm, which
+    would otherwise cancel), and the Gram matrix of the c_i is the float64 sum of
+    the float32 products of column blocks of ``block``. Returns the (m, m)
+    float64 distances (clamped at 0, zero diagonal) and, per pair,
+    ``(lambda sqrt(block) + 2) u (|c_i| + |c_j|)^2``: the error of ||c_i||^2 +
+    ||c_j||^2 - 2 <c_i, c_j> when each block's float32 inner product is within
+    Higham and Mary's probabilistic bound (:data:`ROUNDING_LAMBDA`; over the
+    blocks, sum_k |x_k y_k| <= |x| |y|), plus the rounding of c_i itself.
+    """
+    m, d = models.shape
+    x = models if models.dtype == torch.float32 else models.float()
+    gram = torch.zeros(m, m, dtype=torch.float64, device=models.device)
+    for start in range(0, d, block):
+        xb = x[:, start:start + block] - x[:1, start:start + block]  # in cache, no extra pass
+        gram += (xb @ xb.T).double()
+    sq = gram.diagonal().clamp_min(0.0)
+    d2 = (sq[:, None] + sq[None, :] - 2.0 * gram).clamp_min_(0.0)
+    d2.fill_diagonal_(0.0)
+    norms = sq.sqrt()
+    scale = (ROUNDING_LAMBDA * math.sqrt(min(block, d)) + 2.0) * UNIT_ROUNDOFF_32
+    bound = scale * (norms[:, None] + norms[None, :]) ** 2
+    bound.fill_diagonal_(0.0)
+    return d2, bound
+
+
+def exact_sq_distances(models: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+                       chunk: int = 1 << 22) -> torch.Tensor:
+    """||w_rows[k] - w_cols[k]||^2 for each pair k, accumulated in float64 (the difference taken
+    in float64, so the result is exact to float64 rounding)."""
+    out = torch.empty(len(rows), dtype=torch.float64, device=models.device)
+    d = models.shape[1]
+    per = max(1, chunk // max(d, 1))  # pairs at a time: at most ``chunk`` float64 values
+    for start in range(0, len(rows), per):
+        r, c = rows[start:start + per], cols[start:start + per]
+        diff = models[r].double() - models[c].double()
+        out[start:start + per] = torch.linalg.vector_norm(diff, dim=1).square()
+    return out
+
+
+def _weight_errors(d2: torch.Tensor, bound: torch.Tensor, alpha_k: float, sigma: float,
+                   softmax: bool) -> torch.Tensor:
+    """How far each weight could be off if each distance is off by at most its ``bound``.
+
+    Eq. 6: w_ij = alpha_k exp(-d_ij / sigma) / sigma, off by at most
+    w(d_ij - b_ij) (1 - exp(-2 b_ij / sigma)). With a fixed self weight the
+    weights are a row's softmax of -d_ij / sigma, whose log is off by at most its
+    own logit's error plus the largest of the row (through the normaliser): a
+    weight at most its largest value (its logit at its lowest distance over the
+    row's normaliser at every highest distance) times exp(that) - 1.
+    """
+    low = (d2 - bound).clamp_min(0.0)
+    if not softmax:
+        return alpha_k / sigma * torch.exp(-low / sigma) * -torch.expm1(-2.0 * bound / sigma)
+    off = _off_diagonal(d2.shape[0], d2.device)
+    minus_inf = torch.full_like(d2, -math.inf)
+    normaliser = torch.logsumexp(torch.where(off, -(d2 + bound) / sigma, minus_inf), dim=1)
+    largest = torch.exp(torch.clamp(-low / sigma - normaliser[:, None], max=0.0))
+    logit_error = torch.where(off, 2.0 * bound / sigma, torch.zeros_like(d2))
+    total = logit_error + logit_error.max(dim=1, keepdim=True).values
+    return torch.where(off, largest * torch.expm1(torch.clamp(total, max=700.0)),
+                       torch.zeros_like(d2))
+
+
+class Distances(NamedTuple):
+    """FedAMP's squared distances and how they were computed: ``path`` is ``float32`` (with
+    ``recomputed`` pairs in float64) or ``float64`` (the whole matrix)."""
+
+    d2: torch.Tensor
+    path: str
+    recomputed: int
+
+
+def fedamp_sq_distances(models: torch.Tensor, alpha_k: float, sigma: float,
+                        softmax: bool) -> Distances:
+    """The (m, m) float64 ||w_i - w_j||^2 that FedAMP's weights need, exact where it matters.
+
+    Float32 Gram matrices give every distance at BLAS speed
+    (:func:`sq_distances_float32`), with a bound on how far each weight could
+    be off (:func:`_weight_errors`). In each row the pairs with the largest
+    such errors are recomputed from the models in float64
+    (:func:`exact_sq_distances`) until the errors left sum to at most
+    :data:`ROW_TOLERANCE` (so every weight, and 1 - the others, is within it;
+    with a fixed self weight, every weight on its own). When that is more than
+    an eighth of the pairs (sigma small against the rounding of the
+    distances), the whole matrix is computed in float64
+    (:func:`pairwise_sq_distances`) instead. Four pairs are always checked
+    against their float64 values: a float32 result outside its bound (rounding
+    errors that do not behave at random) also falls back to float64.
+    """
+    m = models.shape[0]
+    if m < 2:
+        return Distances(torch.zeros(m, m, dtype=torch.float64, device=models.device), "float64", 0)
+    d2, bound = sq_distances_float32(models)
+    errors = _weight_errors(d2, bound, alpha_k, sigma, softmax)
+    if softmax:  # the self weight is fixed: each weight on its own
+        recompute = errors > ROW_TOLERANCE
+    else:  # xi_ii = 1 - the others: what a row leaves in float32 adds up
+        ordered, order = torch.sort(errors, dim=1)  # in each row, the errors left out grow
+        recompute = torch.zeros_like(errors, dtype=torch.bool)
+        recompute.scatter_(1, order, ordered.cumsum(dim=1) > ROW_TOLERANCE)
+    recompute = torch.triu(recompute | recompute.T, diagonal=1)  # for either weight of a pair
+    rows, cols = torch.nonzero(recompute, as_tuple=True)
+    if len(rows) > m * m // 8:
+        return Distances(pairwise_sq_distances(models), "float64", 0)
+    check = torch.arange(min(4, m - 1), device=models.device)
+    exact = exact_sq_distances(models, check, check + 1)
+    if bool(((exact - d2[check, check + 1]).abs() > bound[check, check + 1]).any()):
+        return Distances(pairwise_sq_distances(models), "float64", 0)
+    if len(rows):
+        values = exact_sq_distances(models, rows, cols)
+        d2[rows, cols] = values
+        d2[cols, rows] = values
+    return Distances(d2, "float32", len(rows))
+
+
+def cloud_models(xi: torch.Tensor, models: torch.Tensor,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """u = xi @ W (paper Eq. 6): the (k, d) cloud models of k rows of weights xi (k, m) over
+    the (m, d) models, in the models' dtype, into ``out`` when its shape fits (a buffer
+    reused from round to round: writing 100 fresh rows of the CNN costs page faults)."""
+    weights = xi.to(models.dtype)
+    shape = (weights.shape[0], models.shape[1])
+    if out is None or tuple(out.shape) != shape or out.dtype != models.dtype \
+            or out.device != models.device:
+        out = torch.empty(shape, dtype=models.dtype, device=models.device)
+    return torch.mm(weights, models, out=out)
 
 
 def _off_diagonal(m: int, device: torch.device) -> torch.Tensor:
@@ -133,7 +279,7 @@ def fedamp_weights(models: torch.Tensor, alpha_k: float, sigma: float,
     if alpha_k <= 0 or sigma <= 0:
         raise ValueError(f"alpha_k and sigma must be > 0, got alpha_k={alpha_k}, sigma={sigma}")
     m = models.shape[0]
-    d2 = pairwise_sq_distances(models)
+    d2 = fedamp_sq_distances(models, alpha_k, sigma, softmax=self_weight is not None).d2
     off = _off_diagonal(m, d2.device)
     if self_weight is not None:
         return _with_self_weight(torch.where(off, -d2 / sigma, torch.full_like(d2, float("-inf"))),
@@ -273,6 +419,7 @@ class FedAMP(PersonalizedStrategy):
         self._rescaled_rounds: list[int] = []  # rounds whose rows were rescaled
         self._rescaling = False  # the last round's rows were rescaled
         self._round_xi: torch.Tensor | None = None
+        self._clouds: torch.Tensor | None = None  # reused: a fresh one costs page faults
 
     def summary(self) -> None:
         super().summary()
@@ -308,7 +455,8 @@ class FedAMP(PersonalizedStrategy):
         xi = self.collaboration(server_round, rows)
         self.history.record_xi(server_round, self.client_ids, xi)
         self._round_xi = xi
-        clouds = xi[rows.to(xi.device)].to(self.store.dtype) @ self.store
+        self._clouds = cloud_models(xi[rows.to(xi.device)], self.store, self._clouds)
+        clouds = self._clouds
         cfg = ConfigRecord(dict(config))
         cfg[PROXIMAL_MU] = self.lam / self.alpha_at(server_round)
         return clouds, cfg

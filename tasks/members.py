@@ -148,6 +148,8 @@ def _inputs(path: Path, x: np.ndarray, schema: MemberSchema, what: str) -> np.nd
 
 
 def _pair(path: Path, x: np.ndarray, y: np.ndarray, schema: MemberSchema, what: str) -> Split:
+    if x.ndim == 0 or y.ndim == 0:
+        raise _fail(path, f"{what}: x and y must hold one row per sample, not a single value")
     if len(x) != len(y):
         raise _fail(path, f"{what}: x has {len(x)} rows but y has {len(y)}")
     if len(y) == 0:

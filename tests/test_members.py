@@ -246,3 +246,70 @@ def test_npz_problems_are_named(tmp_path):
     (tmp_path / "data.txt").write_text("1,2,3")
     with pytest.raises(MemberDataError, match="suffix '.txt'"):
         load_member_data(tmp_path / "data.txt", SCHEMA, 0, "s")
+
+
+class JoiningGrid(InProcessGrid):
+    """Members on nodes 100, 101, ...; the last one's node connects only from round
+    ``joins_at`` on (a member that joins a run under way)."""
+
+    def __init__(self, run_config: dict, nodes: list[dict], joins_at: int) -> None:
+        super().__init__(run_config, node_configs=nodes)
+        self.round, self.joins_at, self.all = 1, joins_at, list(self.contexts)
+
+    def get_node_ids(self) -> list[int]:
+        return self.all if self.round >= self.joins_at else self.all[:-1]
+
+    def send_and_receive(self, messages, timeout=None):
+        messages = list(messages)
+        replies = super().send_and_receive(messages, timeout)
+        if messages and messages[0].metadata.message_type == "evaluate":
+            self.round += 1
+        return replies
+
+
+def _app(grid, cfg: dict) -> dict:
+    with task_identity():
+        server_app.app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                                     run_config=cfg))
+    return json.loads((Path(cfg["results-dir"]) / cfg["run-name"] / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize("strategy, extra", [
+    ("fedamp", {"fedamp-sigma": 1.0}), ("separate", {}), ("fedavg", {}),
+    ("panacea", {"graph": "file", "panacea-server-lr": 0.01, "local-steps": 3}),
+])
+def test_a_member_that_joins_a_run_under_way_gets_the_next_id_and_trains(tmp_path, strategy,
+                                                                         extra, caplog):
+    n = 4
+    dc = tasks.DataConfig(dataset="synthetic", data_dir="", num_clients=n, seed=0)
+    run_config = write_sites(dc, tmp_path / "sites")
+    graph = tmp_path / "graph.csv"
+    graph.write_text("u,v\nclient-0,client-1\nclient-1,client-2\nclient-2,client-3\n")
+    cfg = {**run_config, "strategy": strategy, "local-epochs": 1, "num-server-rounds": 3,
+           "min-nodes": 3, "results-dir": str(tmp_path), "run-name": strategy,
+           "server-device": "cpu", "graph-file": str(graph), **extra}
+    with caplog.at_level(logging.INFO):
+        metrics = _app(JoiningGrid(cfg, _sites(tmp_path / "sites", n), joins_at=2), cfg)
+    assert metrics["client_names"] == ["client-0", "client-1", "client-2", "client-3"]
+    assert [r["trained_clients"] for r in metrics["rounds"]] == [[0, 1, 2]] + [[0, 1, 2, 3]] * 2
+    assert set(metrics["rounds"][2]["client_accuracy"]) == {"0", "1", "2", "3"}
+    assert "Member 'client-3' joins the run as client 3" in caplog.text
+
+
+def test_a_resumed_run_takes_a_new_member_after_the_checkpoints_ones(tmp_path):
+    n = 4
+    dc = tasks.DataConfig(dataset="synthetic", data_dir="", num_clients=n, seed=0)
+    run_config = write_sites(dc, tmp_path / "sites")
+    nodes = _sites(tmp_path / "sites", n)
+    cfg = {**run_config, "strategy": "fedamp", "fedamp-sigma": 1.0, "local-epochs": 1,
+           "num-server-rounds": 2, "min-nodes": 3, "results-dir": str(tmp_path),
+           "run-name": "grow", "server-device": "cpu"}
+    first = _app(InProcessGrid(cfg, node_configs=nodes[:3]), cfg)
+    assert first["client_names"] == ["client-0", "client-1", "client-2"]
+    cfg = {**cfg, "num-server-rounds": 3, "resume": True}
+    # the members come back in another order, with a fourth one
+    resumed = _app(InProcessGrid(cfg, node_configs=[nodes[3], nodes[2], nodes[0], nodes[1]]),
+                   cfg)
+    assert resumed["client_names"] == ["client-0", "client-1", "client-2", "client-3"]
+    assert resumed["rounds"][:2] == first["rounds"]
+    assert resumed["rounds"][2]["trained_clients"] == [0, 1, 2, 3]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -192,3 +193,38 @@ def test_rows_rescaled_is_said_once_and_when_it_stops(caplog):
         "Round 4: no rows rescaled any more (rescaled in 3 round(s) before)"]
     state = strategy.state_dict()  # checkpointed, so a resumed run does not say it again
     assert state["rescaled_rounds"] == [1, 2, 3] and state["rescaling"] is False
+
+
+@pytest.mark.parametrize("sigma, self_weight, path", [
+    (1e6, None, "float32"), (1e4, 0.2, "float32"), (100.0, None, None), (1.0, 0.2, None),
+    (1e-2, 0.2, None), (30.0, 0.2, None)])
+def test_float32_distances_with_float64_corrections_stay_exact(sigma, self_weight, path):
+    """Models that share a mean (trained from one start), 40 clients of 20,000 parameters:
+    the float32 Gram with float64 corrections of the pairs that matter gives the weights of
+    the float64 reference within 1e-6 for every sigma; where sigma is large against the
+    rounding of the distances, most pairs stay in float32."""
+    from strategies.fedamp import fedamp_sq_distances
+
+    gen = torch.Generator().manual_seed(5)
+    base = torch.randn(20_000, generator=gen)
+    models = (base + 0.02 * torch.randn(40, 20_000, generator=gen)).float()
+    models[1] = models[0] + 1e-4 * torch.randn(20_000, generator=gen)  # a near twin
+    ref = models.double()
+    d2 = ((ref[:, None, :] - ref[None, :, :]) ** 2).sum(-1)
+    got = fedamp_sq_distances(models, 10.0, sigma, softmax=self_weight is not None)
+    off = ~torch.eye(40, dtype=torch.bool)
+    if self_weight is None:
+        expected = torch.where(off, 10.0 * torch.exp(-d2 / sigma) / sigma, torch.zeros_like(d2))
+        over = expected.sum(1) > 1
+        expected[over] = expected[over] / expected.sum(1)[over, None]
+        expected.diagonal().copy_((1 - expected.sum(1)).clamp_min(0))
+    else:
+        minus_inf = torch.tensor(float("-inf"), dtype=torch.float64)
+        expected = (1 - self_weight) * torch.softmax(torch.where(off, -d2 / sigma, minus_inf), 1)
+        expected.diagonal().fill_(self_weight)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        xi = fedamp_weights(models, 10.0, sigma, self_weight)
+    assert (xi - expected).abs().max() < 1e-6
+    if path is not None:
+        assert got.path == path and got.recomputed < 40 * 39 / 2 / 8, got.recomputed

@@ -362,19 +362,22 @@ class PersonalizedStrategy(Tracked, Strategy):
         return self._initial
 
     def add_client(self, info: ClientInfo, adjacency: torch.Tensor | None = None) -> None:
-        """A client that joins after the start gets a row of its own (:meth:`new_client_model`)."""
-        super().add_client(info, adjacency)
+        """A client that joins after the start gets a row of its own (:meth:`new_client_model`,
+        computed from the store as it is, before the client is in it)."""
         cid = info.client_id
         if cid in self._row:
+            super().add_client(info, adjacency)
             return
+        row = None if self.models is None else self.new_client_model()[None].to(self.models)
+        super().add_client(info, adjacency)
         self.client_ids.append(cid)
         self._row[cid] = len(self.client_ids) - 1
         if cid not in self.tracker.roles.novel:
             self.training_rows = torch.cat([self.training_rows,
                                             torch.tensor([self._row[cid]], dtype=torch.long)])
         self._sent_norms = torch.cat([self._sent_norms, torch.zeros(1)])
-        if self.models is not None:
-            self.models = torch.cat([self.models, self.new_client_model()[None].to(self.models)])
+        if self.models is not None and row is not None:
+            self.models = torch.cat([self.models, row])
 
     # -- checkpoints ---------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

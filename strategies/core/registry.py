@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .replies import mean_metrics
-from .settings import NoSettings, Settings
+from .settings import NoSettings, Settings, type_name
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def _check_keys(name: str, settings: type[Settings]) -> None:
         theirs = other.settings.keys()
         for key, f in settings.keys().items():
             g = theirs.get(key)
-            if g is not None and (str(g.type), g.default) != (str(f.type), f.default):
+            if g is not None and (type_name(g.type), g.default) != (type_name(f.type), f.default):
                 raise ValueError(f"strategy {name!r}: run-config key {key!r} of "
                                  f"{settings.__name__} differs from {other.settings.__name__}'s "
                                  f"(strategy {other.name!r}); a key has one type and default")

@@ -33,6 +33,7 @@ FedAvg-FT's): a key is one field, whoever declares it.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -54,6 +55,17 @@ def key_of(field_name: str) -> str:
     return field_name.replace("_", "-")
 
 
+def type_name(annotation: Any) -> str:
+    """A field's type as it is written: ``"float | str"`` (from the type itself, or from the
+    string a module with ``from __future__ import annotations`` keeps)."""
+    if isinstance(annotation, str):
+        return annotation
+    args = typing.get_args(annotation)
+    if args:
+        return " | ".join(getattr(a, "__name__", str(a)) for a in args)
+    return getattr(annotation, "__name__", str(annotation))
+
+
 def coerce(key: str, value: Any, annotation: Any, words: tuple[str, ...] = ()) -> Any:
     """``value`` as the field's type (``bool``, ``str``, ``int``, ``float``, ``int | str``,
     ``float | str``), or a ConfigError naming ``key``.
@@ -61,7 +73,7 @@ def coerce(key: str, value: Any, annotation: Any, words: tuple[str, ...] = ()) -
     ``int | str`` and ``float | str`` fields take a number or one of their ``words``
     (e.g. ``"auto"``).
     """
-    ann = str(annotation)
+    ann = type_name(annotation)
     if ann == "bool":
         if not isinstance(value, bool):
             raise bad(key, value, "true or false")
@@ -159,10 +171,11 @@ class Settings:
     def from_values(cls: type[S], values: Mapping[str, Any]) -> S:
         """The settings from run-config values (every key of this class that ``values`` has,
         coerced to its field's type; the others keep their defaults)."""
+        hints = typing.get_type_hints(cls)  # types, whether the module's annotations are strings
         out = {}
         for key, f in cls.keys().items():
             if key in values:
-                out[f.name] = coerce(key, values[key], f.type, cls.words(key))
+                out[f.name] = coerce(key, values[key], hints[f.name], cls.words(key))
         return cls(**out)
 
     def resolved(self: S, auto: Mapping[str, Any]) -> S:

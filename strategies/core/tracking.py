@@ -25,6 +25,7 @@ _ERROR_NAMES = {
     ErrorCode.LOAD_CLIENT_APP_EXCEPTION: "the ClientApp could not be loaded",
     ErrorCode.MESSAGE_UNAVAILABLE: "message unavailable",
     ErrorCode.REPLY_MESSAGE_UNAVAILABLE: "reply unavailable",
+    REFUSED: "the client refused the message",
 }
 
 
@@ -82,8 +83,10 @@ class Tracker:
         #: a run over members' own data: the members' names by client id, and their schema
         self.names: list[str] = []
         self.schema: Schema | None = None
-        #: nodes that answered the query but cannot take part (not asked again)
+        #: nodes of members whose data does not fit the run (not asked again)
         self.refused: set[int] = set()
+        #: nodes of members held back: their name is another connected node's (node -> info)
+        self.pending: dict[int, ClientInfo] = {}
 
     def id_of_name(self, name: str) -> int | None:
         """The client id of the member ``name`` (None if the run does not know it)."""
@@ -153,7 +156,11 @@ class Tracker:
         A client refuses a message it cannot carry out (an unknown client
         update, keys of two methods): the fleet runs other code than the
         server, or the strategy sent a wrong message; either way the run stops.
+        In a run over members' own data a refusal is that member's absence (one
+        member must not be able to stop the federation), recorded by :meth:`screen`.
         """
+        if self.schema is not None:
+            return
         refused = sorted((m for m in replies if m.has_error() and m.error.code == REFUSED),
                          key=lambda m: client_order(self.client_of(m)))
         refusals = [f"client {self.client_of(m)}: {m.error.reason}" for m in refused]
