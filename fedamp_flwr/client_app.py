@@ -38,6 +38,7 @@ naming the keys; the server stops the run on it.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -225,7 +226,7 @@ def _job(msg: Message, context: Context, train: bool) -> tuple[ClientUpdate, Cli
     if train and setup.pid >= 0 and pid in cfg.roles(dc.num_clients).attackers:  # attack-ratio
         classes = tasks.data_info(dc).num_outputs
         targets = flip_labels(data.y_train, classes, torch.Generator().manual_seed(seed))
-    model = tasks.build_model(dc, cfg.model)
+    model = tasks.model_for(dc, cfg.model)  # built once per process, then reused
     model.load_state_dict(msg.content.array_records[ARRAYS].to_torch_state_dict())
     optim = Optim(batch_size=as_int(c.get(BATCH_SIZE, cfg.batch_size), BATCH_SIZE),
                   lr=as_float(c.get(LR, cfg.learning_rate), LR),
@@ -270,7 +271,8 @@ def train(msg: Message, context: Context) -> Message:
         raise ValueError(f"client update {update.name!r} returned records named {sorted(taken)}, "
                          "which the reply uses itself")
     metrics = _metrics(job, pid, **{NUM_EXAMPLES: len(job.data.y_train), TRAIN_LOSS: loss})
-    arrays = ArrayRecord(job.model.to("cpu").state_dict())
+    # copied to the host tensor by tensor: the model stays where it trains, for the next message
+    arrays = ArrayRecord(OrderedDict((k, v.detach().cpu()) for k, v in job.model.state_dict().items()))
     return Message(RecordDict({ARRAYS: arrays, METRICS: metrics, **records}), reply_to=msg)
 
 

@@ -13,32 +13,33 @@ importable from ``tasks`` itself.
 from __future__ import annotations
 
 from .loading import (
-                      ClientCountError,
-                      ClientData,
-                      build_model,
-                      data_info,
-                      load_client_data,
-                      load_federated,
-                      load_pool,
-                      model_name,
+    ClientCountError,
+    ClientData,
+    build_model,
+    data_info,
+    load_client_data,
+    load_federated,
+    load_pool,
+    model_for,
+    model_name,
 )
 from .members import MemberDataError, MemberSchema
 from .models import MODELS
 from .registry import (
-                      CLASSIFICATION,
-                      MEMBERS,
-                      REGRESSION,
-                      TASKS,
-                      DataConfig,
-                      DataInfo,
-                      TaskSpec,
-                      client_groups,
-                      get_task,
+    CLASSIFICATION,
+    MEMBERS,
+    REGRESSION,
+    TASKS,
+    DataConfig,
+    DataInfo,
+    TaskSpec,
+    client_groups,
+    get_task,
 )
 
 __all__ = [
     "CLASSIFICATION", "MEMBERS", "MODELS", "REGRESSION", "TASKS", "ClientCountError",
     "ClientData", "DataConfig", "DataInfo", "MemberDataError", "MemberSchema", "TaskSpec",
     "build_model", "client_groups", "data_info", "get_task", "load_client_data",
-    "load_federated", "load_pool", "model_name",
+    "load_federated", "load_pool", "model_for", "model_name",
 ]

@@ -109,6 +109,27 @@ def build_model(dc: DataConfig, model: str = "auto") -> nn.Module:
     return MODELS[model_name(dc, model)](info.input_shape, info.num_outputs)
 
 
+_REUSED: dict[tuple, nn.Module] = {}
+
+
+def model_for(dc: DataConfig, model: str = "auto") -> nn.Module:
+    """A model of the run's architecture for a client to load received weights into.
+
+    Built (and initialised) once per process and architecture (the model's builder,
+    input shape and outputs), then reused, on whatever device it was left: a
+    simulation worker or an in-process run serves many messages, and building and
+    initialising the CNN costs more than loading weights into it. The caller
+    overwrites every parameter and buffer (``load_state_dict``), so nothing of
+    one message reaches the next.
+    """
+    info = data_info(dc)
+    builder = MODELS[model_name(dc, model)]
+    key = (builder, info.input_shape, info.num_outputs)
+    if key not in _REUSED:
+        _REUSED[key] = builder(info.input_shape, info.num_outputs)
+    return _REUSED[key]
+
+
 @dataclass(frozen=True)
 class ClientData:
     """One client's tensors: training and test inputs and targets (on the CPU)."""

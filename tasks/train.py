@@ -29,8 +29,11 @@ def make_optimizer(name: str, params, lr: float, momentum: float = 0.0,
     raise ValueError(f"unknown optimizer '{name}'; allowed: adam, sgd")
 
 
-def _batches(n: int, batch_size: int, generator: torch.Generator):
-    order = torch.randperm(n, generator=generator)
+def _batches(n: int, batch_size: int, generator: torch.Generator,
+             device: torch.device | str = "cpu"):
+    """Mini-batch indices of one pass over n samples (drawn on the CPU, as always, and moved
+    to ``device`` once per pass)."""
+    order = torch.randperm(n, generator=generator).to(device)
     for start in range(0, n, batch_size):
         yield order[start : start + batch_size]
 
@@ -49,20 +52,24 @@ def run_batches(
     """Call ``step(xb, yb)`` (returns the batch loss) on shuffled mini-batches; mean loss.
 
     ``steps`` > 0: that many steps (the order reshuffled each pass), else
-    ``epochs`` passes over the data.
+    ``epochs`` passes over the data. The data go to ``device`` once (not per
+    mini-batch), the losses are summed there (in float64) and read back once,
+    at the end: no step waits for the device.
     """
     gen = torch.Generator().manual_seed(seed)
-    total, count, done = 0.0, 0, 0
+    x, y = x.to(device), y.to(device)
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    count, done = 0, 0
     target = num_steps(len(x), batch_size, epochs, steps)
     while done < target:
-        for idx in _batches(len(x), batch_size, gen):
-            loss = step(x[idx].to(device), y[idx].to(device))
-            total += loss.item() * len(idx)
+        for idx in _batches(len(x), batch_size, gen, device):
+            loss = step(x[idx], y[idx])
+            total += loss.detach().double() * len(idx)
             count += len(idx)
             done += 1
             if done >= target:
                 break
-    return total / max(count, 1)
+    return float(total) / max(count, 1)
 
 
 def train(
@@ -189,21 +196,22 @@ def evaluate(
 
     Classification (integer ``y``): the mean cross-entropy and the accuracy;
     regression (float ``y``): the MSE (mean over all outputs) as both loss and mse.
+    The data go to ``device`` once; the sums stay there and are read back once.
     """
     model.to(device).eval()
     regression = torch.is_floating_point(y)
-    loss_sum, correct, count = 0.0, 0, 0
+    x, y = x.to(device), y.to(device)
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, correct
     for start in range(0, len(x), batch_size):
-        xb, yb = x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)
+        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
         out = model(xb)
         if regression:
-            loss_sum += nn.functional.mse_loss(out.reshape(yb.shape), yb, reduction="sum").item()
-            count += yb.numel()
+            sums[0] += nn.functional.mse_loss(out.reshape(yb.shape), yb, reduction="sum").double()
         else:
-            loss_sum += nn.functional.cross_entropy(out, yb, reduction="sum").item()
-            correct += (out.argmax(1) == yb).sum().item()
-            count += len(yb)
-    count = max(count, 1)
+            sums[0] += nn.functional.cross_entropy(out, yb, reduction="sum").double()
+            sums[1] += (out.argmax(1) == yb).sum()
+    loss_sum, correct = sums.tolist()
+    count = max(y.numel() if regression else len(y), 1)
     if regression:
         return Evaluation(loss_sum / count, None, loss_sum / count)
     return Evaluation(loss_sum / count, correct / count, None)
