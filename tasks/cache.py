@@ -12,8 +12,8 @@ modification time of each), and the code that prepares them (a hash of the
 ``tasks`` package's source), so a changed key never reads a stale cache.
 Files are written to a temporary name and renamed (atomic), so ClientApp
 processes that start at once never read a part-written file; the loser of a
-race writes the same bytes. Files hold tensors only and are read with
-``torch.load(weights_only=True)``.
+race writes the same bytes. Files are uncompressed ``.npz`` (plain arrays:
+written at disk speed, read without pickle, ``allow_pickle=False``).
 
 Where: ``$FEDAMP_CACHE_DIR``, default ``~/.cache/fedamp-flwr``;
 ``FEDAMP_CACHE_DIR=off`` turns the cache off.
@@ -28,11 +28,13 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 CACHE_ENV = "FEDAMP_CACHE_DIR"
-FORMAT = 1
+FORMAT = 2  # 2: .npz of plain arrays (1: torch.save)
 
 
 def cache_dir() -> Path | None:
@@ -81,9 +83,10 @@ def cached(data_config, client_id: int, make: Callable[[], dict[str, torch.Tenso
     folder = cache_dir()
     if folder is None:
         return make()
-    path = folder / f"client-{cache_key(data_config, client_id)}.pt"
+    path = folder / f"client-{cache_key(data_config, client_id)}.npz"
     try:
-        return torch.load(path, weights_only=True)
+        with np.load(path, allow_pickle=False) as stored:
+            return {k: torch.from_numpy(stored[k]) for k in stored.files}
     except FileNotFoundError:
         pass
     except Exception:  # a damaged file: make it again
@@ -91,8 +94,9 @@ def cached(data_config, client_id: int, make: Callable[[], dict[str, torch.Tenso
     tensors = make()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        torch.save(tensors, tmp)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.npz")
+        arrays: dict[str, Any] = {k: v.numpy() for k, v in tensors.items()}
+        np.savez(tmp, **arrays)
         os.replace(tmp, path)
     except OSError:  # a read-only or full disk: go on without the cache
         pass

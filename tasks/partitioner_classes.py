@@ -200,7 +200,8 @@ def partition_pool(
     train_idx = []
     for pid in range(partitioner.num_partitions):
         part = partitioner.load_partition(pid)
-        train_idx.append(np.asarray(part["row"], dtype=np.int64))
+        # the whole column at once (Arrow to NumPy), not row by row through Python objects
+        train_idx.append(np.asarray(part.with_format("numpy")["row"], dtype=np.int64))
     counts = np.stack([np.bincount(train_labels[i], minlength=num_classes) for i in train_idx])
     return train_idx, matching_test_indices(test_labels, counts, n_test, seed)
 
