@@ -76,15 +76,16 @@ def gram64(models: torch.Tensor, centre: bool = False, block: int = GRAM_BLOCK) 
 
     Column blocks of ``block`` are turned into float64 one at a time (the
     models stay in their dtype), on the models' device; with ``centre``, the
-    models are centred on their mean first (which leaves distances unchanged).
+    models are taken relative to the first one, w_i - w_0 (which leaves
+    distances unchanged; the difference of two float32 numbers is exact in
+    float64, and no pass over the models is needed for a mean).
     """
     m, d = models.shape
     gram = torch.zeros(m, m, dtype=torch.float64, device=models.device)
-    mean = models.double().mean(dim=0) if centre else None
     for start in range(0, d, block):
         x = models[:, start:start + block].double()
-        if mean is not None:
-            x -= mean[start:start + block]
+        if centre:
+            x -= x[:1].clone()
         gram.addmm_(x, x.T)
     return gram
 
@@ -92,8 +93,8 @@ def gram64(models: torch.Tensor, centre: bool = False, block: int = GRAM_BLOCK) 
 def pairwise_sq_distances(models: torch.Tensor, block: int = GRAM_BLOCK) -> torch.Tensor:
     """Return the (m, m) float64 matrix of ||w_i - w_j||^2 from one Gram matrix.
 
-    ||w_i||^2 + ||w_j||^2 - 2 <w_i, w_j> on the models centred on their mean
-    (distances do not change; the terms cancel less), the Gram matrix
+    ||w_i||^2 + ||w_j||^2 - 2 <w_i, w_j> on the models taken relative to the
+    first one (distances do not change; the terms cancel less), the Gram matrix
     accumulated in float64 by column blocks (:func:`gram64`): exact to float64
     rounding however small sigma is against the distances. Clamped at 0, with
     an exact zero diagonal.
