@@ -28,6 +28,8 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -240,3 +242,56 @@ class RunFolder:
     def write_metrics(self, record: dict[str, Any]) -> None:
         """Rewrite metrics.json (atomic, strict JSON)."""
         write_json(self.metrics_path, record)
+
+
+def snapshot(value: Any) -> Any:
+    """``value`` with every tensor copied (dicts, lists and tuples rebuilt): what a checkpoint
+    holds while the run goes on and changes the strategy's tensors in place."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: snapshot(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(snapshot(v) for v in value)
+    return value
+
+
+class Writer:
+    """Writes a run's files in the order they were given, on one background thread.
+
+    The ServerApp hands it each round's checkpoint (a :func:`snapshot`, taken in
+    memory at once) and metrics.json, and goes on with the next round while the
+    disk writes them: a checkpoint of 100 clients' CNNs (680 MB) no longer holds
+    up a round. One thread, in order: metrics.json is written after the round's
+    checkpoint, so it never claims a round that cannot be resumed. A write that
+    failed raises at the next :meth:`submit` or at :meth:`close`, which waits for
+    every write.
+    """
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedamp-writer")
+        self._pending: list[Future] = []
+
+    def submit(self, write: Callable[[], None]) -> None:
+        """Queue ``write``; raise the error of an earlier write that failed."""
+        self._check()
+        self._pending.append(self._pool.submit(write))
+
+    def _check(self) -> None:
+        done = [f for f in self._pending if f.done()]
+        self._pending = [f for f in self._pending if not f.done()]
+        for f in done:
+            f.result()
+
+    def flush(self) -> None:
+        """Wait for every queued write (raising the first error)."""
+        pending, self._pending = self._pending, []
+        for f in pending:
+            f.result()
+
+    def close(self) -> None:
+        """Flush, and end the thread."""
+        try:
+            self.flush()
+        finally:
+            self._pool.shutdown(wait=True)

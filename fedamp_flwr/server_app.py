@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 from logging import ERROR, INFO, WARNING
@@ -20,7 +21,7 @@ from tasks.graphs import GraphError, build_graph
 
 from .config import ConfigError, RunConfig
 from .discovery import ClientSetupError, Members, discover_clients, discover_members
-from .results import RunFolder, XiFiles
+from .results import RunFolder, Writer, XiFiles, snapshot
 from .rounds import RoundsFailedError, run_rounds
 
 app = ServerApp()
@@ -189,36 +190,53 @@ def _main(grid: Grid, context: Context) -> None:
             **strategy.history.to_dict(),
         }
 
+    writer = Writer()
+
     def after_round(server_round: int, arrays: ArrayRecord) -> None:
-        # the checkpoint first: metrics.json never claims more rounds than can be resumed
+        # the checkpoint first: metrics.json never claims more rounds than can be resumed.
+        # Both are taken now and written by the writer's thread, in that order, while the
+        # next round runs.
         last = server_round == cfg.num_server_rounds
         if cfg.checkpoint_every and (server_round % cfg.checkpoint_every == 0 or last):
-            size, seconds = folder.save_checkpoint({
+            copied = time.perf_counter()
+            state = snapshot({
                 "round": server_round, "config": cfg.to_dict(),
                 "num_clients": len(tracker.names) or n, "client_names": list(tracker.names),
                 "arrays": arrays.to_torch_state_dict(), "random_state": random.getstate(),
                 "strategy": strategy.state_dict(),
                 "wall_time_s": spent + time.time() - started,
             })
-            log(INFO, "Round %d: checkpoint written (%.1f MB in %.2fs)", server_round,
-                size / 1e6, seconds)
-        folder.write_metrics(record(server_round))
+            copied = time.perf_counter() - copied
+
+            def write_checkpoint(r: int = server_round, state: dict = state,
+                                 copied: float = copied) -> None:
+                size, seconds = folder.save_checkpoint(state)
+                log(INFO, "Round %d: checkpoint written (%.1f MB; %.2fs to copy in memory, "
+                    "%.2fs to write, in the background)", r, size / 1e6, copied, seconds)
+
+            writer.submit(write_checkpoint)
+        metrics = copy.deepcopy(record(server_round))  # the next round adds to the records
+        writer.submit(lambda: folder.write_metrics(metrics))
 
     train_config = ConfigRecord({
         LOCAL_EPOCHS: cfg.local_epochs, LOCAL_STEPS: cfg.local_steps,
         BATCH_SIZE: cfg.batch_size, LR: cfg.learning_rate, OPTIMIZER: cfg.optimizer,
     })
     evaluate_config = ConfigRecord({BATCH_SIZE: cfg.batch_size})
-    if done < cfg.num_server_rounds:
-        run_rounds(strategy, grid, arrays, first_round=done + 1, last_round=cfg.num_server_rounds,
-                   train_config=train_config, evaluate_config=evaluate_config,
-                   round_timeout=cfg.round_timeout,
-                   query_timeout=min(cfg.node_wait_timeout, cfg.round_timeout),
-                   after_round=after_round, max_failed_rounds=cfg.max_failed_rounds,
-                   on_join=join if names else None)
-    else:
-        log(INFO, "The run has done its %d rounds already; raise num-server-rounds to go on", done)
-        folder.write_metrics(record(done))
+    try:
+        if done < cfg.num_server_rounds:
+            run_rounds(strategy, grid, arrays, first_round=done + 1,
+                       last_round=cfg.num_server_rounds, train_config=train_config,
+                       evaluate_config=evaluate_config, round_timeout=cfg.round_timeout,
+                       query_timeout=min(cfg.node_wait_timeout, cfg.round_timeout),
+                       after_round=after_round, max_failed_rounds=cfg.max_failed_rounds,
+                       on_join=join if names else None)
+        else:
+            log(INFO, "The run has done its %d rounds already; raise num-server-rounds to go "
+                "on", done)
+            folder.write_metrics(record(done))
+    finally:
+        writer.close()  # every checkpoint and metrics.json written, whatever happened
     result = record(cfg.num_server_rounds)
     if "bmta" in result:
         log(INFO, "BMTA %.2f%% over %d rounds", result["bmta"], cfg.num_server_rounds)
