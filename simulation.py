@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 from experiments import report  # noqa: E402 - after the path above
+from experiments.jobs import parse_jobs  # noqa: E402
 from experiments.presets import PRESETS, ConfigError, apply_overrides, expand  # noqa: E402
 from experiments.runner import run_grid  # noqa: E402
 
@@ -94,6 +95,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="flower: each run a `flwr run` on Flower's simulation engine; inprocess: "
                         "the same ServerApp and ClientApp functions in this process, without "
                         "Flower's engine (fast for small models; no --timeout)")
+    p.add_argument("--jobs", default="1",
+                   help="runs at a time, each in its own process with cores/jobs CPU threads "
+                        "(a positive integer, or 'auto': up to 4 per GPU, else one per 8 cores)")
     return p.parse_args(argv)
 
 
@@ -110,6 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                        ("--gpus-per-client", args.gpus_per_client)):
         if value < 0:
             raise SystemExit(f"{key} = {value} is invalid; allowed: a number >= 0")
+    try:
+        jobs = parse_jobs(args.jobs)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
     output = Path(args.output or ROOT / "results" / args.preset).resolve()
     grid = apply_overrides(PRESETS[args.preset], args.strategies, args.seeds, args.rounds,
                            args.set, args.num_supernodes, args.datasets)
@@ -121,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed: list[str] = []
     if not args.report_only:
         failed = run_grid(runs, output, args.cpus_per_client, args.gpus_per_client,
-                          args.ray_address, args.timeout, args.engine)
+                          args.ray_address, args.timeout, args.engine, jobs)
     folders = [output / "runs" / r.name for r in runs if (output / "runs" / r.name).is_dir()]
     written = report.write_report(report.load_runs(folders), output,
                                   strategy_order=grid.strategies)

@@ -11,6 +11,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
+import os
+import signal
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +29,7 @@ from experiments.flower_cli import (
     RunOutcome,
     write_outcome,
 )
+from experiments.jobs import Children, pool, threads_per_job
 from experiments.presets import Run
 from experiments.processes import SuperLink
 
@@ -179,33 +185,147 @@ def succeeded(output: Path, run: Run, outcome: RunOutcome) -> bool:
     return outcome.status == COMPLETED and is_done(output, run)
 
 
+def _report(output: Path, run: Run, outcome: RunOutcome, prefix: str, started: float) -> bool:
+    """Print how a run ended; whether it succeeded."""
+    if succeeded(output, run, outcome):
+        m = json.loads(metrics_path(output, run).read_text())
+        score = (f"BMTA {m['bmta']:.2f}%" if "bmta" in m
+                 else f"best mean MSE {m.get('best_mean_mse', float('nan')):.4g}")
+        print(f"{prefix}: {score} ({time.monotonic() - started:.0f}s)", flush=True)
+        return True
+    why = f"{outcome.status}{' (timed out)' if outcome.timed_out else ''}"
+    print(f"{prefix}: FAILED ({why}), see {output / 'runs' / run.name / 'log.txt'}", flush=True)
+    return False
+
+
+def federation_for(run: Run, cpus: float, gpus: float, ray_address: str | None,
+                   threads: int | None) -> str:
+    """A run's ``--federation-config``; with ``threads`` (one of several jobs on a local Ray),
+    Ray gets that many CPUs (at least one client's), so the jobs share the cores."""
+    fed = federation_config(run.num_clients, cpus, gpus)
+    if threads is not None and not ray_address:
+        fed += f" init-args-num-cpus={max(threads, math.ceil(cpus))}"
+    return fed
+
+
 def run_grid(runs: list[Run], output: Path, cpus: float, gpus: float, ray_address: str | None,
-             timeout: float, engine: str = "flower") -> list[str]:
-    """Run every run not done yet; return the names of the runs that failed."""
+             timeout: float, engine: str = "flower", jobs: int = 1) -> list[str]:
+    """Run every run not done yet, ``jobs`` at a time; return the names of the runs that failed.
+
+    One job: the runs one after another in this process (``--engine inprocess``) or on one
+    SuperLink. Several: each run in a child process of its own (``python -m
+    experiments.runner``), with ``cores // jobs`` CPU threads (torch, OpenMP and, for the
+    Flower engine, the CPUs of its own local SuperLink's Ray instance); a worker slot's
+    SuperLink keeps its ``FLWR_HOME`` (``.flwr-home-<slot>``). The results are those of one
+    job, run by run: each run is the same code with the same run config and seed.
+    """
     todo = [r for r in runs if not is_done(output, r)]
     print(f"{len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run", flush=True)
-    failed: list[str] = []
     if not todo:
-        return failed
-    link_or_none: contextlib.AbstractContextManager[SuperLink | None] = (
-        SuperLink(output / ".flwr-home", ray_address) if engine == "flower"
-        else contextlib.nullcontext())
-    with link_or_none as link:
-        for i, run in enumerate(todo, 1):
-            prefix = f"[{i}/{len(todo)}] {run.name}"
-            print(f"{prefix}: {run.num_clients} clients", flush=True)
+        return []
+    if jobs > 1 and len(todo) > 1:
+        ok = _run_parallel(todo, output, cpus, gpus, ray_address, timeout, engine, jobs)
+    else:
+        link_or_none: contextlib.AbstractContextManager[SuperLink | None] = (
+            SuperLink(output / ".flwr-home", ray_address) if engine == "flower"
+            else contextlib.nullcontext())
+        with link_or_none as link:
+            def one(i: int, run: Run) -> bool:
+                prefix = f"[{i + 1}/{len(todo)}] {run.name}"
+                print(f"{prefix}: {run.num_clients} clients", flush=True)
+                started = time.monotonic()
+                fed = federation_config(run.num_clients, cpus, gpus)
+                outcome = (run_one(link, output, run, fed, prefix, timeout) if link is not None
+                           else run_one_inprocess(output, run, prefix))
+                return _report(output, run, outcome, prefix, started)
+
+            ok = pool(todo, 1, one)
+    return [run.name for run, good in zip(todo, ok) if not good]
+
+
+def _run_parallel(todo: list[Run], output: Path, cpus: float, gpus: float,
+                  ray_address: str | None, timeout: float, engine: str, jobs: int) -> list[bool]:
+    """:func:`run_grid` with several jobs: one child process per run, ``jobs`` at a time."""
+    threads = threads_per_job(jobs)
+    print(f"{jobs} jobs at a time, {threads} CPU thread(s) each", flush=True)
+    children = Children()
+    slots = list(range(jobs))
+    slot_lock = threading.Lock()
+
+    def one(i: int, run: Run) -> bool:
+        prefix = f"[{i + 1}/{len(todo)}] {run.name}"
+        with slot_lock:
+            slot = slots.pop()
+        try:
+            print(f"{prefix}: {run.num_clients} clients (job {slot + 1})", flush=True)
             started = time.monotonic()
-            fed = federation_config(run.num_clients, cpus, gpus)
-            outcome = (run_one(link, output, run, fed, prefix, timeout) if link is not None
-                       else run_one_inprocess(output, run, prefix))
-            if succeeded(output, run, outcome):
-                m = json.loads(metrics_path(output, run).read_text())
-                score = (f"BMTA {m['bmta']:.2f}%" if "bmta" in m
-                         else f"best mean MSE {m.get('best_mean_mse', float('nan')):.4g}")
-                print(f"{prefix}: {score} ({time.monotonic() - started:.0f}s)", flush=True)
-            else:
-                failed.append(run.name)
-                why = f"{outcome.status}{' (timed out)' if outcome.timed_out else ''}"
-                print(f"{prefix}: FAILED ({why}), see {output / 'runs' / run.name / 'log.txt'}",
-                      flush=True)
-    return failed
+            spec = {"output": str(output), "name": run.name, "num_clients": run.num_clients,
+                    "run_config": run.run_config, "prefix": prefix, "engine": engine,
+                    "timeout": timeout, "threads": threads, "ray_address": ray_address,
+                    "home": str(output / f".flwr-home-{slot}"),
+                    "federation": federation_for(run, cpus, gpus, ray_address, threads)}
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+                       PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
+                                                                os.environ.get("PYTHONPATH")])))
+            code = children.run([sys.executable, "-m", "experiments.runner", json.dumps(spec)],
+                                env)
+        finally:
+            with slot_lock:
+                slots.append(slot)
+        if code is None:  # interrupted: the run resumes with the grid
+            return False
+        outcome = read_outcome(output, run, code)
+        return _report(output, run, outcome, prefix, started)
+
+    try:
+        return pool(todo, jobs, one)
+    finally:
+        children.stop()
+
+
+def read_outcome(output: Path, run: Run, exit_code: int) -> RunOutcome:
+    """The outcome a child process wrote to the run's status.json (FAILED with the exit code
+    if it wrote none)."""
+    try:
+        data = json.loads((output / "runs" / run.name / STATUS_FILE).read_text())
+        return RunOutcome(None if data.get("run_id") is None else int(data["run_id"]),
+                          str(data["status"]), str(data.get("details", "")),
+                          bool(data.get("timed_out", False)), float(data.get("seconds", 0.0)))
+    except (OSError, ValueError, KeyError, TypeError):
+        return RunOutcome(None, FAILED, f"the job's process exited with code {exit_code} "
+                          "and wrote no status")
+
+
+def _child(spec_text: str) -> int:
+    """One run of a grid in this process (a job of :func:`run_grid`): ``spec_text`` is the
+    JSON :func:`_run_parallel` writes. Exit code 0 whatever the run's outcome (in status.json);
+    130 when interrupted."""
+    spec = json.loads(spec_text)
+    output = Path(spec["output"])
+    run = Run(spec["name"], int(spec["num_clients"]), dict(spec["run_config"]))
+    # the previous status of a resumed run must not be read as this one's
+    (output / "runs" / run.name / STATUS_FILE).unlink(missing_ok=True)
+    if spec["engine"] == "flower":
+        with SuperLink(Path(spec["home"]), spec["ray_address"]) as link:
+            run_one(link, output, run, spec["federation"], spec["prefix"], float(spec["timeout"]))
+    else:
+        import torch
+        from flwr.common.logger import console_handler
+
+        torch.set_num_threads(int(spec["threads"]))
+        # the run's whole log goes to its log.txt; the console shows its progress lines, which
+        # stay readable beside the other jobs'
+        logging.getLogger("flwr").removeHandler(console_handler)
+        run_one_inprocess(output, run, spec["prefix"])
+    return 0
+
+
+if __name__ == "__main__":
+    def _interrupted(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupted)  # stopped by the grid: clean up like Ctrl-C
+    try:
+        sys.exit(_child(sys.argv[1]))
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -264,3 +264,116 @@ def test_help_shows_the_defaults(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: quick)" in text and "seconds per run (6 hours)" in text
     assert "(default: 21600" in text and "(default: None)" not in text
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    """results.csv without what differs between two runs of the same grid: the clock, Flower's
+    run id, the output folder and whether a run was resumed."""
+    drop = {"wall_time_s", "flower_run_id", "config.results-dir", "config.resume",
+            "config.overwrite"}
+    return [{k: v for k, v in row.items() if k not in drop} for row in csv.DictReader(open(path))]
+
+
+def _close(a: object, b: object, rel: float = 1e-6) -> bool:
+    """``a == b``, floats within ``rel`` of each other, in nested lists and dicts."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k], rel) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y, rel) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == pytest.approx(b, rel=rel)
+    return type(a) is type(b) and a == b
+
+
+JOBS_GRID = ["--engine", "inprocess", "--preset", "nonconvex", "--datasets", "synthetic",
+             "--num-supernodes", "3", "--set", "test-samples=50"]
+
+
+def test_several_jobs_give_the_results_of_one_and_resume_the_same(tmp_path, capfd):
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert simulation.main([*JOBS_GRID, "--rounds", "2", "--output", str(one)]) == 0
+    # two jobs: the first round, then the grid again with one more round (resumed)
+    assert simulation.main([*JOBS_GRID, "--rounds", "1", "--output", str(two), "--jobs", "2"]) == 0
+    assert simulation.main([*JOBS_GRID, "--rounds", "2", "--output", str(two), "--jobs", "2"]) == 0
+    printed = capfd.readouterr().out
+    assert "2 jobs at a time, 1 CPU thread(s) each" in printed
+    assert printed.count("resuming after round 1 from its checkpoint") == 6
+    # every job's progress, under its run's name
+    assert "[6/6] fedavg-synthetic-practical-s0   Round 2: mean test accuracy" in printed
+    assert _rows(one / "results.csv") == _rows(two / "results.csv")
+    assert len(_rows(two / "results.csv")) == 6
+    for run in (one / "runs").iterdir():
+        a = json.loads((run / "metrics.json").read_text())
+        b = json.loads((two / "runs" / run.name / "metrics.json").read_text())
+        # the same to the last digit with the same number of threads; a job has fewer, so
+        # float sums may differ in their last digits (as in test_behaviour_unchanged)
+        assert _close(a["rounds"], b["rounds"]), run.name
+    assert simulation.main([*JOBS_GRID, "--rounds", "2", "--output", str(two), "--jobs", "2"]) == 0
+    assert "6 runs, 6 already done, 0 to run" in capfd.readouterr().out
+
+
+def test_a_failed_job_is_recorded_and_the_others_go_on(tmp_path, capfd):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not an npz file")
+    out = tmp_path / "grid"
+    args = ["--engine", "inprocess", "--preset", "quick", "--datasets", "npz,synthetic",
+            "--strategies", "fedavg", "--rounds", "1", "--num-supernodes", "2",
+            "--set", "local-epochs=1", "--set", "test-samples=50", "--output", str(out),
+            "--jobs", "2"]
+    # data-dir names the bad file for every run; synthetic data ignores it
+    assert simulation.main([*args, "--set", f"data-dir={bad}"]) == 1
+    printed = capfd.readouterr().out
+    assert "FAILED (finished:failed)" in printed and "1 run(s) failed" in printed
+    rows = {r["dataset"]: r for r in csv.DictReader(open(out / "results.csv"))}
+    assert rows["npz"]["status"] == "finished:failed" and rows["npz"]["finished"] == "False"
+    assert rows["synthetic"]["status"] == "finished:completed"
+
+
+def test_jobs_must_be_a_positive_integer_or_auto(tmp_path):
+    from experiments.jobs import auto_jobs
+
+    for bad in ("0", "-2", "many", "1.5"):
+        with pytest.raises(SystemExit, match=f"--jobs = '{bad}' is invalid; allowed: a positive "
+                                             "integer or 'auto'"):
+            simulation.main([*JOBS_GRID, "--output", str(tmp_path), "--jobs", bad])
+    assert not (tmp_path / "runs").exists()
+    assert auto_jobs(2, 0) == 1 and auto_jobs(16, 0) == 2 and auto_jobs(64, 0) == 8
+    assert auto_jobs(16, 1) == 4 and auto_jobs(4, 1) == 2 and auto_jobs(16, 2) == 8
+
+
+def test_sigterm_stops_every_job_and_what_it_started(tmp_path):
+    out = tmp_path / "grid"
+    args = [sys.executable, str(simulation.ROOT / "simulation.py"), *JOBS_GRID,
+            "--rounds", "500", "--output", str(out), "--jobs", "2"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        started = set()
+        for line in proc.stdout:  # wait until both jobs report a round
+            if "Round 1:" in line:
+                started.add(line.split()[1])
+            if len(started) == 2:
+                break
+        tree = process_tree(proc.pid)
+        assert len(tree) >= 3  # the grid and its two jobs
+        proc.terminate()
+        assert proc.wait(timeout=60) == 130
+        assert "the same command resumes the grid" in proc.stdout.read()
+        time.sleep(0.5)
+        assert [p.pid for p in tree if alive(p)] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.slow
+def test_two_flower_jobs_run_side_by_side_on_their_own_superlinks(tmp_path, capfd):
+    out = tmp_path / "grid"
+    assert simulation.main([*TINY, "--output", str(out), "--jobs", "2"]) == 0
+    printed = capfd.readouterr().out
+    assert "(job 1)" in printed and "(job 2)" in printed
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert {r["status"] for r in rows} == {"finished:completed"} and len(rows) == 2
+    assert len({r["flower_run_id"] for r in rows}) == 2
+    for slot in (0, 1):  # each job's SuperLink, stopped with all it started
+        assert (out / f".flwr-home-{slot}" / "superlink.log").is_file()
+        assert _left_of(out / f".flwr-home-{slot}") == []
