@@ -138,11 +138,12 @@ print(json.dumps({"rounds": round_times, "floor_s": min(floors), "device": str(d
 """
 
 
-def run(clients: int, strategy: str, args: argparse.Namespace) -> dict:
+def run(clients: int, strategy: str, checkpoint: bool, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-round-") as tmp:
         cfg = {"strategy": strategy, "num-server-rounds": args.rounds,
                "local-steps": args.local_steps, "batch-size": 100, "min-nodes": clients,
-               "results-dir": tmp, "run-name": "run", "xi-every": 0}
+               "results-dir": tmp, "run-name": "run", "xi-every": 0,
+               "checkpoint-every": 1 if checkpoint else 0}
         if args.data_dir and Path(args.data_dir).is_dir():
             cfg.update({"dataset": "fmnist", "data-dir": str(Path(args.data_dir).resolve())})
         if strategy in ("fedamp", "heurfedamp") and cfg.get("dataset") != "fmnist":
@@ -158,8 +159,9 @@ def run(clients: int, strategy: str, args: argparse.Namespace) -> dict:
     accounted = sum(last[p] for p in ("training", "evaluation", "serialisation", "server",
                                       "checkpoint"))
     last["rest"] = last["seconds"] - accounted
-    row.update(clients=clients, strategy=strategy, dataset=cfg.get("dataset", "synthetic"),
-               local_steps=args.local_steps, ratio=last["seconds"] / row["floor_s"])
+    row.update(clients=clients, strategy=strategy, checkpoint=checkpoint,
+               dataset=cfg.get("dataset", "synthetic"), local_steps=args.local_steps,
+               ratio=last["seconds"] / row["floor_s"])
     return row
 
 
@@ -172,21 +174,26 @@ def main() -> None:
                    help="rounds; the fastest after the first is reported")
     p.add_argument("--floor-repeats", type=int, default=3, help="the fastest is reported")
     p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data" / "fashion_mnist"))
+    p.add_argument("--checkpoints", nargs="+", default=["on"], choices=["on", "off"],
+                   help="a checkpoint every round (on), none (off), or both, row by row: the "
+                        "difference is the checkpoint's whole cost, its writing beside the "
+                        "next round included")
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = p.parse_args()
     rows = []
-    head = (f"{'clients':>7} {'strategy':10} {'round s':>8} {'floor s':>8} {'ratio':>6} | "
-            f"{'train':>6} {'eval':>6} {'serial':>6} {'server':>6} {'ckpt':>6} {'rest':>6}")
+    head = (f"{'clients':>7} {'strategy':10} {'ckpt':>4} {'round s':>8} {'floor s':>8} "
+            f"{'ratio':>6} | {'train':>6} {'eval':>6} {'serial':>6} {'server':>6} {'copy':>6} "
+            f"{'rest':>6}")
     print(head)
-    for clients in args.clients:
-        for strategy in args.strategies:
-            row = run(clients, strategy, args)
-            rows.append(row)
-            r = row["timed"]
-            print(f"{clients:>7} {strategy:10} {r['seconds']:8.2f} {row['floor_s']:8.2f} "
-                  f"{row['ratio']:6.3f} | {r['training']:6.2f} {r['evaluation']:6.2f} "
-                  f"{r['serialisation']:6.2f} {r['server']:6.2f} {r['checkpoint']:6.2f} "
-                  f"{r['rest']:6.2f}", flush=True)
+    cases = [(c, s, k) for c in args.clients for s in args.strategies for k in args.checkpoints]
+    for clients, strategy, checkpoint in cases:
+        row = run(clients, strategy, checkpoint == "on", args)
+        rows.append(row)
+        r = row["timed"]
+        print(f"{clients:>7} {strategy:10} {checkpoint:>4} {r['seconds']:8.2f} "
+              f"{row['floor_s']:8.2f} {row['ratio']:6.3f} | {r['training']:6.2f} "
+              f"{r['evaluation']:6.2f} {r['serialisation']:6.2f} {r['server']:6.2f} "
+              f"{r['checkpoint']:6.2f} {r['rest']:6.2f}", flush=True)
     print(f"device {rows[0]['device']}, {rows[0]['threads']} threads, "
           f"dataset {rows[0]['dataset']}, {args.local_steps} local steps of batch 100")
     if args.out:

@@ -56,25 +56,38 @@ class WeightsUnderflowWarning(UserWarning):
 
 
 # Columns of the models taken at a time when a Gram matrix is accumulated in float64: each
-# block is turned into float64 while it is in cache (100 clients x 2^13 columns: 6.5 MB).
+# block is converted in a buffer that stays in cache (100 clients x 2^13 columns: 6.5 MB).
 GRAM_BLOCK = 1 << 13
+# Columns per float32 Gram block (:func:`sq_distances_float32`): the blocks' float32 inner
+# products are added in float64, so the rounding bound grows with sqrt(block), not sqrt(d);
+# 4 times larger blocks would save about 10% of the time and double the bound.
+FLOAT32_BLOCK = 1 << 11
 # Higham and Mary's probabilistic bound on a float32 inner product of n terms (SIAM J. Sci.
 # Comput. 41(5), 2019, Thm. 3.1): |error| <= lambda sqrt(n) u sum |x_k y_k| with probability
 # at least 1 - 2 exp(-lambda^2 (1 - u)^2 / 2), u = 2^-24; lambda = 10: 1 - 4e-22 per sum.
 ROUNDING_LAMBDA = 10.0
 UNIT_ROUNDOFF_32 = 2.0 ** -24
-# Columns per float32 Gram block (:func:`sq_distances_float32`): the blocks' float32 inner
-# products are added in float64, so the bound grows with sqrt(block), not sqrt(d).
-FLOAT32_BLOCK = 1 << 11
 # What the weights of one row may be off by, together, where distances come from float32:
 # the largest possible errors of a row are recomputed in float64 until the rest sum below it.
 ROW_TOLERANCE = 2.5e-7
+# After a round whose float32 distances needed too many float64 pairs, FedAMP computes the
+# next rounds' distances in float64 at once, and tries float32 again after this many.
+FLOAT32_RETRY_ROUNDS = 10
+# Pairs recomputed in float64 cost about as much as the whole float64 Gram matrix when they
+# are 1 / this of all pairs (measured on a 2-core CPU: 100 pairs of 200,000 parameters took
+# 91 ms, the Gram matrix of 100 such models 73 ms); beyond that, the Gram matrix is cheaper.
+PAIRS_PER_GRAM = 128
+
+
+def _block_buffer(models: torch.Tensor, block: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(models.shape[0], min(block, models.shape[1]), dtype=dtype,
+                       device=models.device)
 
 
 def gram64(models: torch.Tensor, centre: bool = False, block: int = GRAM_BLOCK) -> torch.Tensor:
     """The (m, m) Gram matrix ``X X^T`` of the (m, d) models, accumulated in float64.
 
-    Column blocks of ``block`` are turned into float64 one at a time (the
+    Column blocks of ``block`` are copied into one float64 buffer in turn (the
     models stay in their dtype), on the models' device; with ``centre``, the
     models are taken relative to the first one, w_i - w_0 (which leaves
     distances unchanged; the difference of two float32 numbers is exact in
@@ -82,12 +95,21 @@ def gram64(models: torch.Tensor, centre: bool = False, block: int = GRAM_BLOCK) 
     """
     m, d = models.shape
     gram = torch.zeros(m, m, dtype=torch.float64, device=models.device)
+    buffer = _block_buffer(models, block, torch.float64)
     for start in range(0, d, block):
-        x = models[:, start:start + block].double()
+        x = buffer[:, :min(block, d - start)]
+        x.copy_(models[:, start:start + block])
         if centre:
             x -= x[:1].clone()
         gram.addmm_(x, x.T)
     return gram
+
+
+def _distances_from_gram(gram: torch.Tensor) -> torch.Tensor:
+    sq = gram.diagonal().clamp_min(0.0)
+    d2 = (sq[:, None] + sq[None, :] - 2.0 * gram).clamp_min_(0.0)
+    d2.fill_diagonal_(0.0)
+    return d2
 
 
 def pairwise_sq_distances(models: torch.Tensor, block: int = GRAM_BLOCK) -> torch.Tensor:
@@ -99,11 +121,7 @@ def pairwise_sq_distances(models: torch.Tensor, block: int = GRAM_BLOCK) -> torc
     rounding however small sigma is against the distances. Clamped at 0, with
     an exact zero diagonal.
     """
-    gram = gram64(models, centre=True, block=block)
-    sq = gram.diagonal()
-    d2 = (sq[:, None] + sq[None, :] - 2.0 * gram).clamp_min_(0.0)
-    d2.fill_diagonal_(0.0)
-    return d2
+    return _distances_from_gram(gram64(models, centre=True, block=block))
 
 
 def sq_distances_float32(models: torch.Tensor, block: int = FLOAT32_BLOCK
@@ -123,23 +141,29 @@ def sq_distances_float32(models: torch.Tensor, block: int = FLOAT32_BLOCK
     m, d = models.shape
     x = models if models.dtype == torch.float32 else models.float()
     gram = torch.zeros(m, m, dtype=torch.float64, device=models.device)
+    buffer = _block_buffer(x, block, torch.float32)
+    product = torch.empty(m, m, dtype=torch.float32, device=models.device)
     for start in range(0, d, block):
-        xb = x[:, start:start + block] - x[:1, start:start + block]  # in cache, no extra pass
-        gram += (xb @ xb.T).double()
-    sq = gram.diagonal().clamp_min(0.0)
-    d2 = (sq[:, None] + sq[None, :] - 2.0 * gram).clamp_min_(0.0)
-    d2.fill_diagonal_(0.0)
-    norms = sq.sqrt()
+        xb = buffer[:, :min(block, d - start)]
+        torch.sub(x[:, start:start + block], x[:1, start:start + block], out=xb)
+        gram += torch.mm(xb, xb.T, out=product)
+    d2 = _distances_from_gram(gram)
+    norms = gram.diagonal().clamp_min(0.0).sqrt()
     scale = (ROUNDING_LAMBDA * math.sqrt(min(block, d)) + 2.0) * UNIT_ROUNDOFF_32
     bound = scale * (norms[:, None] + norms[None, :]) ** 2
     bound.fill_diagonal_(0.0)
     return d2, bound
 
 
-def exact_sq_distances(models: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-                       chunk: int = 1 << 22) -> torch.Tensor:
+def exact_sq_distances(models: torch.Tensor, rows: torch.Tensor | slice,
+                       cols: torch.Tensor | slice, chunk: int = 1 << 22) -> torch.Tensor:
     """||w_rows[k] - w_cols[k]||^2 for each pair k, accumulated in float64 (the difference taken
-    in float64, so the result is exact to float64 rounding)."""
+    in float64, so the result is exact to float64 rounding). ``rows`` and ``cols``: index
+    tensors of the same length, or two slices of the same length (no copy of the rows)."""
+    if isinstance(rows, slice) and isinstance(cols, slice):
+        diff = models[rows].double() - models[cols].double()
+        return torch.linalg.vector_norm(diff, dim=1).square()
+    assert isinstance(rows, torch.Tensor) and isinstance(cols, torch.Tensor)
     out = torch.empty(len(rows), dtype=torch.float64, device=models.device)
     d = models.shape[1]
     per = max(1, chunk // max(d, 1))  # pairs at a time: at most ``chunk`` float64 values
@@ -176,7 +200,8 @@ def _weight_errors(d2: torch.Tensor, bound: torch.Tensor, alpha_k: float, sigma:
 
 class Distances(NamedTuple):
     """FedAMP's squared distances and how they were computed: ``path`` is ``float32`` (with
-    ``recomputed`` pairs in float64) or ``float64`` (the whole matrix)."""
+    ``recomputed`` pairs in float64) or ``float64`` (the whole matrix; ``recomputed`` is the
+    pairs float32 would have needed, or -1 when it was not tried)."""
 
     d2: torch.Tensor
     path: str
@@ -184,7 +209,7 @@ class Distances(NamedTuple):
 
 
 def fedamp_sq_distances(models: torch.Tensor, alpha_k: float, sigma: float,
-                        softmax: bool) -> Distances:
+                        softmax: bool, try_float32: bool = True) -> Distances:
     """The (m, m) float64 ||w_i - w_j||^2 that FedAMP's weights need, exact where it matters.
 
     Float32 Gram matrices give every distance at BLAS speed
@@ -193,16 +218,21 @@ def fedamp_sq_distances(models: torch.Tensor, alpha_k: float, sigma: float,
     such errors are recomputed from the models in float64
     (:func:`exact_sq_distances`) until the errors left sum to at most
     :data:`ROW_TOLERANCE` (so every weight, and 1 - the others, is within it;
-    with a fixed self weight, every weight on its own). When that is more than
-    an eighth of the pairs (sigma small against the rounding of the
-    distances), the whole matrix is computed in float64
-    (:func:`pairwise_sq_distances`) instead. Four pairs are always checked
-    against their float64 values: a float32 result outside its bound (rounding
-    errors that do not behave at random) also falls back to float64.
+    with a fixed self weight, every weight on its own). When that is more pairs
+    than the float64 Gram matrix costs (:data:`PAIRS_PER_GRAM`: sigma small
+    against the rounding of the distances, as with the paper's sigmas and
+    trained models), the whole matrix is computed in float64
+    (:func:`pairwise_sq_distances`) instead; ``try_float32=False`` goes there
+    at once (a caller that saw float32 fail for these models). Four pairs are
+    always checked against their float64 values: a float32 result outside its
+    bound (rounding errors that do not behave at random) also falls back to
+    float64.
     """
     m = models.shape[0]
     if m < 2:
         return Distances(torch.zeros(m, m, dtype=torch.float64, device=models.device), "float64", 0)
+    if not try_float32:
+        return Distances(pairwise_sq_distances(models), "float64", -1)
     d2, bound = sq_distances_float32(models)
     errors = _weight_errors(d2, bound, alpha_k, sigma, softmax)
     if softmax:  # the self weight is fixed: each weight on its own
@@ -213,12 +243,13 @@ def fedamp_sq_distances(models: torch.Tensor, alpha_k: float, sigma: float,
         recompute.scatter_(1, order, ordered.cumsum(dim=1) > ROW_TOLERANCE)
     recompute = torch.triu(recompute | recompute.T, diagonal=1)  # for either weight of a pair
     rows, cols = torch.nonzero(recompute, as_tuple=True)
-    if len(rows) > m * m // 8:
-        return Distances(pairwise_sq_distances(models), "float64", 0)
-    check = torch.arange(min(4, m - 1), device=models.device)
-    exact = exact_sq_distances(models, check, check + 1)
-    if bool(((exact - d2[check, check + 1]).abs() > bound[check, check + 1]).any()):
-        return Distances(pairwise_sq_distances(models), "float64", 0)
+    if len(rows) > m * m // PAIRS_PER_GRAM:
+        return Distances(pairwise_sq_distances(models), "float64", len(rows))
+    check = min(4, m - 1)
+    exact = exact_sq_distances(models, slice(0, check), slice(1, check + 1))
+    at = torch.arange(check, device=models.device)
+    if bool(((exact - d2[at, at + 1]).abs() > bound[at, at + 1]).any()):
+        return Distances(pairwise_sq_distances(models), "float64", len(rows))
     if len(rows):
         values = exact_sq_distances(models, rows, cols)
         d2[rows, cols] = values
@@ -277,10 +308,23 @@ def fedamp_weights(models: torch.Tensor, alpha_k: float, sigma: float,
     sigma. With a fixed self weight the proportions are normalised in log
     space (a softmax), which cannot underflow; alpha_k cancels out.
     """
+    _check_alpha_sigma(alpha_k, sigma)
+    d2 = fedamp_sq_distances(models, alpha_k, sigma, softmax=self_weight is not None).d2
+    return fedamp_weights_from_distances(d2, alpha_k, sigma, self_weight)
+
+
+def _check_alpha_sigma(alpha_k: float, sigma: float) -> None:
     if alpha_k <= 0 or sigma <= 0:
         raise ValueError(f"alpha_k and sigma must be > 0, got alpha_k={alpha_k}, sigma={sigma}")
-    m = models.shape[0]
-    d2 = fedamp_sq_distances(models, alpha_k, sigma, softmax=self_weight is not None).d2
+
+
+def fedamp_weights_from_distances(d2: torch.Tensor, alpha_k: float, sigma: float,
+                                  self_weight: float | torch.Tensor | None = None
+                                  ) -> torch.Tensor:
+    """:func:`fedamp_weights` from the (m, m) float64 squared distances ``d2`` (zero
+    diagonal), as :func:`fedamp_sq_distances` gives them."""
+    _check_alpha_sigma(alpha_k, sigma)
+    m = d2.shape[0]
     off = _off_diagonal(m, d2.device)
     if self_weight is not None:
         return _with_self_weight(torch.where(off, -d2 / sigma, torch.full_like(d2, float("-inf"))),
@@ -293,7 +337,7 @@ def fedamp_weights(models: torch.Tensor, alpha_k: float, sigma: float,
         warnings.warn(
             f"{int(over.sum())} of {m} rows had off-diagonal weights summing above 1 "
             f"(max {float(row_sum.max()):.3g}); rescaled to 1 with xi_ii = 0",
-            RowsRescaledWarning, stacklevel=2,
+            RowsRescaledWarning, stacklevel=3,
         )
     if m > 1 and not bool((xi[off] > 0).any()):
         dist = d2[off]
@@ -301,7 +345,7 @@ def fedamp_weights(models: torch.Tensor, alpha_k: float, sigma: float,
             f"all off-diagonal FedAMP weights underflowed to 0: squared distances "
             f"{float(dist.min()):.4g}..{float(dist.max()):.4g} with sigma={sigma:g} "
             f"(exp(-d/sigma) = 0); every client trains alone. Increase fedamp-sigma.",
-            WeightsUnderflowWarning, stacklevel=2,
+            WeightsUnderflowWarning, stacklevel=3,
         )
     xi.diagonal().copy_((1.0 - xi.sum(dim=1)).clamp_min(0.0))
     return xi
@@ -421,6 +465,7 @@ class FedAMP(PersonalizedStrategy):
         self._rescaling = False  # the last round's rows were rescaled
         self._round_xi: torch.Tensor | None = None
         self._clouds: torch.Tensor | None = None  # reused: a fresh one costs page faults
+        self._float32_from = 1  # the first round whose distances try float32 (weights())
 
     def summary(self) -> None:
         super().summary()
@@ -436,8 +481,19 @@ class FedAMP(PersonalizedStrategy):
 
     def weights(self, server_round: int, params: torch.Tensor,
                 self_weight: float | torch.Tensor | None) -> torch.Tensor:
-        """The (m, m) weights xi of this round from the clients' parameters."""
-        return fedamp_weights(params, self.alpha_at(server_round), self.sigma, self_weight)
+        """The (m, m) weights xi of this round from the clients' parameters.
+
+        Where float32 distances could not give exact weights (too many pairs to
+        recompute: sigma small against the distances), the next
+        :data:`FLOAT32_RETRY_ROUNDS` rounds go to float64 at once instead of
+        trying float32 first; the weights are exact either way.
+        """
+        alpha = self.alpha_at(server_round)
+        dist = fedamp_sq_distances(params, alpha, self.sigma, softmax=self_weight is not None,
+                                   try_float32=server_round >= self._float32_from)
+        if dist.path == "float64" and dist.recomputed >= 0:  # float32 tried, not enough
+            self._float32_from = server_round + FLOAT32_RETRY_ROUNDS
+        return fedamp_weights_from_distances(dist.d2, alpha, self.sigma, self_weight)
 
     def self_weights(self, active: torch.Tensor) -> float | torch.Tensor | None:
         """xi_ii of the clients in rows ``active``: the fixed number, or "paper"'s
@@ -512,13 +568,15 @@ class FedAMP(PersonalizedStrategy):
     def state_dict(self) -> dict:
         return {**super().state_dict(), "underflow_warned": self._underflow_warned,
                 "rescaled_rounds": list(self._rescaled_rounds),
-                "rescaling": self._rescaling}
+                "rescaling": self._rescaling, "float32_from": self._float32_from}
 
     def load_state_dict(self, state: dict, initial_arrays) -> None:
         super().load_state_dict(state, initial_arrays)
         self._underflow_warned = bool(state.get("underflow_warned", False))
         self._rescaled_rounds = [int(r) for r in state.get("rescaled_rounds", [])]
         self._rescaling = bool(state.get("rescaling", False))
+        # a resumed run computes its distances the way the uninterrupted one would have
+        self._float32_from = int(state.get("float32_from", 1))
 
     def _log_warnings(self, server_round: int, caught: Sequence[warnings.WarningMessage]) -> None:
         """Log the weights' warnings: underflow once; rows rescaled when it starts (with the

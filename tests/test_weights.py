@@ -228,3 +228,31 @@ def test_float32_distances_with_float64_corrections_stay_exact(sigma, self_weigh
     assert (xi - expected).abs().max() < 1e-6
     if path is not None:
         assert got.path == path and got.recomputed < 40 * 39 / 2 / 8, got.recomputed
+
+
+def test_fedamp_skips_float32_for_a_while_after_it_could_not_give_exact_weights(monkeypatch):
+    """With sigma small against the distances (the paper's sigmas and trained models), float32
+    distances would need most pairs in float64: the next rounds compute them in float64 at
+    once (cheaper: no wasted float32 pass), with the same weights, and try float32 again
+    after FLOAT32_RETRY_ROUNDS; the round to try again is checkpointed."""
+    import strategies.fedamp as fedamp_module
+    from strategies.fedamp import FLOAT32_RETRY_ROUNDS, FedAMP
+
+    gen = torch.Generator().manual_seed(2)
+    models = (torch.randn(3_000, generator=gen) + 0.05 * torch.randn(12, 3_000, generator=gen))
+    tried = []
+    real = fedamp_module.sq_distances_float32
+    monkeypatch.setattr(fedamp_module, "sq_distances_float32",
+                        lambda m, *a: tried.append(True) or real(m, *a))
+    strategy = FedAMP(sigma=1.0)
+    xis = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for server_round in range(1, FLOAT32_RETRY_ROUNDS + 3):
+            tried.clear()
+            xis.append(strategy.weights(server_round, models, None))
+            assert bool(tried) == (server_round in (1, FLOAT32_RETRY_ROUNDS + 1)), server_round
+        reference = fedamp_weights(models, 1e4, 1.0)
+    for xi in xis:
+        assert (xi - reference).abs().max() < 1e-6
+    assert strategy.state_dict()["float32_from"] == 2 * FLOAT32_RETRY_ROUNDS + 1
