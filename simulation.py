@@ -26,6 +26,8 @@ Presets (``--preset``; ``--list`` prints them with their grids):
   Separate, FedAvg, FedProx, FedAvg-FT, FedProx-FT, SCAFFOLD, APFL, FedAMP,
   HeurFedAMP; 100 clients, 90 rounds of 10 epochs, batch 100, Adam 1e-3, the
   paper's sigmas.
+* ``fedamp-table3``: Table 3 alone (the practical setting of the four
+  datasets, the nine methods): the paper-scale grid of docs/reproducing.md.
 * ``fedamp-scenarios``: the FedAMP appendix's robustness: drop rates 0, 0.1,
   0.3, 0.5 and heterogeneous epochs on FMNIST (practical).
 * ``panacea-tables``: Tables 1 and 2 of the Panacea paper: fl60 and tpt48;
@@ -35,6 +37,9 @@ Presets (``--preset``; ``--list`` prints them with their grids):
 
 ``--strategies``, ``--datasets``, ``--seeds``, ``--rounds``,
 ``--num-supernodes`` and ``--set key=value`` narrow or change a preset.
+``--jobs N`` (or ``auto``) runs N runs at once, each in a process of its own
+with its share of the CPU cores (:mod:`experiments.jobs`): one run leaves a
+GPU mostly idle.
 """
 
 from __future__ import annotations

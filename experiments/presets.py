@@ -118,6 +118,14 @@ PRESETS: dict[str, Grid] = {
         run_config=_FEDAMP_TRAINING,
         per_strategy=_PAPER_SELF_WEIGHT,
     ),
+    # Table 3 alone (the practical setting): the paper-scale grid of docs/reproducing.md
+    "fedamp-table3": Grid(
+        strategies=_FEDAMP_BASELINES,
+        settings=tuple(_fedamp_setting(d, "practical")
+                       for d in ("mnist", "fmnist", "emnist", "cifar100")),
+        run_config=_FEDAMP_TRAINING,
+        per_strategy=_PAPER_SELF_WEIGHT,
+    ),
     "fedamp-scenarios": Grid(
         strategies=("fedavg", "fedprox", "fedamp", "heurfedamp"),
         settings=(Setting("fmnist", "practical", 100),),
