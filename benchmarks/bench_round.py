@@ -19,9 +19,10 @@ and partitions the data); the fastest of those rounds is reported:
 Beside it, in the same process and on the same device, the floor: the same
 number of optimizer steps (clients x local steps, Adam, batch 100) of the
 same model in a plain PyTorch loop over the clients' data, already on the
-device (the fastest of ``--floor-repeats``). It prints seconds per phase and
-the ratio round / floor, and writes
-them as JSON (``--out``).
+device, timed ``--floor-repeats`` times after every round so that round and
+floor meet the same load of the machine (the fastest is reported). It prints
+seconds per phase and the ratio round / floor, and writes them as JSON
+(``--out``).
 
     python benchmarks/bench_round.py [--clients 20 100] [--strategies fedavg fedamp]
         [--local-steps 5] [--rounds 2] [--data-dir ../shared/data/fashion_mnist]
@@ -92,23 +93,7 @@ import fedamp_flwr.server_app as server_app
 # the next round runs, off the round's path)
 server_app.snapshot = timed("checkpoint", server_app.snapshot)
 
-round_times = []
-original = rounds.run_rounds
-def run_rounds(strategy, grid, arrays, **kw):
-    after = kw["after_round"]
-    marks = {"start": time.perf_counter(), "before": dict(spent)}
-    def after_round(r, a):
-        after(r, a)
-        now = time.perf_counter()
-        round_times.append({"round": r, "seconds": now - marks["start"],
-                            **{p: spent[p] - marks["before"][p] for p in PHASES}})
-        marks["start"], marks["before"] = now, dict(spent)
-    kw["after_round"] = after_round
-    return original(strategy, grid, arrays, **kw)
-server_app.run_rounds = run_rounds
-
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-grid = inprocess.run_inprocess(cfg, n, None)
 
 # the floor: the same optimizer steps of the same model, data already on the device
 rc = client_app.RunConfig.from_run_config(cfg)
@@ -131,8 +116,26 @@ def floor_round():
         torch.cuda.synchronize()
 floor_round()  # warm-up
 floors = []
-for _ in range(floor_rounds):
-    start = time.perf_counter(); floor_round(); floors.append(time.perf_counter() - start)
+
+round_times = []
+original = rounds.run_rounds
+def run_rounds(strategy, grid, arrays, **kw):
+    after = kw["after_round"]
+    marks = {"start": time.perf_counter(), "before": dict(spent)}
+    def after_round(r, a):
+        after(r, a)
+        now = time.perf_counter()
+        round_times.append({"round": r, "seconds": now - marks["start"],
+                            **{p: spent[p] - marks["before"][p] for p in PHASES}})
+        # the floor between rounds: both timed under the same load of the machine
+        for _ in range(floor_rounds):
+            start = time.perf_counter(); floor_round(); floors.append(time.perf_counter() - start)
+        marks["start"], marks["before"] = time.perf_counter(), dict(spent)
+    kw["after_round"] = after_round
+    return original(strategy, grid, arrays, **kw)
+server_app.run_rounds = run_rounds
+
+grid = inprocess.run_inprocess(cfg, n, None)
 print(json.dumps({"rounds": round_times, "floor_s": min(floors), "device": str(device),
                   "threads": torch.get_num_threads()}))
 """
@@ -172,7 +175,8 @@ def main() -> None:
     p.add_argument("--local-steps", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3,
                    help="rounds; the fastest after the first is reported")
-    p.add_argument("--floor-repeats", type=int, default=3, help="the fastest is reported")
+    p.add_argument("--floor-repeats", type=int, default=1,
+                   help="floor rounds after every round; the fastest is reported")
     p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data" / "fashion_mnist"))
     p.add_argument("--checkpoints", nargs="+", default=["on"], choices=["on", "off"],
                    help="a checkpoint every round (on), none (off), or both, row by row: the "
