@@ -40,11 +40,20 @@ Presets (``--preset``; ``--list`` prints them with their grids):
 ``--jobs N`` (or ``auto``) runs N runs at once, each in a process of its own
 with its share of the CPU cores (:mod:`experiments.jobs`): one run leaves a
 GPU mostly idle.
+
+``--tune K`` runs the tuning protocol instead (:mod:`experiments.tuning`,
+docs/tuning.md): K trials of every method in every data setting of the preset,
+each trained without a held-out validation share of its clients' training data
+and scored on it, and writes the chosen values to ``tuned.json`` and
+``tuned.md`` (default output ``results/tune-<preset>``). ``--tuned FILE`` runs a
+preset with a ``tuned.json``'s values.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
 import signal
 import sys
 from collections.abc import Sequence
@@ -58,6 +67,7 @@ from experiments import report  # noqa: E402 - after the path above
 from experiments.jobs import parse_jobs  # noqa: E402
 from experiments.presets import PRESETS, ConfigError, apply_overrides, expand  # noqa: E402
 from experiments.runner import run_grid  # noqa: E402
+from experiments.tuning import VALIDATION_FRACTION, apply_tuned, choose, tuning_runs  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -103,6 +113,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", default="1",
                    help="runs at a time, each in its own process with cores/jobs CPU threads "
                         "(a positive integer, or 'auto': up to 4 per GPU, else one per 8 cores)")
+    p.add_argument("--tune", type=int, default=None, metavar="K",
+                   help="tune instead: K trials of every method in every data setting, scored "
+                        "on held-out validation data (docs/tuning.md)")
+    p.add_argument("--validation-fraction", type=float, default=VALIDATION_FRACTION,
+                   help="--tune: share of each client's training data held out to score trials")
+    p.add_argument("--tuned", type=Path, default=None, metavar="FILE",
+                   help="run with the values of a tuned.json (from --tune) for each method and "
+                        "data setting it names; --set and --rounds still win")
     return p.parse_args(argv)
 
 
@@ -123,18 +141,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         jobs = parse_jobs(args.jobs)
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
-    output = Path(args.output or ROOT / "results" / args.preset).resolve()
+    if args.tune is not None and args.tune < 1:
+        raise SystemExit(f"error: --tune {args.tune} is invalid; allowed: an integer >= 1")
+    if not 0 < args.validation_fraction < 1:
+        raise SystemExit(f"error: --validation-fraction {args.validation_fraction} is invalid; "
+                         "allowed: a number in (0, 1)")
+    default_out = f"tune-{args.preset}" if args.tune else args.preset
+    output = Path(args.output or ROOT / "results" / default_out).resolve()
     grid = apply_overrides(PRESETS[args.preset], args.strategies, args.seeds, args.rounds,
                            args.set, args.num_supernodes, args.datasets)
     data_dir = args.data_dir or None
     try:
-        runs = expand(grid, data_dir, output)
-    except ConfigError as err:
+        if args.tune:
+            runs = tuning_runs(grid, args.tune, data_dir, output, args.validation_fraction)
+        else:
+            runs = expand(grid, data_dir, output)
+        if args.tuned:
+            forced = [i.partition("=")[0].strip() for i in args.set] + (
+                ["num-server-rounds"] if args.rounds else [])
+            runs = apply_tuned(runs, read_tuned(args.tuned), forced)
+    except (ConfigError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
     failed: list[str] = []
     if not args.report_only:
         failed = run_grid(runs, output, args.cpus_per_client, args.gpus_per_client,
                           args.ray_address, args.timeout, args.engine, jobs)
+    if args.tune:
+        command = "python simulation.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+        result = choose(runs, output, command)
+        n = sum(map(len, result["strategies"].values()))
+        print(f"Wrote tuned.json and tuned.md to {output}: {n} method/setting choices"
+              + (f"; no finished trial: {', '.join(result['missing'])}" if result["missing"]
+                 else ""))
+        return 1 if failed else 0
     folders = [output / "runs" / r.name for r in runs if (output / "runs" / r.name).is_dir()]
     written = report.write_report(report.load_runs(folders), output,
                                   strategy_order=grid.strategies)
@@ -143,6 +182,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{len(failed)} run(s) failed: {', '.join(failed)}")
         return 1
     return 0
+
+
+def read_tuned(path: Path) -> dict[str, Any]:
+    """A ``tuned.json`` written by ``--tune``; a clear error where it is not one."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--tuned {str(path)!r}: {err}; allowed: a tuned.json written by "
+                          "--tune") from None
+    if not isinstance(data, dict) or not isinstance(data.get("strategies"), dict):
+        raise ConfigError(f"--tuned {str(path)!r} has no 'strategies' object; allowed: a "
+                          "tuned.json written by --tune")
+    return data
 
 
 def _interrupted(signum: int, frame: Any) -> None:

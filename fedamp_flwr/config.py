@@ -21,7 +21,7 @@ from typing import Any
 
 import strategies
 import tasks
-from strategies.core.registry import method_keys, settings_classes
+from strategies.core.registry import method_keys, settings_classes, tuned_values
 from strategies.core.settings import (
     ConfigError,
     NoSettings,
@@ -47,14 +47,17 @@ _bad = bad  # the shared ConfigError of a key (strategies.core.settings)
 __all__ = ["ConfigError", "RunConfig", "auto_values", "parse_shape"]
 
 
-def auto_values(dataset: str, strategy: str) -> dict[str, Any]:
-    """The values of the "auto" settings for ``strategy`` on ``dataset``.
+def auto_values(dataset: str, strategy: str, setting: str = "") -> dict[str, Any]:
+    """The values of the "auto" settings for ``strategy`` on ``dataset`` (in the data setting
+    ``setting``, ``<dataset>/<variant>``: :attr:`RunConfig.setting_key`).
 
     From the most general to the most specific, each overriding the last:
     :data:`GENERIC_AUTO` and every method's ``Settings.AUTO``, the task's own
     (``TaskSpec.auto``, for every strategy), the strategy's own
     (``register_strategy(auto=...)``, e.g. pFedHN's reference trainer), the
-    strategy's for this task (``register_strategy(task_auto=...)``, tuned).
+    strategy's for this task (``register_strategy(task_auto=...)``), and the values a
+    tuning run chose for this strategy in this data setting (``strategies/tuned.json``,
+    docs/tuning.md).
     """
     entry = strategies.STRATEGIES[strategy]
     values = dict(GENERIC_AUTO)
@@ -63,6 +66,7 @@ def auto_values(dataset: str, strategy: str) -> dict[str, Any]:
     values.update(tasks.get_task(dataset).auto)
     values.update(entry.auto)
     values.update(entry.task_auto.get(dataset, {}))
+    values.update(tuned_values(strategy, setting) if setting else {})
     return values
 
 
@@ -89,6 +93,7 @@ class RunConfig:
     data_dir: str = ""
     dirichlet_alpha: float = 0.5
     test_samples: int = 100
+    validation_fraction: float = 0.0
     seed: int = 42
     results_dir: str = "results"
     run_name: str = ""
@@ -156,7 +161,7 @@ class RunConfig:
             raise _bad("strategy", cfg.strategy, ", ".join(sorted(strategies.STRATEGIES)))
         if cfg.dataset not in tasks.TASKS:
             raise _bad("dataset", cfg.dataset, ", ".join(tasks.TASKS))
-        auto = auto_values(cfg.dataset, cfg.strategy)
+        auto = auto_values(cfg.dataset, cfg.strategy, cfg.setting_key)
         cfg = cfg.resolved(auto)
         cfg.validate()
         context, chosen = cfg.context(), strategies.STRATEGIES[cfg.strategy].settings
@@ -223,6 +228,8 @@ class RunConfig:
         check("learning-rate", lr > 0, "a number > 0")
         check("fraction-train", 0 < self.fraction_train <= 1, "a number in (0, 1]")
         check("dirichlet-alpha", self.dirichlet_alpha > 0, "a number > 0")
+        check("validation-fraction", 0 <= self.validation_fraction < 1,
+              "a number in [0, 1) (0: evaluate on the test split)")
         check("local-steps", steps >= 0, "an integer >= 0 (0: use local-epochs)")
         check("fl60-noise-std", self.fl60_noise_std > 0, "a number > 0")
         check("novel-client-fraction", 0 <= self.novel_client_fraction < 1, "a number in [0, 1)")
@@ -298,6 +305,7 @@ class RunConfig:
             num_clients=num_clients,
             seed=self.seed, partitioning=self.partitioning,
             dirichlet_alpha=self.dirichlet_alpha, test_samples=self.test_samples,
+            validation_fraction=self.validation_fraction,
             fl60_noise_std=self.fl60_noise_std, fl60_variant=self.fl60_variant,
             tpt48_split=self.tpt48_split, member=member, schema=self.member_schema(),
         )
@@ -313,6 +321,15 @@ class RunConfig:
         """The data setting: the partitioning of a pool dataset, ``federated`` for a task whose
         data defines its clients (fl60, tpt48, npz, members)."""
         return "federated" if tasks.get_task(self.dataset).federated else self.partitioning
+
+    @property
+    def setting_key(self) -> str:
+        """The data setting as tuned values name it: ``<dataset>/<variant>``, the variant
+        being the partitioning of a pool dataset, FL-60's ``fl60-variant``, TPT-48's
+        ``tpt48-split``, else ``federated``."""
+        variant = {"fl60": self.fl60_variant, "tpt48": self.tpt48_split}.get(
+            self.dataset, self.setting_kind)
+        return f"{self.dataset}/{variant}"
 
     @property
     def setting_name(self) -> str:

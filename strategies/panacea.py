@@ -350,21 +350,25 @@ PFEDHN_REFERENCE = {
 # training and server fits than the task's default one epoch of batch 16.
 PANACEA_TPT48 = {"local-steps": 50, "batch-size": 16, "panacea-client-lr": 0.2,
                  "panacea-server-lr": 0.1, "panacea-server-steps": 20}
+# simulation.py --tune: the clients' SGD has its own learning rate; the server's
+# hypernetwork step is the method's own
+PANACEA_TUNE = {"learning-rate": (), "panacea-client-lr": (1 / 3, 1.0, 3.0),
+                "panacea-server-lr": (1 / 3, 1.0, 3.0)}
 
 
 @register_strategy("panacea", settings=PanaceaSettings, graph=True,
-                   task_auto={"tpt48": PANACEA_TPT48})
+                   task_auto={"tpt48": PANACEA_TPT48}, tune=PANACEA_TUNE)
 def _panacea(settings: PanaceaSettings, run: RunSetup) -> Panacea:
     return Panacea(**_panacea_kwargs(settings, run, graph=True, generator=True))
 
 
 @register_strategy("panacea-gn", settings=PanaceaSettings, graph=True,
-                   task_auto={"tpt48": PANACEA_TPT48})
+                   task_auto={"tpt48": PANACEA_TPT48}, tune=PANACEA_TUNE)
 def _panacea_gn(settings: PanaceaSettings, run: RunSetup) -> Panacea:
     return Panacea(**_panacea_kwargs(settings, run, graph=True, generator=False))
 
 
 @register_strategy("pfedhn", settings=PanaceaSettings, auto=PFEDHN_REFERENCE,
-                   task_auto={"tpt48": {"batch-size": 16}})
+                   task_auto={"tpt48": {"batch-size": 16}}, tune=PANACEA_TUNE)
 def _pfedhn(settings: PanaceaSettings, run: RunSetup) -> Panacea:
     return Panacea(**_panacea_kwargs(settings, run, graph=False, generator=False))

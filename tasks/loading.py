@@ -12,6 +12,7 @@ CUDA build whose compiled ops fail to load beside the CPU torch.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,8 +158,28 @@ def load_client_data(dc: DataConfig, client_id: int) -> ClientData:
     return _client_data(dc, client_id)
 
 
+def hold_out(data: ClientData, fraction: float, seed: int, client_id: int) -> ClientData:
+    """``data`` with a validation split in place of its test split: a seeded random
+    ``fraction`` of the training rows (at least one, and at least one left to train on),
+    never trained on; the test rows are dropped (a tuning run never sees them)."""
+    n = len(data.y_train)
+    held = max(1, round(fraction * n))
+    if n < 2 or held >= n:
+        raise ValueError(f"client {client_id} has {n} training rows: validation-fraction = "
+                         f"{fraction} leaves none to train on; allowed: a smaller fraction")
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + client_id)
+    order = torch.randperm(n, generator=gen)
+    val, train = order[:held], order[held:]
+    return ClientData(data.x_train[train], data.y_train[train],
+                      data.x_train[val], data.y_train[val])
+
+
 @functools.lru_cache(maxsize=128)
 def _client_data(dc: DataConfig, client_id: int) -> ClientData:
+    if dc.validation_fraction > 0:  # the cache holds the whole split; held out here
+        whole = _client_data(dataclasses.replace(dc, validation_fraction=0.0), client_id)
+        return hold_out(whole, dc.validation_fraction, dc.seed, client_id)
+
     def make() -> dict[str, torch.Tensor]:
         if dc.schema is not None:  # a member: its own file, checked against the run's schema
             train, test = load_member_data(dc.data_dir, dc.schema, dc.seed, dc.member)

@@ -35,6 +35,7 @@ class DataConfig:
     partitioning: str = "practical"
     dirichlet_alpha: float = 0.5
     test_samples: int = 100
+    validation_fraction: float = 0.0  # > 0: evaluate on this share of the training data instead
     fl60_noise_std: float = 1.0
     fl60_variant: str = "text"
     tpt48_split: str = "time"

@@ -16,8 +16,10 @@ client graph, the data setting), and returns the strategy:
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -80,6 +82,7 @@ class StrategyEntry:
     uses_graph: bool = False
     auto: Mapping[str, Any] = field(default_factory=dict)
     task_auto: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    tune: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 STRATEGIES: dict[str, StrategyEntry] = {}
@@ -101,7 +104,8 @@ def _check_keys(name: str, settings: type[Settings]) -> None:
 
 def register_strategy(name: str, *, settings: type[Settings] = NoSettings, graph: bool = False,
                       auto: Mapping[str, Any] | None = None,
-                      task_auto: Mapping[str, Mapping[str, Any]] | None = None
+                      task_auto: Mapping[str, Mapping[str, Any]] | None = None,
+                      tune: Mapping[str, tuple[float, ...]] | None = None
                       ) -> Callable[[Factory], Factory]:
     """Decorator: register ``factory(settings, run)`` as the strategy ``name``.
 
@@ -109,7 +113,10 @@ def register_strategy(name: str, *, settings: type[Settings] = NoSettings, graph
     the ServerApp builds the client graph (``graph`` run-config key) and passes
     it as ``run.adjacency``. ``auto``: the strategy's own values of settings left
     at "auto" (e.g. pFedHN's reference trainer); ``task_auto``: its values for
-    one task (dataset name -> values, e.g. Panacea's on TPT-48).
+    one task (dataset name -> values, e.g. Panacea's on TPT-48). ``tune``: its
+    search space for ``simulation.py --tune`` beside the generic one (key ->
+    factors of the run's value; ``()`` leaves a generic key out, e.g. a
+    learning rate the method does not use); every key must take "auto".
     """
     def add(factory: Factory) -> Factory:
         current = STRATEGIES.get(name)
@@ -117,9 +124,33 @@ def register_strategy(name: str, *, settings: type[Settings] = NoSettings, graph
             raise ValueError(f"strategy {name!r} is already registered")
         _check_keys(name, settings)
         STRATEGIES[name] = StrategyEntry(name, factory, settings, graph, dict(auto or {}),
-                                         {k: dict(v) for k, v in (task_auto or {}).items()})
+                                         {k: dict(v) for k, v in (task_auto or {}).items()},
+                                         {k: tuple(v) for k, v in (tune or {}).items()})
         return factory
     return add
+
+
+#: Values chosen by ``simulation.py --tune`` (docs/tuning.md), by strategy and data setting
+#: (``<dataset>/<variant>``): what "auto" gives where a tuning run chose it.
+TUNED_FILE = Path(__file__).resolve().parents[1] / "tuned.json"
+
+
+def tuned_values(strategy: str, setting: str) -> dict[str, Any]:
+    """The tuned values of ``strategy`` for the data setting ``setting`` (``{}`` where none
+    were tuned), from :data:`TUNED_FILE`."""
+    return dict(_tuned().get(strategy, {}).get(setting, {}).get("values", {}))
+
+
+_TUNED: dict[str, Any] = {}
+
+
+def _tuned() -> dict[str, Any]:
+    if not _TUNED and TUNED_FILE.is_file():
+        data = json.loads(TUNED_FILE.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"{TUNED_FILE}: expected an object of strategies")
+        _TUNED.update(data.get("strategies", {}))
+    return _TUNED
 
 
 def unregister_strategy(name: str) -> None:

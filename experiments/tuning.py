@@ -1,0 +1,228 @@
+"""One tuning protocol for every method: the same number of trials, on validation data.
+
+``simulation.py --tune K`` turns a preset's grid into a tuning grid
+(:func:`tuning_runs`): for every data setting and every method, ``K`` trials
+(run variants ``<strategy>@t<i>``), all with the grid's first seed:
+
+* trial 0 is the method's settings as the preset runs it (its "auto" values
+  resolved), the others multiply them by factors drawn, seeded and without
+  repeats, from the method's search space (:func:`space`): the generic local
+  training (:data:`GENERIC_SPACE`: the learning rate x 1/3, 1, 3; local epochs,
+  or local steps where the task counts steps, x 1/2, 1, 2) and the method's own
+  keys (``register_strategy(tune=...)``, e.g. Panacea's clients' and server's
+  learning rates, which replace the generic learning rate it does not use);
+* every trial holds out ``validation-fraction`` (0.2) of each client's training
+  data, trains on the rest and is scored on that share (BMTA, or best mean MSE
+  for regression), never on the test data: a tuning run does not load it.
+
+:func:`choose` picks each method's best trial per data setting and writes
+``tuned.json`` (the chosen values, their validation score, trial 0's, every
+trial's, the command) and ``tuned.md``. Copied to ``strategies/tuned.json``,
+the chosen values are what "auto" gives (:func:`fedamp_flwr.config.auto_values`);
+``simulation.py --tuned FILE`` runs a preset with them where it sets the keys
+itself (e.g. the FedAMP paper's learning rate in ``quick``). Every key of a
+space takes "auto", so that a tuned value can be its default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from experiments.presets import Grid, Run, expand
+from experiments.scores import is_regression, load_runs, score
+from fedamp_flwr.config import GENERIC_AUTO, RunConfig
+from fedamp_flwr.results import strict_json
+from strategies import STRATEGIES
+
+#: The search space every method shares: factors of the run's own value.
+GENERIC_SPACE: dict[str, tuple[float, ...]] = {
+    "learning-rate": (1 / 3, 1.0, 3.0),
+    "local-epochs": (0.5, 1.0, 2.0),  # or local-steps, where the task counts steps
+}
+#: Share of each client's training data a trial holds out and is scored on.
+VALIDATION_FRACTION = 0.2
+TUNED_JSON, TUNED_MD = "tuned.json", "tuned.md"
+
+
+def space(strategy: str, steps: bool) -> dict[str, tuple[float, ...]]:
+    """The search space of ``strategy`` (key -> factors): the generic one, with local steps
+    for epochs where ``steps``, then the strategy's own (``()`` removes a key)."""
+    generic = dict(GENERIC_SPACE)
+    if steps:
+        generic["local-steps"] = generic.pop("local-epochs")
+    merged = {**generic, **STRATEGIES[strategy].tune}
+    out = {k: v for k, v in merged.items() if v}
+    for key in out:
+        settings = STRATEGIES[strategy].settings
+        if key not in GENERIC_AUTO and key not in settings.AUTO:
+            raise ValueError(f"strategy {strategy!r}: tuned key {key!r} does not take 'auto'; "
+                             f"allowed: {', '.join(sorted({*GENERIC_AUTO, *settings.AUTO}))}")
+    return out
+
+
+def base_values(run_config: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """The values of ``keys`` in a run with ``run_config`` ("auto" resolved)."""
+    cfg = RunConfig.from_run_config(run_config)
+    values = {**cfg.method_values, **{k: getattr(cfg, k.replace("-", "_"))
+                                      for k in GENERIC_AUTO}}
+    return {k: values[k] for k in keys}
+
+
+def ladder(value: Any, factors: Sequence[float]) -> list[Any]:
+    """The values a key takes in a search space: ``value`` times each factor (floats to 6
+    digits); an integer (epochs, steps) rounded, and where rounding makes two alike (1 x 0.5
+    is 1), the next ones doubled from the largest, so that every key has as many distinct
+    values as factors and ``value`` where the factor is 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"cannot tune the value {value!r}: not a number")
+    if not isinstance(value, int):
+        return [float(f"{value * f:.6g}") for f in factors]
+    chosen: dict[float, int] = {1.0: value}
+    prev = value
+    for f in sorted(f for f in factors if f > 1):
+        prev = chosen[f] = max(round(value * f), prev + 1)
+    prev, spill = value, []
+    for f in sorted((f for f in factors if f < 1), reverse=True):
+        v = min(round(value * f), prev - 1)
+        if v >= 1:
+            prev = chosen[f] = v
+        else:  # no room below: the next value above
+            spill.append(f)
+    for f in spill:
+        chosen[f] = max(chosen.values()) * 2
+    return [chosen[f] for f in factors]
+
+
+def trials(strategy: str, run_config: Mapping[str, Any], k: int, seed: int = 0
+           ) -> list[dict[str, Any]]:
+    """``k`` trials of ``strategy`` for a run with ``run_config``: its own values first,
+    then distinct points of its space, drawn with ``seed`` (fewer where the space is smaller).
+    """
+    if k < 1:
+        raise ValueError(f"--tune {k}: allowed: an integer >= 1 (trials per method)")
+    steps = int(RunConfig.from_run_config(run_config).local_steps) > 0
+    sp = space(strategy, steps)
+    base = base_values(run_config, list(sp))
+    ladders = {key: ladder(base[key], factors) for key, factors in sp.items()}
+    points = [dict(zip(sp, p)) for p in itertools.product(*ladders.values())]
+    others = [p for p in points if p != base]
+    random.Random(f"{seed}-{strategy}").shuffle(others)
+    return [dict(base), *others[:k - 1]]
+
+
+def tuning_runs(grid: Grid, k: int, data_dir: str | None, output: Path,
+                fraction: float = VALIDATION_FRACTION) -> list[Run]:
+    """The tuning grid of ``grid``: ``k`` trials of every strategy in every data setting
+    (scenarios and seeds: the grid's first), each scored on its held-out validation share."""
+    first = dataclasses.replace(grid, scenarios=grid.scenarios[:1], seeds=grid.seeds[:1])
+    runs = []
+    for run in expand(first, data_dir, output):
+        variant = run.run_config.get("label", "")
+        strategy = run.run_config["strategy"]
+        base_name = variant or strategy
+        for i, values in enumerate(trials(strategy, run.run_config, k)):
+            label = f"{base_name}@t{i}"
+            name = label + run.name[len(base_name):]
+            cfg = {**run.run_config, **values, "validation-fraction": fraction,
+                   "label": label, "run-name": name}
+            RunConfig.from_run_config(cfg)
+            runs.append(Run(name, run.num_clients, cfg))
+    return runs
+
+
+def _trial_of(label: str) -> tuple[str, int]:
+    method, _, trial = label.rpartition("@t")
+    return method, int(trial)
+
+
+def choose(runs: Sequence[Run], output: Path, command: str = "") -> dict[str, Any]:
+    """Each method's best trial per data setting by its validation score; written to
+    ``output``/tuned.json and tuned.md, and returned. A method none of whose trials
+    finished is left out (and named in ``missing``)."""
+    by_method: dict[tuple[str, str], list[tuple[int, Run, float | None]]] = {}
+    regression: dict[str, bool] = {}
+    for run in runs:
+        cfg = RunConfig.from_run_config(run.run_config)
+        method, i = _trial_of(run.run_config["label"])
+        folder = output / "runs" / run.name
+        records = load_runs([folder]) if folder.is_dir() else []
+        value = score(records[0]) if records else None
+        if records:
+            regression[cfg.setting_key] = is_regression(records[0])
+        by_method.setdefault((method, cfg.setting_key), []).append((i, run, value))
+    chosen: dict[str, dict[str, Any]] = {}
+    missing = []
+    for (method, setting), rows in sorted(by_method.items()):
+        done = [(i, run, v) for i, run, v in rows if v is not None]
+        if not done:
+            missing.append(f"{method} {setting}")
+            continue
+        lower = regression.get(setting, False)
+        i, run, value = (min if lower else max)(done, key=lambda r: r[2])
+        keys = list(trials_keys(run))
+        chosen.setdefault(method, {})[setting] = {
+            "values": {k: run.run_config[k] for k in keys},
+            "validation_score": value, "trial": i, "run": run.name,
+            "metric": "best mean MSE (lower is better)" if lower else "BMTA % (higher is better)",
+            "trial_0_score": next((v for j, _, v in rows if j == 0), None),
+            "trials": {str(j): {"score": v, **{k: r.run_config[k] for k in keys}}
+                       for j, r, v in sorted(rows, key=lambda t: t[0])},
+            "rounds": run.run_config.get("num-server-rounds"),
+            "clients": run.num_clients,
+            "validation_fraction": run.run_config["validation-fraction"],
+        }
+    result = {"command": command, "strategies": chosen, "missing": missing}
+    output.mkdir(parents=True, exist_ok=True)
+    (output / TUNED_JSON).write_text(json.dumps(strict_json(result), indent=1,
+                                                allow_nan=False) + "\n")
+    (output / TUNED_MD).write_text(tuned_table(result))
+    return result
+
+
+def trials_keys(run: Run) -> list[str]:
+    """The keys a trial of ``run``'s strategy sets (its search space's)."""
+    steps = int(RunConfig.from_run_config(run.run_config).local_steps) > 0
+    method = _trial_of(run.run_config["label"])[0]
+    return list(space(method.split("@")[0], steps))
+
+
+def tuned_table(result: Mapping[str, Any]) -> str:
+    """``tuned.json`` as a markdown table: setting, method, chosen values, validation scores."""
+    lines = [f"Tuned by: `{result.get('command', '')}`", "",
+             "| setting | method | chosen | validation score | trial 0 (defaults) | trials |",
+             "|---|---|---|---:|---:|---:|"]
+    for method, settings in result["strategies"].items():
+        for setting, row in settings.items():
+            values = ", ".join(f"{k} = {v}" for k, v in row["values"].items())
+            t0 = row["trial_0_score"]
+            lines.append(f"| {setting} | {method} | {values} (trial {row['trial']}) | "
+                         f"{row['validation_score']:.4g} | "
+                         f"{'-' if t0 is None else f'{t0:.4g}'} | {len(row['trials'])} |")
+    if result.get("missing"):
+        lines += ["", f"No finished trial: {', '.join(result['missing'])}"]
+    return "\n".join(lines) + "\n"
+
+
+def apply_tuned(runs: Sequence[Run], tuned: Mapping[str, Any], forced: Sequence[str] = ()
+                ) -> list[Run]:
+    """``runs`` with the values of a ``tuned.json`` for their strategy (or variant) and data
+    setting, except the keys in ``forced`` (``--set``, ``--rounds``)."""
+    out = []
+    for run in runs:
+        cfg = RunConfig.from_run_config(run.run_config)
+        method = run.run_config.get("label") or run.run_config["strategy"]
+        row = tuned.get("strategies", {}).get(method, {}).get(cfg.setting_key)
+        if row is None and method != run.run_config["strategy"]:
+            row = tuned.get("strategies", {}).get(run.run_config["strategy"], {}).get(
+                cfg.setting_key)
+        values = {k: v for k, v in (row or {}).get("values", {}).items() if k not in forced}
+        new = {**run.run_config, **values}
+        RunConfig.from_run_config(new)
+        out.append(Run(run.name, run.num_clients, new))
+    return out

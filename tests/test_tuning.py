@@ -1,0 +1,143 @@
+"""The tuning protocol: validation held out of training, equal trials, the best chosen."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import simulation
+import tasks
+from experiments import tuning
+from fedamp_flwr.config import ConfigError, RunConfig
+from strategies.core import registry
+
+
+def _rows(x: torch.Tensor) -> set[bytes]:
+    return {r.numpy().tobytes() for r in x}
+
+
+def test_validation_is_held_out_of_training_and_replaces_the_test_split():
+    cfg = RunConfig.from_run_config({"dataset": "synthetic", "seed": 3})
+    whole = tasks.load_client_data(cfg.data_config(4), 1)
+    dc = RunConfig.from_run_config({"dataset": "synthetic", "seed": 3,
+                                    "validation-fraction": 0.25}).data_config(4)
+    part = tasks.load_client_data(dc, 1)
+    n = len(whole.y_train)
+    assert len(part.y_test) == round(0.25 * n) and len(part.y_train) == n - len(part.y_test)
+    train, val = _rows(part.x_train), _rows(part.x_test)
+    assert not train & val  # never trained on what it is scored on
+    assert train | val == _rows(whole.x_train)  # from the training data only
+    assert not val & _rows(whole.x_test)  # the test data is not used
+    again = tasks.load_client_data(dc, 1)
+    assert torch.equal(again.x_test, part.x_test)  # seeded
+
+
+def test_validation_fraction_is_checked_and_a_tiny_client_is_refused():
+    with pytest.raises(ConfigError, match="validation-fraction"):
+        RunConfig.from_run_config({"validation-fraction": 1.0})
+    data = tasks.ClientData(torch.zeros(1, 2), torch.zeros(1), torch.zeros(1, 2), torch.zeros(1))
+    with pytest.raises(ValueError, match="leaves none to train on"):
+        tasks.loading.hold_out(data, 0.2, 0, 7)
+
+
+def test_every_method_gets_the_same_number_of_distinct_trials_starting_at_its_own():
+    for strategy in ("fedavg", "fedamp", "pfedme", "panacea", "pfedhn", "separate"):
+        cfg = {"strategy": strategy, "dataset": "synthetic" if "fedamp" in strategy else "fl60"}
+        got = tuning.trials(strategy, cfg, 4)
+        assert len(got) == 4 and len({tuple(t.values()) for t in got}) == 4
+        assert got[0] == tuning.base_values(cfg, list(got[0]))
+    # Panacea's clients train with their own learning rate: the generic one is not tuned
+    panacea = tuning.trials("panacea", {"strategy": "panacea", "dataset": "fl60"}, 3)
+    assert set(panacea[0]) == {"panacea-client-lr", "panacea-server-lr", "local-steps"}
+    fedavg = tuning.trials("fedavg", {"strategy": "fedavg", "dataset": "tpt48",
+                                      "data-dir": "x"}, 9)
+    assert set(fedavg[0]) == {"learning-rate", "local-epochs"}  # TPT-48 counts epochs
+    base = fedavg[0]
+    for t in fedavg[1:]:
+        assert any(t["learning-rate"] / base["learning-rate"] == pytest.approx(f, rel=1e-5)
+                   for f in (1 / 3, 1, 3))
+    assert len(fedavg) == 9  # the whole 3 x 3 grid
+
+
+def test_a_tuned_key_must_take_auto():
+    @registry.register_strategy("tuned-mu", settings=registry.STRATEGIES["fedprox"].settings,
+                                tune={"fedprox-mu": (0.1, 1.0)})
+    def _factory(settings, run):  # pragma: no cover - never built
+        raise AssertionError
+    try:
+        with pytest.raises(ValueError, match="does not take 'auto'"):
+            tuning.space("tuned-mu", steps=False)
+    finally:
+        registry.unregister_strategy("tuned-mu")
+
+
+def test_auto_takes_the_tuned_values_of_its_data_setting(monkeypatch):
+    monkeypatch.setattr(registry, "_TUNED", {"fedavg": {"fl60/grda": {"values": {
+        "learning-rate": 0.123, "local-steps": 7}}}})
+    cfg = RunConfig.from_run_config({"strategy": "fedavg", "dataset": "fl60",
+                                     "fl60-variant": "grda"})
+    assert (cfg.learning_rate, cfg.local_steps) == (0.123, 7)
+    text = RunConfig.from_run_config({"strategy": "fedavg", "dataset": "fl60"})
+    assert text.learning_rate != 0.123  # another data setting
+    given = RunConfig.from_run_config({"strategy": "fedavg", "dataset": "fl60",
+                                       "fl60-variant": "grda", "learning-rate": 0.5})
+    assert given.learning_rate == 0.5  # a value the run config sets wins
+
+
+def test_the_committed_tuned_values_are_valid_and_traceable():
+    data = json.loads(registry.TUNED_FILE.read_text())
+    assert data["command"].startswith("python simulation.py ") and "--tune" in data["command"]
+    for strategy, settings in data["strategies"].items():
+        for setting, row in settings.items():
+            dataset, _, variant = setting.partition("/")
+            extra = {"fl60": {"fl60-variant": variant}, "tpt48": {"tpt48-split": variant,
+                                                                  "data-dir": "x"}}
+            cfg = RunConfig.from_run_config({"strategy": strategy, "dataset": dataset,
+                                             **extra.get(dataset, {})})
+            assert cfg.setting_key == setting
+            values = {**cfg.method_values, **{k: getattr(cfg, k.replace("-", "_"))
+                                              for k in row["values"] if "-" in k
+                                              and hasattr(cfg, k.replace("-", "_"))}}
+            for key, value in row["values"].items():
+                assert values[key] == value, (strategy, setting, key)
+            scores = [t["score"] for t in row["trials"].values() if t["score"] is not None]
+            best = min(scores) if "lower" in row["metric"] else max(scores)
+            assert row["validation_score"] == best
+
+
+def test_tune_runs_trials_on_validation_chooses_the_best_and_resumes(tmp_path, capsys):
+    out = tmp_path / "tune"
+    args = ["--engine", "inprocess", "--preset", "quick", "--datasets", "synthetic",
+            "--strategies", "fedavg,fedamp", "--num-supernodes", "3", "--rounds", "2",
+            "--set", "local-epochs=1", "--tune", "2", "--output", str(out)]
+    with pytest.raises(SystemExit, match="does not take 'auto'|invalid"):
+        simulation.main([*args[:-4], "--tune", "0", "--output", str(out)])
+    assert simulation.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "4 runs, 0 already done, 4 to run" in printed
+    tuned = json.loads((out / "tuned.json").read_text())
+    for method in ("fedavg", "fedamp"):
+        row = tuned["strategies"][method]["synthetic/practical"]
+        scores = {int(i): t["score"] for i, t in row["trials"].items()}
+        assert set(scores) == {0, 1} and row["validation_score"] == max(scores.values())
+        assert row["trial"] == max(scores, key=scores.get)
+        metrics = json.loads((out / "runs" / row["run"] / "metrics.json").read_text())
+        assert metrics["config"]["validation-fraction"] == 0.2
+        assert metrics["label"] == f"{method}@t{row['trial']}"
+    assert "| synthetic/practical | fedamp |" in (out / "tuned.md").read_text()
+    assert simulation.main(args) == 0
+    assert "4 runs, 4 already done, 0 to run" in capsys.readouterr().out
+    # the chosen values run the preset, --set still wins
+    runs = simulation.expand(simulation.apply_overrides(
+        simulation.PRESETS["quick"], "fedavg", None, 2, ["local-epochs=1"], 3, "synthetic"),
+        None, tmp_path / "after")
+    after = tuning.apply_tuned(runs, tuned, forced=["local-epochs"])
+    chosen = tuned["strategies"]["fedavg"]["synthetic/practical"]["values"]
+    assert after[0].run_config["learning-rate"] == chosen["learning-rate"]
+    assert after[0].run_config["local-epochs"] == 1
+    with pytest.raises(SystemExit, match="tuned.json"):
+        (tmp_path / "bad.json").write_text("[]")
+        simulation.main(["--engine", "inprocess", "--preset", "quick", "--datasets", "synthetic",
+                         "--tuned", str(tmp_path / "bad.json"), "--output", str(tmp_path / "x")])
