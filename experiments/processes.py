@@ -121,6 +121,10 @@ def flower_env(home: Path) -> dict[str, str]:
                 FLWR_DISABLE_UPDATE_CHECK="1")
 
 
+#: Ray addresses on this machine's loopback interface (a cluster whose nodes run here).
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+
+
 class SuperLink:
     """A local ``flower-superlink`` with its own ``FLWR_HOME`` and free ports.
 
@@ -134,7 +138,8 @@ class SuperLink:
     home : Path
         Its ``FLWR_HOME``.
     ray_address : str or None
-        Passed to the simulation as ``RAY_ADDRESS`` (attach to a running Ray cluster).
+        Passed to the simulation as ``RAY_ADDRESS`` (attach to a running Ray cluster);
+        on loopback (``127.0.0.1:PORT``) the simulation's Ray driver stays on loopback.
     simulation : bool
         True: ``--simulation`` (Flower's Ray engine runs the ClientApps); False: a
         deployment SuperLink, which SuperNodes join at ``127.0.0.1:<port>``.
@@ -146,6 +151,11 @@ class SuperLink:
         self.env = flower_env(self.home)
         if ray_address:
             self.env["RAY_ADDRESS"] = ray_address
+            if ray_address.rpartition(":")[0] in LOOPBACK_HOSTS:
+                # Ray turns 127.0.0.1 into the machine's network address before it
+                # connects (ray._private.services.resolve_ip_for_localhost); a cluster
+                # whose nodes run on loopback is reached on loopback only without that
+                self.env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         self.proc: subprocess.Popen | None = None
         self._log: IO[str] | None = None
 
