@@ -71,6 +71,7 @@ from strategies.core.protocol import (
     MEMBER,
     METRICS,
     MSE,
+    NAME_CHARS,
     NUM_EXAMPLES,
     NUM_OUTPUTS,
     NUM_PARTITIONS,
@@ -88,7 +89,6 @@ from tasks.scenarios import flip_labels
 from tasks.train import evaluate as evaluate_model
 
 from .config import ConfigError, RunConfig
-from .discovery import NAME_CHARS
 
 app = ClientApp()
 

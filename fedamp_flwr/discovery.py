@@ -33,6 +33,7 @@ from strategies.core.protocol import (
     ERROR,
     INPUT_SHAPE,
     MEMBER,
+    NAME_CHARS,
     NUM_OUTPUTS,
     NUM_PARTITIONS,
     NUM_TEST,
@@ -78,10 +79,6 @@ def _text(value: object) -> str:
     """A value of an untrusted reply as text (bytes decoded, at most 1,000 characters)."""
     text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
     return text[:1000]
-
-
-#: The characters of a member's name (its node config's ``client-id``).
-NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.@")
 
 
 class Refusal(str):

@@ -89,3 +89,7 @@ def as_int(value: object, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"message key '{key}' = {value!r} is not an integer")
     return value
+
+#: The characters of a member's name (its node config's ``client-id``, its query answer's
+#: ``member``).
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.@")
