@@ -89,7 +89,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "(mnist/, fashion_mnist/, tpt48/, ...); '' = the Hugging Face hub")
     p.add_argument("--output", default=None, help="results folder (default results/<preset>)")
     p.add_argument("--strategies", help="comma-separated subset/replacement of the preset's strategies")
-    p.add_argument("--datasets", help="comma-separated datasets instead of the preset's "
+    p.add_argument("--datasets", help="comma-separated datasets (or dataset/label: one setting, "
+                   "e.g. tpt48/time) instead of the preset's "
                    "(with the preset's partitionings), e.g. 'synthetic' or 'mnist,fmnist'")
     p.add_argument("--seeds", help="comma-separated seeds (default: the preset's)")
     p.add_argument("--rounds", type=int, help="num-server-rounds of every run")
@@ -148,10 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "allowed: a number in (0, 1)")
     default_out = f"tune-{args.preset}" if args.tune else args.preset
     output = Path(args.output or ROOT / "results" / default_out).resolve()
-    grid = apply_overrides(PRESETS[args.preset], args.strategies, args.seeds, args.rounds,
-                           args.set, args.num_supernodes, args.datasets)
     data_dir = args.data_dir or None
     try:
+        grid = apply_overrides(PRESETS[args.preset], args.strategies, args.seeds, args.rounds,
+                               args.set, args.num_supernodes, args.datasets)
         if args.tune:
             runs = tuning_runs(grid, args.tune, data_dir, output, args.validation_fraction)
         else:

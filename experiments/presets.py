@@ -236,13 +236,19 @@ def expand(grid: Grid, data_dir: str | None, output: Path, check_data: bool = Tr
 
 
 def with_datasets(settings: Sequence[Setting], datasets: Sequence[str]) -> tuple[Setting, ...]:
-    """The preset's settings of ``datasets``; a dataset the preset lacks gets each of the
-    preset's partitionings with the first setting's number of clients."""
+    """The preset's settings of ``datasets`` (``dataset`` or ``dataset/label``: one labelled
+    setting, e.g. ``tpt48/time``); a dataset the preset lacks gets each of the preset's
+    partitionings with the first setting's number of clients."""
     out: list[Setting] = []
     partitionings = list(dict.fromkeys(s.partitioning for s in settings))
     for d in datasets:
-        own = [s for s in settings if s.dataset == d]
-        out += own or [Setting(d, p, settings[0].num_clients) for p in partitionings]
+        dataset, _, label = d.partition("/")
+        own = [s for s in settings if s.dataset == dataset and (not label or s.label == label)]
+        if label and not own:
+            labels = sorted({s.label for s in settings if s.dataset == dataset and s.label})
+            raise ConfigError(f"--datasets {d!r}: the preset has no setting {label!r} of "
+                              f"{dataset}; allowed: {', '.join(labels) or 'the dataset alone'}")
+        out += own or [Setting(dataset, p, settings[0].num_clients) for p in partitionings]
     return tuple(out)
 
 

@@ -176,6 +176,7 @@ def choose(runs: Sequence[Run], output: Path, command: str = "") -> dict[str, An
             "rounds": run.run_config.get("num-server-rounds"),
             "clients": run.num_clients,
             "validation_fraction": run.run_config["validation-fraction"],
+            "command": command,
         }
     result = {"command": command, "strategies": chosen, "missing": missing}
     output.mkdir(parents=True, exist_ok=True)

@@ -113,6 +113,10 @@ def _main(grid: Grid, context: Context) -> None:
     log(INFO, "Run '%s': strategy %s, data %s; results in %s%s",
         folder.name, cfg.strategy, cfg.setting_name, folder.path,
         f"; resuming after round {checkpoint['round']}" if checkpoint else "")
+    if cfg.validation_fraction > 0:
+        log(INFO, "validation-fraction = %g: each client trains without that share of its "
+            "training data and every 'test' number of this run is on it (a tuning run)",
+            cfg.validation_fraction)
 
     known = list(checkpoint.get("client_names", [])) if checkpoint else []
     found = find_clients(cfg, grid, known)

@@ -88,9 +88,10 @@ def test_auto_takes_the_tuned_values_of_its_data_setting(monkeypatch):
 
 def test_the_committed_tuned_values_are_valid_and_traceable():
     data = json.loads(registry.TUNED_FILE.read_text())
-    assert data["command"].startswith("python simulation.py ") and "--tune" in data["command"]
+    assert data["strategies"]
     for strategy, settings in data["strategies"].items():
         for setting, row in settings.items():
+            assert row["command"].startswith("python simulation.py ") and "--tune" in row["command"]
             dataset, _, variant = setting.partition("/")
             extra = {"fl60": {"fl60-variant": variant}, "tpt48": {"tpt48-split": variant,
                                                                   "data-dir": "x"}}
@@ -141,3 +142,14 @@ def test_tune_runs_trials_on_validation_chooses_the_best_and_resumes(tmp_path, c
         (tmp_path / "bad.json").write_text("[]")
         simulation.main(["--engine", "inprocess", "--preset", "quick", "--datasets", "synthetic",
                          "--tuned", str(tmp_path / "bad.json"), "--output", str(tmp_path / "x")])
+
+
+def test_datasets_can_name_one_labelled_setting_of_a_preset():
+    from experiments.presets import PRESETS, with_datasets
+
+    settings = with_datasets(PRESETS["panacea-tables"].settings, ["tpt48/time", "fl60"])
+    assert [(s.dataset, s.label) for s in settings] == [("tpt48", "time"), ("fl60", "text"),
+                                                        ("fl60", "grda")]
+    with pytest.raises(SystemExit, match="allowed: random, time"):
+        simulation.main(["--preset", "panacea-tables", "--datasets", "tpt48/summer",
+                         "--report-only"])
