@@ -25,7 +25,7 @@ import torch
 from flwr.app import ArrayRecord
 from torch import nn
 
-from tasks.train import loss_for, make_optimizer, run_batches
+from tasks.train import loss_for, run_batches
 
 from .core.client import ClientJob, ClientUpdate, register_client_update
 from .core.protocol import as_float, as_int
@@ -70,7 +70,7 @@ def train_pfedme(
     model.to(device).train()
     personal.to(device).train()
     w, theta = list(model.parameters()), list(personal.parameters())
-    opt = make_optimizer("sgd", theta, personal_lr)
+    opt = torch.optim.SGD(theta, lr=personal_lr)
 
     def step(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         for _ in range(inner_steps):

@@ -16,20 +16,16 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .optim import SGD, Adam
-
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def make_optimizer(name: str, params, lr: float, momentum: float = 0.0,
-                   weight_decay: float = 0.0) -> Adam | SGD:
-    """Return the optimizer ``name`` ("adam" or "sgd") over ``params`` (``momentum``: SGD's):
-    torch's steps without ``torch.optim``'s import of the compiler on the first step
-    (:mod:`tasks.optim`)."""
+                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """Return the optimizer ``name`` ("adam" or "sgd") over ``params`` (``momentum``: SGD's)."""
     if name == "adam":
-        return Adam(params, lr=lr, weight_decay=weight_decay)
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     if name == "sgd":
-        return SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     raise ValueError(f"unknown optimizer '{name}'; allowed: adam, sgd")
 
 
