@@ -7,8 +7,8 @@ The counts come from PyTorch's own dispatcher (a ``TorchDispatchMode`` around ea
 ClientApp call, put there by a ClientApp mod, as a user's mod would be): every read of a
 device value by the host (``aten._local_scalar_dense``, ``.item()``), every copy between
 devices. On a machine without a GPU nothing crosses devices, so only the reads and the
-models built can go wrong there; on a GPU the copies are counted too. Both optimizers
-(:mod:`tasks.optim`; PyTorch's Adam would read its step counters with ``.item()``).
+models built can go wrong there; on a GPU the copies are counted too. Training runs with
+SGD: PyTorch's Adam reads its step counters (kept on the host) with ``.item()``.
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ class Count(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("strategy, optimizer", [("fedavg", "sgd"), ("fedamp", "adam")])
-def test_a_message_builds_no_model_sends_the_data_once_and_reads_back_once(
-        tmp_path, monkeypatch, strategy, optimizer):
+@pytest.mark.parametrize("strategy", ["fedavg", "fedamp"])
+def test_a_message_builds_no_model_sends_the_data_once_and_reads_back_once(tmp_path,
+                                                                          monkeypatch, strategy):
     built: Counter[str] = Counter()
     for name, builder in list(tasks.MODELS.items()):
         def counted(shape, out, _builder=builder, _name=name):
@@ -78,7 +78,7 @@ def test_a_message_builds_no_model_sends_the_data_once_and_reads_back_once(
     app.evaluate()(client_app.evaluate)
     n, rounds, steps = 3, 2, 4
     run_inprocess({"strategy": strategy, "num-server-rounds": rounds, "local-steps": steps,
-                   "batch-size": 10, "optimizer": optimizer, "min-nodes": n,
+                   "batch-size": 10, "optimizer": "sgd", "min-nodes": n,
                    "results-dir": str(tmp_path), "run-name": "floor", "server-device": "cpu"},
                   n, client_app=app)
     work = [m for m in per_message if m["type"] in ("train", "evaluate")]
