@@ -57,7 +57,9 @@ def main(argv: list[str] | None = None) -> dict:
         train(model, x, y, epochs=args.every, batch_size=args.batch_size, lr=args.lr,
               seed=args.seed + block)
         results = [evaluate(model, xt, yt) for xt, yt in tests]
-        value = float(np.mean([r.mse if regression else 100 * r.accuracy for r in results]))
+        values = [r.mse if regression else r.accuracy for r in results]
+        value = float(np.mean([float(v) for v in values if v is not None]))
+        value = value if regression else 100 * value
         best = better(best, value)
         curve.append(value)
         name = "MSE" if regression else "accuracy (%)"
