@@ -144,6 +144,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"error: {err}") from None
     if args.tune is not None and args.tune < 1:
         raise SystemExit(f"error: --tune {args.tune} is invalid; allowed: an integer >= 1")
+    if args.tune and args.tuned:
+        raise SystemExit("error: --tune and --tuned together are invalid: a tuning grid's "
+                         "trials set their own values; allowed: one of them")
+    if args.validation_fraction != VALIDATION_FRACTION and not args.tune:
+        raise SystemExit(f"error: --validation-fraction {args.validation_fraction} is used only "
+                         "by --tune; allowed: --tune K with it, or --set validation-fraction=F "
+                         "for plain runs")
     if not 0 < args.validation_fraction < 1:
         raise SystemExit(f"error: --validation-fraction {args.validation_fraction} is invalid; "
                          "allowed: a number in (0, 1)")

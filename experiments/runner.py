@@ -32,6 +32,7 @@ from experiments.flower_cli import (
 from experiments.jobs import Children, pool, threads_per_job
 from experiments.presets import Run
 from experiments.processes import SuperLink
+from fedamp_flwr.config import RunConfig, default_values
 
 ROOT = Path(__file__).resolve().parents[1]
 # Each run's outcome (Flower's run id and status), beside its metrics.json.
@@ -54,6 +55,11 @@ def previous_run(output: Path, run: Run) -> dict | None:
         return None
     same = all(config.get(k) == v for k, v in run.run_config.items()
                if k != "num-server-rounds")
+    # the keys left at "auto" must resolve as they did (a tuning or a task's defaults may
+    # have changed what "auto" gives since)
+    resolved = RunConfig.from_run_config(run.run_config).to_dict()
+    auto = [k for k, v in default_values().items() if v == "auto" and k not in run.run_config]
+    same = same and all(config.get(k) == resolved[k] for k in auto if k in config)
     return metrics if same else None
 
 

@@ -5,7 +5,8 @@
 (run variants ``<strategy>@t<i>``), all with the grid's first seed:
 
 * trial 0 is the method's settings as the preset runs it (its "auto" values
-  resolved), the others multiply them by factors drawn, seeded and without
+  resolved without ``strategies/tuned.json``: a tuning starts from the
+  defaults, whatever an earlier one chose), the others multiply them by factors drawn, seeded and without
   repeats, from the method's search space (:func:`space`): the generic local
   training (:data:`GENERIC_SPACE`: the learning rate x 1/3, 1, 3; local epochs,
   or local steps where the task counts steps, x 1/2, 1, 2) and the method's own
@@ -35,10 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from experiments.presets import Grid, Run, expand
-from experiments.scores import is_regression, load_runs, score
+from experiments.scores import complete, is_regression, load_runs, score
 from fedamp_flwr.config import GENERIC_AUTO, RunConfig
 from fedamp_flwr.results import strict_json
 from strategies import STRATEGIES
+from strategies.core.registry import untuned
 
 #: The search space every method shares: factors of the run's own value.
 GENERIC_SPACE: dict[str, tuple[float, ...]] = {
@@ -106,9 +108,10 @@ def trials(strategy: str, run_config: Mapping[str, Any], k: int, seed: int = 0
     """
     if k < 1:
         raise ValueError(f"--tune {k}: allowed: an integer >= 1 (trials per method)")
-    steps = int(RunConfig.from_run_config(run_config).local_steps) > 0
-    sp = space(strategy, steps)
-    base = base_values(run_config, list(sp))
+    with untuned():  # from the defaults, whatever an earlier tuning chose
+        steps = int(RunConfig.from_run_config(run_config).local_steps) > 0
+        sp = space(strategy, steps)
+        base = base_values(run_config, list(sp))
     ladders = {key: ladder(base[key], factors) for key, factors in sp.items()}
     points = [dict(zip(sp, p)) for p in itertools.product(*ladders.values())]
     others = [p for p in points if p != base]
@@ -151,8 +154,8 @@ def choose(runs: Sequence[Run], output: Path, command: str = "") -> dict[str, An
         cfg = RunConfig.from_run_config(run.run_config)
         method, i = _trial_of(run.run_config["label"])
         folder = output / "runs" / run.name
-        records = load_runs([folder]) if folder.is_dir() else []
-        value = score(records[0]) if records else None
+        records = [r for r in (load_runs([folder]) if folder.is_dir() else []) if complete(r)]
+        value = score(records[0]) if records else None  # a failed trial is not scored
         if records:
             regression[cfg.setting_key] = is_regression(records[0])
         by_method.setdefault((method, cfg.setting_key), []).append((i, run, value))

@@ -326,9 +326,12 @@ class RunConfig:
     def setting_key(self) -> str:
         """The data setting as tuned values name it: ``<dataset>/<variant>``, the variant
         being the partitioning of a pool dataset, FL-60's ``fl60-variant``, TPT-48's
-        ``tpt48-split``, else ``federated``."""
+        ``tpt48-split`` (FL-60 text with another noise than 1: ``text-noise<std>``), else
+        ``federated``."""
         variant = {"fl60": self.fl60_variant, "tpt48": self.tpt48_split}.get(
             self.dataset, self.setting_kind)
+        if self.dataset == "fl60" and self.fl60_variant == "text" and self.fl60_noise_std != 1.0:
+            variant += f"-noise{self.fl60_noise_std:g}"  # another task than the one tuned
         return f"{self.dataset}/{variant}"
 
     @property

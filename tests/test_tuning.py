@@ -47,7 +47,8 @@ def test_every_method_gets_the_same_number_of_distinct_trials_starting_at_its_ow
         cfg = {"strategy": strategy, "dataset": "synthetic" if "fedamp" in strategy else "fl60"}
         got = tuning.trials(strategy, cfg, 4)
         assert len(got) == 4 and len({tuple(t.values()) for t in got}) == 4
-        assert got[0] == tuning.base_values(cfg, list(got[0]))
+        with registry.untuned():  # trial 0: the defaults, not strategies/tuned.json's values
+            assert got[0] == tuning.base_values(cfg, list(got[0]))
     # Panacea's clients train with their own learning rate: the generic one is not tuned
     panacea = tuning.trials("panacea", {"strategy": "panacea", "dataset": "fl60"}, 3)
     assert set(panacea[0]) == {"panacea-client-lr", "panacea-server-lr", "local-steps"}
@@ -153,3 +154,44 @@ def test_datasets_can_name_one_labelled_setting_of_a_preset():
     with pytest.raises(SystemExit, match="allowed: random, time"):
         simulation.main(["--preset", "panacea-tables", "--datasets", "tpt48/summer",
                          "--report-only"])
+
+
+def test_a_tuning_starts_from_the_defaults_whatever_an_earlier_one_chose(monkeypatch):
+    cfg = {"strategy": "fedavg", "dataset": "synthetic"}
+    before = tuning.trials("fedavg", cfg, 3)
+    monkeypatch.setattr(registry, "_TUNED", {"fedavg": {"synthetic/practical": {"values": {
+        "learning-rate": 0.5}}}})
+    assert RunConfig.from_run_config(cfg).learning_rate == 0.5  # what "auto" gives now
+    assert tuning.trials("fedavg", cfg, 3) == before  # the same trials again
+    assert before[0]["learning-rate"] == 1e-3
+
+
+def test_fl60_with_another_noise_is_another_setting_than_the_tuned_one():
+    plain = RunConfig.from_run_config({"strategy": "fedavg", "dataset": "fl60"})
+    noisy = RunConfig.from_run_config({"strategy": "fedavg", "dataset": "fl60",
+                                       "fl60-noise-std": 0.1})
+    assert (plain.setting_key, noisy.setting_key) == ("fl60/text", "fl60/text-noise0.1")
+
+
+def test_a_finished_run_is_run_again_where_auto_now_gives_other_values(tmp_path, monkeypatch):
+    from experiments.presets import Run
+    from experiments.runner import is_done
+
+    cfg = {"strategy": "fedavg", "dataset": "synthetic", "num-server-rounds": 1,
+           "run-name": "r", "results-dir": str(tmp_path / "runs")}
+    recorded = RunConfig.from_run_config(cfg).to_dict()
+    folder = tmp_path / "runs" / "r"
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps({"config": recorded, "finished": True}))
+    run = Run("r", 2, cfg)
+    assert is_done(tmp_path, run)
+    monkeypatch.setattr(registry, "_TUNED", {"fedavg": {"synthetic/practical": {"values": {
+        "learning-rate": 0.5}}}})
+    assert not is_done(tmp_path, run)
+
+
+def test_tune_and_tuned_together_are_refused(tmp_path):
+    with pytest.raises(SystemExit, match="--tune and --tuned"):
+        simulation.main(["--preset", "quick", "--tune", "2", "--tuned", str(tmp_path / "t.json")])
+    with pytest.raises(SystemExit, match="--validation-fraction"):
+        simulation.main(["--preset", "quick", "--validation-fraction", "0.3"])

@@ -15,9 +15,10 @@ client graph, the data setting), and returns the strategy:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,11 +138,25 @@ TUNED_FILE = Path(__file__).resolve().parents[1] / "tuned.json"
 
 def tuned_values(strategy: str, setting: str) -> dict[str, Any]:
     """The tuned values of ``strategy`` for the data setting ``setting`` (``{}`` where none
-    were tuned), from :data:`TUNED_FILE`."""
+    were tuned, or inside :func:`untuned`), from :data:`TUNED_FILE`."""
+    if _IGNORED:
+        return {}
     return dict(_tuned().get(strategy, {}).get(setting, {}).get("values", {}))
 
 
+@contextlib.contextmanager
+def untuned() -> Iterator[None]:
+    """Within it, "auto" ignores :data:`TUNED_FILE` (a tuning run starts from the defaults,
+    whatever an earlier tuning chose)."""
+    _IGNORED.append(True)
+    try:
+        yield
+    finally:
+        _IGNORED.pop()
+
+
 _TUNED: dict[str, Any] = {}
+_IGNORED: list[bool] = []
 
 
 def _tuned() -> dict[str, Any]:
