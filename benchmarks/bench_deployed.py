@@ -81,7 +81,7 @@ from tasks.train import train
 train(model, data.x_train, data.y_train, epochs=1, batch_size=int(cfg.batch_size),
       lr=float(cfg.learning_rate), optimizer=cfg.optimizer, steps=1)
 mark("one training step")
-print(json.dumps({b[0]: b[1] - a[1] for a, b in zip(marks, marks[1:])}))
+print(json.dumps({b[0]: b[1] - a[1] for a, b in zip(marks, marks[1:])}, allow_nan=False))
 """
 
 
@@ -143,8 +143,9 @@ def clientapp_phases(run_config: str, n: int, cache: str, repeats: int = 3) -> d
         started = time.perf_counter()
         empty = subprocess.run([sys.executable, "-c", "pass"], check=True)
         interpreter = time.perf_counter() - started
-        out = subprocess.run([sys.executable, "-c", PHASES, json.dumps(as_python(run_config)),
-                              str(n)], cwd=ROOT, env=dict(os.environ, FEDAMP_CACHE_DIR=cache),
+        cfg = json.dumps(as_python(run_config), allow_nan=False)
+        out = subprocess.run([sys.executable, "-c", PHASES, cfg, str(n)], cwd=ROOT,
+                             env=dict(os.environ, FEDAMP_CACHE_DIR=cache),
                              capture_output=True, text=True)
         if out.returncode != 0 or empty.returncode != 0:
             raise RuntimeError(f"the ClientApp phases failed: {out.stderr[-3000:]}")

@@ -150,7 +150,7 @@ server_app.run_rounds = run_rounds
 
 grid = inprocess.run_inprocess(cfg, n, None)
 print(json.dumps({"rounds": round_times, "floor_s": min(floors), "device": str(device),
-                  "threads": torch.get_num_threads()}))
+                  "threads": torch.get_num_threads()}, allow_nan=False))
 """
 
 
@@ -164,7 +164,8 @@ def run(clients: int, strategy: str, checkpoint: bool, args: argparse.Namespace)
             cfg.update({"dataset": "fmnist", "data-dir": str(Path(args.data_dir).resolve())})
         if strategy in ("fedamp", "heurfedamp") and cfg.get("dataset") != "fmnist":
             cfg[f"{strategy}-sigma"] = 1.0
-        out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), json.dumps(cfg),
+        spec = json.dumps(cfg, allow_nan=False)
+        out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), spec,
                               str(clients), str(args.floor_repeats)],
                              capture_output=True, text=True)
         if out.returncode != 0:

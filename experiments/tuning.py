@@ -70,9 +70,7 @@ def space(strategy: str, steps: bool) -> dict[str, tuple[float, ...]]:
 
 def base_values(run_config: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
     """The values of ``keys`` in a run with ``run_config`` ("auto" resolved)."""
-    cfg = RunConfig.from_run_config(run_config)
-    values = {**cfg.method_values, **{k: getattr(cfg, k.replace("-", "_"))
-                                      for k in GENERIC_AUTO}}
+    values = RunConfig.from_run_config(run_config).to_dict()
     return {k: values[k] for k in keys}
 
 
