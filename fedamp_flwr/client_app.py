@@ -38,12 +38,14 @@ naming the keys; the server stops the run on it.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.supercore import log
 
 import tasks
 from strategies.core.client import (
@@ -89,6 +91,7 @@ from tasks.scenarios import flip_labels
 from tasks.train import evaluate as evaluate_model
 
 from .config import ConfigError, RunConfig
+from .delivery import keep_tested_model
 
 app = ClientApp()
 
@@ -194,6 +197,8 @@ def query(msg: Message, context: Context) -> Message:
             info = {CLIENT_ID: setup.pid, NUM_PARTITIONS: setup.dc.num_clients, **counts}
     except Exception as err:  # reported to the server, which leaves the client out or stops
         reason = f"{type(err).__name__}: {err}"
+        # and said here, in the node's own log: a member sees why its data cannot take part
+        log(logging.ERROR, "This node cannot take part in the run: %s", reason)
         if members:
             name = context.node_config.get(MEMBER_NAME)
             info = {MEMBER: name if isinstance(name, str) else "?", ERROR: reason}
@@ -214,7 +219,8 @@ def _data_schema(setup: Setup) -> dict:
             NUM_OUTPUTS: outputs}
 
 
-def _job(msg: Message, context: Context, train: bool) -> tuple[ClientUpdate, ClientJob, int]:
+def _job(msg: Message, context: Context,
+         train: bool) -> tuple[ClientUpdate, ClientJob, int, Setup]:
     """The client update the message names (checked: :func:`instruction_problem`) and its job."""
     c = msg.content.config_records[CONFIG]
     setup = _setup(context)
@@ -235,7 +241,7 @@ def _job(msg: Message, context: Context, train: bool) -> tuple[ClientUpdate, Cli
                     state=context.state, server_round=server_round, seed=seed,
                     epochs=as_int(c.get(LOCAL_EPOCHS, cfg.local_epochs), LOCAL_EPOCHS),
                     steps=as_int(c.get(LOCAL_STEPS, cfg.local_steps), LOCAL_STEPS), optim=optim)
-    return CLIENT_UPDATES[update_name(c)], job, pid
+    return CLIENT_UPDATES[update_name(c)], job, pid, setup
 
 
 def _client_index(config: ConfigRecord, setup: Setup) -> int:
@@ -264,7 +270,7 @@ def train(msg: Message, context: Context) -> Message:
     problem = instruction_problem(msg.content.config_records[CONFIG], train=True)
     if problem is not None:
         return _refusal(msg, problem)
-    update, job, pid = _job(msg, context, train=True)
+    update, job, pid, _ = _job(msg, context, train=True)
     loss, records = update.train(job)
     taken = {ARRAYS, METRICS} & set(records)
     if taken:
@@ -282,9 +288,13 @@ def evaluate(msg: Message, context: Context) -> Message:
     problem = instruction_problem(msg.content.config_records[CONFIG], train=False)
     if problem is not None:
         return _refusal(msg, problem)
-    update, job, pid = _job(msg, context, train=False)
-    result = evaluate_model(update.evaluate(job), job.data.x_test, job.data.y_test, device=_device())
+    update, job, pid, setup = _job(msg, context, train=False)
+    tested = update.evaluate(job)
+    result = evaluate_model(tested, job.data.x_test, job.data.y_test, device=_device())
     scores = {LOSS: result.loss, **({ACCURACY: result.accuracy} if result.accuracy is not None
                                      else {MSE: result.mse})}
-    metrics = _metrics(job, pid, **{NUM_EXAMPLES: len(job.data.y_test), **scores})
-    return Message(RecordDict({METRICS: metrics}), reply_to=msg)
+    scores[NUM_EXAMPLES] = len(job.data.y_test)
+    kept = keep_tested_model(context, setup.cfg, setup.dc, job.config, tested, pid,
+                             setup.name if setup.pid < 0 else None, scores)
+    metrics = _metrics(job, pid, **scores)
+    return Message(RecordDict({METRICS: metrics, **kept}), reply_to=msg)

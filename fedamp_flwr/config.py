@@ -36,6 +36,8 @@ from tasks.partitioners import PARTITIONINGS
 from tasks.scenarios import Roles, scenario_roles
 
 GRAPHS = ("task", "file", "groups", "none")
+#: which models a run keeps (fedamp_flwr/delivery.py)
+SAVE_MODES = ("final", "every-checkpoint", "best-validation", "none")
 
 # The generic settings that take "auto", and their values where neither the task nor the
 # strategy says otherwise: the FedAMP paper's local training (10 epochs there; 5 here,
@@ -136,6 +138,7 @@ class RunConfig:
     method_values: Mapping[str, Any] = field(default_factory=dict, metadata={"key": False})
     drop_rate: float = 0.0
     heterogeneous_epochs: bool = False
+    save_models: str = "final"
 
     @classmethod
     def generic_fields(cls) -> dict[str, dataclasses.Field]:
@@ -212,6 +215,11 @@ class RunConfig:
         check("max-failed-rounds", self.max_failed_rounds >= 0,
               "an integer >= 0 (rounds in a row without usable replies before the run stops)")
         choice("xi-dtype", self.xi_dtype, ["float32", "float16"])
+        choice("save-models", self.save_models, SAVE_MODES)
+        if self.save_models == "best-validation" and self.validation_fraction <= 0:
+            raise _bad("save-models", self.save_models, "final, every-checkpoint or none; "
+                       "best-validation needs validation-fraction > 0 (the model is chosen on "
+                       "validation rows, never on test rows)")
         for key in ("round-timeout", "node-wait-timeout", "max-update-ratio"):
             v = getattr(self, key.replace("-", "_"))
             check(key, 0 < v < math.inf, "a finite number > 0")

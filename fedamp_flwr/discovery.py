@@ -278,7 +278,7 @@ class Members(NamedTuple):
 
     clients: dict[int, ClientInfo]
     names: list[str]
-    misfits: set[int]
+    misfits: dict[int, str]  # node id -> why its member is left out
     conflicts: dict[int, ClientInfo]
 
 
@@ -348,4 +348,4 @@ def discover_members(grid: Grid, min_nodes: int, schema: Schema, timeout: float 
     sizes = [i.num_train for i in infos.values() if i.node_id >= 0]
     log(INFO, "Found %d members (%s), %d to %d training samples each", len(present),
         ", ".join(sorted(present)), min(sizes), max(sizes))
-    return Members(infos, names, set(misfits), pending)
+    return Members(infos, names, {n: str(r) for n, r in misfits.items()}, pending)

@@ -6,6 +6,8 @@ results from being lost.
 * ``metrics.json``: the run's records, rewritten atomically (strict JSON, no
   NaN) after every round; ``"finished": true`` once the last round is done.
 * ``xi/``: FedAMP's weight matrices, one ``.npy`` per recorded round (:class:`XiFiles`).
+* ``models/``: each client's model and card (``save-models``; a partitioned run's:
+  a member's are on its own node, :mod:`fedamp_flwr.delivery`).
 * ``checkpoint/state.pt``: everything the server needs to continue the run
   (the strategy's state, the global model, the random state, the history,
   the run config), written every ``checkpoint-every`` rounds to a temporary
@@ -25,7 +27,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -36,6 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from tasks.files import atomic_write
+
 from .config import ConfigError, RunConfig
 
 CHECKPOINT_FORMAT = 1
@@ -44,7 +47,7 @@ CHECKPOINT_FORMAT = 1
 # computes (a run stopped by max-failed-rounds may go on with a larger one, say).
 RESUMABLE_CHANGES = ("num-server-rounds", "resume", "overwrite", "max-failed-rounds",
                      "min-nodes", "round-timeout", "node-wait-timeout", "checkpoint-every",
-                     "xi-every")
+                     "xi-every", "save-models")
 
 
 def strict_json(value: Any) -> Any:
@@ -58,34 +61,6 @@ def strict_json(value: Any) -> Any:
     return value
 
 
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # some file systems do not open folders
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, write) -> None:
-    """Write ``path`` through ``write(file)`` into a temporary file, sync it, then rename it
-    over ``path``: a reader sees the old file or the new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    _fsync_dir(path.parent)
-
-
 def write_json(path: Path, record: dict[str, Any]) -> None:
     """Write ``record`` as strict JSON (NaN and infinities become null), atomically."""
     text = json.dumps(strict_json(record), indent=1, allow_nan=False)
@@ -93,6 +68,7 @@ def write_json(path: Path, record: dict[str, Any]) -> None:
 
 
 XI_FOLDER = "xi"
+MODELS_FOLDER = "models"  # each client's model and card (fedamp_flwr/delivery.py)
 
 
 def load_xi(run_dir: str | Path) -> tuple[list[int], dict[int, np.ndarray]]:
@@ -194,6 +170,7 @@ class RunFolder:
             self.metrics_path.unlink(missing_ok=True)
             shutil.rmtree(self.path / "checkpoint", ignore_errors=True)
             shutil.rmtree(self.path / XI_FOLDER, ignore_errors=True)
+            shutil.rmtree(self.path / MODELS_FOLDER, ignore_errors=True)
             return
         state = ("a finished run" if held and held.get("finished") else
                  f"an unfinished run (round {held.get('completed_rounds', '?')} of "

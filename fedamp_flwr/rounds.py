@@ -39,6 +39,7 @@ from flwr.supercore import log
 
 from strategies.core.tracking import Tracker
 
+from .delivery import ModelDelivery
 from .discovery import ClientInfo, Refusal, accept_members, query_nodes, send_and_receive
 
 
@@ -116,7 +117,7 @@ def refresh_clients(tracker: Tracker, grid: Grid, timeout: float,
                 errors[node] = Refusal(f"{info.label} (node {node}) is not a member of this run")
     for node, reason in errors.items():
         if isinstance(reason, Refusal):  # a member's data that does not fit: for good
-            tracker.refused.add(node)
+            tracker.refused[node] = str(reason)
         log(WARNING, "A node that joined cannot take part: %s", reason)
     tracker.set_online(node_ids)
 
@@ -166,6 +167,7 @@ def run_rounds(
     after_round: Callable[[int, ArrayRecord], None] | None = None,
     max_failed_rounds: int = 0,
     on_join: Callable[[ClientInfo], None] | None = None,
+    delivery: ModelDelivery | None = None,
 ) -> ArrayRecord:
     """Run rounds ``first_round..last_round`` of ``strategy``; return the final global arrays.
 
@@ -173,7 +175,8 @@ def run_rounds(
     checkpoint's when resuming); strategies that keep their own models
     (FedAMP, Panacea) return None from ``aggregate_train`` and it stays.
     ``on_join``: how a member the run does not know yet joins (see
-    :func:`refresh_clients`); None: it is refused.
+    :func:`refresh_clients`); None: it is refused. ``delivery``: asks for the models
+    of the rounds that keep them, and writes those replied (:mod:`fedamp_flwr.delivery`).
 
     Raises
     ------
@@ -201,8 +204,13 @@ def run_rounds(
             arrays = new_arrays
             strategy.history.record_norm(server_round, model_norm(arrays))
         messages = list(strategy.configure_evaluate(server_round, arrays, evaluate_config, view))
+        if delivery is not None:
+            messages = delivery.instruct(server_round, messages)
         replies = send_and_receive(grid, messages, round_timeout)
+        replies, models = ModelDelivery.take(replies)
         strategy.aggregate_evaluate(server_round, replies)
+        if delivery is not None and models:
+            delivery.store(server_round, models, tracker.client_of_node)
         if after_round is not None:
             after_round(server_round, arrays)
         failure = round_failure(strategy.history.rounds.get(server_round, {}))

@@ -17,12 +17,20 @@ import tasks
 from strategies.core.clients import ClientInfo, Schema
 from strategies.core.layout import dtypes_of, with_dtypes
 from strategies.core.protocol import BATCH_SIZE, LOCAL_EPOCHS, LOCAL_STEPS, LR, OPTIMIZER
+from strategies.core.replies import array_spec
 from tasks.graphs import GraphError, build_graph
 
 from .config import ConfigError, RunConfig
-from .discovery import ClientSetupError, Members, discover_clients, discover_members
-from .results import RunFolder, Writer, XiFiles, snapshot
-from .rounds import RoundsFailedError, run_rounds
+from .delivery import ModelDelivery, new_token
+from .discovery import (
+    ClientSetupError,
+    Members,
+    discover_clients,
+    discover_members,
+    send_and_receive,
+)
+from .results import MODELS_FOLDER, RunFolder, Writer, XiFiles, snapshot
+from .rounds import OnlineClients, RoundsFailedError, run_rounds
 
 app = ServerApp()
 
@@ -83,7 +91,7 @@ def find_clients(cfg: RunConfig, grid: Grid, known: list[str]) -> Members:
     schema = find_schema(cfg)
     if schema is None:
         clients = discover_clients(grid, cfg.min_nodes, timeout=cfg.node_wait_timeout)
-        return Members(clients, [], set(), {})
+        return Members(clients, [], {}, {})
     return discover_members(grid, cfg.min_nodes, schema, timeout=cfg.node_wait_timeout,
                             known=known)
 
@@ -143,7 +151,7 @@ def _main(grid: Grid, context: Context) -> None:
     tracker = strategy.tracker
     tracker.names = list(base)
     tracker.schema = find_schema(cfg)
-    tracker.refused = set(found.misfits)
+    tracker.refused = dict(found.misfits)
     tracker.pending = dict(found.conflicts)
     strategy.max_update_ratio = cfg.max_update_ratio
     strategy.history.xi_sink = XiFiles(folder.path, cfg.xi_every, cfg.xi_dtype,
@@ -151,6 +159,8 @@ def _main(grid: Grid, context: Context) -> None:
 
     initial = ArrayRecord(model.state_dict())
     arrays, done, spent = initial, 0, 0.0
+    token = str(checkpoint.get("run_token", "")) if checkpoint else ""
+    token = token or new_token()
     if checkpoint is not None:
         if checkpoint["num_clients"] != n:
             raise ConfigError(f"run config 'resume' = true: the run had {checkpoint['num_clients']} "
@@ -170,8 +180,8 @@ def _main(grid: Grid, context: Context) -> None:
                 graph = client_graph(cfg, cfg.data_config(info.client_id + 1),
                                      tracker.names + [info.name])
             except (GraphError, OSError) as err:
-                tracker.refused.add(info.node_id)
-                log(WARNING, "%s cannot join: the client graph: %s", info.label, err)
+                tracker.refused[info.node_id] = f"{info.label} cannot join: the client graph: {err}"
+                log(WARNING, "%s", tracker.refused[info.node_id])
                 return
         strategy.add_client(info, graph)
 
@@ -180,21 +190,28 @@ def _main(grid: Grid, context: Context) -> None:
 
     started = time.time()
     kind = tasks.data_info(dc).kind
+    writer = Writer()
+    delivery = None if cfg.save_models == "none" else ModelDelivery(
+        cfg, dc, folder.name, token, folder.path / MODELS_FOLDER, array_spec(initial),
+        strategy.history, lambda: tracker.names, writer.submit)
 
     def record(completed: int) -> dict:
+        federated = tasks.get_task(cfg.dataset).federated
         return {
             "run_name": folder.name, "strategy": cfg.strategy, "label": cfg.label,
             "dataset": cfg.dataset, "task_kind": kind,
-            "partitioning": cfg.partitioning, "num_clients": len(tracker.names) or n,
+            **({} if federated else {"partitioning": cfg.partitioning}),
+            "num_clients": len(tracker.names) or n,
             **({"client_names": list(tracker.names)} if tracker.names else {}),
+            # members whose data did not fit, or that could not join: by node, with why
+            **({"left_out": {str(node): why for node, why in sorted(tracker.refused.items())}}
+               if tracker.refused else {}),
             "seed": cfg.seed, "config": cfg.to_dict(),
             **cfg.settings.record(cfg.context()),
             "completed_rounds": completed, "finished": completed == cfg.num_server_rounds,
             "wall_time_s": round(spent + time.time() - started, 2),
             **strategy.history.to_dict(),
         }
-
-    writer = Writer()
 
     def after_round(server_round: int, arrays: ArrayRecord) -> None:
         # the checkpoint first: metrics.json never claims more rounds than can be resumed.
@@ -207,7 +224,7 @@ def _main(grid: Grid, context: Context) -> None:
                 "round": server_round, "config": cfg.to_dict(),
                 "num_clients": len(tracker.names) or n, "client_names": list(tracker.names),
                 "arrays": arrays.to_torch_state_dict(), "random_state": random.getstate(),
-                "strategy": strategy.state_dict(),
+                "strategy": strategy.state_dict(), "run_token": token,
                 "wall_time_s": spent + time.time() - started,
             })
             copied = time.perf_counter() - copied
@@ -229,12 +246,15 @@ def _main(grid: Grid, context: Context) -> None:
     evaluate_config = ConfigRecord({BATCH_SIZE: cfg.batch_size})
     try:
         if done < cfg.num_server_rounds:
-            run_rounds(strategy, grid, arrays, first_round=done + 1,
-                       last_round=cfg.num_server_rounds, train_config=train_config,
-                       evaluate_config=evaluate_config, round_timeout=cfg.round_timeout,
-                       query_timeout=min(cfg.node_wait_timeout, cfg.round_timeout),
-                       after_round=after_round, max_failed_rounds=cfg.max_failed_rounds,
-                       on_join=join if names else None)
+            arrays = run_rounds(strategy, grid, arrays, first_round=done + 1,
+                                last_round=cfg.num_server_rounds, train_config=train_config,
+                                evaluate_config=evaluate_config, round_timeout=cfg.round_timeout,
+                                query_timeout=min(cfg.node_wait_timeout, cfg.round_timeout),
+                                after_round=after_round, max_failed_rounds=cfg.max_failed_rounds,
+                                on_join=join if names else None, delivery=delivery)
+            if delivery is not None:
+                delivery.deliver_rest(strategy, grid, OnlineClients(grid, tracker), arrays,
+                                      evaluate_config, cfg.round_timeout, send_and_receive)
         else:
             log(INFO, "The run has done its %d rounds already; raise num-server-rounds to go "
                 "on", done)
@@ -248,3 +268,8 @@ def _main(grid: Grid, context: Context) -> None:
         log(INFO, "Best mean test MSE %.4g over %d rounds", result["best_mean_mse"],
             cfg.num_server_rounds)
     log(INFO, "Wrote %s", folder.metrics_path)
+    if cfg.save_models != "none":
+        where = (f"{folder.path / MODELS_FOLDER}" if cfg.dataset != tasks.MEMBERS else
+                 f"each member's node, in <model-dir>/{folder.name}/ (node config model-dir)")
+        log(INFO, "Models kept (save-models = %s) in %s; use one with: fedamp-flwr predict "
+            "MODEL.safetensors DATA", cfg.save_models, where)

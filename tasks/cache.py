@@ -16,7 +16,10 @@ race writes the same bytes. Files are uncompressed ``.npz`` (plain arrays:
 written at disk speed, read without pickle, ``allow_pickle=False``).
 
 Where: ``$FEDAMP_CACHE_DIR``, default ``~/.cache/fedamp-flwr``;
-``FEDAMP_CACHE_DIR=off`` turns the cache off.
+``FEDAMP_CACHE_DIR=off`` turns the cache off. The files are copies of the
+clients' data (a member's own records): each is readable by its owner only
+(``0600``, a new folder ``0700``: :mod:`tasks.files`). Removing the folder
+removes them all; nothing else refers to it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from .files import atomic_write
 
 CACHE_ENV = "FEDAMP_CACHE_DIR"
 FORMAT = 2  # 2: .npz of plain arrays (1: torch.save)
@@ -93,11 +98,8 @@ def cached(data_config, client_id: int, make: Callable[[], dict[str, torch.Tenso
         path.unlink(missing_ok=True)
     tensors = make()
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.npz")
         arrays: dict[str, Any] = {k: v.numpy() for k, v in tensors.items()}
-        np.savez(tmp, **arrays)
-        os.replace(tmp, path)
+        atomic_write(path, lambda f: np.savez(f, **arrays), private=True)  # the member's data
     except OSError:  # a read-only or full disk: go on without the cache
         pass
     return tensors

@@ -84,6 +84,46 @@ def _fail(path: Path, problem: str) -> MemberDataError:
     return MemberDataError(f"{path}: {problem}")
 
 
+def _rows(index: np.ndarray, where: str) -> str:
+    """Rows by position, as a member finds them: ``where`` is "line" (a CSV: the header is
+    line 1), "row" (a Parquet table, counted from 1) or "index" (an array, from 0)."""
+    first = {"line": 2, "row": 1, "index": 0}[where]
+    shown = ", ".join(str(int(i) + first) for i in index[:5])
+    more = f" and {len(index) - 5} more" if len(index) > 5 else ""
+    plural = {"line": "lines", "row": "rows", "index": "indices"}[where]
+    return f"{plural if len(index) > 1 else where} {shown}{more}"
+
+
+class Problems:
+    """Every problem found in one member's data: the checks go on after the first, so
+    that a member fixes its file in one go; :meth:`raise_any` ends with all of them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.found: list[str] = []
+
+    def add(self, problem: str) -> None:
+        self.found.append(problem)
+
+    def raise_any(self) -> None:
+        """Raise :class:`MemberDataError` with every problem in one line, if there is one."""
+        if len(self.found) == 1:
+            raise _fail(self.path, self.found[0])
+        if self.found:
+            raise _fail(self.path, f"{len(self.found)} problems: " + "; ".join(self.found))
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Every row of a member's data, in file order: inputs, targets (None where the file has
+    no labels: a file to predict on), and which rows the file marks for testing (None where
+    it marks none: the seeded split applies)."""
+
+    x: np.ndarray
+    y: np.ndarray | None
+    test: np.ndarray | None
+
+
 def _seeded_split(x: np.ndarray, y: np.ndarray, seed: int, name: str) -> tuple[Split, Split]:
     """80/20 at random, seeded by the run's seed and the member's name; one row each at least."""
     n = len(y)
@@ -93,72 +133,116 @@ def _seeded_split(x: np.ndarray, y: np.ndarray, seed: int, name: str) -> tuple[S
     return Split(x[order[:cut]], y[order[:cut]]), Split(x[order[cut:]], y[order[cut:]])
 
 
-def _labels(path: Path, y: np.ndarray, schema: MemberSchema, what: str) -> np.ndarray:
-    """Targets checked against the schema: int64 classes in range, or float32 (N,) / (N, k)."""
+def _labels(found: Problems, y: np.ndarray, schema: MemberSchema, what: str,
+            where: str) -> np.ndarray | None:
+    """Targets checked against the schema: int64 classes in range, or float32 (N,) / (N, k);
+    None (and the problems added) if they do not fit."""
     if schema.kind == CLASSIFICATION:
-        if y.dtype.kind in "OSU" and schema.class_names:  # class names
+        if y.dtype.kind in "OSU":
+            text = np.array([str(v) for v in y.tolist()], dtype=object)
+            missing = np.flatnonzero([v.strip().lower() in ("", "nan", "n/a", "na", "none")
+                                      for v in text]) if y.dtype.kind == "O" else np.array([])
+            if len(missing):
+                found.add(f"{what} is missing (empty or n/a) at {_rows(missing, where)}")
+                return None
+            if not schema.class_names:
+                found.add(f"{what} holds text; name the classes in member-class-names, or use "
+                          "integer labels")
+                return None
             index = {c: i for i, c in enumerate(schema.class_names)}
-            unknown = sorted({str(v) for v in y.tolist()} - set(index))
-            if unknown:
-                raise _fail(path, f"{what} has labels {unknown[:5]} that are not among the run's "
-                                  f"classes {list(schema.class_names)}")
-            return np.array([index[str(v)] for v in y.tolist()], dtype=np.int64)
+            unknown = np.flatnonzero([v not in index for v in text])
+            if len(unknown):
+                names = sorted({str(text[i]) for i in unknown})
+                found.add(f"{what} has labels {names[:5]} that are not among the run's classes "
+                          f"{list(schema.class_names)} at {_rows(unknown, where)}")
+                return None
+            return np.array([index[v] for v in text], dtype=np.int64)
         if y.ndim != 1:
-            raise _fail(path, f"{what} has shape {y.shape}; class labels need one value per row")
-        if y.dtype.kind == "f" and np.isfinite(y).all() and (y == np.round(y)).all():
-            y = y.astype(np.int64)
+            found.add(f"{what} has shape {y.shape}; class labels need one value per row")
+            return None
+        if y.dtype.kind == "f":
+            missing = np.flatnonzero(~np.isfinite(y))
+            if len(missing):
+                found.add(f"{what} is missing (empty, n/a or not finite) at {_rows(missing, where)}")
+                return None
+            if (y == np.round(y)).all():
+                y = y.astype(np.int64)
         if y.dtype.kind not in "iu":
-            raise _fail(path, f"{what} holds {y.dtype} values; class labels must be integers in "
-                              f"[0, {schema.num_outputs})"
-                              + (" or the run's class names" if schema.class_names else ""))
-        bad = (y < 0) | (y >= schema.num_outputs)
-        if bad.any():
-            raise _fail(path, f"{what} has labels {sorted(set(y[bad].tolist()))[:5]} outside "
-                              f"[0, {schema.num_outputs}) (the run has {schema.num_outputs} classes)")
+            found.add(f"{what} holds {y.dtype} values; class labels must be integers in "
+                      f"[0, {schema.num_outputs})"
+                      + (" or the run's class names" if schema.class_names else ""))
+            return None
+        bad = np.flatnonzero((y < 0) | (y >= schema.num_outputs))
+        if len(bad):
+            found.add(f"{what} has labels {sorted(set(y[bad].tolist()))[:5]} outside "
+                      f"[0, {schema.num_outputs}) (the run has {schema.num_outputs} classes) at "
+                      f"{_rows(bad, where)}")
+            return None
         return y.astype(np.int64)
     if y.dtype.kind not in "fiu":
-        raise _fail(path, f"{what} holds {y.dtype} values; regression targets must be numbers")
+        found.add(f"{what} holds {y.dtype} values; regression targets must be numbers")
+        return None
     per_row = int(np.prod(y.shape[1:])) if y.ndim > 1 else 1
     if per_row != schema.num_outputs:
-        raise _fail(path, f"{what} has {per_row} target value(s) per row; the run expects "
-                          f"{schema.num_outputs}")
+        found.add(f"{what} has {per_row} target value(s) per row; the run expects "
+                  f"{schema.num_outputs}")
+        return None
     y = y.astype(np.float32)
-    if not np.isfinite(y).all():
-        raise _fail(path, f"{what} has non-finite values")
+    bad = np.flatnonzero(~np.isfinite(y.reshape(len(y), -1)).all(axis=1))
+    if len(bad):
+        found.add(f"{what} is missing or not finite at {_rows(bad, where)}")
+        return None
     return y if schema.num_outputs > 1 else y.reshape(-1)
 
 
-def _inputs(path: Path, x: np.ndarray, schema: MemberSchema, what: str) -> np.ndarray:
-    """Inputs checked against the schema: (N, *input_shape), numbers, finite."""
-    if x.ndim >= 1 and tuple(x.shape[1:]) != schema.input_shape:
+def _inputs(found: Problems, x: np.ndarray, schema: MemberSchema, what: str,
+            where: str) -> np.ndarray | None:
+    """Inputs checked against the schema: (N, *input_shape), numbers, finite; None (and the
+    problems added) if they do not fit."""
+    if x.ndim == 0:
+        found.add(f"{what} must hold one row per sample, not a single value")
+        return None
+    if tuple(x.shape[1:]) != schema.input_shape:
         features = int(np.prod(x.shape[1:])) if x.ndim > 1 else 1
-        if len(schema.input_shape) == 1 and x.ndim == 2:
-            raise _fail(path, f"{what} has {features} features per row; the run expects "
-                              f"{schema.input_shape[0]}")
-        raise _fail(path, f"{what} has shape {x.shape}; the run expects (N, "
-                          f"{', '.join(map(str, schema.input_shape))})")
+        if len(schema.input_shape) == 1 and x.ndim <= 2:
+            found.add(f"{what} has {features} feature(s) per row; the run expects "
+                      f"{schema.input_shape[0]}")
+        else:
+            found.add(f"{what} has shape {x.shape}; the run expects (N, "
+                      f"{', '.join(map(str, schema.input_shape))})")
+        return None
     if x.dtype.kind not in "fiub":
-        raise _fail(path, f"{what} holds {x.dtype} values; inputs must be numbers")
+        found.add(f"{what} holds {x.dtype} values; inputs must be numbers")
+        return None
     if x.dtype == np.uint8:
         return x  # images: scaled to [-1, 1] like the partitioned image tasks (tasks.data.to_tensors)
     x = x.astype(np.float32)
-    if not np.isfinite(x).all():
-        raise _fail(path, f"{what} has non-finite values")
+    bad = np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(axis=1))
+    if len(bad):
+        found.add(f"{what} has non-finite values at {_rows(bad, where)}")
+        return None
     return x
 
 
-def _pair(path: Path, x: np.ndarray, y: np.ndarray, schema: MemberSchema, what: str) -> Split:
-    if x.ndim == 0 or y.ndim == 0:
-        raise _fail(path, f"{what}: x and y must hold one row per sample, not a single value")
-    if len(x) != len(y):
-        raise _fail(path, f"{what}: x has {len(x)} rows but y has {len(y)}")
-    if len(y) == 0:
-        raise _fail(path, f"{what} has no rows")
-    return Split(_inputs(path, x, schema, f"{what} x"), _labels(path, y, schema, f"{what} y"))
+def _checked(found: Problems, x: np.ndarray, y: np.ndarray | None, schema: MemberSchema,
+             what: tuple[str, str], where: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Inputs and targets of one block of rows (``what``: their names in messages)."""
+    if y is not None and x.ndim >= 1 and y.ndim >= 1 and len(x) != len(y):
+        found.add(f"{what[0]} has {len(x)} rows but {what[1]} has {len(y)}")
+        return None, None
+    if y is not None and y.ndim == 0:
+        found.add(f"{what[1]} must hold one value per sample, not a single value")
+        return None, None
+    if x.ndim >= 1 and len(x) == 0:
+        found.add(f"{what[0]} has no rows")
+        return None, None
+    checked_y = None if y is None else _labels(found, y, schema, what[1], where)
+    return _inputs(found, x, schema, what[0], where), checked_y
 
 
-def load_npz(path: Path, schema: MemberSchema, seed: int, name: str) -> tuple[Split, Split]:
-    """A member's ``.npz``: ``x``, ``y`` and optional ``x_test``, ``y_test``."""
+def read_npz(path: Path, schema: MemberSchema, labels: bool = True) -> Rows:
+    """A member's ``.npz``: ``x``, ``y`` and optional ``x_test``, ``y_test`` (test rows after
+    the others); without ``labels``, ``y`` may be absent."""
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
@@ -166,22 +250,33 @@ def load_npz(path: Path, schema: MemberSchema, seed: int, name: str) -> tuple[Sp
         raise _fail(path, f"cannot be read without pickle ({err})") from None
     except (OSError, EOFError, Exception) as err:
         raise _fail(path, f"is not a readable .npz file ({type(err).__name__}: {err})") from None
-    missing = [k for k in ("x", "y") if k not in arrays]
-    if missing:
+    if not isinstance(arrays, dict) or "x" not in arrays or (labels and "y" not in arrays):
+        need = ["x", "y"] if labels else ["x"]
+        missing = [k for k in need if k not in arrays]
         raise _fail(path, f"has no array(s) {missing}; a member's .npz holds x and y (and "
                           f"optionally x_test and y_test); it has {sorted(arrays)}")
-    if ("x_test" in arrays) != ("y_test" in arrays):
-        raise _fail(path, "has only one of x_test and y_test; give both or neither")
-    train = _pair(path, arrays["x"], arrays["y"], schema, "x/y")
-    if "x_test" in arrays:
-        return train, _pair(path, arrays["x_test"], arrays["y_test"], schema, "x_test/y_test")
-    if len(train.y) < 2:
-        raise _fail(path, "has 1 row; needs at least 2 (one to train, one to test)")
-    return _seeded_split(train.x, train.y, seed, name)
+    found = Problems(path)
+    blocks = [("x", "y")] + ([("x_test", "y_test")] if "x_test" in arrays else [])
+    if ("x_test" in arrays) != ("y_test" in arrays) and labels:
+        found.add("it has only one of x_test and y_test; give both or neither")
+    xs, ys = [], []
+    for xk, yk in blocks:
+        x, y = _checked(found, arrays[xk], arrays.get(yk) if yk in arrays else None, schema,
+                        (xk, yk), "index")
+        xs.append(x)
+        ys.append(y)
+    found.raise_any()
+    inputs = [x for x in xs if x is not None]
+    targets = [y for y in ys if y is not None]
+    has_y = len(targets) == len(blocks)
+    test = (np.r_[np.zeros(len(inputs[0]), dtype=np.bool_), np.ones(len(inputs[1]), dtype=np.bool_)]
+            if len(inputs) == 2 else None)
+    return Rows(np.concatenate(inputs), np.concatenate(targets) if has_y else None, test)
 
 
-def load_table(path: Path, schema: MemberSchema, seed: int, name: str) -> tuple[Split, Split]:
-    """A member's CSV or Parquet table (see the module docstring)."""
+def read_table(path: Path, schema: MemberSchema, labels: bool = True) -> Rows:
+    """A member's CSV or Parquet table (see the module docstring); without ``labels``, the
+    label column may be absent."""
     import pandas as pd
 
     try:
@@ -189,53 +284,75 @@ def load_table(path: Path, schema: MemberSchema, seed: int, name: str) -> tuple[
     except Exception as err:
         raise _fail(path, f"cannot be read as a {path.suffix} table ({type(err).__name__}: "
                           f"{err})") from None
-    columns = list(frame.columns)
-    if schema.label_column not in columns:
-        raise _fail(path, f"has no label column '{schema.label_column}' (member-label-column); "
-                          f"its columns are {columns[:20]}")
+    where = "line" if path.suffix.lower() == ".csv" else "row"
+    found = Problems(path)
+    columns = [str(c) for c in frame.columns]
+    frame.columns = columns
+    has_label = schema.label_column in columns
+    if labels and not has_label:
+        found.add(f"it has no label column '{schema.label_column}' (member-label-column); its "
+                  f"columns are {columns[:20]}")
     features = list(schema.feature_columns) or [
         c for c in columns if c not in (schema.label_column, SPLIT_COLUMN)]
     missing = [c for c in features if c not in columns]
     if missing:
-        raise _fail(path, f"lacks the feature column(s) {missing} (member-feature-columns)")
+        found.add(f"it lacks the feature column(s) {missing} (member-feature-columns)")
     if len(schema.input_shape) != 1:
-        raise _fail(path, f"a table gives one feature vector per row; the run expects inputs of "
-                          f"shape {schema.input_shape}")
-    try:
-        x = frame[features].to_numpy(dtype=np.float32)
-    except (ValueError, TypeError) as err:
-        raise _fail(path, f"has non-numeric feature values ({err})") from None
-    y = frame[schema.label_column].to_numpy()
-    if y.dtype == object and schema.kind == CLASSIFICATION and not schema.class_names:
-        raise _fail(path, f"label column '{schema.label_column}' holds text; name the classes "
-                          "in member-class-names, or use integer labels")
-    if SPLIT_COLUMN not in columns:
-        whole = _pair(path, x, y, schema, "the table")
-        if len(whole.y) < 2:
-            raise _fail(path, "has 1 row; needs at least 2 (one to train, one to test)")
-        return _seeded_split(whole.x, whole.y, seed, name)
-    split = frame[SPLIT_COLUMN].astype(str).str.strip().str.lower().to_numpy()
-    other = sorted(set(split.tolist()) - {"train", "test"})
-    if other:
-        raise _fail(path, f"column '{SPLIT_COLUMN}' holds {other[:5]}; allowed: train, test")
-    tr, te = split == "train", split == "test"
-    return (_pair(path, x[tr], y[tr], schema, "the train rows"),
-            _pair(path, x[te], y[te], schema, "the test rows"))
+        found.add(f"a table gives one feature vector per row; the run expects inputs of shape "
+                  f"{schema.input_shape}")
+    found.raise_any()
+    if len(frame) == 0:
+        raise _fail(path, "has no rows")
+    for c in features:  # every cell that is no number, by column and row
+        values = frame[c]
+        numbers = pd.to_numeric(values, errors="coerce")
+        empty = np.flatnonzero(values.isna().to_numpy())
+        if len(empty):
+            found.add(f"column '{c}' is missing (empty or n/a) at {_rows(empty, where)}")
+        text = np.flatnonzero((numbers.isna() & values.notna()).to_numpy())
+        if len(text):
+            found.add(f"column '{c}' holds non-numeric values such as "
+                      f"{str(values.iloc[int(text[0])])!r} at {_rows(text, where)}")
+    y = None
+    if has_label:
+        raw = frame[schema.label_column]
+        y = raw.to_numpy(dtype=object) if raw.dtype == object or str(raw.dtype).startswith(
+            ("string", "str")) else raw.to_numpy()
+        if y.dtype == object and schema.kind == REGRESSION:
+            y = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
+        y = _labels(found, y, schema, f"label column '{schema.label_column}'", where)
+    test = None
+    if SPLIT_COLUMN in columns:
+        split = frame[SPLIT_COLUMN].astype(str).str.strip().str.lower().to_numpy()
+        other = np.flatnonzero(~np.isin(split, ["train", "test"]))
+        if len(other):
+            found.add(f"column '{SPLIT_COLUMN}' holds {sorted(set(split[other].tolist()))[:5]} at "
+                      f"{_rows(other, where)}; allowed: train, test")
+        test = split == "test"
+    found.raise_any()
+    x = frame[features].apply(pd.to_numeric).to_numpy(dtype=np.float32)
+    return Rows(x, y, test)
 
 
-def _read_images(folder: Path, schema: MemberSchema) -> tuple[np.ndarray, np.ndarray]:
+def _read_images(folder: Path, schema: MemberSchema, labelled: bool = True
+                 ) -> tuple[np.ndarray, np.ndarray | None]:
     from PIL import Image
 
     channels, height, width = schema.input_shape
     mode = {1: "L", 3: "RGB"}[channels]
     classes = {c: i for i, c in enumerate(schema.class_names)}
-    subfolders = sorted(p for p in folder.iterdir() if p.is_dir())
-    unknown = [p.name for p in subfolders if p.name not in classes]
-    if unknown:
-        raise _fail(folder, f"has class folder(s) {unknown[:5]} that are not among the run's "
-                            f"classes {list(schema.class_names)} (member-class-names)")
+    found = Problems(folder)
+    if labelled:
+        subfolders = sorted(p for p in folder.iterdir() if p.is_dir())
+        unknown = [p.name for p in subfolders if p.name not in classes]
+        if unknown:
+            found.add(f"it has class folder(s) {unknown[:5]} that are not among the run's "
+                      f"classes {list(schema.class_names)} (member-class-names)")
+        groups = [(sub, classes.get(sub.name, -1)) for sub in subfolders]
+    else:
+        groups = [(folder, -1)]
     xs, ys = [], []
-    for sub in subfolders:
+    for sub, label in groups:
         for f in sorted(sub.iterdir()):
             if f.suffix.lower() not in IMAGE_SUFFIXES:
                 continue
@@ -246,17 +363,21 @@ def _read_images(folder: Path, schema: MemberSchema) -> tuple[np.ndarray, np.nda
                         img = img.resize((width, height), Image.Resampling.BILINEAR)
                     a = np.asarray(img, dtype=np.uint8)
             except Exception as err:
-                raise _fail(f, f"cannot be read as an image ({type(err).__name__}: {err})") from None
+                found.add(f"{f.relative_to(folder)} cannot be read as an image "
+                          f"({type(err).__name__}: {err})")
+                continue
             xs.append(a[None] if channels == 1 else a.transpose(2, 0, 1))
-            ys.append(classes[sub.name])
-    if not xs:
-        raise _fail(folder, f"holds no images ({', '.join(IMAGE_SUFFIXES)}) in class folders")
-    return np.stack(xs), np.array(ys, dtype=np.int64)
+            ys.append(label)
+    if not xs and not found.found:
+        found.add(f"it holds no images ({', '.join(IMAGE_SUFFIXES)})"
+                  + (" in class folders" if labelled else ""))
+    found.raise_any()
+    return np.stack(xs), (np.array(ys, dtype=np.int64) if labelled else None)
 
 
-def load_image_folder(path: Path, schema: MemberSchema, seed: int,
-                      name: str) -> tuple[Split, Split]:
-    """A member's image folder: ``<class>/*`` (seeded 80/20 split), or ``train/`` and ``test/``."""
+def read_image_folder(path: Path, schema: MemberSchema, labels: bool = True) -> Rows:
+    """A member's image folder: ``<class>/*``, or ``train/`` and ``test/`` laid out so; without
+    ``labels``, a folder of images alone is read too (no classes)."""
     if len(schema.input_shape) != 3 or schema.input_shape[0] not in (1, 3):
         raise _fail(path, f"is a folder of images; the run expects inputs of shape "
                           f"{schema.input_shape}, not (1 or 3 channels, height, width)")
@@ -264,26 +385,46 @@ def load_image_folder(path: Path, schema: MemberSchema, seed: int,
         raise _fail(path, f"is a folder of images: the run must be a classification with its "
                           f"{schema.num_outputs} classes named in member-class-names")
     if (path / "train").is_dir() and (path / "test").is_dir():
-        return (Split(*_read_images(path / "train", schema)),
-                Split(*_read_images(path / "test", schema)))
-    x, y = _read_images(path, schema)
-    if len(y) < 2:
-        raise _fail(path, "holds 1 image; needs at least 2 (one to train, one to test)")
-    return _seeded_split(x, y, seed, name)
+        (xa, ya), (xb, yb) = (_read_images(path / "train", schema),
+                              _read_images(path / "test", schema))
+        assert ya is not None and yb is not None
+        return Rows(np.concatenate([xa, xb]), np.concatenate([ya, yb]),
+                    np.r_[np.zeros(len(ya), bool), np.ones(len(yb), bool)])
+    flat = any(f.suffix.lower() in IMAGE_SUFFIXES for f in path.iterdir() if f.is_file())
+    x, y = _read_images(path, schema, labelled=labels or not flat)
+    return Rows(x, y, None)
 
 
-def load_member_data(path: str | Path, schema: MemberSchema, seed: int,
-                     name: str) -> tuple[Split, Split]:
-    """The member ``name``'s (train, test) data from ``path``, checked against ``schema``."""
+def read_member_rows(path: str | Path, schema: MemberSchema, labels: bool = True) -> Rows:
+    """Every row of the member data at ``path``, checked against ``schema`` (every problem
+    found in one :class:`MemberDataError`); ``labels = False`` for data to predict on."""
     p = Path(path).expanduser()
     if not p.exists():
         raise _fail(p, "does not exist")
     if p.is_dir():
-        return load_image_folder(p, schema, seed, name)
+        return read_image_folder(p, schema, labels)
     suffix = p.suffix.lower()
     if suffix == ".npz":
-        return load_npz(p, schema, seed, name)
+        return read_npz(p, schema, labels)
     if suffix in TABLE_SUFFIXES:
-        return load_table(p, schema, seed, name)
+        return read_table(p, schema, labels)
     raise _fail(p, f"has the suffix '{p.suffix}'; allowed: .npz, .csv, .parquet, or a folder "
                    "of images")
+
+
+def load_member_data(path: str | Path, schema: MemberSchema, seed: int,
+                     name: str) -> tuple[Split, Split]:
+    """The member ``name``'s (train, test) data from ``path``, checked against ``schema``:
+    the rows the file marks for testing, or else a seeded 80/20 split."""
+    rows = read_member_rows(path, schema)
+    assert rows.y is not None
+    if rows.test is None:
+        if len(rows.y) < 2:
+            raise _fail(Path(path), "has 1 row; needs at least 2 (one to train, one to test)")
+        return _seeded_split(rows.x, rows.y, seed, name)
+    parts = []
+    for keep, what in ((~rows.test, "train"), (rows.test, "test")):
+        if not keep.any():
+            raise _fail(Path(path), f"has no {what} rows (the {what} rows it marks are none)")
+        parts.append(Split(rows.x[keep], rows.y[keep]))
+    return parts[0], parts[1]

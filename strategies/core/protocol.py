@@ -6,12 +6,14 @@ method's module, beside both of its halves. No key is spelled out in two files.
 
 Records of a message (``RecordDict`` names)
     ``config`` (ConfigRecord), ``arrays`` (ArrayRecord: the model),
-    ``metrics`` (MetricRecord: in replies), ``info`` (ConfigRecord: the query reply).
+    ``metrics`` (MetricRecord: in replies), ``info`` (ConfigRecord: the query reply),
+    ``model`` (ArrayRecord: the tested model, in an evaluate reply asked to keep it).
 Config keys every train / evaluate message may carry
     ``server-round``, ``client-update`` (the name of the client half to run,
     :mod:`strategies.core.client`), ``client-index`` (the client's id in the run),
     ``local-epochs``, ``local-steps``, ``batch-size``, ``lr``, ``optimizer``;
-    in train messages ``trained-rounds``.
+    in train messages ``trained-rounds``; in evaluate messages of a round whose models
+    are kept ``save-model``, ``save-token``, ``save-reason`` and ``save-if-better``.
 Reply metrics
     ``client-id``, ``server-round``, ``num-examples``, ``train-loss``;
     evaluation: ``accuracy`` (classification) or ``mse`` (regression), and ``loss``.
@@ -45,8 +47,19 @@ TRAINED_ROUNDS = "trained-rounds"
 # The client's id in the run (its partition id; a member's, given by the server in the
 # order of the members' names): seeds the client's mini-batch order.
 CLIENT_INDEX = "client-index"
+# In evaluate messages of the rounds whose models are kept (run config save-models): the
+# run's name and token (a member's node never overwrites another run's files), why the
+# model is kept, and, keeping the best validation model, the client's best score of the
+# earlier rounds (keep only a better one). The node writes the tested model to its
+# model-dir, or (a partitioned run) replies it under MODEL for the server to write.
+SAVE_MODEL = "save-model"
+SAVE_TOKEN = "save-token"
+SAVE_REASON = "save-reason"
+SAVE_IF_BETTER = "save-if-better"
+MODEL = "model"
 GENERIC_KEYS = frozenset({SERVER_ROUND, CLIENT_UPDATE, LOCAL_EPOCHS, LOCAL_STEPS, BATCH_SIZE,
-                          LR, OPTIMIZER, TRAINED_ROUNDS, CLIENT_INDEX})
+                          LR, OPTIMIZER, TRAINED_ROUNDS, CLIENT_INDEX, SAVE_MODEL, SAVE_TOKEN,
+                          SAVE_REASON, SAVE_IF_BETTER})
 
 # Reply metrics
 CLIENT_ID = "client-id"

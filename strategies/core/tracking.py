@@ -84,7 +84,7 @@ class Tracker:
         self.names: list[str] = []
         self.schema: Schema | None = None
         #: nodes of members whose data does not fit the run (not asked again)
-        self.refused: set[int] = set()
+        self.refused: dict[int, str] = {}  # node id -> why it is left out for good
         #: nodes of members held back: their name is another connected node's (node -> info)
         self.pending: dict[int, ClientInfo] = {}
 

@@ -1,0 +1,141 @@
+"""``fedamp-flwr``: what a member runs on its own machine, before and after a run.
+
+``fedamp-flwr check-data DATA --run-config "..."``
+    Checks a data file or image folder against the run's schema with the reader
+    and checks the run itself uses (:mod:`tasks.members`), and lists every
+    problem found. Exit status 0 only when the file fits, 1 when it does not, 2
+    when the run config is invalid.
+``fedamp-flwr predict MODEL DATA [--out predictions.csv]``
+    Rebuilds the model of a ``.safetensors`` file from its card (the weights'
+    sha256 checked), reads DATA (``.npz``, CSV, Parquet or an image folder)
+    through the same reader and the card's schema, and writes one row per sample
+    of DATA, in file order: ``prediction`` (the class, by name where the card
+    names them; or the regression outputs), then the class probabilities. Where
+    DATA has labels it prints the accuracy (or MSE) as the run measures it.
+
+Nothing here connects anywhere; both read only the files named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import tasks
+from tasks.data import Split, to_tensors
+from tasks.export import ModelFileError, load_model, predict
+from tasks.members import load_member_data, read_member_rows
+from tasks.train import evaluate
+
+from .config import ConfigError, RunConfig, default_values
+
+
+def _run_config(text: str) -> RunConfig:
+    """The run config a coordinator's ``--run-config`` string gives (defaults for the rest)."""
+    from flwr.common.config import parse_config_args
+
+    try:
+        given = parse_config_args([text]) if text.strip() else {}
+    except Exception as err:
+        raise ConfigError(f"--run-config {text!r} cannot be read ({err}); allowed: "
+                          "\"key=value key2='text'\" as flwr run takes it") from None
+    given.setdefault("dataset", tasks.MEMBERS)
+    # a file is checked against the data keys; a method not named has no say in that
+    given.setdefault("strategy", "fedavg")
+    return RunConfig.from_run_config({**default_values(), **given})
+
+
+def check_data(data: str, run_config: str, client_id: str) -> int:
+    try:
+        cfg = _run_config(run_config)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    schema = cfg.member_schema()
+    if schema is None:
+        print(f"error: run config 'dataset' = {cfg.dataset!r}: check-data checks a member's file "
+              "against a run over members' data (dataset = \"members\")", file=sys.stderr)
+        return 2
+    try:
+        train, test = load_member_data(data, schema, cfg.seed, client_id)
+    except tasks.MemberDataError as err:
+        print(f"does not fit: {err}")
+        return 1
+    print(f"fits: {data}: {len(train.y)} training and {len(test.y)} test rows, "
+          f"{schema.describe()}" + _classes(train, test, schema))
+    return 0
+
+
+def _classes(train: Split, test: Split, schema: tasks.MemberSchema) -> str:
+    if schema.kind != tasks.CLASSIFICATION:
+        return ""
+    present = sorted(set(np.concatenate([train.y, test.y]).tolist()))
+    names = [schema.class_names[i] if schema.class_names else str(i) for i in present]
+    return f"; classes present: {', '.join(names)}"
+
+
+def predict_file(model_path: str, data: str, out: str | None) -> int:
+    import pandas as pd
+
+    try:
+        loaded = load_model(model_path)
+        rows = read_member_rows(data, loaded.schema, labels=False)
+    except (ModelFileError, tasks.MemberDataError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    schema = loaded.schema
+    x, _ = to_tensors(Split(rows.x, np.zeros(len(rows.x), dtype=np.int64)))
+    outputs = predict(loaded.model, x)
+    table: dict[str, object] = {}
+    if schema.kind == tasks.CLASSIFICATION:
+        classes = outputs.argmax(1).numpy()
+        names = list(schema.class_names) or [str(i) for i in range(schema.num_outputs)]
+        table["prediction"] = [names[c] for c in classes] if schema.class_names else classes
+        probabilities = torch.softmax(outputs.double(), dim=1).numpy()
+        for i, name in enumerate(names):
+            table[f"p_{name}"] = probabilities[:, i]
+    else:
+        flat = outputs.reshape(len(outputs), -1).numpy()
+        for i in range(flat.shape[1]):
+            table["prediction" if flat.shape[1] == 1 else f"prediction_{i}"] = flat[:, i]
+    path = Path(out or "predictions.csv")
+    pd.DataFrame(table).to_csv(path, index=False)
+    card = loaded.card
+    print(f"{len(x)} predictions of {card.get('member') or card.get('client_id')}'s model "
+          f"(run {card.get('run')}, round {card.get('round')}) written to {path}")
+    if rows.y is not None:
+        _, y = to_tensors(Split(rows.x, rows.y))
+        result = evaluate(loaded.model, x, y)
+        score = (f"accuracy {result.accuracy!r}" if result.accuracy is not None
+                 else f"mse {result.mse!r}")
+        print(f"{score} on {len(y)} labelled rows of {data}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fedamp-flwr", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check-data", help="check a member's data against a run's schema "
+                           "before joining")
+    check.add_argument("data", help="the data file (.npz, .csv, .parquet) or image folder")
+    check.add_argument("--run-config", default="", help="the run's config as the coordinator "
+                       "gives it to flwr run, e.g. \"member-input-shape='8' member-outputs=2\"")
+    check.add_argument("--client-id", default="check", help="the member's name (seeds the "
+                       "80/20 split of a file without one)")
+    pred = sub.add_parser("predict", help="predict with a delivered model")
+    pred.add_argument("model", help="the model's .safetensors file (its card .json beside it)")
+    pred.add_argument("data", help="the data file (.npz, .csv, .parquet) or image folder")
+    pred.add_argument("--out", default=None, help="the CSV to write (default predictions.csv)")
+    args = parser.parse_args(argv)
+    if args.command == "check-data":
+        return check_data(args.data, args.run_config, args.client_id)
+    return predict_file(args.model, args.data, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,350 @@
+"""Each client's model delivered: to the member's own machine, or to the run's folder.
+
+What is kept (run config ``save-models``): the model whose score the run
+records for a client in a round, i.e. the model the client tests in its
+evaluate message (FedAMP/HeurFedAMP: its personalized cloud model; Panacea and
+pFedHN: its generated model; FedAvg-FT/FedProx-FT: the fine-tuned one; APFL:
+the mixed one; pFedMe: theta; the global methods: the global model):
+
+* ``final`` (default): in the last round;
+* ``every-checkpoint``: in every round that writes a checkpoint (the file is
+  replaced: one model per client, the latest);
+* ``best-validation``: with ``validation-fraction > 0``, in each round where the
+  client's validation score beats its best of the earlier rounds (never a test score);
+* ``none``.
+
+Who writes it:
+
+* a node whose node config names a ``model-dir`` (a member's SuperNode) writes
+  ``<model-dir>/<run>/<client-id>.safetensors`` and its card itself; nothing
+  leaves its machine. Without a ``model-dir`` a member's node writes nothing and
+  says so once in its log;
+* a node of a partitioned run (simulation, or a fleet of partitions) without a
+  ``model-dir`` replies the model, and the server writes it under
+  ``<results-dir>/<run>/models/``.
+
+The server asks for the models in the evaluate messages of those rounds (keys
+of :mod:`strategies.core.protocol`: ``save-model``, ...); a reply's model is
+checked like every reply (keys, shapes, dtypes, finite) and written only if the
+run recorded that client's evaluation. A member absent from the last round's
+evaluation still gets its model: after the last round every connected client
+without one is sent the model the server holds for it (its card says so).
+The file format and the card: :mod:`tasks.export`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from logging import ERROR, INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+from flwr.serverapp import Grid
+from flwr.supercore import log
+from torch import nn
+
+import tasks
+from strategies.core.history import RunHistory
+from strategies.core.protocol import (
+    ACCURACY,
+    CLIENT_INDEX,
+    CONFIG,
+    LOSS,
+    MODEL,
+    MSE,
+    NUM_EXAMPLES,
+    SAVE_IF_BETTER,
+    SAVE_MODEL,
+    SAVE_REASON,
+    SAVE_TOKEN,
+    SERVER_ROUND,
+    as_float,
+    as_int,
+)
+from strategies.core.replies import ArraySpec, arrays_problem, evaluate_reply_problem, metrics_of
+from tasks.export import CARD, PREPROCESSING, package_version, schema_record, write_model
+
+from .config import ConfigError, RunConfig
+
+__all__ = ["MODEL_DIR", "ModelDelivery", "SaveRequest", "keep_tested_model",
+           "model_card", "new_token"]
+
+#: the node config key naming where a node writes its models
+MODEL_DIR = "model-dir"
+
+
+def new_token() -> str:
+    """A run's token: its models' cards carry it, so that no run overwrites another's."""
+    return uuid.uuid4().hex[:16]
+
+
+def data_schema(cfg: RunConfig, dc: tasks.DataConfig) -> tasks.MemberSchema:
+    """The schema of the run's data: the members' (run config), else the task's shape."""
+    schema = cfg.member_schema()
+    if schema is not None:
+        return schema
+    info = tasks.data_info(dc)
+    return tasks.MemberSchema(info.input_shape, info.kind, info.num_outputs)
+
+
+def model_card(cfg: RunConfig, dc: tasks.DataConfig, *, run: str, token: str, client_id: int,
+               member: str | None, server_round: int, why: str,
+               scores: dict[str, Any]) -> dict[str, Any]:
+    """A model's card (:mod:`tasks.export`), but for the weights' name and hash."""
+    schema = data_schema(cfg, dc)
+    main = ACCURACY if ACCURACY in scores else MSE
+    return {
+        "member": member, "client_id": client_id, "run": run, "run_token": token,
+        "strategy": cfg.strategy, "settings": cfg.settings.to_dict(),
+        "training": {k: cfg.value(k) for k in ("local-epochs", "local-steps", "batch-size",
+                                                "learning-rate", "optimizer", "seed")},
+        "round": server_round, "why": why,
+        "score": {main: scores.get(main), LOSS: scores.get(LOSS),
+                  "num_examples": scores.get(NUM_EXAMPLES),
+                  "on": ("validation rows (validation-fraction = "
+                         f"{cfg.validation_fraction:g})" if cfg.validation_fraction > 0
+                         else "test rows")},
+        "dataset": cfg.setting_name, "schema": schema_record(schema),
+        "preprocessing": PREPROCESSING,
+        "model": {"name": tasks.model_name(dc, cfg.model),
+                  "input_shape": list(schema.input_shape), "num_outputs": schema.num_outputs},
+        "package": {"name": "fedamp-flwr", "version": package_version()},
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+# ---------------------------------------------------------------------------
+# The client's half
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SaveRequest:
+    """What an evaluate message asks of the tested model (None: nothing)."""
+
+    run: str
+    token: str
+    why: str
+    better_than: float | None
+
+    @classmethod
+    def of(cls, config: ConfigRecord) -> SaveRequest | None:
+        if SAVE_MODEL not in config:
+            return None
+        run = str(config[SAVE_MODEL])
+        if not run or "/" in run or run.startswith("."):
+            raise ConfigError(f"message config '{SAVE_MODEL}' = {run!r} is not a run name")
+        better = config.get(SAVE_IF_BETTER)
+        return cls(run, str(config.get(SAVE_TOKEN, "")), str(config.get(SAVE_REASON, "")),
+                   None if better is None else as_float(better, SAVE_IF_BETTER))
+
+    def wants(self, scores: dict[str, Any]) -> bool:
+        """Whether the tested model is kept: always, or only if it beats the earlier best."""
+        if self.better_than is None:
+            return True
+        if ACCURACY in scores:
+            return float(scores[ACCURACY]) > self.better_than
+        return float(scores[MSE]) < self.better_than
+
+
+_TOLD = "fedamp-no-model-dir"
+
+
+def keep_tested_model(context: Context, cfg: RunConfig, dc: tasks.DataConfig, config: ConfigRecord,
+                      model: nn.Module, client_id: int, member: str | None,
+                      scores: dict[str, Any]) -> dict[str, ArrayRecord]:
+    """Keep the model a client just tested, as the message asks: write it to the node's
+    ``model-dir``, or return it as a reply record (a partitioned run's node without one).
+    A member's node without a ``model-dir`` writes nothing and says so once."""
+    request = SaveRequest.of(config)
+    if request is None or not request.wants(scores):
+        return {}
+    folder = context.node_config.get(MODEL_DIR)
+    if isinstance(folder, str) and folder.strip():
+        where = Path(folder.strip()).expanduser() / request.run
+        stem = member or str(client_id)
+        _write_on_node(where, stem, model, model_card(
+            cfg, dc, run=request.run, token=request.token, client_id=client_id, member=member,
+            server_round=as_int(config.get(SERVER_ROUND, 0), SERVER_ROUND), why=request.why,
+            scores=scores))
+        return {}
+    if cfg.dataset != tasks.MEMBERS:
+        return {MODEL: ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})}
+    if _TOLD not in context.state.config_records:
+        context.state[_TOLD] = ConfigRecord({"told": True})
+        log(WARNING, "This node's model of run '%s' is not written: its node config names no "
+            "'%s' (start the SuperNode with --node-config \"... %s='/path/for/models'\")",
+            request.run, MODEL_DIR, MODEL_DIR)
+    return {}
+
+
+def _write_on_node(folder: Path, stem: str, model: nn.Module, card: dict[str, Any]) -> None:
+    """Write a member's model on its own machine, unless another run's files are there."""
+    existing = folder / f"{stem}{CARD}"
+    if existing.is_file():
+        try:
+            token = json.loads(existing.read_text()).get("run_token")
+        except (OSError, ValueError, AttributeError):
+            token = None
+        if token != card["run_token"]:
+            log(ERROR, "Model not written: %s holds a model of another run named '%s' (its "
+                "token %r, this run's %r); move it away or give this run another run-name",
+                existing, card["run"], token, card["run_token"])
+            return
+    try:
+        path = write_model(folder, stem, model.state_dict(), card)
+    except OSError as err:
+        log(ERROR, "Model not written to %s: %s", folder, err)
+        return
+    log(INFO, "Model of round %d written to %s (%s)", card["round"], path, card["why"])
+
+
+def _write_model(folder: Path, stem: str, state: dict, card: dict[str, Any]) -> None:
+    write_model(folder, stem, state, card)
+
+
+# ---------------------------------------------------------------------------
+# The server's half
+# ---------------------------------------------------------------------------
+class ModelDelivery:
+    """The server's part: asks for the models in the rounds that keep them, writes those a
+    partitioned run's nodes reply, and delivers the last model to clients absent at the end.
+
+    Parameters
+    ----------
+    cfg, dc : RunConfig, tasks.DataConfig
+        The run's config and data config.
+    run, token : str
+        The run's name and token (kept across a resume: its checkpoint holds it).
+    folder : Path
+        Where the server writes the models nodes reply (``<run folder>/models``).
+    spec : ArraySpec
+        What a model must look like (the run's model).
+    history : RunHistory
+        The run's records: which clients' evaluations were recorded, their scores.
+    names : Callable[[], list[str]]
+        The members' names by client id (empty: a partitioned run).
+    submit : Callable[[Callable[[], None]], None]
+        Queues a file write (the ServerApp's background writer).
+    """
+
+    def __init__(self, cfg: RunConfig, dc: tasks.DataConfig, run: str, token: str,
+                 folder: Path, spec: ArraySpec, history: RunHistory,
+                 names: Callable[[], list[str]], submit: Callable[[Callable[[], None]], None]
+                 ) -> None:
+        self.cfg, self.dc, self.run, self.token = cfg, dc, run, token
+        self.folder, self.spec, self.history = folder, spec, history
+        self.names, self.submit = names, submit
+        self.mode = cfg.save_models
+
+    def keeps(self, server_round: int) -> str | None:
+        """Why this round's models are kept, or None."""
+        last = server_round == self.cfg.num_server_rounds
+        if self.mode == "final" or (self.mode == "every-checkpoint" and not self.cfg.checkpoint_every):
+            return "the last round" if last else None
+        if self.mode == "every-checkpoint":
+            if last or server_round % self.cfg.checkpoint_every == 0:
+                return "a checkpoint round" + (" (the last)" if last else "")
+            return None
+        if self.mode == "best-validation":
+            return "its best validation score so far"
+        return None
+
+    def _best_before(self, server_round: int, client_id: int) -> float | None:
+        key = "client_accuracy" if tasks.data_info(self.dc).kind == tasks.CLASSIFICATION \
+            else "client_mse"
+        values = [r[key][client_id] for k, r in self.history.rounds.items()
+                  if k < server_round and client_id in r.get(key, {})]
+        if not values:
+            return None
+        return max(values) if key == "client_accuracy" else min(values)
+
+    def instruct(self, server_round: int, messages: Iterable[Message],
+                 why: str | None = None) -> list[Message]:
+        """The round's evaluate messages, asking for the tested models where they are kept."""
+        messages = list(messages)
+        why = why or self.keeps(server_round)
+        if why is None:
+            return messages
+        for m in messages:
+            c = ConfigRecord(dict(m.content.config_records[CONFIG]))
+            c[SAVE_MODEL], c[SAVE_TOKEN], c[SAVE_REASON] = self.run, self.token, why
+            if self.mode == "best-validation":
+                best = self._best_before(server_round, as_int(c.get(CLIENT_INDEX, -1),
+                                                              CLIENT_INDEX))
+                if best is not None:
+                    c[SAVE_IF_BETTER] = best
+            m.content[CONFIG] = c
+        return messages
+
+    @staticmethod
+    def take(replies: Iterable[Message]) -> tuple[list[Message], dict[int, tuple[ArrayRecord, dict]]]:
+        """The replies without their model records; those records, with the reply's
+        metrics, by sender node."""
+        replies = list(replies)
+        models: dict[int, tuple[ArrayRecord, dict]] = {}
+        for msg in replies:
+            if not msg.has_error() and MODEL in msg.content.array_records:
+                models[msg.metadata.src_node_id] = (msg.content.array_records[MODEL],
+                                                    metrics_of(msg))
+                del msg.content[MODEL]
+        return replies, models
+
+    def store(self, server_round: int, models: dict[int, tuple[ArrayRecord, dict]],
+              client_of: Callable[[int], int | str], why: str | None = None) -> None:
+        """Write the models of the clients whose evaluation the run recorded in
+        ``server_round`` (``why`` given: models delivered after the run, whose replies
+        the caller checked)."""
+        rec = self.history.rounds.get(server_round, {})
+        for node, (record, scores) in sorted(models.items()):
+            cid = client_of(node)
+            if not isinstance(cid, int):
+                continue
+            recorded = any(cid in rec.get(f"client_{m}", {}) for m in (ACCURACY, MSE))
+            if why is None and not recorded:
+                continue  # its evaluation was rejected: so is its model
+            problem = arrays_problem(record, self.spec)
+            if problem is not None:
+                log(WARNING, "Round %d: client %d's model not written: %s", server_round, cid,
+                    problem)
+                continue
+            names = self.names()
+            member = names[cid] if cid < len(names) else None
+            card = model_card(self.cfg, self.dc, run=self.run, token=self.token, client_id=cid,
+                              member=member, server_round=server_round,
+                              why=why or self.keeps(server_round) or "", scores=scores)
+            state = {k: v.clone() for k, v in record.to_torch_state_dict().items()}
+            self.submit(functools.partial(_write_model, self.folder, member or str(cid), state,
+                                          card))
+
+    def deliver_rest(self, strategy, grid: Grid, view: Any, arrays: ArrayRecord,
+                     config: ConfigRecord, timeout: float,
+                     send: Callable[[Grid, list[Message], float], list[Message]]) -> None:
+        """After the last round: every connected client (``view``: the connected clients'
+        grid) absent from its evaluation gets the model the server holds for it (its score
+        then is not in the run's records)."""
+        last = self.cfg.num_server_rounds
+        if self.mode not in ("final", "every-checkpoint"):
+            return
+        tracker = strategy.tracker
+        done = set(self.history.rounds.get(last, {}).get("client_accuracy", {})) | set(
+            self.history.rounds.get(last, {}).get("client_mse", {}))
+        messages = [m for m in strategy.configure_evaluate(last, arrays, config, view)
+                    if tracker.client_of_node(m.metadata.dst_node_id) not in done]
+        if not messages:
+            return
+        why = f"after the run: the client was absent from round {last}'s evaluation"
+        log(INFO, "Delivering their models to %d client(s) absent from round %d's evaluation",
+            len(messages), last)
+        replies, models = self.take(send(grid, self.instruct(last, messages, why), timeout))
+        for msg in replies:
+            problem = evaluate_reply_problem(msg)
+            if problem is not None:
+                log(WARNING, "Model of client %s not delivered: %s",
+                    tracker.client_of_node(msg.metadata.src_node_id), problem)
+                models.pop(msg.metadata.src_node_id, None)
+        self.store(last, models, tracker.client_of_node, why=why)

@@ -1,0 +1,62 @@
+"""Files this app writes on a machine: atomically, and readable by their owner only.
+
+A member's node holds copies of the member's data (the node cache) and models
+trained on it (``model-dir``): nobody but the account that runs the SuperNode
+should read them. Folders are made ``0700`` and files ``0600``, whatever the
+machine's umask; a folder that exists already keeps its mode (it is the
+member's), the files written into it do not.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+FOLDER_MODE, FILE_MODE = 0o700, 0o600
+
+
+def private_folder(path: Path) -> Path:
+    """``path`` made (with its missing parents) readable by its owner only; returned."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    for p in missing:
+        os.chmod(p, FOLDER_MODE)
+    return path
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (where the file system lets a folder be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], object], private: bool = False) -> None:
+    """Write ``path`` through ``write(file)`` into a temporary file, sync it, then rename it
+    over ``path``: a reader sees the old file or the new one, never a part. ``private``:
+    the file is ``0600`` and new folders ``0700``."""
+    if private:
+        private_folder(path.parent)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE if private else 0o666)
+        with os.fdopen(fd, "wb") as f:
+            if private:
+                os.fchmod(f.fileno(), FILE_MODE)  # O_CREAT's mode passes through the umask
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    fsync_folder(path.parent)

@@ -1,0 +1,233 @@
+"""Each client's model delivered (save-models), used (fedamp-flwr predict), and a member's
+data checked before it joins (fedamp-flwr check-data), in process.
+
+The same on a loopback fleet of SuperNodes, each with its own model-dir:
+``tests/test_members_fleet.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tasks
+from experiments.make_sites import member_name, write_sites
+from fedamp_flwr import cli
+from fedamp_flwr.config import ConfigError, RunConfig
+from fedamp_flwr.inprocess import run_inprocess
+from tasks.export import ModelFileError, load_model
+
+
+def _run(tmp_path: Path, name: str, run_config: dict, n: int,
+         node_configs: list[dict] | None = None) -> dict:
+    cfg = {"num-server-rounds": 2, "results-dir": str(tmp_path), "run-name": name,
+           "server-device": "cpu", "min-nodes": len(node_configs or []) or n, **run_config}
+    run_inprocess(cfg, n, node_configs=node_configs)
+    return json.loads((tmp_path / name / "metrics.json").read_text())
+
+
+def _test_rows(dc: tasks.DataConfig, client: int, path: Path) -> Path:
+    """A client's test rows (as the run tests on them) in a members' .npz file."""
+    d = tasks.load_client_data(dc, client)
+    np.savez(path, x=d.x_test.numpy(), y=d.y_test.numpy())
+    return path
+
+
+def _predicted_score(model: Path, data: Path, out: Path, capsys) -> str:
+    assert cli.main(["predict", str(model), str(data), "--out", str(out)]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    return line.split(" on ")[0]  # "accuracy 0.46" / "mse 0.0123..."
+
+
+@pytest.mark.parametrize("strategy, dataset, n, extra", [
+    ("fedamp", "synthetic", 3, {"local-epochs": 1}),
+    ("fedavg-ft", "synthetic", 3, {"local-epochs": 1}),
+    ("apfl", "synthetic", 3, {"local-epochs": 1}),
+    ("panacea", "fl60", 60, {"fl60-variant": "grda", "local-steps": 2}),
+    ("fedavg", "tpt48", 48, {"data-dir": str(Path(__file__).parents[2] / "shared" / "data"
+                                             / "tpt48")}),
+])
+def test_a_simulated_run_leaves_every_clients_model_and_predict_gives_its_recorded_score(
+        tmp_path, capsys, strategy, dataset, n, extra):
+    if dataset == "tpt48" and not Path(extra["data-dir"]).is_dir():
+        pytest.skip("TPT-48 is not in ../shared/data")
+    metrics = _run(tmp_path, "run", {"strategy": strategy, "dataset": dataset, **extra}, n)
+    folder = tmp_path / "run" / "models"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        f"{i}{suffix}" for i in range(n) for suffix in (".json", ".safetensors"))
+    last = metrics["rounds"][-1]
+    cfg = RunConfig.from_run_config({"strategy": strategy, "dataset": dataset, **extra})
+    dc = cfg.data_config(n)
+    key = "accuracy" if "client_accuracy" in last else "mse"
+    for client in (0, n - 1):
+        card = json.loads((folder / f"{client}.json").read_text())
+        assert card["client_id"] == client and card["round"] == 2 and card["run"] == "run"
+        assert card["strategy"] == strategy and card["why"] == "the last round"
+        assert card["score"][key] == last[f"client_{key}"][str(client)]
+        data = _test_rows(dc, client, tmp_path / f"test-{client}.npz")
+        got = _predicted_score(folder / f"{client}.safetensors", data, tmp_path / "p.csv", capsys)
+        name, value = got.split()
+        assert name == key
+        if key == "accuracy":  # to the last digit
+            assert float(value) == last["client_accuracy"][str(client)]
+        else:
+            assert float(value) == pytest.approx(last["client_mse"][str(client)], abs=1e-6)
+    rows = (tmp_path / "p.csv").read_text().splitlines()
+    assert len(rows) == 1 + len(tasks.load_client_data(dc, n - 1).y_test)
+    assert rows[0].startswith("prediction")
+
+
+def test_a_changed_byte_is_refused_and_data_that_does_not_fit_gets_one_line(tmp_path, capsys):
+    _run(tmp_path, "run", {"strategy": "fedavg", "local-epochs": 1}, 2)
+    model = tmp_path / "run" / "models" / "0.safetensors"
+    good = load_model(model)
+    assert good.card["schema"]["input_shape"] == [32]
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, x=np.zeros((4, 5), np.float32), y=np.zeros(4, np.int64))
+    assert cli.main(["predict", str(model), str(wrong)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {wrong}: x has 5 feature(s) per row; the run expects 32"]
+    data = bytearray(model.read_bytes())
+    data[-3] ^= 0x01
+    model.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match="sha256 .* is not the card's"):
+        load_model(model)
+    assert cli.main(["predict", str(model), str(wrong)]) == 1
+    assert "refused" in capsys.readouterr().err
+
+
+def test_files_are_owner_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDAMP_CACHE_DIR", str(tmp_path / "cache" / "fedamp"))
+    monkeypatch.setattr(os, "umask", os.umask)  # the test's umask is put back below
+    old = os.umask(0o022)
+    try:
+        _run(tmp_path, "run", {"strategy": "fedavg", "local-epochs": 1}, 2)
+        tasks.loading._client_data.cache_clear()
+        tasks.load_client_data(tasks.DataConfig("synthetic", "", 2, 7), 0)
+    finally:
+        os.umask(old)
+    cached = list((tmp_path / "cache" / "fedamp").glob("*.npz"))
+    assert cached
+    for path in [*cached, *(tmp_path / "run" / "models").iterdir()]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    for folder in (tmp_path / "cache" / "fedamp", tmp_path / "cache", tmp_path / "run" / "models"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+
+
+def test_a_resumed_run_goes_on_writing_the_same_files(tmp_path):
+    common = {"strategy": "fedamp", "local-epochs": 1, "save-models": "every-checkpoint"}
+    _run(tmp_path, "run", common, 3)
+    folder = tmp_path / "run" / "models"
+    before = sorted(p.name for p in folder.iterdir())
+    token = json.loads((folder / "0.json").read_text())["run_token"]
+    _run(tmp_path, "run", {**common, "resume": True, "num-server-rounds": 3}, 3)
+    assert sorted(p.name for p in folder.iterdir()) == before and len(before) == 6
+    for i in range(3):
+        card = json.loads((folder / f"{i}.json").read_text())
+        assert card["round"] == 3 and card["run_token"] == token
+
+
+def test_save_models_none_writes_nothing_and_changes_no_number(tmp_path):
+    with_models = _run(tmp_path, "a", {"strategy": "fedamp", "local-epochs": 1}, 3)
+    without = _run(tmp_path, "b", {"strategy": "fedamp", "local-epochs": 1,
+                                   "save-models": "none"}, 3)
+    assert not (tmp_path / "b" / "models").exists()
+    assert with_models["rounds"] == without["rounds"]
+
+
+def test_best_validation_keeps_each_clients_best_validation_round(tmp_path):
+    with pytest.raises(ConfigError, match="'save-models' = 'best-validation'.*validation-fraction"):
+        RunConfig.from_run_config({"save-models": "best-validation"})
+    metrics = _run(tmp_path, "run", {"strategy": "fedavg", "local-epochs": 1,
+                                     "save-models": "best-validation",
+                                     "validation-fraction": 0.2, "num-server-rounds": 4}, 3)
+    for client in range(3):
+        series = [r["client_accuracy"][str(client)] for r in metrics["rounds"]]
+        card = json.loads((tmp_path / "run" / "models" / f"{client}.json").read_text())
+        assert card["round"] == 1 + int(np.argmax(series))  # the first round of the best
+        assert card["score"]["accuracy"] == max(series)
+        assert card["score"]["on"].startswith("validation rows")
+
+
+def _members(tmp_path: Path, n: int, model_dirs: bool) -> tuple[dict, list[dict]]:
+    dc = tasks.DataConfig(dataset="synthetic", data_dir="", num_clients=n, seed=0)
+    run_config = write_sites(dc, tmp_path / "sites")
+    nodes = [{"data-path": str(tmp_path / "sites" / f"{member_name(i, n)}.npz"),
+              "client-id": member_name(i, n),
+              **({"model-dir": str(tmp_path / member_name(i, n))} if model_dirs else {})}
+             for i in range(n)]
+    return run_config, nodes
+
+
+def test_each_member_gets_its_own_model_on_its_own_machine_and_left_out_members_are_recorded(
+        tmp_path, capsys, caplog):
+    n = 3
+    run_config, nodes = _members(tmp_path, n, model_dirs=True)
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, x=np.full((6, 32), np.nan, np.float32), y=np.array([0, 1, 12, 0, 1, 0]))
+    nodes.append({"data-path": str(bad), "client-id": "site-bad",
+                  "model-dir": str(tmp_path / "site-bad")})
+    with caplog.at_level(logging.INFO):
+        metrics = _run(tmp_path / "coordinator", "run",
+                       {**run_config, "strategy": "fedamp", "fedamp-sigma": 1.0,
+                        "local-epochs": 1, "min-nodes": n}, n, nodes)
+    # the member's own log names every problem of its file
+    own = [r.getMessage() for r in caplog.records
+           if r.getMessage().startswith("This node cannot take part")]
+    assert any("2 problems" in m and "labels [12]" in m and "non-finite" in m for m in own)
+    assert list(metrics["left_out"].values()) == [
+        next(v for v in metrics["left_out"].values())]  # one member left out ...
+    assert "site-bad" in next(iter(metrics["left_out"].values()))  # ... by name, with why
+    assert "partitioning" not in metrics
+    assert not (tmp_path / "coordinator" / "run" / "models").exists()
+    assert not (tmp_path / "site-bad").exists()
+    last = metrics["rounds"][-1]
+    for i in range(n):
+        name = member_name(i, n)
+        assert sorted(p.name for p in (tmp_path / name / "run").iterdir()) == [
+            f"{name}.json", f"{name}.safetensors"]
+        card = json.loads((tmp_path / name / "run" / f"{name}.json").read_text())
+        cid = metrics["client_names"].index(name)
+        assert card["member"] == name and card["client_id"] == cid
+        with np.load(nodes[i]["data-path"]) as site:  # write_sites gives x_test / y_test
+            np.savez(tmp_path / "t.npz", x=site["x_test"], y=site["y_test"])
+        got = _predicted_score(tmp_path / name / "run" / f"{name}.safetensors",
+                               tmp_path / "t.npz", tmp_path / "p.csv", capsys)
+        assert got == f"accuracy {last['client_accuracy'][str(cid)]!r}"
+
+
+def test_a_member_without_model_dir_writes_nothing_and_says_so(tmp_path, caplog):
+    run_config, nodes = _members(tmp_path, 2, model_dirs=False)
+    with caplog.at_level(logging.WARNING):
+        _run(tmp_path / "coordinator", "run", {**run_config, "strategy": "fedavg",
+                                               "local-epochs": 1}, 2, nodes)
+    said = [r for r in caplog.records if "names no 'model-dir'" in r.getMessage()]
+    assert len(said) == 2  # once per node
+    assert not (tmp_path / "coordinator" / "run" / "models").exists()
+    assert not list(tmp_path.rglob("*.safetensors"))
+
+
+def test_check_data_lists_every_problem_before_joining(tmp_path, capsys):
+    import pandas as pd
+
+    run = "member-input-shape='3' member-outputs=2 member-class-names='no,yes'"
+    good = pd.DataFrame({"a": [0.1, 0.2, 0.3], "b": [1, 2, 3], "c": [3.0, 2, 1],
+                         "label": ["no", "yes", "no"]})
+    good.to_csv(tmp_path / "good.csv", index=False)
+    assert cli.main(["check-data", str(tmp_path / "good.csv"), "--run-config", run]) == 0
+    assert capsys.readouterr().out.startswith(f"fits: {tmp_path / 'good.csv'}: 2 training and 1")
+    (tmp_path / "bad.csv").write_text("a,b,c,label\n0.1,1,3,no\nn/a,2,2,yes\n0.3,x,1,maybe\n")
+    assert cli.main(["check-data", str(tmp_path / "bad.csv"), "--run-config", run]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [f"does not fit: {tmp_path / 'bad.csv'}: 3 problems: column 'a' is missing "
+                   "(empty or n/a) at line 3; column 'b' holds non-numeric values such as 'x' "
+                   "at line 4; label column 'label' has labels ['maybe'] that are not among the "
+                   "run's classes ['no', 'yes'] at line 4"]
+    assert cli.main(["check-data", str(tmp_path / "good.csv"), "--run-config",
+                     "member-outputs=-1"]) == 2
