@@ -198,7 +198,7 @@ def query(msg: Message, context: Context) -> Message:
     except Exception as err:  # reported to the server, which leaves the client out or stops
         reason = f"{type(err).__name__}: {err}"
         # and said here, in the node's own log: a member sees why its data cannot take part
-        log(logging.ERROR, "This node cannot take part in the run: %s", reason)
+        log(logging.WARNING, "This node cannot take part in the run: %s", reason)
         if members:
             name = context.node_config.get(MEMBER_NAME)
             info = {MEMBER: name if isinstance(name, str) else "?", ERROR: reason}

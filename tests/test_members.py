@@ -91,7 +91,7 @@ def test_a_misfit_member_is_left_out_by_name_and_the_others_go_on(tmp_path, capl
     left_out = [r.getMessage() for r in caplog.records if "Left out" in r.getMessage()]
     assert len(left_out) == 1 and "member 'site-bad'" in left_out[0]
     features = tasks.data_info(dc).input_shape[0]
-    assert f"x/y x has 5 features per row; the run expects {features}" in left_out[0]
+    assert f"x has 5 feature(s) per row; the run expects {features}" in left_out[0]
 
 
 def test_two_nodes_claiming_one_client_id_are_both_refused(tmp_path, caplog):

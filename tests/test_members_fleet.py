@@ -41,10 +41,29 @@ def _member_file(path: Path, seed: int, features: int = FEATURES) -> Path:
 
 
 def _supernode(processes, port: int, data: Path, name: str, log: str):
+    """A member's SuperNode: its own data, its own model-dir (``<tmp>/<name>-models``)."""
+    models = processes.tmp / f"{name}-models"
     return processes.start(
         ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
-         "--port", str(free_port()), "--node-config", f"data-path='{data}' client-id='{name}'"],
-        log)
+         "--port", str(free_port()), "--node-config",
+         f"data-path='{data}' client-id='{name}' model-dir='{models}'"], log)
+
+
+def _member_models(processes, name: str, run: str) -> list[str]:
+    folder = processes.tmp / f"{name}-models" / run
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def _predict_test_rows(processes, name: str, run: str, data: Path) -> str:
+    """``fedamp-flwr predict`` (the console script) on a member's test rows: its score line."""
+    with np.load(data) as site:
+        np.savez(processes.tmp / f"{name}-test.npz", x=site["x_test"], y=site["y_test"])
+    model = processes.tmp / f"{name}-models" / run / f"{name}.safetensors"
+    out = subprocess.run([str(Path(FLWR).parent / "fedamp-flwr"), "predict", str(model),
+                          str(processes.tmp / f"{name}-test.npz"), "--out",
+                          str(processes.tmp / "p.csv")], capture_output=True, text=True,
+                         timeout=120, check=True)
+    return out.stdout.strip().splitlines()[-1].split(" on ")[0]
 
 
 def _run(processes, config: str, timeout: float = 600) -> str:
@@ -77,8 +96,22 @@ def test_members_fleet_fedamp_heurfedamp_panacea_misfit_duplicate_restart(proces
     fedamp = _metrics(results, "fedamp", log)
     assert fedamp["client_names"] == names and fedamp["completed_rounds"] == 2
     assert all(r["trained_clients"] == [0, 1, 2] for r in fedamp["rounds"])
-    assert "Left out: member 'site-misfit'" in log and "5 features per row" in log
+    assert "Left out: member 'site-misfit'" in log and "5 feature(s) per row" in log
+    assert list(fedamp["left_out"].values())[0].startswith("member 'site-misfit'")
+    # the misfit member sees why in its own SuperNode's log
+    own = processes.log("misfit")
+    assert "This node cannot take part in the run" in own and "5 feature(s) per row" in own
     stop_tree(misfit.pid, timeout=10)
+    # each member's machine holds its own model and card, and no other member's; used on
+    # its test rows, the model gives the score the run recorded for that member
+    last = fedamp["rounds"][-1]["client_accuracy"]
+    for cid, name in enumerate(names):
+        assert _member_models(processes, name, "fedamp") == [f"{name}.json", f"{name}.safetensors"]
+        card = json.loads((tmp / f"{name}-models" / "fedamp" / f"{name}.json").read_text())
+        assert (card["member"], card["client_id"], card["round"]) == (name, cid, 2)
+        assert _predict_test_rows(processes, name, "fedamp", files[name]) == \
+            f"accuracy {last[str(cid)]!r}"
+    assert _member_models(processes, "site-misfit", "fedamp") == []
 
     # 2. a second node claims site-b's client-id: both are left out, site-a and site-c go on
     impostor = _supernode(processes, port, files["site-c"], "site-b", "impostor")
@@ -102,6 +135,10 @@ def test_members_fleet_fedamp_heurfedamp_panacea_misfit_duplicate_restart(proces
     assert [r["round"] for r in resumed["rounds"]] == [1, 2, 3]
     assert resumed["rounds"][:2] == fedamp["rounds"]  # the first two rounds kept as they were
     assert resumed["rounds"][2]["trained_clients"] == [0, 1, 2]
+    for name in names:  # the same files, now of round 3
+        assert _member_models(processes, name, "fedamp") == [f"{name}.json", f"{name}.safetensors"]
+        card = json.loads((tmp / f"{name}-models" / "fedamp" / f"{name}.json").read_text())
+        assert card["round"] == 3
 
     # 4. Panacea over a graph file that names the members
     graph = tmp / "graph.csv"
