@@ -106,7 +106,8 @@ def predict_file(model_path: str, data: str, out: str | None) -> int:
     path = Path(out or "predictions.csv")
     pd.DataFrame(table).to_csv(path, index=False)
     card = loaded.card
-    print(f"{len(x)} predictions of {card.get('member') or card.get('client_id')}'s model "
+    who = card.get("member") or f"client {card.get('client_id')}"
+    print(f"{len(x)} predictions of {who}'s model "
           f"(run {card.get('run')}, round {card.get('round')}) written to {path}")
     if rows.y is not None:
         _, y = to_tensors(Split(rows.x, rows.y))
