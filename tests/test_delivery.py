@@ -231,3 +231,38 @@ def test_check_data_lists_every_problem_before_joining(tmp_path, capsys):
                    "run's classes ['no', 'yes'] at line 4"]
     assert cli.main(["check-data", str(tmp_path / "good.csv"), "--run-config",
                      "member-outputs=-1"]) == 2
+
+
+def test_a_client_absent_from_the_last_evaluation_still_gets_its_model(tmp_path):
+    from flwr.app import Context, RecordDict
+
+    from fedamp_flwr import server_app
+    from fedamp_flwr.inprocess import InProcessGrid, task_identity
+
+    class LosesOneReply(InProcessGrid):
+        """The last round's evaluation reply of node 101 (client 1) never arrives."""
+
+        evaluations = 0
+
+        def send_and_receive(self, messages, timeout=None):
+            messages = list(messages)
+            replies = super().send_and_receive(messages, timeout)
+            if messages and messages[0].metadata.message_type == "evaluate":
+                self.evaluations += 1
+                if self.evaluations == 2:
+                    return [r for r in replies if r.metadata.src_node_id != 101]
+            return replies
+
+    cfg = {"num-server-rounds": 2, "results-dir": str(tmp_path), "run-name": "run",
+           "server-device": "cpu", "min-nodes": 3, "strategy": "fedamp", "local-epochs": 1}
+    grid = LosesOneReply(cfg, 3)
+    with task_identity():
+        server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                                run_config=cfg))
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert "1" in metrics["rounds"][-1]["absent_evaluation"]
+    assert grid.evaluations == 3  # the delivery after the run
+    card = json.loads((tmp_path / "run" / "models" / "1.json").read_text())
+    assert card["round"] == 2 and card["why"].startswith("after the run: the client was absent")
+    assert json.loads((tmp_path / "run" / "models" / "0.json").read_text())["why"] == \
+        "the last round"
