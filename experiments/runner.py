@@ -33,6 +33,7 @@ from experiments.jobs import Children, pool, threads_per_job
 from experiments.presets import Run
 from experiments.processes import SuperLink
 from fedamp_flwr.config import RunConfig, default_values
+from fedamp_flwr.results import checkpoint_files
 
 ROOT = Path(__file__).resolve().parents[1]
 # Each run's outcome (Flower's run id and status), beside its metrics.json.
@@ -74,8 +75,7 @@ def is_done(output: Path, run: Run) -> bool:
 def resumable(output: Path, run: Run) -> int:
     """The rounds a half-finished ``run`` has done and checkpointed (0: start afresh)."""
     metrics = previous_run(output, run)
-    checkpoint = output / "runs" / run.name / "checkpoint" / "state.pt"
-    if not metrics or not checkpoint.is_file():
+    if not metrics or not checkpoint_files(output / "runs" / run.name):
         return 0
     done = int(metrics.get("completed_rounds", 0))
     return done if done <= int(run.run_config.get("num-server-rounds", done)) else 0

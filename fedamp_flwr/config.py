@@ -103,6 +103,7 @@ class RunConfig:
     resume: bool = False
     overwrite: bool = False
     checkpoint_every: int = 1
+    checkpoint_keep: int = 2
     xi_every: int = 1
     xi_dtype: str = "float32"
     num_server_rounds: int = 10
@@ -211,6 +212,8 @@ class RunConfig:
         choice("tpt48-split", self.tpt48_split, ["time", "random"])
         check("checkpoint-every", self.checkpoint_every >= 0,
               "an integer >= 0 (0: no checkpoints)")
+        check("checkpoint-keep", self.checkpoint_keep >= 1,
+              "an integer >= 1 (checkpoints kept: a damaged one falls back to the one before)")
         check("xi-every", self.xi_every >= 0, "an integer >= 0 (0: not written)")
         check("max-failed-rounds", self.max_failed_rounds >= 0,
               "an integer >= 0 (rounds in a row without usable replies before the run stops)")

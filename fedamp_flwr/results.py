@@ -8,12 +8,16 @@ results from being lost.
 * ``xi/``: FedAMP's weight matrices, one ``.npy`` per recorded round (:class:`XiFiles`).
 * ``models/``: each client's model and card (``save-models``; a partitioned run's:
   a member's are on its own node, :mod:`fedamp_flwr.delivery`).
-* ``checkpoint/state.pt``: everything the server needs to continue the run
-  (the strategy's state, the global model, the random state, the history,
-  the run config), written every ``checkpoint-every`` rounds to a temporary
-  file that replaces the previous checkpoint only once it is fully written
-  and synced to disk. Loaded with ``torch.load(weights_only=True)``: tensors
-  and plain values only, never code.
+* ``checkpoint/round-NNNNNN.pt``: everything the server needs to continue the
+  run (the strategy's state, the global model, the random state, the
+  history, the run config), written every ``checkpoint-every`` rounds to a
+  temporary file renamed once fully written and synced to disk, then its
+  sha256 in ``round-NNNNNN.pt.sha256``; the newest ``checkpoint-keep`` are
+  kept. Never written from a state with a non-finite tensor. On resume the
+  newest whose digest matches and whose tensors are finite (and fit the
+  run's model) is loaded, each one refused said in a WARNING line. Loaded
+  with ``torch.load(weights_only=True)``: tensors and plain values only,
+  never code.
 
 Rules: the default run name is unique per run (it ends with the start
 time); a folder that already holds a run (metrics or a checkpoint) is used
@@ -31,12 +35,15 @@ import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from logging import WARNING
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from flwr.supercore import log
 
+from tasks.export import sha256_of
 from tasks.files import atomic_write
 
 from .config import ConfigError, RunConfig
@@ -47,7 +54,7 @@ CHECKPOINT_FORMAT = 1
 # computes (a run stopped by max-failed-rounds may go on with a larger one, say).
 RESUMABLE_CHANGES = ("num-server-rounds", "resume", "overwrite", "max-failed-rounds",
                      "min-nodes", "round-timeout", "node-wait-timeout", "checkpoint-every",
-                     "xi-every", "save-models")
+                     "checkpoint-keep", "xi-every", "save-models")
 
 
 def strict_json(value: Any) -> Any:
@@ -139,6 +146,8 @@ class RunFolder:
 
     @property
     def checkpoint_path(self) -> Path:
+        """Where a checkpoint of an older version was (``checkpoint/state.pt``, no digest);
+        checkpoints are now ``checkpoint/round-NNNNNN.pt`` (:meth:`checkpoints`)."""
         return self.path / "checkpoint" / "state.pt"
 
     def previous(self) -> dict[str, Any] | None:
@@ -156,12 +165,12 @@ class RunFolder:
         With ``overwrite = true`` the old metrics and checkpoint are removed.
         """
         held = self.previous()
-        has_checkpoint = self.checkpoint_path.is_file()
+        has_checkpoint = bool(self.checkpoints())
         if self.cfg.resume:
             if not has_checkpoint:
                 raise ConfigError(
                     f"run config 'resume' = true, but {self.path} holds no checkpoint "
-                    f"(checkpoint/state.pt); allowed: the run-name of a run that wrote one "
+                    f"(checkpoint/round-*.pt); allowed: the run-name of a run that wrote one "
                     f"(checkpoint-every > 0)")
             return
         if held is None and not has_checkpoint:
@@ -181,28 +190,60 @@ class RunFolder:
             f"another run-name, resume = true to continue it, or overwrite = true to replace it")
 
     # -- checkpoints ---------------------------------------------------------
+    def checkpoints(self) -> list[Path]:
+        """The run's checkpoint files, newest first (:func:`checkpoint_files`)."""
+        return checkpoint_files(self.path)
+
     def save_checkpoint(self, state: dict[str, Any]) -> tuple[int, float]:
-        """Write the checkpoint atomically; return its size in bytes and the seconds it took."""
-        started = time.perf_counter()
-        atomic_write(self.checkpoint_path, lambda f: torch.save(
-            {"format": CHECKPOINT_FORMAT, **state}, f))
-        return self.checkpoint_path.stat().st_size, time.perf_counter() - started
+        """Write the checkpoint of ``state["round"]`` atomically, then its digest; keep the
+        newest ``checkpoint-keep`` ones. Return its size in bytes and the seconds it took.
 
-    def load_checkpoint(self) -> dict[str, Any]:
-        """The checkpoint of a run to resume, checked against this run's config.
-
-        Raises ConfigError naming the keys that differ (only ``num-server-rounds``
-        may change, and not below the rounds done) or if the file is unreadable.
+        Raises :class:`UnsafeCheckpoint` (and writes nothing) when a tensor of the state
+        is not finite: a checkpoint is never written from a broken state.
         """
-        try:
-            with open(self.checkpoint_path, "rb") as f:
-                state = torch.load(io.BytesIO(f.read()), weights_only=True)
-        except Exception as err:
-            raise ConfigError(f"run config 'resume' = true: cannot read {self.checkpoint_path} "
-                              f"({type(err).__name__}: {err})") from None
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-            raise ConfigError(f"run config 'resume' = true: {self.checkpoint_path} is not a "
-                              f"checkpoint of this app (format {CHECKPOINT_FORMAT})")
+        started = time.perf_counter()
+        bad = nonfinite_tensor(state)
+        if bad is not None:
+            raise UnsafeCheckpoint(f"round {state['round']}: the server's state holds non-finite "
+                                   f"values in {bad}; no checkpoint written")
+        path = self.checkpoint_path.parent / f"round-{int(state['round']):06d}.pt"
+        atomic_write(path, lambda f: torch.save({"format": CHECKPOINT_FORMAT, **state}, f))
+        digest = sha256_of(path)
+        atomic_write(digest_path(path), lambda f: f.write(f"{digest}  {path.name}\n".encode()))
+        for old in self.checkpoints()[max(self.cfg.checkpoint_keep, 1):]:
+            digest_path(old).unlink(missing_ok=True)
+            old.unlink(missing_ok=True)
+        return path.stat().st_size, time.perf_counter() - started
+
+    def load_checkpoint(self, check: Callable[[dict[str, Any]], str | None] | None = None
+                        ) -> dict[str, Any]:
+        """The newest intact checkpoint of a run to resume, checked against this run's config.
+
+        Each file's sha256 must be the one recorded beside it, every tensor in it
+        finite, and ``check(state)`` (the caller's: shapes against the run's model)
+        None. A file that fails is refused with a WARNING line naming it and why, and
+        the one before is tried (``checkpoint-keep`` are kept).
+
+        Raises ConfigError when none is intact, or naming the keys that differ from the
+        run being resumed (only ``num-server-rounds`` and operational keys may change).
+        """
+        refused: list[str] = []
+        for path in self.checkpoints():
+            state, problem = _read_checkpoint(path)
+            if problem is None:
+                problem = check(state) if check is not None else None
+            if problem is None:
+                if refused:
+                    log(WARNING, "Resuming from %s (round %d), the newest intact checkpoint",
+                        path.name, state["round"])
+                return self._same_run(state)
+            refused.append(f"{path.name}: {problem}")
+            log(WARNING, "Checkpoint %s refused: %s; trying the one before", path, problem)
+        why = "; ".join(refused) if refused else "no checkpoint in it"
+        raise ConfigError(f"run config 'resume' = true: {self.checkpoint_path.parent} holds no "
+                          f"intact checkpoint ({why}); allowed: overwrite = true to start over")
+
+    def _same_run(self, state: dict[str, Any]) -> dict[str, Any]:
         differ = self.cfg.differences(state["config"], allowed=RESUMABLE_CHANGES)
         if differ:
             changes = ", ".join(f"'{k}' = {self.cfg.to_dict().get(k)!r} (was "
@@ -219,6 +260,67 @@ class RunFolder:
     def write_metrics(self, record: dict[str, Any]) -> None:
         """Rewrite metrics.json (atomic, strict JSON)."""
         write_json(self.metrics_path, record)
+
+
+class UnsafeCheckpoint(RuntimeError):
+    """A state that must not become a checkpoint (a non-finite tensor)."""
+
+
+def digest_path(checkpoint: Path) -> Path:
+    """Where a checkpoint's sha256 is recorded (``round-NNNNNN.pt.sha256``)."""
+    return checkpoint.with_name(checkpoint.name + ".sha256")
+
+
+def checkpoint_files(run_dir: str | Path) -> list[Path]:
+    """A run folder's checkpoints, newest first: ``checkpoint/round-*.pt`` and, last, an older
+    version's ``checkpoint/state.pt``."""
+    folder = Path(run_dir) / "checkpoint"
+    files = sorted(folder.glob("round-*.pt"), reverse=True)
+    legacy = folder / "state.pt"
+    return files + ([legacy] if legacy.is_file() else [])
+
+
+def nonfinite_tensor(value: Any, where: str = "state") -> str | None:
+    """Where the first floating-point tensor of ``value`` with a non-finite value is, or None."""
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return where
+        return None
+    items = (value.items() if isinstance(value, dict) else
+             enumerate(value) if isinstance(value, (list, tuple)) else ())
+    for key, item in items:
+        found = nonfinite_tensor(item, f"{where}[{key!r}]")
+        if found is not None:
+            return found
+    return None
+
+
+def _read_checkpoint(path: Path) -> tuple[dict[str, Any], str | None]:
+    """A checkpoint file's state, or why it cannot be used (its digest, its contents)."""
+    legacy = path.name == "state.pt"
+    if not legacy:
+        try:
+            recorded = digest_path(path).read_text().split()[0]
+        except (OSError, IndexError):
+            return {}, f"no digest beside it ({digest_path(path).name}): not completely written"
+        actual = sha256_of(path)
+        if actual != recorded:
+            return {}, (f"its sha256 {actual[:12]}... is not the recorded {recorded[:12]}...: "
+                        "the file was changed or damaged")
+    try:
+        with open(path, "rb") as f:
+            state = torch.load(io.BytesIO(f.read()), weights_only=True)
+    except Exception as err:
+        return {}, f"cannot be read ({type(err).__name__}: {err})"
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        return {}, f"not a checkpoint of this app (format {CHECKPOINT_FORMAT})"
+    bad = nonfinite_tensor(state)
+    if bad is not None:
+        return {}, f"non-finite values in {bad}"
+    if legacy:
+        log(WARNING, "Checkpoint %s has no digest (an older version wrote it): loaded without "
+            "that check", path)
+    return state, None
 
 
 def snapshot(value: Any) -> Any:

@@ -29,7 +29,7 @@ from .discovery import (
     discover_members,
     send_and_receive,
 )
-from .results import MODELS_FOLDER, RunFolder, Writer, XiFiles, snapshot
+from .results import MODELS_FOLDER, RunFolder, UnsafeCheckpoint, Writer, XiFiles, snapshot
 from .rounds import OnlineClients, RoundsFailedError, run_rounds
 
 app = ServerApp()
@@ -96,6 +96,22 @@ def find_clients(cfg: RunConfig, grid: Grid, known: list[str]) -> Members:
                             known=known)
 
 
+def model_fits(cfg: RunConfig):
+    """A check of a checkpoint's global model against the run's: the same keys and shapes."""
+    def check(state: dict) -> str | None:
+        shapes = {k: tuple(v.shape) for k, v in
+                  tasks.build_model(cfg.data_config(1), cfg.model).state_dict().items()}
+        arrays = state.get("arrays")
+        if not isinstance(arrays, dict):
+            return "no global model in it"
+        got = {k: tuple(v.shape) for k, v in arrays.items() if isinstance(v, torch.Tensor)}
+        if got != shapes:
+            diff = sorted(set(got.items()) ^ set(shapes.items()))[:3]
+            return f"its global model does not fit the run's model ({diff})"
+        return None
+    return check
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run the configured strategy round by round; write metrics.json and checkpoints.
@@ -117,7 +133,7 @@ def _main(grid: Grid, context: Context) -> None:
     cfg = RunConfig.from_run_config(context.run_config)
     folder = RunFolder(cfg)
     folder.claim()
-    checkpoint = folder.load_checkpoint() if cfg.resume else None
+    checkpoint = folder.load_checkpoint(check=model_fits(cfg)) if cfg.resume else None
     log(INFO, "Run '%s': strategy %s, data %s; results in %s%s",
         folder.name, cfg.strategy, cfg.setting_name, folder.path,
         f"; resuming after round {checkpoint['round']}" if checkpoint else "")
@@ -165,7 +181,11 @@ def _main(grid: Grid, context: Context) -> None:
         if checkpoint["num_clients"] != n:
             raise ConfigError(f"run config 'resume' = true: the run had {checkpoint['num_clients']} "
                               f"clients, {n} are connected; allowed: the same clients")
-        strategy.load_state_dict(checkpoint["strategy"], initial)
+        try:
+            strategy.load_state_dict(checkpoint["strategy"], initial)
+        except (ValueError, KeyError, RuntimeError) as err:
+            raise ConfigError(f"run config 'resume' = true: the checkpoint's state does not fit "
+                              f"this run's strategy ({type(err).__name__}: {err})") from None
         # in the model's dtypes (a checkpoint of an older version may hold float64 counters)
         arrays = with_dtypes(ArrayRecord(checkpoint["arrays"]), dtypes_of(initial))
         random.setstate(checkpoint["random_state"])
@@ -231,7 +251,12 @@ def _main(grid: Grid, context: Context) -> None:
 
             def write_checkpoint(r: int = server_round, state: dict = state,
                                  copied: float = copied) -> None:
-                size, seconds = folder.save_checkpoint(state)
+                try:
+                    size, seconds = folder.save_checkpoint(state)
+                except UnsafeCheckpoint as err:
+                    log(ERROR, "Checkpoint not written: %s (a resume starts from the last "
+                        "checkpoint written)", err)
+                    return
                 log(INFO, "Round %d: checkpoint written (%.1f MB; %.2fs to copy in memory, "
                     "%.2fs to write, in the background)", r, size / 1e6, copied, seconds)
 

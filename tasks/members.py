@@ -236,8 +236,8 @@ def _checked(found: Problems, x: np.ndarray, y: np.ndarray | None, schema: Membe
     if x.ndim >= 1 and len(x) == 0:
         found.add(f"{what[0]} has no rows")
         return None, None
-    checked_y = None if y is None else _labels(found, y, schema, what[1], where)
-    return _inputs(found, x, schema, what[0], where), checked_y
+    checked_x = _inputs(found, x, schema, what[0], where)
+    return checked_x, None if y is None else _labels(found, y, schema, what[1], where)
 
 
 def read_npz(path: Path, schema: MemberSchema, labels: bool = True) -> Rows:

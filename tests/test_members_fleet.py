@@ -86,7 +86,7 @@ def test_members_fleet_fedamp_heurfedamp_panacea_misfit_duplicate_restart(proces
     files = {name: _member_file(tmp / f"{name}.npz", seed) for seed, name in enumerate(names)}
     nodes = {name: _supernode(processes, port, files[name], name, name) for name in names}
     bad = _member_file(tmp / "misfit.npz", 9, features=5)
-    with np.load(bad) as f:  # and a label outside the run's 3 classes: two problems
+    with np.load(bad) as f:  # and a label outside the run's 3 classes: three problems
         arrays = {k: f[k] for k in f.files}
     arrays["y"][4] = 7
     np.savez(bad, **arrays)
@@ -104,7 +104,7 @@ def test_members_fleet_fedamp_heurfedamp_panacea_misfit_duplicate_restart(proces
     assert list(fedamp["left_out"].values())[0].startswith("member 'site-misfit'")
     # the misfit member sees why in its own SuperNode's log
     own = processes.log("misfit")
-    assert "This node cannot take part in the run" in own and "2 problems" in own
+    assert "This node cannot take part in the run" in own and "3 problems" in own
     assert "y has labels [7] outside [0, 3)" in own and "at index 4" in own
     stop_tree(misfit.pid, timeout=10)
     # each member's machine holds its own model and card, and no other member's; used on

@@ -13,7 +13,7 @@ from flwr.common.constant import ErrorCode
 from fedamp_flwr import server_app
 from fedamp_flwr.config import ConfigError
 from fedamp_flwr.discovery import discover_clients
-from fedamp_flwr.results import load_xi
+from fedamp_flwr.results import checkpoint_files, load_xi
 from fedamp_flwr.rounds import RoundsFailedError
 
 from .conftest import LocalGrid, client_infos
@@ -244,7 +244,7 @@ def test_xi_goes_to_compact_files_every_kth_round_and_the_last(tmp_path):
     assert "rounds" not in metrics["xi"]  # no matrix in metrics.json
     import torch
 
-    state = torch.load(tmp_path / "run" / "checkpoint" / "state.pt", weights_only=True)
+    state = torch.load(checkpoint_files(tmp_path / "run")[0], weights_only=True)
     history = state["strategy"]["history"]
     assert history["xi"] == {} and history["xi_rounds"] == [2, 4, 5]
 
