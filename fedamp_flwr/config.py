@@ -212,6 +212,7 @@ class RunConfig:
         choice("tpt48-split", self.tpt48_split, ["time", "random"])
         check("checkpoint-every", self.checkpoint_every >= 0,
               "an integer >= 0 (0: no checkpoints)")
+        check("seed", 0 <= self.seed < 2**32, "an integer in [0, 2^32) (numpy and torch seeds)")
         check("checkpoint-keep", self.checkpoint_keep >= 1,
               "an integer >= 1 (checkpoints kept: a damaged one falls back to the one before)")
         check("xi-every", self.xi_every >= 0, "an integer >= 0 (0: not written)")

@@ -33,6 +33,7 @@ FedAvg-FT's): a key is one field, whoever declares it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -91,7 +92,7 @@ def coerce(key: str, value: Any, annotation: Any, words: tuple[str, ...] = ()) -
     if ann == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad(key, value, "a number")
-        return float(value)
+        return _finite(key, value)
     if ann == "int | str":
         if isinstance(value, str) and value in words:
             return value
@@ -107,11 +108,21 @@ def coerce(key: str, value: Any, annotation: Any, words: tuple[str, ...] = ()) -
         if value in words:
             return value
         try:
-            return float(value)
-        except ValueError:
+            return _finite(key, float(value), allowed)
+        except ValueError as err:
+            if isinstance(err, ConfigError):
+                raise
             raise bad(key, value, allowed) from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise bad(key, value, allowed)
+    return _finite(key, value, allowed)
+
+
+def _finite(key: str, value: float, allowed: str = "a number") -> float:
+    """``value`` as a float, or the ConfigError of ``key`` if it is not finite (no key of
+    this app takes an infinity or a NaN: a bound that is not one is a number too large)."""
+    if not math.isfinite(value):
+        raise bad(key, value, f"{allowed}, finite")
     return float(value)
 
 

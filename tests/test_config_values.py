@@ -1,0 +1,80 @@
+"""Every run-config value is checked before any work: a hostile value of any key (generic or a
+method's, found from the declarations, so that a new key is covered with no new test) is
+either a value the key allows or one ConfigError line that names that key."""
+
+from __future__ import annotations
+
+import math
+import typing
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedamp_flwr.config import ConfigError, RunConfig, default_values
+from strategies.core.registry import method_keys, settings_classes
+from strategies.core.settings import type_name
+
+
+def _types() -> dict[str, str]:
+    """Every key's declared type, as written (``int``, ``float | str``, ...)."""
+    hints = typing.get_type_hints(RunConfig)
+    out = {key: type_name(hints[f.name]) for key, f in RunConfig.generic_fields().items()}
+    for cls in settings_classes():
+        cls_hints = typing.get_type_hints(cls)
+        out.update({key: type_name(cls_hints[f.name]) for key, f in cls.keys().items()})
+    return out
+
+
+TYPES = _types()
+NUMERIC = sorted(k for k, t in TYPES.items() if t in ("int", "float", "int | str", "float | str"))
+HOSTILE = [math.nan, math.inf, -math.inf, -1, -1.5, 0, 0.0, 1e300, 10**30, "", "x", "nan",
+           "inf", "-inf", True, False]
+
+
+def _outcome(key: str, value) -> str | None:
+    """None if the config with ``key`` = ``value`` is accepted, else the error's message
+    (any other exception fails the test)."""
+    try:
+        RunConfig.from_run_config({key: value})
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
+def test_every_key_is_declared_once_with_its_default():
+    assert set(TYPES) == set(default_values()) == set(RunConfig.generic_fields()) | set(
+        method_keys())
+    assert "learning-rate" in NUMERIC and "fedamp-alpha-k" in NUMERIC and "seed" in NUMERIC
+
+
+@pytest.mark.parametrize("key", NUMERIC)
+@pytest.mark.parametrize("value", HOSTILE, ids=repr)
+def test_a_hostile_value_is_allowed_or_one_line_naming_its_key(key, value):
+    message = _outcome(key, value)
+    if isinstance(value, float) and not math.isfinite(value) or value in ("nan", "inf", "-inf"):
+        assert message is not None, f"{key} = {value!r} was accepted"
+    if isinstance(value, bool) or (value in ("", "x") and "str" not in TYPES[key]):
+        assert message is not None, f"{key} = {value!r} was accepted"
+    if message is not None:
+        assert f"run config '{key}' = " in message and "\n" not in message, message
+
+
+@settings(max_examples=300, deadline=None)
+@given(key=st.sampled_from(sorted(TYPES)),
+       value=st.one_of(st.floats(), st.integers(), st.text(max_size=6), st.booleans()))
+def test_any_value_of_any_key_is_allowed_or_names_its_key(key, value):
+    message = _outcome(key, value)
+    if message is not None:
+        named = f"run config '{key}' = " in message
+        # a valid choice may need another key (dataset 'npz' needs data-dir): that key is named
+        assert named or message.startswith("run config '"), message
+        if isinstance(value, float) and not math.isfinite(value):
+            assert named, message
+
+
+def test_the_issues_examples_are_refused_by_their_key():
+    for key in ("learning-rate", "fedamp-alpha-k", "fedamp-lambda", "fedprox-mu",
+                "dirichlet-alpha"):
+        assert f"'{key}' = inf" in (_outcome(key, math.inf) or "")
+    assert "'seed' = -1" in (_outcome("seed", -1) or "")
