@@ -96,6 +96,18 @@ def find_clients(cfg: RunConfig, grid: Grid, known: list[str]) -> Members:
                             known=known)
 
 
+def check_server_data(cfg: RunConfig) -> None:
+    """Read the data the server needs itself (the npz task's file, for the model's shape)
+    once, before any client is asked: a bad file is one line naming it, not one per client."""
+    spec = tasks.get_task(cfg.dataset)
+    if spec.info is not None or not spec.needs_data_dir:
+        return
+    try:
+        tasks.data_info(cfg.data_config(1))
+    except (ValueError, OSError) as err:
+        raise ConfigError(f"run config 'data-dir' = {cfg.data_dir!r}: {err}") from None
+
+
 def model_fits(cfg: RunConfig):
     """A check of a checkpoint's global model against the run's: the same keys and shapes."""
     def check(state: dict) -> str | None:
@@ -142,6 +154,7 @@ def _main(grid: Grid, context: Context) -> None:
             "training data and every 'test' number of this run is on it (a tuning run)",
             cfg.validation_fraction)
 
+    check_server_data(cfg)
     known = list(checkpoint.get("client_names", [])) if checkpoint else []
     found = find_clients(cfg, grid, known)
     clients, names = found.clients, found.names

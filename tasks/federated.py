@@ -19,6 +19,16 @@ from pathlib import Path
 import numpy as np
 
 from .data import Split
+from .members import (
+    CLASSIFICATION,
+    REGRESSION,
+    MemberDataError,
+    MemberSchema,
+    Problems,
+    check_inputs,
+    check_labels,
+    open_npz,
+)
 
 
 @dataclass(frozen=True)
@@ -187,46 +197,59 @@ def load_tpt48(folder: Path, split: str = "time", seed: int = 0) -> FederatedDat
 def load_npz(path: Path, seed: int = 0) -> FederatedData:
     """Bring-your-own federated data from one ``.npz`` file (loaded without pickle).
 
-    Keys: ``x`` (N x F float), ``y`` (N: integers for classification, floats
-    for regression), ``client`` (N integer ids 0..C-1, each present) and an
-    optional ``adjacency`` (C x C). Each client's rows are split 80/20 at
-    random (seeded).
+    Keys: ``x`` (N x F numbers), ``y`` (N: integers >= 0 for classification,
+    floats for regression), ``client`` (N integer ids 0..C-1, each present) and
+    an optional ``adjacency`` (C x C). Each client's rows are split 80/20 at
+    random (seeded). The file is checked as a member's is
+    (:func:`tasks.members.check_inputs`, :func:`tasks.members.check_labels`):
+    every problem is in one :class:`tasks.members.MemberDataError` (a
+    ``ValueError``) naming the file: not an npz, pickled arrays, non-finite
+    values, labels outside the range, shapes that do not fit.
     """
     if path.is_dir():
         raise FileNotFoundError(f"{path} is a folder; the npz task needs the path of one .npz file")
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found")
-    with np.load(path, allow_pickle=False) as data:
-        missing = [k for k in ("x", "y", "client") if k not in data.files]
-        if missing:
-            raise ValueError(f"{path}: missing key(s) {missing}; needs x, y, client (and optional "
-                             "adjacency)")
-        x, y, client = data["x"], data["y"], data["client"]
-        adjacency = data["adjacency"] if "adjacency" in data.files else None
+    data = open_npz(path)
+    missing = [k for k in ("x", "y", "client") if k not in data]
+    if missing:
+        raise MemberDataError(f"{path}: missing key(s) {missing}; needs x, y, client (and "
+                              "optional adjacency)")
+    x, y, client = data["x"], data["y"], data["client"]
+    adjacency = data.get("adjacency")
+    found = Problems(path)
     if x.ndim != 2:
-        raise ValueError(f"{path}: x must be N x F, got shape {x.shape}")
-    if len(y) != len(x) or len(client) != len(x) or y.ndim != 1 or client.ndim != 1:
-        raise ValueError(
-            f"{path}: inconsistent lengths: x {x.shape}, y {y.shape}, client {client.shape}"
-        )
+        found.add(f"x must be N x F, got shape {x.shape}")
+    if y.ndim != 1 or client.ndim != 1 or len(y) != len(x) or len(client) != len(x):
+        found.add(f"inconsistent lengths: x {x.shape}, y {y.shape}, client {client.shape}")
+    found.raise_any()
     if not np.issubdtype(client.dtype, np.integer) or client.min() < 0:
-        raise ValueError(f"{path}: client must hold integer ids 0..C-1")
+        found.add("client must hold integer ids 0..C-1")
+    classify = np.issubdtype(y.dtype, np.integer)
+    outputs = int(y.max()) + 1 if classify and len(y) else 1
+    schema = MemberSchema((x.shape[1],), CLASSIFICATION if classify else REGRESSION,
+                          max(outputs, 1))
+    inputs = check_inputs(found, x, schema, "x", "index")
+    targets = check_labels(found, y, schema, "y", "index")
+    found.raise_any()
+    assert inputs is not None and targets is not None
+    x, y = inputs, targets
     num_clients = int(client.max()) + 1
     absent = sorted(set(range(num_clients)) - set(np.unique(client).tolist()))
     if absent:
-        raise ValueError(f"{path}: client ids {absent[:10]} have no rows (ids must be 0..C-1)")
-    y = y.astype(np.int64) if np.issubdtype(y.dtype, np.integer) else y.astype(np.float32)
+        raise MemberDataError(f"{path}: client ids {absent[:10]} have no rows (ids must be "
+                              "0..C-1)")
     rng = np.random.default_rng([40_009, seed])
     train, test = [], []
     for c in range(num_clients):
         rows = np.flatnonzero(client == c)
         if len(rows) < 2:
-            raise ValueError(f"{path}: client {c} has {len(rows)} row(s); needs at least 2 "
+            raise MemberDataError(f"{path}: client {c} has {len(rows)} row(s); needs at least 2 "
                              "(one for training, one for testing)")
         tr, te = split_80_20(Split(x[rows].astype(np.float32), y[rows]), rng)
         train.append(tr)
         test.append(te)
     if adjacency is not None and adjacency.shape != (num_clients, num_clients):
-        raise ValueError(f"{path}: adjacency is {adjacency.shape}, expected "
+        raise MemberDataError(f"{path}: adjacency is {adjacency.shape}, expected "
                          f"{(num_clients, num_clients)}")
     return FederatedData(train, test, None if adjacency is None else adjacency.astype(np.float32))

@@ -133,7 +133,7 @@ def _seeded_split(x: np.ndarray, y: np.ndarray, seed: int, name: str) -> tuple[S
     return Split(x[order[:cut]], y[order[:cut]]), Split(x[order[cut:]], y[order[cut:]])
 
 
-def _labels(found: Problems, y: np.ndarray, schema: MemberSchema, what: str,
+def check_labels(found: Problems, y: np.ndarray, schema: MemberSchema, what: str,
             where: str) -> np.ndarray | None:
     """Targets checked against the schema: int64 classes in range, or float32 (N,) / (N, k);
     None (and the problems added) if they do not fit."""
@@ -195,7 +195,7 @@ def _labels(found: Problems, y: np.ndarray, schema: MemberSchema, what: str,
     return y if schema.num_outputs > 1 else y.reshape(-1)
 
 
-def _inputs(found: Problems, x: np.ndarray, schema: MemberSchema, what: str,
+def check_inputs(found: Problems, x: np.ndarray, schema: MemberSchema, what: str,
             where: str) -> np.ndarray | None:
     """Inputs checked against the schema: (N, *input_shape), numbers, finite; None (and the
     problems added) if they do not fit."""
@@ -236,21 +236,32 @@ def _checked(found: Problems, x: np.ndarray, y: np.ndarray | None, schema: Membe
     if x.ndim >= 1 and len(x) == 0:
         found.add(f"{what[0]} has no rows")
         return None, None
-    checked_x = _inputs(found, x, schema, what[0], where)
-    return checked_x, None if y is None else _labels(found, y, schema, what[1], where)
+    checked_x = check_inputs(found, x, schema, what[0], where)
+    return checked_x, None if y is None else check_labels(found, y, schema, what[1], where)
+
+
+def open_npz(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file, read without pickle; MemberDataError naming the file
+    if it is no ``.npz`` (a zip archive of ``.npy`` arrays) or holds pickled arrays."""
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        raise _fail(path, "is not an .npz file (numpy.savez writes a zip archive of .npy arrays)")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except ValueError:  # object arrays need pickle: refused, never loaded
+        raise _fail(path, "holds object arrays, which only pickle can read; refused (save "
+                          "numbers or strings: numpy.savez with numeric arrays)") from None
+    except Exception as err:
+        raise _fail(path, f"is not a readable .npz file ({type(err).__name__}: {err})") from None
 
 
 def read_npz(path: Path, schema: MemberSchema, labels: bool = True) -> Rows:
     """A member's ``.npz``: ``x``, ``y`` and optional ``x_test``, ``y_test`` (test rows after
     the others); without ``labels``, ``y`` may be absent."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except ValueError as err:  # object arrays need pickle: refused
-        raise _fail(path, f"cannot be read without pickle ({err})") from None
-    except (OSError, EOFError, Exception) as err:
-        raise _fail(path, f"is not a readable .npz file ({type(err).__name__}: {err})") from None
-    if not isinstance(arrays, dict) or "x" not in arrays or (labels and "y" not in arrays):
+    arrays = open_npz(path)
+    if "x" not in arrays or (labels and "y" not in arrays):
         need = ["x", "y"] if labels else ["x"]
         missing = [k for k in need if k not in arrays]
         raise _fail(path, f"has no array(s) {missing}; a member's .npz holds x and y (and "
@@ -320,7 +331,7 @@ def read_table(path: Path, schema: MemberSchema, labels: bool = True) -> Rows:
             ("string", "str")) else raw.to_numpy()
         if y.dtype == object and schema.kind == REGRESSION:
             y = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
-        y = _labels(found, y, schema, f"label column '{schema.label_column}'", where)
+        y = check_labels(found, y, schema, f"label column '{schema.label_column}'", where)
     test = None
     if SPLIT_COLUMN in columns:
         split = frame[SPLIT_COLUMN].astype(str).str.strip().str.lower().to_numpy()

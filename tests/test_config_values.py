@@ -78,3 +78,43 @@ def test_the_issues_examples_are_refused_by_their_key():
                 "dirichlet-alpha"):
         assert f"'{key}' = inf" in (_outcome(key, math.inf) or "")
     assert "'seed' = -1" in (_outcome("seed", -1) or "")
+
+
+@pytest.mark.parametrize("case, says", [
+    ("text", "is not an .npz file"),
+    ("pickled", "object arrays, which only pickle can read; refused"),
+    ("nan", "x has non-finite values at index 3"),
+    ("negative label", "y has labels [-1] outside"),
+    ("shape", "x must be N x F, got shape (40, 2, 3)"),
+])
+def test_a_bad_npz_file_is_one_line_before_round_1(tmp_path, caplog, case, says):
+    import logging
+
+    import numpy as np
+
+    from fedamp_flwr.inprocess import run_inprocess
+
+    path = tmp_path / "data.npz"
+    rng = np.random.default_rng(0)
+    x, y, client = rng.normal(size=(40, 3)), rng.integers(0, 3, 40), np.repeat(np.arange(2), 20)
+    if case == "text":
+        path.write_text("x,y\n1,2\n")
+    elif case == "pickled":
+        np.savez(path, x=np.array([{"a": 1}] * 40, dtype=object), y=y, client=client)
+    else:
+        if case == "nan":
+            x[3, 1] = np.nan
+        if case == "negative label":
+            y[5] = -1
+        if case == "shape":
+            x = rng.normal(size=(40, 2, 3))
+        np.savez(path, x=x, y=y, client=client)
+    cfg = {"dataset": "npz", "data-dir": str(path), "strategy": "fedavg", "results-dir":
+           str(tmp_path), "run-name": "run", "num-server-rounds": 1}
+    with caplog.at_level(logging.INFO, logger="flwr"), pytest.raises(ConfigError):
+        run_inprocess(cfg, 2)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(errors) == 1, errors  # once: no client was asked
+    assert errors[0].startswith(f"Run stopped: run config 'data-dir' = '{path}': {path}: ")
+    assert says in errors[0]
+    assert not any("ROUND" in r.getMessage() for r in caplog.records)

@@ -237,7 +237,7 @@ def test_npz_problems_are_named(tmp_path):
     with pytest.raises(MemberDataError, match="does not exist"):
         load_member_data(tmp_path / "missing.npz", SCHEMA, 0, "s")
     np.savez(tmp_path / "obj.npz", x=np.array([{"a": 1}], dtype=object), y=np.array([0]))
-    with pytest.raises(MemberDataError, match="without pickle"):
+    with pytest.raises(MemberDataError, match="object arrays, which only pickle can read"):
         load_member_data(tmp_path / "obj.npz", SCHEMA, 0, "s")
     np.savez(tmp_path / "noy.npz", x=np.zeros((4, 3)))
     with pytest.raises(MemberDataError, match=r"has no array\(s\) \['y'\]"):
