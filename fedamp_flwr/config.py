@@ -111,6 +111,7 @@ class RunConfig:
     node_wait_timeout: float = 600.0
     max_update_ratio: float = 100.0
     max_failed_rounds: int = 0
+    min_clients_evaluated: int = 0
     fraction_train: float = 1.0
     min_nodes: int = 2
     local_epochs: int | str = "auto"
@@ -216,6 +217,9 @@ class RunConfig:
         check("checkpoint-keep", self.checkpoint_keep >= 1,
               "an integer >= 1 (checkpoints kept: a damaged one falls back to the one before)")
         check("xi-every", self.xi_every >= 0, "an integer >= 0 (0: not written)")
+        check("min-clients-evaluated", self.min_clients_evaluated >= 0,
+              "an integer >= 0 (0: any number; else a round whose evaluation covers fewer "
+              "clients fails, as max-failed-rounds counts)")
         check("max-failed-rounds", self.max_failed_rounds >= 0,
               "an integer >= 0 (rounds in a row without usable replies before the run stops)")
         choice("xi-dtype", self.xi_dtype, ["float32", "float16"])

@@ -5,8 +5,8 @@
 and lifespan run as under Flower), each node with its own ``Context`` (so its
 ``context.state`` lives across rounds, as on a SuperNode); :func:`run_inprocess`
 runs the real ``ServerApp`` on it the same way (``app(grid, context)``). The
-messages are real Flower ``Message`` objects; what is left out is Flower's
-transport, the simulation engine's scheduling and process isolation. The
+messages are real Flower ``Message`` objects, and a ClientApp that raises gives
+the error reply a SuperNode gives; what is left out is Flower's transport, the simulation engine's scheduling and process isolation. The
 numbers are those of the simulation engine: the same code, seeds and order
 (float sums can differ in the last digits where torch runs with another
 number of threads). ``simulation.py --engine inprocess`` uses it; the tests
@@ -18,12 +18,15 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from logging import ERROR
 from pathlib import Path
 from typing import cast
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
+from flwr.supercore import log
 from flwr.supercore.task_identity import TaskIdentity
 
 
@@ -89,7 +92,18 @@ class InProcessGrid:
             from .client_app import app as client_app
 
             self.client_app = client_app
-        return [self.client_app(m, self.contexts[m.metadata.dst_node_id]) for m in messages]
+        return [self._run_client(m) for m in messages]
+
+    def _run_client(self, msg: Message) -> Message:
+        """The ClientApp's reply, or, as a SuperNode gives it when the ClientApp raises, an
+        error reply (``CLIENT_APP_RAISED_EXCEPTION``, Flower's reason text), the error logged."""
+        try:
+            return self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
+        except Exception as ex:
+            log(ERROR, "ClientApp raised an exception", exc_info=ex)
+            reason = str(type(ex)) + ":<'" + str(ex) + "'>"
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason),
+                           reply_to=msg)
 
     def sent_configs(self, message_type: str) -> list[ConfigRecord]:
         """The config records of the messages of one type sent so far."""

@@ -53,6 +53,7 @@ CHECKPOINT_FORMAT = 1
 # Keys a resumed run may change: how long it runs and how it is operated, never what it
 # computes (a run stopped by max-failed-rounds may go on with a larger one, say).
 RESUMABLE_CHANGES = ("num-server-rounds", "resume", "overwrite", "max-failed-rounds",
+                     "min-clients-evaluated",
                      "min-nodes", "round-timeout", "node-wait-timeout", "checkpoint-every",
                      "checkpoint-keep", "xi-every", "save-models")
 

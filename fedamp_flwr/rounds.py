@@ -18,8 +18,9 @@ configure_evaluate, send, aggregate_evaluate. Besides, :func:`run_rounds`
   (the ServerApp writes metrics.json and the checkpoint there),
 * stops the run (:class:`RoundsFailedError`) when no client's training, or
   no client's evaluation, could be used in more than ``max_failed_rounds``
-  rounds in a row: every client absent, or every reply rejected. A run whose
-  models stopped learning never goes on to its end as if it were fine.
+  rounds in a row: every client absent, or every reply rejected (or fewer
+  clients evaluated than ``min_clients_evaluated``). A run whose models
+  stopped learning never goes on to its end as if it were fine.
 """
 
 from __future__ import annotations
@@ -129,12 +130,13 @@ class RoundsFailedError(RuntimeError):
     """No client's training or evaluation could be used in too many rounds in a row."""
 
 
-def round_failure(record: dict[str, Any]) -> str | None:
+def round_failure(record: dict[str, Any], min_evaluated: int = 0) -> str | None:
     """Why no client's training or no client's evaluation was used in a round, or None.
 
     ``record`` is the round's entry of :class:`strategies.core.history.RunHistory`.
     The reason names the phase, how many clients were left out and the most
-    common reason they were.
+    common reason they were; or, with ``min_evaluated``, that fewer clients were
+    evaluated.
     """
     evaluated = any(k.startswith("client_") for k in record)
     for phase, used, key in (("training", bool(record.get("trained_clients")), "absent_clients"),
@@ -150,7 +152,20 @@ def round_failure(record: dict[str, Any]) -> str | None:
         example = next(r for r in reasons if _NUMBER.sub("#", r) == kind)
         return (f"no client's {phase} could be used: {len(reasons)} client(s) left out, "
                 f"{count} of them because {example}")
+    count = max((len(v) for k, v in record.items() if k in ("client_accuracy", "client_mse")),
+                default=0)
+    if count < min_evaluated:
+        left = record.get("absent_evaluation", {})
+        why = f"; left out: {_first(left)}" if left else ""
+        return (f"only {count} client(s) evaluated, min-clients-evaluated = {min_evaluated}"
+                f"{why}")
     return None
+
+
+def _first(reasons: dict) -> str:
+    cid = next(iter(reasons))
+    more = f" and {len(reasons) - 1} more" if len(reasons) > 1 else ""
+    return f"client {cid}: {reasons[cid]}{more}"
 
 
 def run_rounds(
@@ -168,6 +183,7 @@ def run_rounds(
     max_failed_rounds: int = 0,
     on_join: Callable[[ClientInfo], None] | None = None,
     delivery: ModelDelivery | None = None,
+    min_clients_evaluated: int = 0,
 ) -> ArrayRecord:
     """Run rounds ``first_round..last_round`` of ``strategy``; return the final global arrays.
 
@@ -213,7 +229,8 @@ def run_rounds(
             delivery.store(server_round, models, tracker.client_of_node)
         if after_round is not None:
             after_round(server_round, arrays)
-        failure = round_failure(strategy.history.rounds.get(server_round, {}))
+        failure = round_failure(strategy.history.rounds.get(server_round, {}),
+                                min_clients_evaluated)
         failed_in_a_row = failed_in_a_row + 1 if failure else 0
         if failure and failed_in_a_row > max_failed_rounds:
             in_a_row = f"{failed_in_a_row} rounds in a row, " if failed_in_a_row > 1 else ""

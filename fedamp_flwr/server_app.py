@@ -242,6 +242,7 @@ def _main(grid: Grid, context: Context) -> None:
             "seed": cfg.seed, "config": cfg.to_dict(),
             **cfg.settings.record(cfg.context()),
             "completed_rounds": completed, "finished": completed == cfg.num_server_rounds,
+            "coverage": strategy.history.coverage(len(tracker.names) or n),
             "wall_time_s": round(spent + time.time() - started, 2),
             **strategy.history.to_dict(),
         }
@@ -289,7 +290,8 @@ def _main(grid: Grid, context: Context) -> None:
                                 evaluate_config=evaluate_config, round_timeout=cfg.round_timeout,
                                 query_timeout=min(cfg.node_wait_timeout, cfg.round_timeout),
                                 after_round=after_round, max_failed_rounds=cfg.max_failed_rounds,
-                                on_join=join if names else None, delivery=delivery)
+                                on_join=join if names else None, delivery=delivery,
+                                min_clients_evaluated=cfg.min_clients_evaluated)
             if delivery is not None:
                 delivery.deliver_rest(strategy, grid, OnlineClients(grid, tracker), arrays,
                                       evaluate_config, cfg.round_timeout, send_and_receive)
@@ -300,11 +302,16 @@ def _main(grid: Grid, context: Context) -> None:
     finally:
         writer.close()  # every checkpoint and metrics.json written, whatever happened
     result = record(cfg.num_server_rounds)
+    cover = result["coverage"]
+    over = (f", over {cover.get('clients_in_best_round', 0)} of {cover['num_clients']} clients "
+            f"(round {cover.get('best_round')})")
     if "bmta" in result:
-        log(INFO, "BMTA %.2f%% over %d rounds", result["bmta"], cfg.num_server_rounds)
+        log(INFO, "BMTA %.2f%% over %d rounds%s", result["bmta"], cfg.num_server_rounds, over)
     if "best_mean_mse" in result:
-        log(INFO, "Best mean test MSE %.4g over %d rounds", result["best_mean_mse"],
-            cfg.num_server_rounds)
+        log(INFO, "Best mean test MSE %.4g over %d rounds%s", result["best_mean_mse"],
+            cfg.num_server_rounds, over)
+    for cid, why in cover["never_evaluated"].items():
+        log(WARNING, "Client %s never produced a result in this run: %s", cid, why)
     log(INFO, "Wrote %s", folder.metrics_path)
     if cfg.save_models != "none":
         where = (f"{folder.path / MODELS_FOLDER}" if cfg.dataset != tasks.MEMBERS else

@@ -39,7 +39,7 @@ def test_defaults_are_valid():
         ({"fedamp-sigma": 0.0}, "fedamp-sigma", '"auto" or a finite number > 0'),
         ({"fedamp-sigma": -2}, "fedamp-sigma", '"auto" or a finite number > 0'),
         ({"heurfedamp-sigma": "big"}, "heurfedamp-sigma", '"auto" or a number'),
-        ({"fedamp-sigma": float("inf")}, "fedamp-sigma", '"auto" or a finite number > 0'),
+        ({"fedamp-sigma": float("inf")}, "fedamp-sigma", '"auto" or a number, finite'),
         ({"heurfedamp-self-weight": 1.0}, "heurfedamp-self-weight", "[0, 1)"),
         ({"heurfedamp-self-weight": -0.1}, "heurfedamp-self-weight", "[0, 1)"),
         ({"fraction-train": 0.0}, "fraction-train", "(0, 1]"),

@@ -180,6 +180,31 @@ class RunHistory:
         mses = self._series("mean_mse")
         return min(mses) if mses else None
 
+    def coverage(self, num_clients: int) -> dict[str, Any]:
+        """Whom the headline score covers: the round of the best mean, how many clients that
+        mean is over (benign ones), out of ``num_clients``, and every client that never
+        produced an evaluation, with the last reason it was left out."""
+        main = "accuracy" if self._series("mean_accuracy") else "mse"
+        scored = [(k, r) for k, r in sorted(self.rounds.items()) if r.get(f"mean_{main}") is not None]
+        out: dict[str, Any] = {"num_clients": num_clients}
+        if scored:
+            pick = max if main == "accuracy" else min
+            best, rec = pick(scored, key=lambda kr: kr[1][f"mean_{main}"])
+            out["best_round"] = best
+            out["clients_in_best_round"] = len(
+                set(rec[f"client_{main}"]) - self.novel - self.attackers)
+        evaluated = {c for r in self.rounds.values() for c in r.get(f"client_{main}", {})}
+        never: dict[int, str] = {}
+        for cid in range(num_clients):
+            if cid in evaluated or cid in self.novel:
+                continue
+            reasons = [r.get(key, {}).get(cid) for r in self.rounds.values()
+                       for key in ("absent_clients", "absent_evaluation")]
+            known = [why for why in reasons if why]
+            never[cid] = known[-1] if known else "never evaluated"
+        out["never_evaluated"] = never
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON-ready records."""
         out: dict[str, Any] = {"rounds": [self.rounds[r] for r in sorted(self.rounds)]}
