@@ -90,8 +90,9 @@ class FlowerRun:
                  federation_config: str, log_path: Path,
                  on_line: Callable[[str], None] | None = None) -> None:
         self.env, self.app = env, Path(app)
-        self.run_config = run_config if isinstance(run_config, str) else " ".join(
-            f"{k}={toml_value(v)}" for k, v in run_config.items())
+        self.config = parse_run_config(run_config) if isinstance(run_config, str) else dict(
+            run_config)
+        self.run_config = " ".join(f"{k}={toml_value(v)}" for k, v in self.config.items())
         self.federation_config, self.log_path, self.on_line = federation_config, log_path, on_line
         self.run_id: int | None = None
         self._flwr = shutil.which("flwr") or "flwr"
@@ -204,6 +205,88 @@ class FlowerRun:
         """Submit the run and follow it (:meth:`follow`)."""
         self.submit()
         return self.follow(timeout)
+
+    def resumed(self) -> FlowerRun:
+        """The same run, to submit again: continued from its checkpoint (``resume = true``)."""
+        config = {**self.config, "resume": True}
+        config.pop("overwrite", None)
+        return FlowerRun(self.env, self.app, config, self.federation_config, self.log_path,
+                         self.on_line)
+
+    def follow_through(self, timeout: float, superlink_wait: float, max_resumes: int,
+                       recover: Callable[[float], bool] | None = None,
+                       say: Callable[[str], None] = print) -> tuple[FlowerRun, RunOutcome]:
+        """Follow this submitted run to its end (:meth:`follow`), outliving its SuperLink.
+
+        When the run ended because its SuperLink went away (:func:`lost_superlink`), wait
+        for the SuperLink (``recover(seconds)``, default: until ``flwr ls`` answers again,
+        at most ``superlink_wait`` seconds), stop what is left of the lost run, and submit
+        it again with ``resume = true``: it goes on from its last checkpoint, so at most
+        the interrupted round is computed again (with ``checkpoint-every = 1``). At most
+        ``max_resumes`` times. Returns the last submission and its outcome.
+        """
+        run, outcome = self, self.follow(timeout)
+        for attempt in range(1, max_resumes + 1):
+            if not lost_superlink(outcome):
+                break
+            say(f"run {run.run_id}: its SuperLink went away ({outcome.status}: "
+                f"{outcome.details[-200:]}); waiting up to {superlink_wait:.0f}s for it")
+            back = (recover(superlink_wait) if recover is not None
+                    else wait_for_superlink(run.env, superlink_wait))
+            if not back:
+                say(f"run {run.run_id}: the SuperLink did not come back within "
+                    f"{superlink_wait:.0f}s; giving up")
+                break
+            try:
+                status, details = run.status()
+            except FlowerCliError:
+                status, details = UNKNOWN, ""
+            if status == COMPLETED:  # it ended before the SuperLink went away
+                return run, RunOutcome(run.run_id, status, details, False, outcome.seconds)
+            run.stop()
+            run = run.resumed()
+            run.submit()
+            say(f"the SuperLink is back: run submitted again as {run.run_id} with resume = true "
+                f"({attempt} of at most {max_resumes})")
+            outcome = run.follow(timeout)
+        return run, outcome
+
+
+#: what Flower's SuperLink says of a run whose ServerApp it lost: the task's heartbeat stopped
+#: (it was restarted, or the ServerApp's process died with it)
+LOST_RUN = ("No heartbeat received from the task", "Task failed because the run expired")
+
+
+def lost_superlink(outcome: RunOutcome) -> bool:
+    """Whether a run ended because its SuperLink went away, not because of the app: Flower's
+    CLI lost the SuperLink while following it, or the SuperLink failed the run for its
+    ServerApp's lost heartbeat (a SuperLink restarted on its database)."""
+    return outcome.status == UNKNOWN or (outcome.status == FAILED
+                                         and any(t in outcome.details for t in LOST_RUN))
+
+
+def wait_for_superlink(env: dict[str, str], timeout: float, poll: float = 2.0) -> bool:
+    """Whether the SuperLink of ``env`` answers (``flwr ls``) within ``timeout`` seconds."""
+    flwr = shutil.which("flwr") or "flwr"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            done = subprocess.run([flwr, "ls", "--format", "json"], env=env, capture_output=True,
+                                  text=True, timeout=60)
+            if done.returncode == 0 and json.loads(done.stdout or "{}").get("success"):
+                return True
+        except (subprocess.TimeoutExpired, ValueError):
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
+
+
+def parse_run_config(text: str) -> dict[str, Any]:
+    """``--run-config``'s text (``"k1=v1 k2='x'"``) as a dict, as Flower reads it."""
+    from flwr.common.config import parse_config_args
+
+    return dict(parse_config_args([text])) if text.strip() else {}
 
 
 def write_outcome(path: Path, outcome: RunOutcome, **extra: Any) -> None:

@@ -143,10 +143,14 @@ class SuperLink:
     simulation : bool
         True: ``--simulation`` (Flower's Ray engine runs the ClientApps); False: a
         deployment SuperLink, which SuperNodes join at ``127.0.0.1:<port>``.
+    database : Path or None
+        Its state in this file (``--database``; a restart keeps its runs and nodes),
+        else in memory.
     """
 
-    def __init__(self, home: Path, ray_address: str | None = None, simulation: bool = True) -> None:
-        self.home, self.simulation = Path(home), simulation
+    def __init__(self, home: Path, ray_address: str | None = None, simulation: bool = True,
+                 database: Path | None = None) -> None:
+        self.home, self.simulation, self.database = Path(home), simulation, database
         self.port = 0  # the SuperLink's HTTP port: SuperNodes and the CLI connect here
         self.env = flower_env(self.home)
         if ray_address:
@@ -165,26 +169,34 @@ class SuperLink:
             raise RuntimeError("flower-superlink is not on PATH: activate the virtual environment")
         self.home.mkdir(parents=True, exist_ok=True)
         # Flower 1.41 serves the Fleet, Control and runtime APIs on one HTTP port
-        self.port = free_port()
+        self.port = self.port or free_port()
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
             f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
         log_path = self.home / "superlink.log"
-        self._log = open(log_path, "w")
+        self._log = open(log_path, "a")
         self.proc = subprocess.Popen(
             [exe, "--insecure", *(["--simulation"] if self.simulation else []),
-             "--isolation", "subprocess",
-             "--host", "127.0.0.1", "--port", str(self.port)],
+             "--isolation", "subprocess", "--host", "127.0.0.1", "--port", str(self.port),
+             *(["--database", str(self.database)] if self.database else [])],
             env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         if not wait_for_port(self.port, 60, self.proc):
             self.__exit__(None, None, None)
             raise RuntimeError(f"the SuperLink did not start; see {log_path}")
         return self
 
-    def restart(self) -> None:
-        """Stop this SuperLink with everything it started, and start a fresh one."""
+    def restart(self, same_port: bool = False) -> None:
+        """Stop this SuperLink with everything it started, and start a fresh one (on the same
+        port: its SuperNodes come back to it)."""
         self.__exit__(None, None, None)
+        if not same_port:
+            self.port = 0
         self.__enter__()
+
+    @property
+    def alive(self) -> bool:
+        """Whether its process runs."""
+        return self.proc is not None and self.proc.poll() is None
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

@@ -27,6 +27,7 @@ from experiments.flower_cli import (
     FlowerCliError,
     FlowerRun,
     RunOutcome,
+    wait_for_superlink,
     write_outcome,
 )
 from experiments.jobs import Children, pool, threads_per_job
@@ -132,7 +133,16 @@ def run_one(link: SuperLink, output: Path, run: Run, fed_config: str, prefix: st
         with open(log_path, "a") as log:
             log.write(f"ERROR : {err}\n")
     else:
-        outcome = flower.follow(timeout)
+        def recover(wait: float) -> bool:  # the grid's own SuperLink: started again if it died
+            if not link.alive:
+                print(f"{prefix}: the SuperLink died; starting it again", flush=True)
+                link.restart()
+            return wait_for_superlink(link.env, wait)
+
+        flower, outcome = flower.follow_through(timeout, superlink_wait=120.0, max_resumes=3,
+                                                recover=recover,
+                                                say=lambda text: print(f"{prefix}: {text}",
+                                                                       flush=True))
     if outcome.timed_out:
         print(f"{prefix} timed out after {timeout:.0f}s: stopped with flwr stop {outcome.run_id}",
               flush=True)

@@ -6,7 +6,8 @@ and lifespan run as under Flower), each node with its own ``Context`` (so its
 ``context.state`` lives across rounds, as on a SuperNode); :func:`run_inprocess`
 runs the real ``ServerApp`` on it the same way (``app(grid, context)``). The
 messages are real Flower ``Message`` objects, and a ClientApp that raises gives
-the error reply a SuperNode gives; what is left out is Flower's transport, the simulation engine's scheduling and process isolation. The
+the error reply a SuperNode gives; what is left out is Flower's transport, the
+simulation engine's scheduling and process isolation. The
 numbers are those of the simulation engine: the same code, seeds and order
 (float sums can differ in the last digits where torch runs with another
 number of threads). ``simulation.py --engine inprocess`` uses it; the tests
@@ -97,6 +98,7 @@ class InProcessGrid:
     def _run_client(self, msg: Message) -> Message:
         """The ClientApp's reply, or, as a SuperNode gives it when the ClientApp raises, an
         error reply (``CLIENT_APP_RAISED_EXCEPTION``, Flower's reason text), the error logged."""
+        assert self.client_app is not None
         try:
             return self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
         except Exception as ex:

@@ -144,10 +144,11 @@ class Processes:
     def log(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text()
 
-    def superlink(self, simulation: bool) -> SuperLink:
+    def superlink(self, simulation: bool, database: Path | None = None) -> SuperLink:
         """A SuperLink on free ports with this test's FLWR_HOME (its default connection), up
-        and answering when this returns."""
-        link = SuperLink(Path(self.env["FLWR_HOME"]), simulation=simulation).__enter__()
+        and answering when this returns; its state in ``database`` if given."""
+        link = SuperLink(Path(self.env["FLWR_HOME"]), simulation=simulation,
+                         database=database).__enter__()
         self.links.append(link)
         return link
 

@@ -239,6 +239,7 @@ class TrackedStrategy(Tracked):
     def configure_evaluate(self, server_round, arrays, config, grid):
         config = self.instruct(config, train=False)
         arrays = self._as_sent(arrays)
+        self.tracker.record_offline(server_round, EVALUATE)
         messages = (list(super().configure_evaluate(server_round, arrays, config, grid))
                     if grid.get_node_ids() else [])
         check_instructions(messages)
@@ -487,6 +488,7 @@ class PersonalizedStrategy(Tracked, Strategy):
         config = self.instruct(config, train=False)
         config[SERVER_ROUND] = server_round
         rows = self.online_rows(torch.arange(len(self.client_ids)))
+        self.tracker.record_offline(server_round, EVALUATE)
         models = self.evaluation_models()
         configs = [self.tracker.evaluate_config(self.client_ids[int(r)], config) for r in rows]
         return self._messages(rows, models if len(rows) == len(models) else models[rows],

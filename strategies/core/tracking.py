@@ -79,6 +79,7 @@ class Tracker:
         self.online: set[int] = {i.client_id for i in self.clients.values() if i.node_id >= 0}
         # phase -> {node id: client id ("[node N]" for a node no client is on)}
         self._expected: dict[str, dict[int, int | str]] = {}
+        self._sent: dict[str, list[Message]] = {}
         self.round_timeout: float | None = None
         #: a run over members' own data: the members' names by client id, and their schema
         self.names: list[str] = []
@@ -146,9 +147,12 @@ class Tracker:
 
     # -- what was sent, what came back ---------------------------------------
     def expect(self, phase: str, messages: Iterable[Message]) -> None:
-        """Remember the nodes (and so the clients) sent a ``phase`` message this round."""
+        """Remember the nodes (and so the clients) sent a ``phase`` message this round, and
+        the messages (their ids, set when they are sent, match each reply to its message)."""
+        messages = list(messages)
         self._expected[phase] = {m.metadata.dst_node_id: self.client_of_node(m.metadata.dst_node_id)
                                  for m in messages}
+        self._sent[phase] = messages
 
     def stop_on_refusals(self, server_round: int, replies: Iterable[Message]) -> None:
         """Raise RuntimeError naming the clients that refused their message, if any.
@@ -174,12 +178,14 @@ class Tracker:
         own[CLIENT_INDEX] = client_id
         return own
 
-    def record_offline(self, server_round: int) -> None:
-        """Record the training clients whose node is not connected this round as absent."""
+    def record_offline(self, server_round: int, phase: str = TRAIN) -> None:
+        """Record the clients of ``phase`` whose node is not connected this round as absent
+        (training: not the novel clients, which never train)."""
         offline = {i.client_id: "node not connected" for i in self.clients.values()
-                   if i.client_id not in self.online and i.client_id not in self.roles.novel}
+                   if i.client_id not in self.online
+                   and (phase != TRAIN or i.client_id not in self.roles.novel)}
         if offline:
-            self.record_absent(server_round, TRAIN, offline, {})
+            self.record_absent(server_round, phase, offline, {})
 
     def screen(self, server_round: int, replies: Iterable[Message], phase: str,
                extra_records: tuple[str, ...] = ()) -> list[Message]:
@@ -194,10 +200,17 @@ class Tracker:
         replies = list(replies)
         self.stop_on_refusals(server_round, replies)
         expected = self._expected.get(phase)
+        # the node each message went to, by message id: Flower's own error reply for a node
+        # that is gone (node unavailable) comes from the SuperLink, not from that node
+        sent_to = {m.metadata.message_id: m.metadata.dst_node_id
+                   for m in self._sent.get(phase, []) if m.metadata.message_id}
         seen: set[int] = set()
         good, absent, rejected = [], {}, {}
         for msg in replies:
             node = msg.metadata.src_node_id
+            target = sent_to.get(msg.metadata.reply_to_message_id)
+            if msg.has_error() and target is not None and node != target:
+                node = target
             if node not in self.clients or (expected is not None and node not in expected):
                 log(WARNING, "Round %d: %s reply from node %d dropped: that node was not sent a "
                     "%s message this round", server_round, phase, node, phase)
