@@ -94,7 +94,9 @@ class RunRecord:
         return cls(
             run_name=str(data.get("run_name") or ""), strategy=str(data.get("strategy") or "?"),
             label=str(data.get("label") or ""), dataset=str(data.get("dataset") or "?"),
-            partitioning=str(data.get("partitioning") or "?"), seed=data.get("seed"),
+            # a federated task's metrics.json records no partitioning: its config's (unused)
+            partitioning=str(data.get("partitioning") or config.get("partitioning") or "?"),
+            seed=data.get("seed"),
             num_clients=data.get("num_clients"), kind=kind, rounds=rounds, config=config,
             finished=bool(data.get("finished", True)),
             status=None if status is None else status.get("status"),
