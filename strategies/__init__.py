@@ -35,7 +35,8 @@ from .core.history import RunHistory
 from .core.registry import STRATEGIES, RunSetup, build_strategy, register_strategy
 from .core.replies import mean_metrics
 from .core.settings import ConfigError, Settings
-from .fedamp import FedAMP, HeurFedAMP, fedamp_weights, heurfedamp_weights
+from .fedamp import FedAMP, HeurFedAMP
+from .fedamp_weights import fedamp_weights, heurfedamp_weights
 from .flower import FedAvg, FedAvgFT, FedMedian, FedProx, FedProxFT, FedTrimmedAvg, Krum
 from .hypernetwork import GraphHyperNetwork, server_step
 from .nonconvex import NonConvex, nonconvex_weights

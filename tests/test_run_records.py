@@ -58,3 +58,22 @@ def test_min_clients_evaluated_makes_it_a_stop(tmp_path):
                        r"min-clients-evaluated = 4; left out: client 0: .*labels out of range"):
         run_inprocess(_cfg(tmp_path, **{"min-clients-evaluated": 4}), 4,
                       client_app=_crashing_client_0())
+
+
+def test_one_sampling_rule_fedavg_and_fedamp_train_the_same_clients(tmp_path):
+    """fraction-train is one rule for every strategy: of the connected clients that train
+    (not novel), a seeded max(1, round(f x n)); Flower's own strategies and the personalized
+    ones train the same clients in every round."""
+    trained = {}
+    for strategy in ("fedavg", "fedamp", "scaffold", "pfedhn"):
+        cfg = _cfg(tmp_path, strategy=strategy, **{"run-name": strategy, "fraction-train": 0.5,
+                                                    "novel-client-fraction": 0.2,
+                                                    "num-server-rounds": 3, "min-nodes": 5})
+        run_inprocess(cfg, 5)
+        metrics = json.loads((tmp_path / strategy / "metrics.json").read_text())
+        trained[strategy] = [r["trained_clients"] for r in metrics["rounds"]]
+    novel = metrics["novel_clients"]
+    assert len(novel) == 1
+    # 4 clients train at all; round(0.5 x 4) = 2 of them each round
+    assert all(len(t) == 2 and not set(t) & set(novel) for t in trained["fedavg"])
+    assert trained["fedavg"] == trained["fedamp"] == trained["scaffold"] == trained["pfedhn"]

@@ -34,7 +34,7 @@ from tasks.scenarios import Roles
 
 from .client import LOCAL, instruction_problem
 from .clients import ClientInfo
-from .history import RunHistory
+from .history import RunHistory, client_order
 from .layout import FlatLayout, dtypes_of, with_dtypes
 from .protocol import ARRAYS, CLIENT_UPDATE, CONFIG, SERVER_ROUND
 from .replies import array_spec, mean_metrics, metric_values
@@ -181,8 +181,10 @@ class TrackedStrategy(Tracked):
     float64), and replies must match them.
     """
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, sample_fraction: float = 1.0, sample_seed: int = 0,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.sample_fraction, self.sample_seed = sample_fraction, sample_seed
         self.setup_tracking({})
         self._sent: tuple[FlatLayout, torch.Tensor] | None = None
         self._dtypes: dict[str, np.dtype] | None = None
@@ -204,17 +206,18 @@ class TrackedStrategy(Tracked):
         layout = FlatLayout.from_arrays(arrays)
         self._sent = (layout, layout.flatten(arrays))
         config = self.instruct(config, train=True)
-        # no client connected: Flower's sampler would wait for one for ever
-        messages = (list(super().configure_train(server_round, arrays, config, grid))
-                    if grid.get_node_ids() else [])
+        # the run's sampling rule (Tracker.sample_training), the same as the personalized
+        # strategies'; Flower's own sampler (fraction 1) then takes every chosen client
+        online = [c for c in map(t.client_of_node, grid.get_node_ids()) if isinstance(c, int)]
+        chosen = t.sample_training(server_round, online, self.sample_fraction, self.sample_seed)
+        view = NodeSubset(grid, [t.node_of(c) for c in chosen])
+        # no client chosen: Flower's sampler would wait for one for ever
+        messages = list(super().configure_train(server_round, arrays, config, view)) if chosen \
+            else []
         check_instructions(messages)
-        cid = {m.metadata.dst_node_id: t.client_of_node(m.metadata.dst_node_id) for m in messages}
-        kept = set(t.participants(server_round, [c for c in cid.values() if isinstance(c, int)]))
         out = []
-        for m in messages:
-            c = cid[m.metadata.dst_node_id]
-            if c not in kept:
-                continue
+        for m in sorted(messages, key=lambda m: client_order(t.client_of_node(m.metadata.dst_node_id))):
+            c = t.client_of_node(m.metadata.dst_node_id)
             content = RecordDict(dict(m.content.items()))  # Flower shares one among all messages
             content[CONFIG] = t.client_config(server_round, c, content[CONFIG])
             out.append(Message(content, message_type=m.metadata.message_type,
@@ -258,6 +261,19 @@ class TrackedStrategy(Tracked):
         good = self.tracker.screen(server_round, replies, EVALUATE)
         self.tracker.record_evaluation(server_round, good)
         return super().aggregate_evaluate(server_round, good)
+
+
+class NodeSubset:
+    """A view of a Flower ``Grid`` whose nodes are ``node_ids`` (the clients chosen to train)."""
+
+    def __init__(self, grid: Grid, node_ids: list[int]) -> None:
+        self._grid, self._nodes = grid, list(node_ids)
+
+    def get_node_ids(self) -> list[int]:
+        return list(self._nodes)
+
+    def __getattr__(self, name: str):
+        return getattr(self._grid, name)
 
 
 # ---------------------------------------------------------------------------
@@ -431,16 +447,13 @@ class PersonalizedStrategy(Tracked, Strategy):
         return rows if len(keep) == len(rows) else torch.as_tensor(keep, dtype=torch.long)
 
     def sample_rows(self, server_round: int) -> torch.Tensor:
-        """Rows (clients) that train in ``server_round``: a seeded sample of ``fraction-train``
-        of the connected training clients, less those that drop out (``drop-rate``)."""
-        pool = self.online_rows(self.training_rows).numpy()
-        if len(pool) == 0:
-            return torch.zeros(0, dtype=torch.long)
-        k = max(1, int(round(self.fraction_train * len(pool))))
-        rng = np.random.default_rng([self.seed, server_round])
-        sampled = np.sort(rng.choice(pool, size=k, replace=False))
-        kept = set(self.tracker.participants(server_round, [self.client_ids[r] for r in sampled]))
-        return torch.as_tensor([r for r in sampled if self.client_ids[r] in kept], dtype=torch.long)
+        """Rows (clients) that train in ``server_round``: the run's sampling rule
+        (:meth:`Tracker.sample_training`) over the connected training clients."""
+        online = self.online_rows(self.training_rows).tolist()
+        chosen = set(self.tracker.sample_training(
+            server_round, [self.client_ids[r] for r in online], self.fraction_train, self.seed))
+        return torch.as_tensor([r for r in online if self.client_ids[r] in chosen],
+                               dtype=torch.long)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from logging import INFO, WARNING
 
+import numpy as np
 from flwr.app import ConfigRecord, Message
 from flwr.common.constant import ErrorCode
 from flwr.supercore import log
@@ -266,6 +267,20 @@ class Tracker:
         return self.history.record_evaluation(server_round, replies, self.client_of)
 
     # -- the scenario --------------------------------------------------------
+    def sample_training(self, server_round: int, client_ids: Iterable[int], fraction: float,
+                        seed: int) -> list[int]:
+        """The clients that train in ``server_round``, one rule for every strategy: of the
+        given (connected) ``client_ids``, those that train at all (not novel), a seeded
+        sample of ``max(1, round(fraction x their number))``, less those that drop out
+        (``drop-rate``). In client-id order."""
+        pool = sorted(c for c in client_ids if c not in self.roles.novel)
+        if not pool:
+            return []
+        k = max(1, int(round(fraction * len(pool))))
+        rng = np.random.default_rng([seed, server_round])
+        sampled = sorted(int(c) for c in rng.choice(pool, size=k, replace=False))
+        return self.participants(server_round, sampled)
+
     def participants(self, server_round: int, client_ids: Iterable[int]) -> list[int]:
         """The sampled ``client_ids`` that train in ``server_round``: not novel, not dropped out."""
         training = [c for c in client_ids if c not in self.roles.novel]
