@@ -236,7 +236,7 @@ def test_fedamp_skips_float32_for_a_while_after_it_could_not_give_exact_weights(
     distances would need most pairs in float64: the next rounds compute them in float64 at
     once (cheaper: no wasted float32 pass), with the same weights, and try float32 again
     after FLOAT32_RETRY_ROUNDS; the round to try again is checkpointed."""
-    import strategies.fedamp as fedamp_module
+    import strategies.fedamp_weights as fedamp_module
     from strategies.fedamp import FedAMP
     from strategies.fedamp_weights import FLOAT32_RETRY_ROUNDS
 
