@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from strategies.fedamp import FedAMP
-from strategies.fedamp_weights import cloud_models, heurfedamp_weights
+from strategies.fedamp_math import cloud_models, heurfedamp_weights
 
 SIZES = {"cnn": 1_663_370, "resnet18": 11_173_962}
 

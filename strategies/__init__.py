@@ -36,7 +36,7 @@ from .core.registry import STRATEGIES, RunSetup, build_strategy, register_strate
 from .core.replies import mean_metrics
 from .core.settings import ConfigError, Settings
 from .fedamp import FedAMP, HeurFedAMP
-from .fedamp_weights import fedamp_weights, heurfedamp_weights
+from .fedamp_math import fedamp_weights, heurfedamp_weights
 from .flower import FedAvg, FedAvgFT, FedMedian, FedProx, FedProxFT, FedTrimmedAvg, Krum
 from .hypernetwork import GraphHyperNetwork, server_step
 from .nonconvex import NonConvex, nonconvex_weights

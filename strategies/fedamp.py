@@ -10,7 +10,7 @@ a convex combination of all clients' models, and trains from u_i on
 F_i(w) + lambda / (2 alpha_k) ||w - u_i||^2               (paper Eq. 7)
 
 The weights are pure functions on a stacked (m, d) tensor of flattened models,
-tested on their own, in :mod:`strategies.fedamp_weights`: :func:`fedamp_weights`
+tested on their own, in :mod:`strategies.fedamp_math`: :func:`fedamp_weights`
 (Eq. 6 with the attention-inducing function A(x) = 1 - exp(-x / sigma)) and
 :func:`heurfedamp_weights` (Eq. 8).
 
@@ -36,7 +36,7 @@ from flwr.supercore import log
 from .core.base import PersonalizedStrategy
 from .core.registry import RunSetup, personal_kwargs, register_strategy
 from .core.settings import ConfigError, Settings, SettingsContext, bad
-from .fedamp_weights import (
+from .fedamp_math import (
     FLOAT32_RETRY_ROUNDS,
     RowsRescaledWarning,
     WeightsUnderflowWarning,

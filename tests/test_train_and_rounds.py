@@ -6,7 +6,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
-from strategies.fedamp_weights import fedamp_weights
+from strategies.fedamp_math import fedamp_weights
 from tasks.models import MLP
 from tasks.train import evaluate, train
 

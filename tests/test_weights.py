@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from strategies.fedamp_weights import (
+from strategies.fedamp_math import (
     RowsRescaledWarning,
     WeightsUnderflowWarning,
     fedamp_weights,
@@ -161,7 +161,7 @@ def test_weights_agree_with_a_float64_reference_for_any_sigma():
 
 
 def test_blockwise_gram_equals_the_whole():
-    from strategies.fedamp_weights import gram64
+    from strategies.fedamp_math import gram64
 
     x = torch.randn(7, 1000, generator=torch.Generator().manual_seed(0))
     assert torch.allclose(gram64(x, block=97), x.double() @ x.double().T, atol=1e-9)
@@ -174,7 +174,7 @@ def test_rows_rescaled_is_said_once_and_when_it_stops(caplog):
     import warnings as w
 
     from strategies.fedamp import FedAMP
-    from strategies.fedamp_weights import RowsRescaledWarning
+    from strategies.fedamp_math import RowsRescaledWarning
 
     def rescaled():
         return [w.WarningMessage(RowsRescaledWarning("2 of 2 rows had ..."), RowsRescaledWarning,
@@ -204,7 +204,7 @@ def test_float32_distances_with_float64_corrections_stay_exact(sigma, self_weigh
     the float32 Gram with float64 corrections of the pairs that matter gives the weights of
     the float64 reference within 1e-6 for every sigma; where sigma is large against the
     rounding of the distances, most pairs stay in float32."""
-    from strategies.fedamp_weights import fedamp_sq_distances
+    from strategies.fedamp_math import fedamp_sq_distances
 
     gen = torch.Generator().manual_seed(5)
     base = torch.randn(20_000, generator=gen)
@@ -236,9 +236,9 @@ def test_fedamp_skips_float32_for_a_while_after_it_could_not_give_exact_weights(
     distances would need most pairs in float64: the next rounds compute them in float64 at
     once (cheaper: no wasted float32 pass), with the same weights, and try float32 again
     after FLOAT32_RETRY_ROUNDS; the round to try again is checkpointed."""
-    import strategies.fedamp_weights as fedamp_module
+    import strategies.fedamp_math as fedamp_module
     from strategies.fedamp import FedAMP
-    from strategies.fedamp_weights import FLOAT32_RETRY_ROUNDS
+    from strategies.fedamp_math import FLOAT32_RETRY_ROUNDS
 
     gen = torch.Generator().manual_seed(2)
     models = (torch.randn(3_000, generator=gen) + 0.05 * torch.randn(12, 3_000, generator=gen))
