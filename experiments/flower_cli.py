@@ -206,10 +206,10 @@ class FlowerRun:
         self.submit()
         return self.follow(timeout)
 
-    def resumed(self) -> FlowerRun:
-        """The same run, to submit again: continued from its checkpoint (``resume = true``)."""
-        config = {**self.config, "resume": True}
-        config.pop("overwrite", None)
+    def resumed(self, fresh: bool = False) -> FlowerRun:
+        """The same run, to submit again: continued from its checkpoint (``resume = true``),
+        or, ``fresh``, started again over what it left (``overwrite = true``)."""
+        config = {**self.config, "resume": not fresh, "overwrite": fresh}
         return FlowerRun(self.env, self.app, config, self.federation_config, self.log_path,
                          self.on_line)
 
@@ -243,24 +243,40 @@ class FlowerRun:
                 status, details = UNKNOWN, ""
             if status == COMPLETED:  # it ended before the SuperLink went away
                 return run, RunOutcome(run.run_id, status, details, False, outcome.seconds)
-            run.stop()
-            run = run.resumed()
+            if not status.startswith("finished"):  # no two ServerApps on one run folder
+                run.stop()
+                try:
+                    run.final_status(wait=120.0)
+                except FlowerCliError:
+                    pass
+            lost = run
+            run = lost.resumed()
             run.submit()
             say(f"the SuperLink is back: run submitted again as {run.run_id} with resume = true "
                 f"({attempt} of at most {max_resumes})")
             outcome = run.follow(timeout)
+            if outcome.status == FAILED and NO_CHECKPOINT in outcome.details:
+                # lost before its first checkpoint: it starts again from round 1
+                run = lost.resumed(fresh=True)
+                run.submit()
+                say(f"run {lost.run_id} had written no checkpoint: submitted again from round 1 "
+                    f"as {run.run_id}")
+                outcome = run.follow(timeout)
         return run, outcome
 
 
 #: what Flower's SuperLink says of a run whose ServerApp it lost: the task's heartbeat stopped
 #: (it was restarted, or the ServerApp's process died with it)
 LOST_RUN = ("No heartbeat received from the task", "Task failed because the run expired")
+#: what a resumed run says when there was no checkpoint to resume (fedamp_flwr/results.py)
+NO_CHECKPOINT = "holds no checkpoint"
 
 
 def lost_superlink(outcome: RunOutcome) -> bool:
-    """Whether a run ended because its SuperLink went away, not because of the app: Flower's
-    CLI lost the SuperLink while following it, or the SuperLink failed the run for its
-    ServerApp's lost heartbeat (a SuperLink restarted on its database)."""
+    """Whether a run ended because its SuperLink went away, not because of the app's own
+    error: Flower's CLI lost the SuperLink while following it, or the SuperLink failed the
+    run for its ServerApp's lost heartbeat (a SuperLink restarted on its database; also a
+    ServerApp process killed from outside, by the out-of-memory killer say: resumed too)."""
     return outcome.status == UNKNOWN or (outcome.status == FAILED
                                          and any(t in outcome.details for t in LOST_RUN))
 

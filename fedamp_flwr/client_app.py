@@ -73,7 +73,6 @@ from strategies.core.protocol import (
     MEMBER,
     METRICS,
     MSE,
-    NAME_CHARS,
     NUM_EXAMPLES,
     NUM_OUTPUTS,
     NUM_PARTITIONS,
@@ -86,6 +85,7 @@ from strategies.core.protocol import (
     TRAIN_LOSS,
     as_float,
     as_int,
+    is_name,
 )
 from tasks.scenarios import flip_labels
 from tasks.train import evaluate as evaluate_model
@@ -125,7 +125,7 @@ def member_identity(context: Context) -> tuple[str, str]:
                 "SuperNode with --node-config \"data-path='/site/data.npz' client-id='site-3'\")")
         values.append(value.strip())
     name, path = values
-    if len(name) > 64 or not set(name) <= NAME_CHARS:
+    if not is_name(name):
         raise ConfigError(f"node config '{MEMBER_NAME}' = {name!r} is invalid; allowed: letters, "
                           "digits and - _ . @ (at most 64)")
     return name, path
@@ -294,7 +294,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     scores = {LOSS: result.loss, **({ACCURACY: result.accuracy} if result.accuracy is not None
                                      else {MSE: result.mse})}
     scores[NUM_EXAMPLES] = len(job.data.y_test)
-    kept = keep_tested_model(context, setup.cfg, setup.dc, job.config, tested, pid,
-                             setup.name if setup.pid < 0 else None, scores)
-    metrics = _metrics(job, pid, **scores)
+    kept, said = keep_tested_model(context, setup.cfg, setup.dc, job.config, tested, pid,
+                                   setup.name if setup.pid < 0 else None, scores)
+    metrics = _metrics(job, pid, **scores, **said)
     return Message(RecordDict({METRICS: metrics, **kept}), reply_to=msg)

@@ -21,6 +21,7 @@ from typing import Any
 
 import strategies
 import tasks
+from strategies.core.protocol import is_name
 from strategies.core.registry import method_keys, settings_classes, tuned_values
 from strategies.core.settings import (
     ConfigError,
@@ -36,6 +37,8 @@ from tasks.partitioners import PARTITIONINGS
 from tasks.scenarios import Roles, scenario_roles
 
 GRAPHS = ("task", "file", "groups", "none")
+#: the longest run-name (a folder name on the coordinator's and the members' machines)
+RUN_NAME_MOST = 200
 #: which models a run keeps (fedamp_flwr/delivery.py)
 SAVE_MODES = ("final", "every-checkpoint", "best-validation", "none")
 
@@ -231,6 +234,10 @@ class RunConfig:
         for key in ("round-timeout", "node-wait-timeout", "max-update-ratio"):
             v = getattr(self, key.replace("-", "_"))
             check(key, 0 < v < math.inf, "a finite number > 0")
+        if self.run_name and not is_name(self.run_name, RUN_NAME_MOST):
+            raise _bad("run-name", self.run_name, f"letters, digits and - _ . @ (at most "
+                       f"{RUN_NAME_MOST}; it names the run's folder, on members' nodes too), "
+                       "or \"\" for a unique name")
         if self.resume and not self.run_name:
             raise _bad("run-name", self.run_name, "the name of the run to continue when resume = true")
         if self.resume and self.overwrite:

@@ -57,6 +57,7 @@ from strategies.core.protocol import (
     CONFIG,
     LOSS,
     MODEL,
+    MODEL_KEPT,
     MSE,
     NUM_EXAMPLES,
     SAVE_IF_BETTER,
@@ -66,11 +67,12 @@ from strategies.core.protocol import (
     SERVER_ROUND,
     as_float,
     as_int,
+    is_name,
 )
 from strategies.core.replies import ArraySpec, arrays_problem, evaluate_reply_problem, metrics_of
 from tasks.export import CARD, PREPROCESSING, package_version, schema_record, write_model
 
-from .config import ConfigError, RunConfig
+from .config import RUN_NAME_MOST, ConfigError, RunConfig
 
 __all__ = ["MODEL_DIR", "ModelDelivery", "SaveRequest", "keep_tested_model",
            "model_card", "new_token"]
@@ -135,9 +137,11 @@ class SaveRequest:
     def of(cls, config: ConfigRecord) -> SaveRequest | None:
         if SAVE_MODEL not in config:
             return None
-        run = str(config[SAVE_MODEL])
-        if not run or "/" in run or run.startswith("."):
-            raise ConfigError(f"message config '{SAVE_MODEL}' = {run!r} is not a run name")
+        run = config[SAVE_MODEL]
+        if not is_name(run, RUN_NAME_MOST):  # it names a folder on this machine: checked
+            raise ConfigError(f"message config '{SAVE_MODEL}' = {str(run)[:80]!r} is not a run "
+                              "name (letters, digits and - _ . @)")
+        assert isinstance(run, str)
         better = config.get(SAVE_IF_BETTER)
         return cls(run, str(config.get(SAVE_TOKEN, "")), str(config.get(SAVE_REASON, "")),
                    None if better is None else as_float(better, SAVE_IF_BETTER))
@@ -156,34 +160,45 @@ _TOLD = "fedamp-no-model-dir"
 
 def keep_tested_model(context: Context, cfg: RunConfig, dc: tasks.DataConfig, config: ConfigRecord,
                       model: nn.Module, client_id: int, member: str | None,
-                      scores: dict[str, Any]) -> dict[str, ArrayRecord]:
+                      scores: dict[str, Any]) -> tuple[dict[str, ArrayRecord], dict[str, int]]:
     """Keep the model a client just tested, as the message asks: write it to the node's
     ``model-dir``, or return it as a reply record (a partitioned run's node without one).
-    A member's node without a ``model-dir`` writes nothing and says so once."""
-    request = SaveRequest.of(config)
+    A member's node without a ``model-dir`` writes nothing and says so once. Returns the
+    reply's extra records and metrics (``model-kept``: whether the node wrote it)."""
+    try:
+        request = SaveRequest.of(config)
+    except (ConfigError, ValueError) as err:  # a message this node will not follow: said
+        log(ERROR, "Model not kept: %s", err)
+        return {}, {MODEL_KEPT: 0}
     if request is None or not request.wants(scores):
-        return {}
+        return {}, {}
     folder = context.node_config.get(MODEL_DIR)
     if isinstance(folder, str) and folder.strip():
-        where = Path(folder.strip()).expanduser() / request.run
+        base = Path(folder.strip()).expanduser().resolve()
+        where = base / request.run
+        if where.resolve().parent != base:  # a name is one folder inside model-dir, no more
+            log(ERROR, "Model not kept: run name %r leaves the model-dir %s", request.run, base)
+            return {}, {MODEL_KEPT: 0}
         stem = member or str(client_id)
-        _write_on_node(where, stem, model, model_card(
+        written = _write_on_node(where, stem, model, model_card(
             cfg, dc, run=request.run, token=request.token, client_id=client_id, member=member,
             server_round=as_int(config.get(SERVER_ROUND, 0), SERVER_ROUND), why=request.why,
             scores=scores))
-        return {}
+        return {}, {MODEL_KEPT: int(written)}
     if cfg.dataset != tasks.MEMBERS:
-        return {MODEL: ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})}
+        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        return {MODEL: ArrayRecord(state)}, {}
     if _TOLD not in context.state.config_records:
         context.state[_TOLD] = ConfigRecord({"told": True})
         log(WARNING, "This node's model of run '%s' is not written: its node config names no "
             "'%s' (start the SuperNode with --node-config \"... %s='/path/for/models'\")",
             request.run, MODEL_DIR, MODEL_DIR)
-    return {}
+    return {}, {MODEL_KEPT: 0}
 
 
-def _write_on_node(folder: Path, stem: str, model: nn.Module, card: dict[str, Any]) -> None:
-    """Write a member's model on its own machine, unless another run's files are there."""
+def _write_on_node(folder: Path, stem: str, model: nn.Module, card: dict[str, Any]) -> bool:
+    """Write a member's model on its own machine, unless another run's files are there;
+    whether it was written."""
     existing = folder / f"{stem}{CARD}"
     if existing.is_file():
         try:
@@ -194,17 +209,23 @@ def _write_on_node(folder: Path, stem: str, model: nn.Module, card: dict[str, An
             log(ERROR, "Model not written: %s holds a model of another run named '%s' (its "
                 "token %r, this run's %r); move it away or give this run another run-name",
                 existing, card["run"], token, card["run_token"])
-            return
+            return False
     try:
         path = write_model(folder, stem, model.state_dict(), card)
-    except OSError as err:
+    except Exception as err:  # a full disk, a broken model: said here, the run goes on
         log(ERROR, "Model not written to %s: %s", folder, err)
-        return
+        return False
     log(INFO, "Model of round %d written to %s (%s)", card["round"], path, card["why"])
+    return True
 
 
 def _write_model(folder: Path, stem: str, state: dict, card: dict[str, Any]) -> None:
-    write_model(folder, stem, state, card)
+    """The server's write of a client's model (on the writer's thread): a failure is said,
+    and the run goes on."""
+    try:
+        write_model(folder, stem, state, card)
+    except Exception as err:
+        log(ERROR, "Model of client %s not written to %s: %s", card.get("client_id"), folder, err)
 
 
 # ---------------------------------------------------------------------------
@@ -240,6 +261,7 @@ class ModelDelivery:
         self.folder, self.spec, self.history = folder, spec, history
         self.names, self.submit = names, submit
         self.mode = cfg.save_models
+        self.kept: dict[int, dict[str, Any]] = {}  # client id -> its latest model, where
 
     def keeps(self, server_round: int) -> str | None:
         """Why this round's models are kept, or None."""
@@ -294,11 +316,23 @@ class ModelDelivery:
                 del msg.content[MODEL]
         return replies, models
 
-    def store(self, server_round: int, models: dict[int, tuple[ArrayRecord, dict]],
-              client_of: Callable[[int], int | str], why: str | None = None) -> None:
-        """Write the models of the clients whose evaluation the run recorded in
-        ``server_round`` (``why`` given: models delivered after the run, whose replies
-        the caller checked)."""
+    def after_evaluation(self, server_round: int, replies: list[Message],
+                         models: dict[int, tuple[ArrayRecord, dict]],
+                         client_of: Callable[[int], int | str], why: str | None = None) -> None:
+        """Write the models replied in a round that asked for them (a partitioned run's), of
+        the clients whose evaluation the run recorded (``why`` given: models delivered after
+        the run, whose replies the caller checked); note which members' nodes kept theirs.
+        A model no one asked for, or a member's, is never written."""
+        asked = why or self.keeps(server_round)
+        if models and (asked is None or self.cfg.dataset == tasks.MEMBERS):
+            log(WARNING, "Round %d: %d model(s) replied unasked dropped", server_round, len(models))
+            models = {}
+        for msg in replies:
+            cid = client_of(msg.metadata.src_node_id)
+            said = metrics_of(msg).get(MODEL_KEPT) if not msg.has_error() else None
+            if asked is not None and isinstance(cid, int) and said in (0, 1):
+                self.kept[cid] = {"round": server_round, "on": "its node (model-dir)",
+                                  "kept": bool(said), "why": asked}
         rec = self.history.rounds.get(server_round, {})
         for node, (record, scores) in sorted(models.items()):
             cid = client_of(node)
@@ -315,36 +349,54 @@ class ModelDelivery:
             names = self.names()
             member = names[cid] if cid < len(names) else None
             card = model_card(self.cfg, self.dc, run=self.run, token=self.token, client_id=cid,
-                              member=member, server_round=server_round,
-                              why=why or self.keeps(server_round) or "", scores=scores)
+                              member=member, server_round=server_round, why=asked or "",
+                              scores=scores)
             state = {k: v.clone() for k, v in record.to_torch_state_dict().items()}
             self.submit(functools.partial(_write_model, self.folder, member or str(cid), state,
                                           card))
+            self.kept[cid] = {"round": server_round, "on": "the run folder (models/)",
+                              "kept": True, "why": asked}
+
+    def record(self) -> dict[str, Any]:
+        """What metrics.json says of the models: the mode, and each client's latest."""
+        return {"save_models": self.mode,
+                "clients": {cid: self.kept[cid] for cid in sorted(self.kept)}}
 
     def deliver_rest(self, strategy, grid: Grid, view: Any, arrays: ArrayRecord,
                      config: ConfigRecord, timeout: float,
                      send: Callable[[Grid, list[Message], float], list[Message]]) -> None:
         """After the last round: every connected client (``view``: the connected clients'
-        grid) absent from its evaluation gets the model the server holds for it (its score
-        then is not in the run's records)."""
+        grid) absent from its evaluation, but for a rejected reply, gets the model the
+        server holds for it (its score then is not in the run's records). A failure here
+        is said and does not fail the finished run."""
         last = self.cfg.num_server_rounds
         if self.mode not in ("final", "every-checkpoint"):
             return
         tracker = strategy.tracker
-        done = set(self.history.rounds.get(last, {}).get("client_accuracy", {})) | set(
-            self.history.rounds.get(last, {}).get("client_mse", {}))
-        messages = [m for m in strategy.configure_evaluate(last, arrays, config, view)
-                    if tracker.client_of_node(m.metadata.dst_node_id) not in done]
-        if not messages:
-            return
-        why = f"after the run: the client was absent from round {last}'s evaluation"
-        log(INFO, "Delivering their models to %d client(s) absent from round %d's evaluation",
-            len(messages), last)
-        replies, models = self.take(send(grid, self.instruct(last, messages, why), timeout))
-        for msg in replies:
-            problem = evaluate_reply_problem(msg)
-            if problem is not None:
-                log(WARNING, "Model of client %s not delivered: %s",
-                    tracker.client_of_node(msg.metadata.src_node_id), problem)
-                models.pop(msg.metadata.src_node_id, None)
-        self.store(last, models, tracker.client_of_node, why=why)
+        rec = self.history.rounds.get(last, {})
+        done = set(rec.get("client_accuracy", {})) | set(rec.get("client_mse", {}))
+        rejected = {c for c, why in rec.get("absent_evaluation", {}).items()
+                    if str(why).startswith("rejected")}
+        try:
+            messages = [m for m in strategy.configure_evaluate(last, arrays, config, view)
+                        if tracker.client_of_node(m.metadata.dst_node_id) not in done | rejected]
+            if not messages:
+                return
+            why = f"after the run: the client was absent from round {last}'s evaluation"
+            log(INFO, "Delivering their models to %d client(s) absent from round %d's "
+                "evaluation", len(messages), last)
+            replies, models = self.take(send(grid, self.instruct(last, messages, why),
+                                             min(timeout, 300.0)))
+            good = []
+            for msg in replies:
+                cid = tracker.client_of_node(msg.metadata.src_node_id)
+                problem = (evaluate_reply_problem(msg, tracker.info(cid).num_test, cid, last)
+                           if isinstance(cid, int) else "from an unknown node")
+                if problem is not None:
+                    log(WARNING, "Model of client %s not delivered: %s", cid, problem)
+                    models.pop(msg.metadata.src_node_id, None)
+                else:
+                    good.append(msg)
+            self.after_evaluation(last, good, models, tracker.client_of_node, why=why)
+        except Exception as err:  # the run is done: its models' delivery must not undo that
+            log(ERROR, "Delivering the models of absent clients failed: %s", err)

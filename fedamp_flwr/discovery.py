@@ -33,7 +33,6 @@ from strategies.core.protocol import (
     ERROR,
     INPUT_SHAPE,
     MEMBER,
-    NAME_CHARS,
     NUM_OUTPUTS,
     NUM_PARTITIONS,
     NUM_TEST,
@@ -41,6 +40,7 @@ from strategies.core.protocol import (
     QUERY,
     QUERY_CLIENT_INFO,
     TASK_KIND,
+    is_name,
 )
 from strategies.core.protocol import INFO as INFO_RECORD
 
@@ -115,7 +115,7 @@ def _parse_info(node: int, reply: Message, schema: Schema | None = None) -> Clie
 
 def _parse_member(node: int, cfg, schema: Schema) -> ClientInfo | str:
     name = cfg.get(MEMBER)
-    if not isinstance(name, str) or not name or len(name) > 64 or not set(name) <= NAME_CHARS:
+    if not is_name(name):
         return f"node {node}: the query answer names no member ('{MEMBER}' = " \
                f"{_text(repr(name))[:80]}); is the fleet running this app with dataset = " \
                '"members" (client-id: letters, digits and - _ . @, at most 64)?'

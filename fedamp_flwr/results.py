@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import shutil
 import time
 from collections.abc import Callable
@@ -44,7 +43,7 @@ import torch
 from flwr.supercore import log
 
 from tasks.export import sha256_of
-from tasks.files import atomic_write
+from tasks.files import atomic_write, strict_json
 
 from .config import ConfigError, RunConfig
 
@@ -56,17 +55,6 @@ RESUMABLE_CHANGES = ("num-server-rounds", "resume", "overwrite", "max-failed-rou
                      "min-clients-evaluated",
                      "min-nodes", "round-timeout", "node-wait-timeout", "checkpoint-every",
                      "checkpoint-keep", "xi-every", "save-models")
-
-
-def strict_json(value: Any) -> Any:
-    """``value`` with every non-finite float replaced by None (JSON has no NaN or infinity)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: strict_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [strict_json(v) for v in value]
-    return value
 
 
 def write_json(path: Path, record: dict[str, Any]) -> None:
@@ -240,6 +228,9 @@ class RunFolder:
                 return self._same_run(state)
             refused.append(f"{path.name}: {problem}")
             log(WARNING, "Checkpoint %s refused: %s; trying the one before", path, problem)
+            if path.name != "state.pt":  # kept for a look, out of the checkpoints' count
+                path.replace(path.with_name(path.name + ".refused"))
+                digest_path(path).unlink(missing_ok=True)
         why = "; ".join(refused) if refused else "no checkpoint in it"
         raise ConfigError(f"run config 'resume' = true: {self.checkpoint_path.parent} holds no "
                           f"intact checkpoint ({why}); allowed: overwrite = true to start over")

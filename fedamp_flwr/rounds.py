@@ -223,10 +223,10 @@ def run_rounds(
         if delivery is not None:
             messages = delivery.instruct(server_round, messages)
         replies = send_and_receive(grid, messages, round_timeout)
-        replies, models = ModelDelivery.take(replies)
+        replies, models = ModelDelivery.take(replies)  # a model record never reaches the strategy
         strategy.aggregate_evaluate(server_round, replies)
-        if delivery is not None and models:
-            delivery.store(server_round, models, tracker.client_of_node)
+        if delivery is not None:
+            delivery.after_evaluation(server_round, replies, models, tracker.client_of_node)
         if after_round is not None:
             after_round(server_round, arrays)
         failure = round_failure(strategy.history.rounds.get(server_round, {}),

@@ -243,6 +243,7 @@ def _main(grid: Grid, context: Context) -> None:
             **cfg.settings.record(cfg.context()),
             "completed_rounds": completed, "finished": completed == cfg.num_server_rounds,
             "coverage": strategy.history.coverage(len(tracker.names) or n),
+            **({"models": delivery.record()} if delivery is not None else {}),
             "wall_time_s": round(spent + time.time() - started, 2),
             **strategy.history.to_dict(),
         }
@@ -303,7 +304,9 @@ def _main(grid: Grid, context: Context) -> None:
         writer.close()  # every checkpoint and metrics.json written, whatever happened
     result = record(cfg.num_server_rounds)
     cover = result["coverage"]
-    over = (f", over {cover.get('clients_in_best_round', 0)} of {cover['num_clients']} clients "
+    who = "clients" if cover["benign_clients"] == cover["num_clients"] else \
+        "benign training clients"
+    over = (f", over {cover.get('clients_in_best_round', 0)} of {cover['benign_clients']} {who} "
             f"(round {cover.get('best_round')})")
     if "bmta" in result:
         log(INFO, "BMTA %.2f%% over %d rounds%s", result["bmta"], cfg.num_server_rounds, over)
@@ -313,8 +316,14 @@ def _main(grid: Grid, context: Context) -> None:
     for cid, why in cover["never_evaluated"].items():
         log(WARNING, "Client %s never produced a result in this run: %s", cid, why)
     log(INFO, "Wrote %s", folder.metrics_path)
-    if cfg.save_models != "none":
+    if delivery is not None:
+        kept = [c for c, k in delivery.kept.items() if k["kept"]]
         where = (f"{folder.path / MODELS_FOLDER}" if cfg.dataset != tasks.MEMBERS else
                  f"each member's node, in <model-dir>/{folder.name}/ (node config model-dir)")
-        log(INFO, "Models kept (save-models = %s) in %s; use one with: fedamp-flwr predict "
-            "MODEL.safetensors DATA", cfg.save_models, where)
+        log(INFO, "Models kept (save-models = %s) for %d of %d clients, in %s; use one with: "
+            "fedamp-flwr predict MODEL.safetensors DATA", cfg.save_models, len(kept),
+            len(tracker.names) or n, where)
+        missing = sorted(set(range(len(tracker.names) or n)) - set(kept))
+        if missing:
+            log(WARNING, "No model kept for client(s) %s (metrics.json: models; a member's own "
+                "log says why)", missing)

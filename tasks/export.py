@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .files import atomic_write
+from .files import atomic_write, strict_json
 from .members import MemberSchema
 from .models import MODELS
 
@@ -46,6 +47,11 @@ PREPROCESSING = {
     "image folders": "converted to the schema's channels (1: grey, 3: RGB) and resized to its "
                      "height and width (bilinear), then as uint8",
 }
+
+
+#: the largest input and output sizes a card may state (a card is untrusted: no model of
+#: absurd size is built from it)
+MAX_INPUTS, MAX_OUTPUTS = 10**8, 10**6
 
 
 class ModelFileError(ValueError):
@@ -85,12 +91,16 @@ def write_model(folder: Path, stem: str, state: dict[str, torch.Tensor],
     """
     from safetensors.torch import save
 
+    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise ModelFileError(f"{folder / stem}: the model has non-finite values in {bad[:3]}; "
+                             "not written (an earlier model there is kept)")
     weights = folder / f"{stem}{WEIGHTS}"
     data = save({k: v.detach().to("cpu").contiguous() for k, v in state.items()})
-    atomic_write(weights, lambda f: f.write(data), private=True)
-    full = {**card, "format": FORMAT, "weights": weights.name,
+    full = {**strict_json(card), "format": FORMAT, "weights": weights.name,
             "sha256": hashlib.sha256(data).hexdigest()}
-    text = json.dumps(full, indent=1, allow_nan=False)
+    text = json.dumps(full, indent=1, allow_nan=False)  # made before any file is touched
+    atomic_write(weights, lambda f: f.write(data), private=True)
     atomic_write(folder / f"{stem}{CARD}", lambda f: f.write(text.encode()), private=True)
     return weights
 
@@ -127,13 +137,16 @@ def card_schema(card: dict[str, Any], where: Path) -> MemberSchema:
         assert shape and min(shape) >= 1 and all(float(v) == int(v) for v in s["input_shape"])
         kind, outputs = str(s["task"]), int(s["num_outputs"])
         assert kind in ("classification", "regression") and outputs >= 1
+        assert math.prod(shape) <= MAX_INPUTS and outputs <= MAX_OUTPUTS
         names = tuple(str(v) for v in s.get("class_names", []))
+        assert not names or len(names) == outputs
         columns = tuple(str(v) for v in s.get("feature_columns", []))
         return MemberSchema(shape, kind, outputs, names, str(s.get("label_column", "label")),
                             columns)
     except (AssertionError, KeyError, TypeError, ValueError):
-        raise ModelFileError(f"{where}: the card's 'schema' = {s!r} is not a schema (input_shape, "
-                             "task, num_outputs, ...)") from None
+        raise ModelFileError(f"{where}: the card's 'schema' = {str(s)[:300]} is not a schema "
+                             "(input_shape, task, num_outputs, class names as many as outputs, "
+                             "sizes within reason)") from None
 
 
 def load_model(weights: str | Path) -> LoadedModel:

@@ -9,10 +9,11 @@ member's), the files written into it do not.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 FOLDER_MODE, FILE_MODE = 0o700, 0o600
 
@@ -24,6 +25,17 @@ def private_folder(path: Path) -> Path:
     for p in missing:
         os.chmod(p, FOLDER_MODE)
     return path
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (JSON has no NaN or infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
 
 
 def fsync_folder(folder: Path) -> None:
@@ -47,8 +59,10 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object], private: bool 
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)  # a stale one (or a link planted in its place): never followed
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE if private else 0o666)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                     FILE_MODE if private else 0o666)
         with os.fdopen(fd, "wb") as f:
             if private:
                 os.fchmod(f.fileno(), FILE_MODE)  # O_CREAT's mode passes through the umask

@@ -140,8 +140,9 @@ def check_labels(found: Problems, y: np.ndarray, schema: MemberSchema, what: str
     if schema.kind == CLASSIFICATION:
         if y.dtype.kind in "OSU":
             text = np.array([str(v) for v in y.tolist()], dtype=object)
-            missing = np.flatnonzero([v.strip().lower() in ("", "nan", "n/a", "na", "none")
-                                      for v in text]) if y.dtype.kind == "O" else np.array([])
+            classes = set(schema.class_names)
+            missing = np.flatnonzero([v not in classes and v.strip().lower() in (
+                "", "nan", "n/a", "na", "none", "<na>") for v in text])
             if len(missing):
                 found.add(f"{what} is missing (empty or n/a) at {_rows(missing, where)}")
                 return None

@@ -28,7 +28,7 @@ def _types() -> dict[str, str]:
 
 TYPES = _types()
 NUMERIC = sorted(k for k, t in TYPES.items() if t in ("int", "float", "int | str", "float | str"))
-HOSTILE = [math.nan, math.inf, -math.inf, -1, -1.5, 0, 0.0, 1e300, 10**30, "", "x", "nan",
+HOSTILE = [math.nan, math.inf, -math.inf, -1, -1.5, 0, 0.0, 1e300, 10**30, 10**400, "", "x", "nan",
            "inf", "-inf", True, False]
 
 

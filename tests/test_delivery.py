@@ -266,3 +266,26 @@ def test_a_client_absent_from_the_last_evaluation_still_gets_its_model(tmp_path)
     assert card["round"] == 2 and card["why"].startswith("after the run: the client was absent")
     assert json.loads((tmp_path / "run" / "models" / "0.json").read_text())["why"] == \
         "the last round"
+
+
+def test_a_hostile_save_request_never_writes_outside_the_model_dir(tmp_path, caplog):
+    from flwr.app import ConfigRecord, Context, RecordDict
+
+    from fedamp_flwr.delivery import keep_tested_model
+    from strategies.core.protocol import MODEL_KEPT, SAVE_MODEL, SAVE_TOKEN, SERVER_ROUND
+
+    with pytest.raises(ConfigError, match="'run-name' = 'grid/a'"):
+        RunConfig.from_run_config({"run-name": "grid/a"})
+    cfg = RunConfig.from_run_config({})
+    dc = cfg.data_config(2)
+    model = tasks.build_model(dc)
+    context = Context(run_id=1, node_id=5, node_config={"model-dir": str(tmp_path / "mine")},
+                      state=RecordDict(), run_config={})
+    for run in ("../escape", "..", "a/b", "C:evil", "x" * 300, "", 7):
+        config = ConfigRecord({SAVE_MODEL: run, SAVE_TOKEN: "t", SERVER_ROUND: 2})
+        with caplog.at_level(logging.ERROR):
+            records, said = keep_tested_model(context, cfg, dc, config, model, 0, "site-a",
+                                              {"accuracy": 0.5, "loss": 1.0})
+        assert records == {} and said == {MODEL_KEPT: 0}, run
+    assert not list(tmp_path.rglob("*.safetensors")) and not (tmp_path / "escape").exists()
+    assert "is not a run name" in caplog.text

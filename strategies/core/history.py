@@ -182,11 +182,14 @@ class RunHistory:
 
     def coverage(self, num_clients: int) -> dict[str, Any]:
         """Whom the headline score covers: the round of the best mean, how many clients that
-        mean is over (benign ones), out of ``num_clients``, and every client that never
-        produced an evaluation, with the last reason it was left out."""
-        main = "accuracy" if self._series("mean_accuracy") else "mse"
+        mean is over (``clients_in_best_round``), out of how many it could be over
+        (``benign_clients``: neither novel nor attackers, of ``num_clients``), and every
+        client that never produced an evaluation, with the last reason it was left out."""
+        main = "mse" if any("client_mse" in r for r in self.rounds.values()) else "accuracy"
         scored = [(k, r) for k, r in sorted(self.rounds.items()) if r.get(f"mean_{main}") is not None]
-        out: dict[str, Any] = {"num_clients": num_clients}
+        excluded = {c for c in self.novel | self.attackers if 0 <= c < num_clients}
+        out: dict[str, Any] = {"num_clients": num_clients,
+                               "benign_clients": num_clients - len(excluded)}
         if scored:
             pick = max if main == "accuracy" else min
             best, rec = pick(scored, key=lambda kr: kr[1][f"mean_{main}"])

@@ -57,6 +57,9 @@ SAVE_TOKEN = "save-token"
 SAVE_REASON = "save-reason"
 SAVE_IF_BETTER = "save-if-better"
 MODEL = "model"
+# Reply metric of an evaluate reply asked to keep its model: 1 if the node wrote it to its
+# model-dir, 0 if it did not (no model-dir, another run's files there, a failed write).
+MODEL_KEPT = "model-kept"
 GENERIC_KEYS = frozenset({SERVER_ROUND, CLIENT_UPDATE, LOCAL_EPOCHS, LOCAL_STEPS, BATCH_SIZE,
                           LR, OPTIMIZER, TRAINED_ROUNDS, CLIENT_INDEX, SAVE_MODEL, SAVE_TOKEN,
                           SAVE_REASON, SAVE_IF_BETTER})
@@ -104,5 +107,12 @@ def as_int(value: object, key: str) -> int:
     return value
 
 #: The characters of a member's name (its node config's ``client-id``, its query answer's
-#: ``member``).
+#: ``member``) and of a run's name.
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.@")
+
+
+def is_name(value: object, most: int = 64) -> bool:
+    """Whether ``value`` is a name this app takes (a member's, a run's): 1 to ``most`` of the
+    :data:`NAME_CHARS`, not ``.`` or ``..`` (a name is also a file or folder name)."""
+    return (isinstance(value, str) and 0 < len(value) <= most and set(value) <= NAME_CHARS
+            and value not in (".", ".."))

@@ -96,6 +96,8 @@ def coerce(key: str, value: Any, annotation: Any, words: tuple[str, ...] = ()) -
     if ann == "int | str":
         if isinstance(value, str) and value in words:
             return value
+        if isinstance(value, float) and not math.isfinite(value):
+            raise bad(key, value, " or ".join(f'"{w}"' for w in words) + " or an integer")
         allowed = " or ".join(f'"{w}"' for w in words) + " or an integer"
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (
                 isinstance(value, float) and not value.is_integer()):
@@ -121,9 +123,12 @@ def coerce(key: str, value: Any, annotation: Any, words: tuple[str, ...] = ()) -
 def _finite(key: str, value: float, allowed: str = "a number") -> float:
     """``value`` as a float, or the ConfigError of ``key`` if it is not finite (no key of
     this app takes an infinity or a NaN: a bound that is not one is a number too large)."""
-    if not math.isfinite(value):
-        raise bad(key, value, f"{allowed}, finite")
-    return float(value)
+    try:
+        if math.isfinite(value):
+            return float(value)
+    except OverflowError:  # an integer beyond any float
+        pass
+    raise bad(key, value, f"{allowed}, finite")
 
 
 @dataclass(frozen=True)
