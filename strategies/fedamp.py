@@ -44,10 +44,14 @@ from .fedamp_math import (
     fedamp_sq_distances,
     fedamp_weights_from_distances,
     heurfedamp_weights,
+    median_sq_distance,
 )
 from .flower import PROXIMAL, PROXIMAL_MU
 
 OFFLINE_CHOICES = ("exclude", "include")
+#: how fedamp-sigma = "auto" is chosen: the paper's value where it has one, else from the
+#: data ("paper"); from the data always ("data")
+SIGMA_RULES = ("paper", "data")
 
 
 class FedAMP(PersonalizedStrategy):
@@ -69,9 +73,13 @@ class FedAMP(PersonalizedStrategy):
         Rounds between two decays of alpha_k.
     lam : float (default: 1.0)
         lambda; clients get the proximal coefficient lambda / alpha_k.
-    sigma : float (default: 100.0)
+    sigma : float | None (default: 100.0)
         sigma of A'(x) = exp(-x / sigma) / sigma (paper: MNIST 100, FMNIST 10,
-        EMNIST 10, CIFAR-100 1e6).
+        EMNIST 10, CIFAR-100 1e6). None: from the data, the median of the squared
+        distances between the models the clients trained in the first round with
+        replies (:func:`strategies.fedamp_math.median_sq_distance`), fixed for the
+        run (recorded in the history's ``notes``, checkpointed); until then every
+        stored model is the initial one and each client's cloud model is its own.
     offline_clients : str (default: "exclude")
         "exclude": only this round's training clients collaborate; "include":
         every training client's latest model (see :meth:`collaboration`).
@@ -91,7 +99,7 @@ class FedAMP(PersonalizedStrategy):
     default_self_weight: float | str | None = None
 
     def __init__(self, alpha_k: float = 1e4, alpha_decay: float = 0.1,
-                 alpha_decay_every: int = 30, lam: float = 1.0, sigma: float = 100.0,
+                 alpha_decay_every: int = 30, lam: float = 1.0, sigma: float | None = 100.0,
                  offline_clients: str = "exclude", self_weight: float | str | None = "default",
                  groups: Sequence[int] | None = None, **kwargs) -> None:
         if offline_clients not in OFFLINE_CHOICES:
@@ -120,8 +128,9 @@ class FedAMP(PersonalizedStrategy):
         own = ("1 - the others (Eq. 6)" if self.self_weight is None else
                "1 / (N_i + 1) (the appendix)" if self.self_weight == "paper" else
                f"{self.self_weight:g}")
-        log(INFO, "\t└── alpha_k %g (x%g every %d rounds), lambda %g, sigma %g, self weight %s",
-            self.alpha_k, self.alpha_decay, self.alpha_decay_every, self.lam, self.sigma, own)
+        sigma = "from the data (round 1)" if self.sigma is None else f"{self.sigma:g}"
+        log(INFO, "\t└── alpha_k %g (x%g every %d rounds), lambda %g, sigma %s, self weight %s",
+            self.alpha_k, self.alpha_decay, self.alpha_decay_every, self.lam, sigma, own)
 
     def alpha_at(self, server_round: int) -> float:
         """alpha_k of round ``server_round`` (1-based)."""
@@ -136,6 +145,8 @@ class FedAMP(PersonalizedStrategy):
         :data:`FLOAT32_RETRY_ROUNDS` rounds go to float64 at once instead of
         trying float32 first; the weights are exact either way.
         """
+        if self.sigma is None:  # no model trained yet: every client's is the initial one
+            return torch.eye(params.shape[0], dtype=torch.float64, device=params.device)
         alpha = self.alpha_at(server_round)
         dist = fedamp_sq_distances(params, alpha, self.sigma, softmax=self_weight is not None,
                                    try_float32=server_round >= self._float32_from)
@@ -213,14 +224,35 @@ class FedAMP(PersonalizedStrategy):
         xi[active[:, None], active[None, :]] = xi_active
         return xi
 
+    def update(self, server_round: int, rows: torch.Tensor, vectors: torch.Tensor) -> None:
+        """Store the replies (:meth:`PersonalizedStrategy.update`); without a sigma, choose
+        it now from the models just trained (at least two, not all the same)."""
+        super().update(server_round, rows, vectors)
+        if self.sigma is not None or len(rows) < 2:
+            return
+        median = median_sq_distance(self.store[rows.to(self.store.device), :self.flat.num_params])
+        if not median > 0:
+            return
+        self.sigma = median
+        note = {"value": median, "round": server_round, "clients": len(rows),
+                "rule": "median of the squared distances between the models the clients "
+                        "trained in that round (fedamp-sigma-rule)"}
+        self.history.notes["fedamp_sigma"] = note
+        log(INFO, "fedamp-sigma from the data: %.6g, the median of the %d squared distances "
+            "between the %d models trained in round %d; fixed for the run", median,
+            len(rows) * (len(rows) - 1) // 2, len(rows), server_round)
+
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "underflow_warned": self._underflow_warned,
+        return {**super().state_dict(), "sigma": self.sigma,
+                "underflow_warned": self._underflow_warned,
                 "rescaled_rounds": list(self._rescaled_rounds),
                 "rescaling": self._rescaling, "float32_from": self._float32_from}
 
     def load_state_dict(self, state: dict, initial_arrays) -> None:
         super().load_state_dict(state, initial_arrays)
         self._underflow_warned = bool(state.get("underflow_warned", False))
+        if self.sigma is None and state.get("sigma") is not None:  # chosen from the data
+            self.sigma = float(state["sigma"])
         self._rescaled_rounds = [int(r) for r in state.get("rescaled_rounds", [])]
         self._rescaling = bool(state.get("rescaling", False))
         # a resumed run computes its distances the way the uninterrupted one would have
@@ -277,7 +309,7 @@ class HeurFedAMP(FedAMP):
     def weights(self, server_round: int, params: torch.Tensor,
                 self_weight: float | torch.Tensor | None) -> torch.Tensor:
         """Eq. 8's weights (HeurFedAMP always has a self weight)."""
-        assert self_weight is not None
+        assert self_weight is not None and self.sigma is not None  # HeurFedAMP's is given
         return heurfedamp_weights(params, self.sigma, self_weight)
 
 
@@ -315,6 +347,7 @@ class FedAMPSettings(Settings):
     fedamp_alpha_decay_every: int = 30
     fedamp_lambda: float = 1.0
     fedamp_sigma: float | str = "auto"
+    fedamp_sigma_rule: str = "paper"
     heurfedamp_sigma: float | str = "auto"
     fedamp_self_weight: float | str = "eq6"
     heurfedamp_self_weight: float | str = 0.1
@@ -328,6 +361,8 @@ class FedAMPSettings(Settings):
         self.require("fedamp-lambda", self.fedamp_lambda >= 0, "a number >= 0")
         self.require("fedamp-offline-clients", self.fedamp_offline_clients in OFFLINE_CHOICES,
                      ", ".join(OFFLINE_CHOICES))
+        self.require("fedamp-sigma-rule", self.fedamp_sigma_rule in SIGMA_RULES,
+                     ", ".join(SIGMA_RULES) + " (how fedamp-sigma = \"auto\" is chosen)")
         for method in ("fedamp", "heurfedamp"):
             sigma = getattr(self, f"{method}_sigma")
             self.require(f"{method}-sigma", sigma == "auto" or (
@@ -343,7 +378,7 @@ class FedAMPSettings(Settings):
                 raise bad(key, weight, f'a number in [0, 1): "paper" (1 / (N_i + 1), N_i the '
                           f"clients of i's group) needs a data setting with groups of clients "
                           f"of one distribution (practical, iid, blocks), not {run.setting_name}")
-            if self.sigma(method, run.dataset, run.setting) is None:
+            if method == "heurfedamp" and self.sigma(method, run.dataset, run.setting) is None:
                 known = sorted(p for p, v in PAPER_SIGMA.get(run.dataset, {}).items()
                                if method in v)
                 raise bad(f"{method}-sigma", "auto", f"a number > 0: the FedAMP paper's sigma "
@@ -353,9 +388,12 @@ class FedAMPSettings(Settings):
 
     def sigma(self, method: str, dataset: str, setting: str) -> float | None:
         """sigma of ``method`` ("fedamp"/"heurfedamp"); "auto" = the paper's for the data
-        setting (None if none)."""
+        setting, or None: FedAMP's from the data (``fedamp-sigma-rule`` = "data", or
+        "paper" where the paper gives none)."""
         value = getattr(self, f"{method}_sigma")
         if value == "auto":
+            if method == "fedamp" and self.fedamp_sigma_rule == "data":
+                return None
             value = PAPER_SIGMA.get(dataset, {}).get(setting, {}).get(method)
         return None if value is None else float(value)
 
@@ -377,8 +415,10 @@ def _fedamp_kwargs(settings: FedAMPSettings, run: RunSetup) -> dict:
                 **personal_kwargs(run))
 
 
-def _sigma(settings: FedAMPSettings, method: str, run: RunSetup) -> float:
+def _sigma(settings: FedAMPSettings, method: str, run: RunSetup) -> float | None:
     sigma = settings.sigma(method, run.dataset, run.setting)
+    if method == "fedamp":
+        return sigma  # None: from the data
     if sigma is None:  # checked with the run config; a direct caller gets the same words
         raise ConfigError(f"run config '{method}-sigma' = 'auto': no paper value for "
                           f"{run.dataset}/{run.setting}; allowed: a number > 0")
@@ -397,5 +437,7 @@ def _heurfedamp(settings: FedAMPSettings, run: RunSetup) -> HeurFedAMP:
     if weight is None:  # "eq6" is no word of heurfedamp-self-weight: checked with the config
         raise ConfigError("run config 'heurfedamp-self-weight' = 'eq6' is invalid; allowed: "
                           '"paper" or a number in [0, 1)')
-    return HeurFedAMP(sigma=_sigma(settings, "heurfedamp", run), self_weight=weight,
+    sigma = _sigma(settings, "heurfedamp", run)
+    assert sigma is not None  # _sigma refuses HeurFedAMP without one
+    return HeurFedAMP(sigma=sigma, self_weight=weight,
                       **_fedamp_kwargs(settings, run))

@@ -9,6 +9,7 @@ flattened models, tested on their own (``tests/test_weights.py``).
 * :func:`heurfedamp_weights` (Eq. 8): xi_ii is a fixed self weight and
   xi_ij = (1 - xi_ii) softmax_{j != i}(sigma cos(w_i, w_j)).
 * :func:`cloud_models`: u_i = sum_j xi_ij w_j (Eq. 6).
+* :func:`median_sq_distance`: sigma from the data (the median heuristic).
 * The squared distances, exact where a weight depends on them:
   :func:`fedamp_sq_distances` (a centred float32 Gram matrix with Higham and
   Mary's rounding bound, and float64 for the pairs whose error could move a
@@ -379,3 +380,17 @@ def heurfedamp_weights(models: torch.Tensor, sigma: float,
     off = _off_diagonal(m, cos.device)
     return _with_self_weight(torch.where(off, sigma * cos, torch.full_like(cos, float("-inf"))),
                              self_weight)
+
+
+def median_sq_distance(models: torch.Tensor) -> float:
+    """The median of the m (m - 1) / 2 squared distances ``||w_i - w_j||^2`` (i < j) between
+    the rows of ``models`` (the mean of the two middle ones for an even count), in float64:
+    the median heuristic of kernel methods, FedAMP's sigma from the data
+    (``fedamp-sigma-rule``). 0 for fewer than two rows."""
+    m = models.shape[0]
+    if m < 2:
+        return 0.0
+    d2 = pairwise_sq_distances(models)
+    upper = torch.triu_indices(m, m, offset=1, device=d2.device)
+    return float(torch.quantile(d2[upper[0], upper[1]].double(), 0.5))
+

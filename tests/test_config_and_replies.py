@@ -46,7 +46,7 @@ def test_defaults_are_valid():
         ({"local-epochs": 0}, "local-epochs", "integer >= 1"),
         ({"batch-size": "ten"}, "batch-size", "an integer"),
         ({"learning-rate": -1.0}, "learning-rate", "> 0"),
-        ({"strategy": "fedamp", "dataset": "cifar10"}, "fedamp-sigma", "a number > 0"),
+        ({"strategy": "heurfedamp", "dataset": "cifar10"}, "heurfedamp-sigma", "a number > 0"),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(override, key, allowed):

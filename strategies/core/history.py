@@ -57,6 +57,8 @@ class RunHistory:
     xi_rounds: list[int] = field(default_factory=list)  # rounds the sink wrote
     xi_sink: Callable[[int, list[int], torch.Tensor], bool] | None = None
     trained: dict[int, int] = field(default_factory=dict)  # client id -> rounds trained
+    #: what a method chose during the run (FedAMP's sigma from the data), in metrics.json
+    notes: dict[str, Any] = field(default_factory=dict)
 
     def _round(self, server_round: int) -> dict[str, Any]:
         return self.rounds.setdefault(server_round, {"round": server_round})
@@ -98,7 +100,7 @@ class RunHistory:
         """Everything needed to continue the records after a resume (JSON-able)."""
         return {"rounds": [self.rounds[r] for r in sorted(self.rounds)],
                 "xi": {str(r): m for r, m in self.xi.items()}, "xi_client_ids": self.xi_client_ids,
-                "xi_rounds": list(self.xi_rounds)}
+                "xi_rounds": list(self.xi_rounds), "notes": dict(self.notes)}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`to_state` (client ids come back as ints)."""
@@ -112,6 +114,7 @@ class RunHistory:
         self.xi = {int(r): m for r, m in state.get("xi", {}).items()}
         self.xi_client_ids = list(state.get("xi_client_ids", []))
         self.xi_rounds = [int(r) for r in state.get("xi_rounds", [])]
+        self.notes = dict(state.get("notes", {}))
         self.trained = {}
         for rec in self.rounds.values():
             for cid in rec.get("trained_clients", []):
@@ -221,6 +224,7 @@ class RunHistory:
             novel = self._series("novel_mean_mse")
             if novel:
                 out["novel_best_mean_mse"] = min(novel)
+        out.update(self.notes)
         out["novel_clients"] = sorted(self.novel)
         out["attackers"] = sorted(self.attackers)
         if self.xi:

@@ -1,0 +1,65 @@
+"""FedAMP's sigma from the data where the paper gives none (members' own data) or where
+``fedamp-sigma-rule = "data"``: the median of the squared distances between the models the
+clients trained in round 1, fixed for the run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import tasks
+from experiments.make_sites import member_name, write_sites
+from fedamp_flwr.config import RunConfig
+from fedamp_flwr.inprocess import run_inprocess
+from fedamp_flwr.results import checkpoint_files
+from strategies.fedamp_math import median_sq_distance
+
+
+def test_the_median_rule_on_models_worked_by_hand():
+    # squared distances 9, 16, 25: the median is 16
+    assert median_sq_distance(torch.tensor([[0.0, 0.0], [3.0, 0.0], [0.0, 4.0]])) == 16.0
+    # 1-D points 0, 1, 3, 6: 1, 9, 36, 4, 25, 9 -> 1, 4, 9, 9, 25, 36: the median is 9
+    assert median_sq_distance(torch.tensor([[0.0], [1.0], [3.0], [6.0]])) == 9.0
+    # an even count of pairs takes the mean of the two middle ones: 0, 1, 2, 4 ->
+    # 1, 4, 16, 1, 9, 4 -> 1, 1, 4, 4, 9, 16: (4 + 4) / 2
+    assert median_sq_distance(torch.tensor([[0.0], [1.0], [2.0], [4.0]])) == 4.0
+    assert median_sq_distance(torch.zeros(1, 3)) == 0.0
+
+
+def test_auto_sigma_is_the_papers_where_it_has_one_and_else_from_the_data():
+    paper = RunConfig.from_run_config({"dataset": "fmnist", "strategy": "fedamp"})
+    assert paper.settings.sigma("fedamp", "fmnist", "practical") == 10.0
+    data = RunConfig.from_run_config({"dataset": "fmnist", "strategy": "fedamp",
+                                      "fedamp-sigma-rule": "data"})
+    assert data.settings.sigma("fedamp", "fmnist", "practical") is None
+    members = RunConfig.from_run_config({"dataset": "members", "strategy": "fedamp",
+                                         "member-input-shape": "6", "member-outputs": 3})
+    assert members.settings.sigma("fedamp", "members", "federated") is None
+    with pytest.raises(Exception, match="'fedamp-sigma-rule' = 'median'"):
+        RunConfig.from_run_config({"fedamp-sigma-rule": "median"})
+
+
+def test_a_members_fedamp_run_with_every_default_chooses_sigma_and_keeps_it_on_resume(tmp_path):
+    n = 4
+    dc = tasks.DataConfig(dataset="synthetic", data_dir="", num_clients=n, seed=0)
+    run_config = write_sites(dc, tmp_path / "sites")
+    nodes = [{"data-path": str(tmp_path / "sites" / f"{member_name(i, n)}.npz"),
+              "client-id": member_name(i, n)} for i in range(n)]
+    common = {**run_config, "strategy": "fedamp", "results-dir": str(tmp_path),
+              "server-device": "cpu", "min-nodes": n, "save-models": "none"}
+    run_inprocess({**common, "run-name": "whole", "num-server-rounds": 4}, n, node_configs=nodes)
+    run_inprocess({**common, "run-name": "cut", "num-server-rounds": 2}, n, node_configs=nodes)
+    run_inprocess({**common, "run-name": "cut", "num-server-rounds": 4, "resume": True}, n,
+                  node_configs=nodes)
+    whole, cut = (json.loads((tmp_path / r / "metrics.json").read_text()) for r in ("whole", "cut"))
+    assert whole["finished"] and whole["sigma"]["fedamp"] is None  # no paper value: the data's
+    note = whole["fedamp_sigma"]
+    assert note["round"] == 1 and note["clients"] == n and note["value"] > 0
+    state = torch.load(checkpoint_files(tmp_path / "whole")[0], weights_only=True)
+    assert state["strategy"]["sigma"] == note["value"]
+    assert cut["fedamp_sigma"] == note  # kept across the resume
+    for got, want in zip(cut["rounds"], whole["rounds"], strict=True):
+        assert got["client_accuracy"] == want["client_accuracy"]
+    assert whole["rounds"][0]["trained_clients"] == list(range(n))
