@@ -46,7 +46,7 @@ def main() -> None:
         torch.manual_seed(0)
         model = tasks.build_model(cfg.data_config(n))
         keys = [k for k, _ in model.named_parameters()]
-        strategy = strategies.build_strategy("fedamp", cfg, run_setup(cfg, n, keys))
+        strategy = strategies.build_strategy("fedamp", cfg.settings, run_setup(cfg, n, keys))
         strategy.setup_tracking({100 + i: ClientInfo(100 + i, i, n, 500, 100) for i in range(n)})
         initial = __import__("flwr.app", fromlist=["ArrayRecord"]).ArrayRecord(model.state_dict())
         strategy._ensure_models(initial)
