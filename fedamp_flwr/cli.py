@@ -13,7 +13,12 @@
     names them; or the regression outputs), then the class probabilities. Where
     DATA has labels it prints the accuracy (or MSE) as the run measures it.
 
-Nothing here connects anywhere; both read only the files named.
+``fedamp-flwr xi-graph RUN [--round R] [--k K] [--out graph.csv]``
+    Turns a FedAMP run's weights xi of one round into a client graph file that
+    Panacea reads (``graph = "file"``): each client's K largest weights, an
+    edge where either end chose the other, members by name.
+
+Nothing here connects anywhere; they read only the files named.
 """
 
 from __future__ import annotations
@@ -118,6 +123,41 @@ def predict_file(model_path: str, data: str, out: str | None) -> int:
     return 0
 
 
+def xi_graph(run_dir: str, server_round: int | None, k: int, out: str) -> int:
+    """A FedAMP run's weights xi of one round as the edge list ``graph = "file"`` reads."""
+    import json
+
+    from tasks.graphs import GraphError, knn_graph, write_edge_list
+
+    from .results import load_xi
+
+    ids, rounds = load_xi(run_dir)
+    if not rounds:
+        print(f"error: {run_dir} holds no FedAMP weights (xi/round-*.npy: a FedAMP or "
+              "HeurFedAMP run with xi-every > 0)", file=sys.stderr)
+        return 1
+    chosen = max(rounds) if server_round is None else server_round
+    if chosen not in rounds:
+        print(f"error: {run_dir} has no weights of round {chosen}; it has rounds "
+              f"{sorted(rounds)}", file=sys.stderr)
+        return 1
+    xi = rounds[chosen].astype("float64")
+    try:
+        names = json.loads((Path(run_dir) / "metrics.json").read_text()).get("client_names")
+    except (OSError, ValueError):
+        names = None
+    try:
+        adj = knn_graph(xi, k)
+    except GraphError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    labels = [names[i] for i in ids[: len(xi)]] if names else None
+    edges = write_edge_list(Path(out), adj, labels)
+    print(f"{edges} edges among {len(xi)} clients (each client's {k} largest weights of round "
+          f"{chosen}, both ways) written to {out}; use it with graph='file' graph-file='{out}'")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedamp-flwr", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -132,7 +172,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     pred.add_argument("model", help="the model's .safetensors file (its card .json beside it)")
     pred.add_argument("data", help="the data file (.npz, .csv, .parquet) or image folder")
     pred.add_argument("--out", default=None, help="the CSV to write (default predictions.csv)")
+    graph = sub.add_parser("xi-graph", help="a FedAMP run's weights as a client graph file")
+    graph.add_argument("run", help="the FedAMP run's folder (<results-dir>/<run name>)")
+    graph.add_argument("--round", type=int, default=None, help="the round (default: the last "
+                       "recorded)")
+    graph.add_argument("--k", type=int, default=3, help="neighbours per client (default 3)")
+    graph.add_argument("--out", default="graph.csv", help="the edge list to write")
     args = parser.parse_args(argv)
+    if args.command == "xi-graph":
+        return xi_graph(args.run, args.round, args.k, args.out)
     if args.command == "check-data":
         return check_data(args.data, args.run_config, args.client_id)
     return predict_file(args.model, args.data, args.out)

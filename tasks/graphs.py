@@ -77,6 +77,34 @@ def read_edge_list(path: Path, num_clients: int, names: list[str] | None = None)
     return adj
 
 
+def knn_graph(weights: np.ndarray, k: int) -> np.ndarray:
+    """The undirected k-nearest-neighbour graph of a (n, n) matrix of affinities (FedAMP's
+    weights xi): each client's ``k`` largest off-diagonal entries (ties to the lower client
+    id), an edge where either end chose the other; a 0/1 float32 matrix, zero diagonal."""
+    w = np.asarray(weights, dtype=np.float64)
+    n = w.shape[0]
+    if w.shape != (n, n) or not 1 <= k < n:
+        raise GraphError(f"a k-nearest-neighbour graph needs a square matrix and 1 <= k < n; "
+                         f"got shape {w.shape} and k = {k}")
+    masked = np.where(np.eye(n, dtype=bool), -np.inf, w)
+    chosen = np.argsort(-masked, axis=1, kind="stable")[:, :k]
+    adj = np.zeros((n, n), dtype=np.float32)
+    adj[np.repeat(np.arange(n), k), chosen.ravel()] = 1.0
+    adj = np.maximum(adj, adj.T)
+    np.fill_diagonal(adj, 0.0)
+    return adj
+
+
+def write_edge_list(path: Path, adj: np.ndarray, names: list[str] | None = None) -> int:
+    """Write the edges of a 0/1 adjacency as the CSV edge list ``graph = "file"`` reads
+    (``u,v`` per edge, ``u < v``; member names where ``names`` are given); the edge count."""
+    u, v = np.nonzero(np.triu(np.asarray(adj) > 0, k=1))
+    label = (lambda i: names[i]) if names is not None else str
+    rows = ["u,v"] + [f"{label(int(a))},{label(int(b))}" for a, b in zip(u, v)]
+    path.write_text("\n".join(rows) + "\n")
+    return len(u)
+
+
 def group_graph(num_clients: int, groups: int = 5,
                 client_groups: list[int] | None = None) -> np.ndarray:
     """Clients of the same group connected: ``client_groups`` (each client's group, the data
