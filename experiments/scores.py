@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from strategies.core.history import best_of_rounds
+
 logger = logging.getLogger(__name__)
 
 CLASSIFICATION, REGRESSION = "classification", "regression"
@@ -219,10 +221,7 @@ def score(run: RunRecord, novel: bool = False) -> float | None:
     key = ("novel_" if novel else "") + ("best_mean_mse" if reg else "bmta")
     if isinstance(run.recorded.get(key), (int, float)):
         return float(run.recorded[key])
-    _, values = round_means(run, novel)
-    if values.size == 0:
-        return None
-    return float(values.min() if reg else values.max())
+    return best_of_rounds(run.rounds, reg, novel)  # an older metrics.json: from its rounds
 
 
 def final_mean(run: RunRecord) -> float | None:

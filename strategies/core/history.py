@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import INFO
 from typing import Any
@@ -16,6 +16,20 @@ from .protocol import ACCURACY, LOSS, MSE, TRAIN_LOSS
 from .replies import metrics_of
 
 METRICS = (ACCURACY, MSE, LOSS)
+
+
+def best_of_rounds(rounds: Iterable[Mapping[str, Any]], regression: bool,
+                   novel: bool = False) -> float | None:
+    """A run's headline from its per-round records: the BMTA (best mean test accuracy over
+    the rounds, in percent: the FedAMP paper's metric) or the best (lowest) mean test MSE;
+    ``novel``: the novel clients' means. None where no round has a mean. The one place
+    the headline is computed (``metrics.json`` and the experiment tables)."""
+    key = ("novel_" if novel else "") + ("mean_mse" if regression else "mean_accuracy")
+    values = [float(r[key]) for r in rounds
+              if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+    if not values:
+        return None
+    return min(values) if regression else 100.0 * max(values)
 
 
 def client_order(client: int | str) -> tuple[int, int | str]:
@@ -170,18 +184,13 @@ class RunHistory:
         elif self.xi_sink(server_round, list(client_ids), xi):
             self.xi_rounds.append(server_round)
 
-    def _series(self, key: str) -> list[float]:
-        return [r[key] for r in self.rounds.values() if r.get(key) is not None]
-
     def bmta(self) -> float | None:
         """Best mean test accuracy over all rounds, in percent (the paper's metric)."""
-        accs = self._series("mean_accuracy")
-        return 100.0 * max(accs) if accs else None
+        return best_of_rounds(self.rounds.values(), regression=False)
 
     def best_mean_mse(self) -> float | None:
         """Lowest mean test MSE over all rounds (regression tasks)."""
-        mses = self._series("mean_mse")
-        return min(mses) if mses else None
+        return best_of_rounds(self.rounds.values(), regression=True)
 
     def coverage(self, num_clients: int) -> dict[str, Any]:
         """Whom the headline score covers: the round of the best mean, how many clients that
@@ -214,16 +223,13 @@ class RunHistory:
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON-ready records."""
         out: dict[str, Any] = {"rounds": [self.rounds[r] for r in sorted(self.rounds)]}
-        if self.bmta() is not None:
-            out["bmta"] = self.bmta()
-            novel = self._series("novel_mean_accuracy")
-            if novel:
-                out["novel_bmta"] = 100.0 * max(novel)
-        if self.best_mean_mse() is not None:
-            out["best_mean_mse"] = self.best_mean_mse()
-            novel = self._series("novel_mean_mse")
-            if novel:
-                out["novel_best_mean_mse"] = min(novel)
+        for regression, key in ((False, "bmta"), (True, "best_mean_mse")):
+            best = best_of_rounds(self.rounds.values(), regression)
+            if best is not None:
+                out[key] = best
+                novel = best_of_rounds(self.rounds.values(), regression, novel=True)
+                if novel is not None:
+                    out[f"novel_{key}"] = novel
         out.update(self.notes)
         out["novel_clients"] = sorted(self.novel)
         out["attackers"] = sorted(self.attackers)
