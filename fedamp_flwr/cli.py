@@ -159,7 +159,9 @@ def xi_graph(run_dir: str, server_round: int | None, k: int, out: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fedamp-flwr", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="fedamp-flwr", description="Check a member's data before it joins a run, predict "
+        "with a delivered model, turn a FedAMP run's weights into a client graph.")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check-data", help="check a member's data against a run's schema "
                            "before joining")
