@@ -169,8 +169,13 @@ def test_sigma_auto_takes_the_papers_cell_of_the_dataset_and_setting(dataset, pa
 
 @pytest.mark.parametrize("partitioning", ["iid", "pathological"])
 def test_sigma_auto_refuses_a_cell_it_does_not_hold(partitioning):
+    """HeurFedAMP's "auto" sigma where the paper's cell is not held here: refused; FedAMP's
+    is taken from the data there (fedamp-sigma-rule, docs/methods.md)."""
     from fedamp_flwr.config import ConfigError, RunConfig
 
     with pytest.raises(ConfigError, match=f"for mnist/{partitioning} is not recorded .* practical"):
         RunConfig.from_run_config({"dataset": "mnist", "partitioning": partitioning,
-                                   "data-dir": "x"})
+                                   "data-dir": "x", "strategy": "heurfedamp"})
+    cfg = RunConfig.from_run_config({"dataset": "mnist", "partitioning": partitioning,
+                                     "data-dir": "x", "strategy": "fedamp"})
+    assert cfg.settings.sigma("fedamp", "mnist", partitioning) is None
