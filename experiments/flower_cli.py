@@ -307,4 +307,5 @@ def parse_run_config(text: str) -> dict[str, Any]:
 
 def write_outcome(path: Path, outcome: RunOutcome, **extra: Any) -> None:
     """Write a run's outcome (and ``extra`` fields) to ``path`` as JSON."""
-    path.write_text(json.dumps({**outcome.to_dict(), **extra}, indent=1) + "\n")
+    # strict JSON: the outcome holds no float but its seconds, the run config only finite ones
+    path.write_text(json.dumps({**outcome.to_dict(), **extra}, indent=1, allow_nan=False) + "\n")

@@ -283,7 +283,8 @@ def _run_parallel(todo: list[Run], output: Path, cpus: float, gpus: float,
             env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
                                                                 os.environ.get("PYTHONPATH")])))
-            code = children.run([sys.executable, "-m", "experiments.runner", json.dumps(spec)],
+            code = children.run([sys.executable, "-m", "experiments.runner",
+                                 json.dumps(spec, allow_nan=False)],
                                 env)
         finally:
             with slot_lock:

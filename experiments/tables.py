@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from tasks.files import strict_json
+
 from .scores import (
     SCENARIOS,
     RunRecord,
@@ -38,7 +40,7 @@ def _cell(value: Any) -> Any:
     if value is None:
         return ""
     if isinstance(value, (list, dict)):
-        return json.dumps(value)
+        return json.dumps(strict_json(value), allow_nan=False)
     if isinstance(value, float):  # 12 significant digits: 69.8, not 69.80000000000001
         return float(f"{value:.12g}")
     return value
