@@ -145,6 +145,7 @@ def _main(grid: Grid, context: Context) -> None:
     cfg = RunConfig.from_run_config(context.run_config)
     folder = RunFolder(cfg)
     folder.claim()
+    check_server_data(cfg)  # before a checkpoint's model is checked against the data's
     checkpoint = folder.load_checkpoint(check=model_fits(cfg)) if cfg.resume else None
     log(INFO, "Run '%s': strategy %s, data %s; results in %s%s",
         folder.name, cfg.strategy, cfg.setting_name, folder.path,
@@ -154,7 +155,6 @@ def _main(grid: Grid, context: Context) -> None:
             "training data and every 'test' number of this run is on it (a tuning run)",
             cfg.validation_fraction)
 
-    check_server_data(cfg)
     known = list(checkpoint.get("client_names", [])) if checkpoint else []
     found = find_clients(cfg, grid, known)
     clients, names = found.clients, found.names
