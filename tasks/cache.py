@@ -79,7 +79,7 @@ def cache_key(data_config, client_id: int) -> str:
     record = {"format": FORMAT, "config": dataclasses.asdict(data_config), "client": client_id,
               "code": code_version(), "data": data_fingerprint(data_config.data_dir),
               "torch": torch.__version__}
-    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(record, sort_keys=True, allow_nan=False).encode()).hexdigest()
 
 
 def cached(data_config, client_id: int, make: Callable[[], dict[str, torch.Tensor]]

@@ -70,6 +70,16 @@ def run_local(tmp_path: Path, strategy: str, n: int = 3, **overrides) -> tuple[d
     return json.loads((tmp_path / run_config["run-name"] / "metrics.json").read_text()), grid
 
 
+def run_named(tmp_path: Path, name: str, run_config: dict, n: int,
+              node_configs: list[dict] | None = None) -> dict:
+    """Run the real ServerApp in process as run ``name`` (2 rounds unless ``run_config``
+    says otherwise; members' nodes with ``node_configs``); its metrics.json."""
+    cfg = {"num-server-rounds": 2, "results-dir": str(tmp_path), "run-name": name,
+           "server-device": "cpu", "min-nodes": len(node_configs or []) or n, **run_config}
+    run_inprocess(cfg, n, node_configs=node_configs)
+    return json.loads((tmp_path / name / "metrics.json").read_text())
+
+
 def reply(node: int, arrays: dict | ArrayRecord | None = None, metrics: dict | None = None,
           message_type: str = MessageType.TRAIN, **records) -> Message:
     """A reply from ``node`` with the model ``arrays`` (a state dict), ``metrics`` and more records."""

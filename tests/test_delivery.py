@@ -20,16 +20,9 @@ import tasks
 from experiments.make_sites import member_name, write_sites
 from fedamp_flwr import cli
 from fedamp_flwr.config import ConfigError, RunConfig
-from fedamp_flwr.inprocess import run_inprocess
 from tasks.export import ModelFileError, load_model
 
-
-def _run(tmp_path: Path, name: str, run_config: dict, n: int,
-         node_configs: list[dict] | None = None) -> dict:
-    cfg = {"num-server-rounds": 2, "results-dir": str(tmp_path), "run-name": name,
-           "server-device": "cpu", "min-nodes": len(node_configs or []) or n, **run_config}
-    run_inprocess(cfg, n, node_configs=node_configs)
-    return json.loads((tmp_path / name / "metrics.json").read_text())
+from .conftest import run_named
 
 
 def _test_rows(dc: tasks.DataConfig, client: int, path: Path) -> Path:
@@ -57,7 +50,7 @@ def test_a_simulated_run_leaves_every_clients_model_and_predict_gives_its_record
         tmp_path, capsys, strategy, dataset, n, extra):
     if dataset == "tpt48" and not Path(extra["data-dir"]).is_dir():
         pytest.skip("TPT-48 is not in ../shared/data")
-    metrics = _run(tmp_path, "run", {"strategy": strategy, "dataset": dataset, **extra}, n)
+    metrics = run_named(tmp_path, "run", {"strategy": strategy, "dataset": dataset, **extra}, n)
     folder = tmp_path / "run" / "models"
     assert sorted(p.name for p in folder.iterdir()) == sorted(
         f"{i}{suffix}" for i in range(n) for suffix in (".json", ".safetensors"))
@@ -84,7 +77,7 @@ def test_a_simulated_run_leaves_every_clients_model_and_predict_gives_its_record
 
 
 def test_a_changed_byte_is_refused_and_data_that_does_not_fit_gets_one_line(tmp_path, capsys):
-    _run(tmp_path, "run", {"strategy": "fedavg", "local-epochs": 1}, 2)
+    run_named(tmp_path, "run", {"strategy": "fedavg", "local-epochs": 1}, 2)
     model = tmp_path / "run" / "models" / "0.safetensors"
     good = load_model(model)
     assert good.card["schema"]["input_shape"] == [32]
@@ -107,7 +100,7 @@ def test_files_are_owner_only(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "umask", os.umask)  # the test's umask is put back below
     old = os.umask(0o022)
     try:
-        _run(tmp_path, "run", {"strategy": "fedavg", "local-epochs": 1}, 2)
+        run_named(tmp_path, "run", {"strategy": "fedavg", "local-epochs": 1}, 2)
         tasks.loading._client_data.cache_clear()
         tasks.load_client_data(tasks.DataConfig("synthetic", "", 2, 7), 0)
     finally:
@@ -122,11 +115,11 @@ def test_files_are_owner_only(tmp_path, monkeypatch):
 
 def test_a_resumed_run_goes_on_writing_the_same_files(tmp_path):
     common = {"strategy": "fedamp", "local-epochs": 1, "save-models": "every-checkpoint"}
-    _run(tmp_path, "run", common, 3)
+    run_named(tmp_path, "run", common, 3)
     folder = tmp_path / "run" / "models"
     before = sorted(p.name for p in folder.iterdir())
     token = json.loads((folder / "0.json").read_text())["run_token"]
-    _run(tmp_path, "run", {**common, "resume": True, "num-server-rounds": 3}, 3)
+    run_named(tmp_path, "run", {**common, "resume": True, "num-server-rounds": 3}, 3)
     assert sorted(p.name for p in folder.iterdir()) == before and len(before) == 6
     for i in range(3):
         card = json.loads((folder / f"{i}.json").read_text())
@@ -134,8 +127,8 @@ def test_a_resumed_run_goes_on_writing_the_same_files(tmp_path):
 
 
 def test_save_models_none_writes_nothing_and_changes_no_number(tmp_path):
-    with_models = _run(tmp_path, "a", {"strategy": "fedamp", "local-epochs": 1}, 3)
-    without = _run(tmp_path, "b", {"strategy": "fedamp", "local-epochs": 1,
+    with_models = run_named(tmp_path, "a", {"strategy": "fedamp", "local-epochs": 1}, 3)
+    without = run_named(tmp_path, "b", {"strategy": "fedamp", "local-epochs": 1,
                                    "save-models": "none"}, 3)
     assert not (tmp_path / "b" / "models").exists()
     assert with_models["rounds"] == without["rounds"]
@@ -144,7 +137,7 @@ def test_save_models_none_writes_nothing_and_changes_no_number(tmp_path):
 def test_best_validation_keeps_each_clients_best_validation_round(tmp_path):
     with pytest.raises(ConfigError, match="'save-models' = 'best-validation'.*validation-fraction"):
         RunConfig.from_run_config({"save-models": "best-validation"})
-    metrics = _run(tmp_path, "run", {"strategy": "fedavg", "local-epochs": 1,
+    metrics = run_named(tmp_path, "run", {"strategy": "fedavg", "local-epochs": 1,
                                      "save-models": "best-validation",
                                      "validation-fraction": 0.2, "num-server-rounds": 4}, 3)
     for client in range(3):
@@ -174,7 +167,7 @@ def test_each_member_gets_its_own_model_on_its_own_machine_and_left_out_members_
     nodes.append({"data-path": str(bad), "client-id": "site-bad",
                   "model-dir": str(tmp_path / "site-bad")})
     with caplog.at_level(logging.INFO):
-        metrics = _run(tmp_path / "coordinator", "run",
+        metrics = run_named(tmp_path / "coordinator", "run",
                        {**run_config, "strategy": "fedamp", "fedamp-sigma": 1.0,
                         "local-epochs": 1, "min-nodes": n}, n, nodes)
     # the member's own log names every problem of its file
@@ -205,7 +198,7 @@ def test_each_member_gets_its_own_model_on_its_own_machine_and_left_out_members_
 def test_a_member_without_model_dir_writes_nothing_and_says_so(tmp_path, caplog):
     run_config, nodes = _members(tmp_path, 2, model_dirs=False)
     with caplog.at_level(logging.WARNING):
-        _run(tmp_path / "coordinator", "run", {**run_config, "strategy": "fedavg",
+        run_named(tmp_path / "coordinator", "run", {**run_config, "strategy": "fedavg",
                                                "local-epochs": 1}, 2, nodes)
     said = [r for r in caplog.records if "names no 'model-dir'" in r.getMessage()]
     assert len(said) == 2  # once per node

@@ -34,6 +34,15 @@ def _wait_for(path: Path, until, timeout: float, what: str) -> dict:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _assert_same_rounds(resumed_path: Path, whole_path: Path) -> None:
+    """A resumed run finished with every recorded number of the uninterrupted one."""
+    resumed, whole = (json.loads(p.read_text()) for p in (resumed_path, whole_path))
+    assert resumed["finished"] and whole["finished"]
+    keys = ("client_accuracy", "client_loss", "train_loss", "trained_clients")
+    assert [{k: r[k] for k in keys} for r in resumed["rounds"]] == \
+        [{k: r[k] for k in keys} for r in whole["rounds"]]
+
+
 def _supernode(processes, port: int, pid: int, n: int, name: str):
     return processes.start(
         ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
@@ -103,12 +112,7 @@ def test_a_server_killed_mid_run_and_resumed_gives_identical_metrics(processes, 
     assert not half["finished"] and half["completed_rounds"] < 8
     _start_superlink(processes, simulation=True)  # a new SuperLink
     _flwr_run(processes, f"{config} run-name='cut' resume=true", federation)
-    resumed = json.loads(path.read_text())
-    whole = json.loads((results / "whole" / "metrics.json").read_text())
-    assert resumed["finished"] and whole["finished"]
-    keys = ("client_accuracy", "client_loss", "train_loss", "trained_clients")
-    assert [{k: r[k] for k in keys} for r in resumed["rounds"]] == \
-        [{k: r[k] for k in keys} for r in whole["rounds"]]
+    _assert_same_rounds(path, results / "whole" / "metrics.json")
 
 
 def test_a_run_outlives_its_superlink_killed_and_restarted_on_its_database(processes):
@@ -136,12 +140,7 @@ def test_a_run_outlives_its_superlink_killed_and_restarted_on_its_database(proce
     assert _wait_exit(watcher, 600) == 0, processes.log("watch")[-3000:]
     said = processes.log("watch")
     assert "its SuperLink went away" in said and "with resume = true (1 of at most 5)" in said
-    resumed = json.loads(path.read_text())
-    whole = json.loads((results / "whole" / "metrics.json").read_text())
-    assert resumed["finished"] and whole["finished"]
-    keys = ("client_accuracy", "client_loss", "train_loss", "trained_clients")
-    assert [{k: r[k] for k in keys} for r in resumed["rounds"]] == \
-        [{k: r[k] for k in keys} for r in whole["rounds"]]
+    _assert_same_rounds(path, results / "whole" / "metrics.json")
 
 
 def _wait_exit(proc, timeout: float):

@@ -22,19 +22,13 @@ from experiments.make_sites import member_name, write_sites
 from fedamp_flwr import server_app
 from fedamp_flwr.config import ConfigError, RunConfig
 from fedamp_flwr.discovery import ClientSetupError
-from fedamp_flwr.inprocess import InProcessGrid, run_inprocess, task_identity
+from fedamp_flwr.inprocess import InProcessGrid, task_identity
 from tasks.members import MemberDataError, MemberSchema, load_member_data
+
+from .conftest import run_named
 
 ROUND_KEYS = ("round", "client_accuracy", "mean_accuracy", "train_loss", "mean_loss",
               "trained_clients")
-
-
-def _run(tmp_path: Path, name: str, run_config: dict, n: int,
-         node_configs: list[dict] | None = None) -> dict:
-    cfg = {"num-server-rounds": 2, "results-dir": str(tmp_path), "run-name": name,
-           "server-device": "cpu", "min-nodes": len(node_configs or []) or n, **run_config}
-    run_inprocess(cfg, n, node_configs=node_configs)
-    return json.loads((tmp_path / name / "metrics.json").read_text())
 
 
 def _rounds(metrics: dict) -> list[dict]:
@@ -61,8 +55,8 @@ def test_members_files_give_the_numbers_of_the_partitioned_simulation(tmp_path, 
     members_config = write_sites(dc, tmp_path / "sites")
     sigma = {"fedamp-sigma": 1.0} if strategy == "fedamp" else {}
     common = {"strategy": strategy, "seed": seed, **extra, **sigma}
-    partitioned = _run(tmp_path, "partitioned", {**common, "dataset": dataset}, n)
-    members = _run(tmp_path, "members", {**common, **members_config}, n,
+    partitioned = run_named(tmp_path, "partitioned", {**common, "dataset": dataset}, n)
+    members = run_named(tmp_path, "members", {**common, **members_config}, n,
                    _sites(tmp_path / "sites", n))
     # the same clients, test results and losses (Panacea's server step sums in threads, which
     # changes its losses in the ninth digit from one run to the next, members or not)
@@ -84,7 +78,7 @@ def test_a_misfit_member_is_left_out_by_name_and_the_others_go_on(tmp_path, capl
     np.savez(bad, x=rng.normal(size=(20, 5)).astype(np.float32), y=rng.integers(0, 2, 20))
     nodes.append({"data-path": str(bad), "client-id": "site-bad"})
     with caplog.at_level(logging.WARNING):
-        metrics = _run(tmp_path, "misfit", {**run_config, "strategy": "fedavg",
+        metrics = run_named(tmp_path, "misfit", {**run_config, "strategy": "fedavg",
                                              "local-epochs": 1, "min-nodes": n}, n, nodes)
     assert metrics["client_names"] == [member_name(i, n) for i in range(n)]
     assert all(r["trained_clients"] == [0, 1, 2] for r in metrics["rounds"])
@@ -101,7 +95,7 @@ def test_two_nodes_claiming_one_client_id_are_both_refused(tmp_path, caplog):
     nodes = _sites(tmp_path / "sites", n)
     nodes.append({**nodes[1]})  # node 103 claims client-1, as node 101 does
     with caplog.at_level(logging.WARNING):
-        metrics = _run(tmp_path, "dup", {**run_config, "strategy": "fedavg", "local-epochs": 1,
+        metrics = run_named(tmp_path, "dup", {**run_config, "strategy": "fedavg", "local-epochs": 1,
                                           "min-nodes": 2}, n, nodes)
     assert metrics["client_names"] == ["client-0", "client-2"]
     assert "member 'client-1' (node 101): node(s) 103 claim the same client-id" in caplog.text
@@ -164,7 +158,7 @@ def test_too_few_fitting_members_stop_the_run_naming_the_refused(tmp_path):
            "strategy": "fedavg", "node-wait-timeout": 1.0}
     with pytest.raises(ClientSetupError, match=r"only 0 member\(s\) with fitting data .* "
                                                r"member 'lab-7' \(node 100\): .*labels \[2, 3"):
-        _run(tmp_path, "few", cfg, 1, [{"data-path": str(bad), "client-id": "lab-7"}])
+        run_named(tmp_path, "few", cfg, 1, [{"data-path": str(bad), "client-id": "lab-7"}])
 
 
 def test_members_run_config_is_checked_before_anything_runs():
