@@ -60,14 +60,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT))
+from experiments import report
+from experiments.jobs import parse_jobs
+from experiments.presets import PRESETS, ConfigError, apply_overrides, expand
+from experiments.runner import run_grid
+from experiments.tuning import VALIDATION_FRACTION, apply_tuned, choose, tuning_runs
 
-from experiments import report  # noqa: E402 - after the path above
-from experiments.jobs import parse_jobs  # noqa: E402
-from experiments.presets import PRESETS, ConfigError, apply_overrides, expand  # noqa: E402
-from experiments.runner import run_grid  # noqa: E402
-from experiments.tuning import VALIDATION_FRACTION, apply_tuned, choose, tuning_runs  # noqa: E402
+ROOT = Path(__file__).resolve().parent
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

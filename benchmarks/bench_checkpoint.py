@@ -7,21 +7,17 @@ history of 90 rounds with their weight matrices), writes it with
 one) and reads it back with ``load_checkpoint``, timing both; reports the size
 against the store's own ``clients x parameters x 4`` bytes. Run:
 
-    python benchmarks/bench_checkpoint.py [--clients 100] [--folder /tmp/ckpt]
+    python -m benchmarks.bench_checkpoint [--clients 100] [--folder /tmp/ckpt]
 """
 
 from __future__ import annotations
 
 import argparse
 import random
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import strategies
 import tasks

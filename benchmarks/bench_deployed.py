@@ -21,7 +21,7 @@ process of this app does before and during its work (interpreter, Flower,
 torch, the app's modules, the client's data from the node's cache, the model,
 one training step), in a fresh process like the ones the SuperNode starts.
 
-    python benchmarks/bench_deployed.py [--configs default fmnist] [--data-dir ../shared/data]
+    python -m benchmarks.bench_deployed [--configs default fmnist] [--data-dir ../shared/data]
 
 Nothing else should run on the machine meanwhile.
 """
@@ -42,10 +42,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from experiments.processes import SuperLink, free_port, stop_tree
+from fedamp_flwr.results import strict_json
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from experiments.processes import SuperLink, free_port, stop_tree  # noqa: E402
-from fedamp_flwr.results import strict_json  # noqa: E402
 
 NOOP_APP = ROOT / "benchmarks" / "noop_app"
 # name -> (number of clients, run config)

@@ -15,8 +15,8 @@ there is one:
 
 and prints the ratio loop / vectorised. Usage:
 
-    python benchmarks/bench_message_passing.py [--clients 100] [--sizes cnn resnet18]
-    python benchmarks/bench_message_passing.py --params 200000   # the 20x bar
+    python -m benchmarks.bench_message_passing [--clients 100] [--sizes cnn resnet18]
+    python -m benchmarks.bench_message_passing --params 200000   # the 20x bar
 """
 
 from __future__ import annotations
@@ -24,14 +24,11 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from strategies.fedamp import FedAMP
 from strategies.fedamp_math import cloud_models, heurfedamp_weights
 

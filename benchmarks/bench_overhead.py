@@ -10,18 +10,16 @@ best of its repeats, and its ratio to FedAvg's. Checkpoints are off for all
 (``checkpoint-every = 0``): FedAMP's holds every client's model (the log's
 "checkpoint written" line gives its size and seconds), FedAvg's one model.
 
-    python benchmarks/bench_overhead.py [--data-dir ../shared/data] [--repeats 2]
+    python -m benchmarks.bench_overhead [--data-dir ../shared/data] [--repeats 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_scale import ROOT, run_child
+from benchmarks.bench_scale import ROOT, run_child
 
 
 def main() -> None:

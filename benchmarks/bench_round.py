@@ -25,7 +25,7 @@ floor meet the same load of the machine (the fastest is reported). It prints
 seconds per phase and the ratio round / floor, and writes them as JSON
 (``--out``).
 
-    python benchmarks/bench_round.py [--clients 20 100] [--strategies fedavg fedamp]
+    python -m benchmarks.bench_round [--clients 20 100] [--strategies fedavg fedamp]
         [--local-steps 5] [--rounds 2] [--data-dir ../shared/data/fashion_mnist]
 
 Without ``--data-dir`` files it runs on the synthetic task (its MLP) instead.
@@ -40,14 +40,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from fedamp_flwr.results import strict_json
 
-from fedamp_flwr.results import strict_json  # noqa: E402 - after the path above
+ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
 import json, sys, time
-sys.path.insert(0, sys.argv[1])
 cfg, n, floor_rounds = json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 import torch
 from flwr.app import ArrayRecord
@@ -167,7 +165,7 @@ def run(clients: int, strategy: str, checkpoint: bool, args: argparse.Namespace)
         spec = json.dumps(cfg, allow_nan=False)
         out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), spec,
                               str(clients), str(args.floor_repeats)],
-                             capture_output=True, text=True)
+                             capture_output=True, text=True, cwd=ROOT)
         if out.returncode != 0:
             raise RuntimeError(f"{strategy}, {clients} clients: {out.stderr[-3000:]}")
         row = json.loads(out.stdout.strip().splitlines()[-1])

@@ -12,7 +12,7 @@ a per-client store, that store's size (clients x parameters x 4 bytes), and
 the size of the round's xi file. FedAvg is the baseline: its peak memory
 holds everything but a store.
 
-    python benchmarks/bench_scale.py [--clients 1000] [--rounds 2]
+    python -m benchmarks.bench_scale [--clients 1000] [--rounds 2]
         [--strategies fedavg fedamp heurfedamp panacea]
 """
 
@@ -30,7 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
 import json, resource, sys, time
-sys.path.insert(0, sys.argv[1])
 from fedamp_flwr.inprocess import run_inprocess
 cfg, n = json.loads(sys.argv[2]), int(sys.argv[3])
 started = time.perf_counter()
@@ -48,7 +47,7 @@ def run_child(run_config: dict, n: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         cfg = {"results-dir": tmp, "run-name": "run", "min-nodes": n, **run_config}
         args = [sys.executable, "-c", CHILD, str(ROOT), json.dumps(cfg, allow_nan=False), str(n)]
-        out = subprocess.run(args, capture_output=True, text=True)
+        out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
         if out.returncode != 0:
             raise RuntimeError(f"{run_config}: {out.stderr[-3000:]}")
         row = json.loads(out.stdout.strip().splitlines()[-1])
@@ -76,7 +75,6 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--strategies", nargs="+", default=["fedavg", "fedamp", "heurfedamp", "panacea"])
     args = p.parse_args()
-    sys.path.insert(0, str(ROOT))
     import tasks
     from fedamp_flwr.config import RunConfig
 

@@ -7,20 +7,17 @@ their own test metric (MSE, or accuracy in %), the metric of the federated
 runs, after every block of epochs: what one shared model of that shape can
 do with all the data in one place, the yardstick of FedAvg. Run:
 
-    python experiments/central.py --dataset tpt48 --variant time --data-dir ../shared/data/tpt48
-    python experiments/central.py --dataset fl60 --variant grda --epochs 200 --every 20
+    python -m experiments.central --dataset tpt48 --variant time --data-dir ../shared/data/tpt48
+    python -m experiments.central --dataset fl60 --variant grda --epochs 200 --every 20
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tasks
 from tasks.loading import load_federated

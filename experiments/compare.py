@@ -1,10 +1,10 @@
 """Run several strategies one after another with `flwr run` and print their scores.
 
-    python experiments/compare.py NUM_CLIENTS RESULTS_DIR "RUN CONFIG" STRATEGY...
+    python -m experiments.compare NUM_CLIENTS RESULTS_DIR "RUN CONFIG" STRATEGY...
 
 e.g. Fashion-MNIST, practical setting, 20 clients:
 
-    python experiments/compare.py 20 "$PWD/results/fmnist" \\
+    python -m experiments.compare 20 "$PWD/results/fmnist" \\
       "dataset='fmnist' data-dir='$PWD/../shared/data/fashion_mnist' num-server-rounds=3" \\
       fedamp heurfedamp fedavg fedprox
 
@@ -26,11 +26,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from experiments.flower_cli import COMPLETED, FlowerCliError, FlowerRun
+from experiments.processes import SuperLink
 
-from experiments.flower_cli import COMPLETED, FlowerCliError, FlowerRun  # noqa: E402
-from experiments.processes import SuperLink  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def table(out: Path, names: Sequence[str]) -> str:

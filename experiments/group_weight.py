@@ -1,6 +1,6 @@
 """Share of FedAMP's collaboration weight that stays in each client's practical group.
 
-    python experiments/group_weight.py results/fmnist/fedamp/metrics.json
+    python -m experiments.group_weight results/fmnist/fedamp/metrics.json
 
 For each recorded round it prints the mean over clients of sum_{j in group(i),
 j != i} xi_ij: how much of a client's cloud model comes from the other clients
@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tasks
 from experiments.plots import xi_matrices
 from experiments.scores import RunRecord

@@ -1,6 +1,6 @@
 """Where collaboration pays: the fedamp-horizon preset's curves, gaps and xi heatmaps.
 
-    python experiments/horizon.py /tmp/m15/horizon/runs -o docs/horizon
+    python -m experiments.horizon /tmp/m15/horizon/runs -o docs/horizon
 
 Reads every run's metrics.json under the folder and writes
 
@@ -22,7 +22,6 @@ from pathlib import Path
 import matplotlib.ticker
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tasks
 from experiments import plots, report, scores
 

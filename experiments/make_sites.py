@@ -1,6 +1,6 @@
 """Write one data file per member from a partitioned task, to run it as a real federation.
 
-    python experiments/make_sites.py --dataset fmnist --data-dir ../shared/data/fashion_mnist \\
+    python -m experiments.make_sites --dataset fmnist --data-dir ../shared/data/fashion_mnist \\
         --num-clients 20 --seed 0 --out sites/
 
 writes ``sites/client-00.npz`` ... ``sites/client-19.npz`` (each ``x``, ``y``,
@@ -29,11 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import tasks
+from tasks.models import MODEL_OF_TASK
 
-import tasks  # noqa: E402
-from tasks.models import MODEL_OF_TASK  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def member_name(i: int, n: int) -> str:

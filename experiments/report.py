@@ -1,6 +1,6 @@
 """Turn runs (their ``metrics.json``) into ``results.csv``, ``table.md`` and PNG plots.
 
-    python experiments/report.py RESULTS_DIR_OR_METRICS_JSON... [-o OUT_DIR] [--order fedamp,fedavg]
+    python -m experiments.report RESULTS_DIR_OR_METRICS_JSON... [-o OUT_DIR] [--order fedamp,fedavg]
 
 or, from the experiment runner, ``report.write_report(runs, out_dir, strategy_order)``.
 The pieces: :mod:`experiments.scores` (reading runs: :class:`RunRecord`; their

@@ -33,9 +33,9 @@ def test_compare_runs_on_its_own_ports_and_reports_a_failed_run(tmp_path):
     env.pop("FLWR_HOME", None)
     try:
         out = subprocess.run(
-            [sys.executable, str(ROOT / "experiments" / "compare.py"), "2", str(tmp_path / "out"),
+            [sys.executable, "-m", "experiments.compare", "2", str(tmp_path / "out"),
              "num-server-rounds=1 local-epochs=1", "fedavg", "no-such-strategy"],
-            env=env, capture_output=True, text=True, timeout=600)
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     finally:
         for s in held:
             s.close()
