@@ -237,11 +237,13 @@ def _job(msg: Message, context: Context,
     optim = Optim(batch_size=as_int(c.get(BATCH_SIZE, cfg.batch_size), BATCH_SIZE),
                   lr=as_float(c.get(LR, cfg.learning_rate), LR),
                   optimizer=str(c.get(OPTIMIZER, cfg.optimizer)), device=_device())
+    update = CLIENT_UPDATES[update_name(c)]
     job = ClientJob(model=model, data=data, targets=targets, content=msg.content, config=c,
                     state=context.state, server_round=server_round, seed=seed,
                     epochs=as_int(c.get(LOCAL_EPOCHS, cfg.local_epochs), LOCAL_EPOCHS),
-                    steps=as_int(c.get(LOCAL_STEPS, cfg.local_steps), LOCAL_STEPS), optim=optim)
-    return CLIENT_UPDATES[update_name(c)], job, pid, setup
+                    steps=as_int(c.get(LOCAL_STEPS, cfg.local_steps), LOCAL_STEPS), optim=optim,
+                    settings=update.settings.from_message(c))
+    return update, job, pid, setup
 
 
 def _client_index(config: ConfigRecord, setup: Setup) -> int:

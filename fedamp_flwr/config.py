@@ -177,7 +177,7 @@ class RunConfig:
         method_values: dict[str, Any] = {}
         for settings_cls in settings_classes():  # every method's keys: a bad value is an error
             own = settings_cls.from_values(run_config).resolved(auto)
-            own.check(context)
+            own.validate(context)
             method_values.update(own.to_dict())
             if settings_cls is chosen:
                 settings = own

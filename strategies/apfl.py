@@ -26,14 +26,21 @@ from torch import nn
 from tasks.train import loss_for, make_optimizer, run_batches
 
 from .core.client import ClientJob, ClientUpdate, register_client_update
-from .core.protocol import as_float
 from .core.registry import RunSetup, flower_kwargs, register_strategy
-from .core.settings import Settings, SettingsContext
+from .core.settings import EVALUATE, TRAIN, Settings, setting
 from .flower import FedAvg
 
 APFL_NAME = "apfl"
-ALPHA = "apfl-alpha"
 STATE = "apfl-local"  # the client's local model v_i in context.state
+
+
+@dataclass(frozen=True)
+class APFLSettings(Settings):
+    """APFL's key."""
+
+    apfl_alpha: float = setting(0.5, "the mixture weight of the local model",
+                                ok=lambda v: 0 < v <= 1, allowed="a number in (0, 1]",
+                                sent=(TRAIN, EVALUATE))
 
 
 def mix_parameters(local: nn.Module, shared: nn.Module, alpha: float) -> dict[str, torch.Tensor]:
@@ -101,65 +108,36 @@ def _local_model(job: ClientJob) -> nn.Module:
 
 
 @register_client_update
-class APFLClient(ClientUpdate):
+class APFLClient(ClientUpdate[APFLSettings]):
     """APFL's client: trains w and its own v; is tested on their mixture."""
 
     name = APFL_NAME
-    train_keys = (ALPHA,)
-    evaluate_keys = (ALPHA,)
+    settings = APFLSettings
 
-    def train(self, job: ClientJob) -> tuple[float, dict]:
+    def train(self, job: ClientJob[APFLSettings]) -> tuple[float, dict]:
         local = _local_model(job)
         loss = train_apfl(job.model, local, job.data.x_train, job.targets,
-                          alpha=as_float(job.config[ALPHA], ALPHA), **job.loop_kwargs())
+                          alpha=job.settings.apfl_alpha, **job.loop_kwargs())
         job.state[STATE] = ArrayRecord(local.to("cpu").state_dict())
         return loss, {}
 
-    def evaluate(self, job: ClientJob) -> nn.Module:
+    def evaluate(self, job: ClientJob[APFLSettings]) -> nn.Module:
         """The personalized model ``alpha v + (1 - alpha) w``."""
         model, local = job.model, _local_model(job)
         with torch.no_grad():
-            mixed = mix_parameters(local, model, as_float(job.config[ALPHA], ALPHA))
+            mixed = mix_parameters(local, model, job.settings.apfl_alpha)
             for name, p in model.named_parameters():
                 p.copy_(mixed[name])
         return model
 
 
 class APFL(FedAvg):
-    """APFL's server: Flower's FedAvg; the messages name ``apfl`` and carry ``apfl-alpha``.
-
-    Parameters
-    ----------
-    alpha : float
-        Mixture weight of the local model, in (0, 1].
-    **kwargs
-        Flower FedAvg's arguments.
-    """
+    """APFL's server: Flower's FedAvg (its arguments, and ``settings``: the method's keys);
+    the messages name ``apfl`` and carry ``apfl-alpha``."""
 
     client_update = APFL_NAME
-
-    def __init__(self, alpha: float = 0.5, **kwargs) -> None:
-        if not 0 < alpha <= 1:
-            raise ValueError(f"apfl alpha = {alpha} is invalid; allowed: a number in (0, 1]")
-        self.alpha = alpha
-        super().__init__(**kwargs)
-
-    def train_keys(self) -> dict:
-        return {ALPHA: self.alpha}
-
-    evaluate_keys = train_keys
-
-
-@dataclass(frozen=True)
-class APFLSettings(Settings):
-    """APFL's key: ``apfl-alpha``, the mixture weight of the local model, in (0, 1]."""
-
-    apfl_alpha: float = 0.5
-
-    def check(self, run: SettingsContext) -> None:
-        self.require("apfl-alpha", 0 < self.apfl_alpha <= 1, "a number in (0, 1]")
 
 
 @register_strategy(APFL_NAME, settings=APFLSettings)
 def _apfl(settings: APFLSettings, run: RunSetup) -> APFL:
-    return APFL(alpha=settings.apfl_alpha, **flower_kwargs(run))
+    return APFL(settings=settings, **flower_kwargs(run))

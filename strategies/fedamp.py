@@ -35,7 +35,7 @@ from flwr.supercore import log
 
 from .core.base import PersonalizedStrategy
 from .core.registry import RunSetup, personal_kwargs, register_strategy
-from .core.settings import ConfigError, Settings, SettingsContext, bad
+from .core.settings import ConfigError, Settings, SettingsContext, bad, setting
 from .fedamp_math import (
     FLOAT32_RETRY_ROUNDS,
     RowsRescaledWarning,
@@ -65,29 +65,23 @@ class FedAMP(PersonalizedStrategy):
 
     Parameters
     ----------
-    alpha_k : float (default: 1e4)
-        alpha_k of the first round (paper: 1e4).
-    alpha_decay : float (default: 0.1)
-        alpha_k is multiplied by this every ``alpha_decay_every`` rounds.
-    alpha_decay_every : int (default: 30)
-        Rounds between two decays of alpha_k.
-    lam : float (default: 1.0)
-        lambda; clients get the proximal coefficient lambda / alpha_k.
-    sigma : float | None (default: 100.0)
-        sigma of A'(x) = exp(-x / sigma) / sigma (paper: MNIST 100, FMNIST 10,
-        EMNIST 10, CIFAR-100 1e6). None: from the data, the median of the squared
-        distances between the models the clients trained in the first round with
-        replies (:func:`strategies.fedamp_math.median_sq_distance`), fixed for the
-        run (recorded in the history's ``notes``, checkpointed); until then every
+    settings : FedAMPSettings | None
+        The method's keys (alpha_k and its decay, lambda, ``fedamp-offline-clients``:
+        "exclude", only this round's training clients collaborate, "include", every
+        training client's latest model (see :meth:`collaboration`); the self weight
+        of :attr:`method`); None: their declared defaults.
+    sigma : float | None (default: None)
+        sigma of A'(x) = exp(-x / sigma) / sigma, resolved from the settings for
+        the run's task (paper: MNIST 100, FMNIST 10, EMNIST 10, CIFAR-100 1e6). None:
+        from the data, the median of the squared distances between the models the
+        clients trained in the first round with replies
+        (:func:`strategies.fedamp_math.median_sq_distance`), fixed for the run
+        (recorded in the history's ``notes``, checkpointed); until then every
         stored model is the initial one and each client's cloud model is its own.
-    offline_clients : str (default: "exclude")
-        "exclude": only this round's training clients collaborate; "include":
-        every training client's latest model (see :meth:`collaboration`).
-    self_weight : float | str | None (default: None)
-        None: Eq. 6's xi_ii = 1 - sum_j xi_ij; a number in [0, 1): that xi_ii,
-        the off-diagonal weights scaled to 1 - xi_ii; "paper": the appendix's
-        xi_ii = 1 / (N_i + 1), N_i the other clients of i's group (``groups``)
-        in the round's mix.
+        The self weight (``fedamp-self-weight``): None, Eq. 6's
+        xi_ii = 1 - sum_j xi_ij; a number in [0, 1): that xi_ii, the off-diagonal
+        weights scaled to 1 - xi_ii; "paper": the appendix's xi_ii = 1 / (N_i + 1),
+        N_i the other clients of i's group (``groups``) in the round's mix.
     groups : Sequence[int] | None
         Group of every client id (same-distribution clients), for "paper".
     **kwargs
@@ -96,26 +90,20 @@ class FedAMP(PersonalizedStrategy):
     """
 
     client_update = PROXIMAL
-    default_self_weight: float | str | None = None
+    method = "fedamp"  # whose keys (sigma, self weight) are this strategy's
 
-    def __init__(self, alpha_k: float = 1e4, alpha_decay: float = 0.1,
-                 alpha_decay_every: int = 30, lam: float = 1.0, sigma: float | None = 100.0,
-                 offline_clients: str = "exclude", self_weight: float | str | None = "default",
+    def __init__(self, settings: FedAMPSettings | None = None, *, sigma: float | None = None,
                  groups: Sequence[int] | None = None, **kwargs) -> None:
-        if offline_clients not in OFFLINE_CHOICES:
-            raise ValueError(f"offline_clients = {offline_clients!r}; allowed: {OFFLINE_CHOICES}")
-        self_weight = self.default_self_weight if self_weight == "default" else self_weight
-        if self_weight == "paper" and groups is None:
-            raise ValueError('self_weight = "paper" needs the clients\' groups')
+        s = FedAMPSettings() if settings is None else settings
         super().__init__(**kwargs)
-        self.self_weight = self_weight
+        self.self_weight = s.self_weight(self.method)
         self.groups = None if groups is None else torch.as_tensor(list(groups), dtype=torch.long)
-        self.alpha_k = alpha_k
-        self.alpha_decay = alpha_decay
-        self.alpha_decay_every = alpha_decay_every
-        self.lam = lam
+        self.alpha_k = s.fedamp_alpha_k
+        self.alpha_decay = s.fedamp_alpha_decay
+        self.alpha_decay_every = s.fedamp_alpha_decay_every
+        self.lam = s.fedamp_lambda
         self.sigma = sigma
-        self.offline_clients = offline_clients
+        self.offline_clients = s.fedamp_offline_clients
         self._underflow_warned = False
         self._rescaled_rounds: list[int] = []  # rounds whose rows were rescaled
         self._rescaling = False  # the last round's rows were rescaled
@@ -287,24 +275,12 @@ class FedAMP(PersonalizedStrategy):
 class HeurFedAMP(FedAMP):
     """HeurFedAMP: FedAMP with the cosine-similarity weights of paper Eq. 8.
 
-    Parameters
-    ----------
-    sigma : float (default: 25.0)
-        Scale of the cosine similarities (paper: MNIST 25, FMNIST 100, EMNIST
-        50, CIFAR-100 10).
-    self_weight : float | str (default: 0.1)
-        xi_ii, in [0, 1), or "paper": 1 / (N_i + 1) (see :class:`FedAMP`).
-    **kwargs
-        Passed to :class:`FedAMP` (alpha_k and lambda set the proximal
-        coefficient lambda / alpha_k, as in FedAMP).
+    Its arguments are :class:`FedAMP`'s; ``sigma`` is the scale of the cosine
+    similarities (paper: MNIST 25, FMNIST 100, EMNIST 50, CIFAR-100 10), and the self
+    weight is ``heurfedamp-self-weight``'s: xi_ii in [0, 1), or "paper": 1 / (N_i + 1).
     """
 
-    default_self_weight = 0.1
-
-    def __init__(self, sigma: float = 25.0, self_weight: float | str = 0.1, **kwargs) -> None:
-        if self_weight is None:
-            raise ValueError("HeurFedAMP needs a self weight: a number in [0, 1) or \"paper\"")
-        super().__init__(sigma=sigma, self_weight=self_weight, **kwargs)
+    method = "heurfedamp"
 
     def weights(self, server_round: int, params: torch.Tensor,
                 self_weight: float | torch.Tensor | None) -> torch.Tensor:
@@ -342,36 +318,42 @@ class FedAMPSettings(Settings):
     WORDS = {"fedamp-sigma": ("auto",), "heurfedamp-sigma": ("auto",),
              "fedamp-self-weight": ("eq6", "paper"), "heurfedamp-self-weight": ("paper",)}
 
-    fedamp_alpha_k: float = 1e4
-    fedamp_alpha_decay: float = 0.1
-    fedamp_alpha_decay_every: int = 30
-    fedamp_lambda: float = 1.0
-    fedamp_sigma: float | str = "auto"
-    fedamp_sigma_rule: str = "paper"
-    heurfedamp_sigma: float | str = "auto"
-    fedamp_self_weight: float | str = "eq6"
-    heurfedamp_self_weight: float | str = 0.1
-    fedamp_offline_clients: str = "exclude"
+    fedamp_alpha_k: float = setting(1e4, "alpha_k of round 1 (the paper's 1e4)",
+                                    ok=lambda v: v > 0, allowed="a number > 0")
+    fedamp_alpha_decay: float = setting(0.1, "alpha_k is multiplied by this every "
+                                        "fedamp-alpha-decay-every rounds",
+                                        ok=lambda v: 0 < v <= 1, allowed="a number in (0, 1]")
+    fedamp_alpha_decay_every: int = setting(30, "rounds between two decays of alpha_k",
+                                            ok=lambda v: v >= 1, allowed="an integer >= 1")
+    fedamp_lambda: float = setting(1.0, "lambda: clients train with the proximal term "
+                                   "lambda / alpha_k", ok=lambda v: v >= 0, allowed="a number >= 0")
+    fedamp_sigma: float | str = setting(
+        "auto", 'FedAMP\'s sigma in exp(-d / sigma); "auto": by fedamp-sigma-rule',
+        ok=lambda v: 0 < v < math.inf, allowed='"auto" or a finite number > 0')
+    fedamp_sigma_rule: str = setting(
+        "paper", 'how fedamp-sigma = "auto" is chosen: the paper\'s table where it has the '
+        "setting, else from the data (paper), or always from the data (data)",
+        ok=lambda v: v in SIGMA_RULES, allowed=", ".join(SIGMA_RULES))
+    heurfedamp_sigma: float | str = setting(
+        "auto", 'HeurFedAMP\'s sigma; "auto": the paper\'s table',
+        ok=lambda v: 0 < v < math.inf, allowed='"auto" or a finite number > 0')
+    fedamp_self_weight: float | str = setting(
+        "eq6", "FedAMP's xi_ii: eq6 (1 - the others), paper (1 / (N_i + 1)) or a number",
+        ok=lambda v: 0 <= v < 1, allowed='"eq6" or "paper" or a number in [0, 1)')
+    heurfedamp_self_weight: float | str = setting(
+        0.1, "HeurFedAMP's xi_ii: paper (1 / (N_i + 1)) or a number",
+        ok=lambda v: 0 <= v < 1, allowed='"paper" or a number in [0, 1)')
+    fedamp_offline_clients: str = setting(
+        "exclude", "exclude: only the round's training clients mix; include: every training "
+        "client's latest model", ok=lambda v: v in OFFLINE_CHOICES,
+        allowed=", ".join(OFFLINE_CHOICES))
 
     def check(self, run: SettingsContext) -> None:
-        self.require("fedamp-alpha-k", self.fedamp_alpha_k > 0, "a number > 0")
-        self.require("fedamp-alpha-decay", 0 < self.fedamp_alpha_decay <= 1, "a number in (0, 1]")
-        self.require("fedamp-alpha-decay-every", self.fedamp_alpha_decay_every >= 1,
-                     "an integer >= 1")
-        self.require("fedamp-lambda", self.fedamp_lambda >= 0, "a number >= 0")
-        self.require("fedamp-offline-clients", self.fedamp_offline_clients in OFFLINE_CHOICES,
-                     ", ".join(OFFLINE_CHOICES))
-        self.require("fedamp-sigma-rule", self.fedamp_sigma_rule in SIGMA_RULES,
-                     ", ".join(SIGMA_RULES) + " (how fedamp-sigma = \"auto\" is chosen)")
+        """What only the run can rule out: "paper" self weights without groups, HeurFedAMP
+        without the paper's sigma for the setting."""
         for method in ("fedamp", "heurfedamp"):
-            sigma = getattr(self, f"{method}_sigma")
-            self.require(f"{method}-sigma", sigma == "auto" or (
-                not isinstance(sigma, str) and 0 < sigma < math.inf), '"auto" or a finite number > 0')
             key = f"{method}-self-weight"
             weight = getattr(self, f"{method}_self_weight")
-            words = " or ".join(f'"{w}"' for w in self.WORDS[key])
-            self.require(key, isinstance(weight, str) or 0 <= weight < 1,
-                         f"{words} or a number in [0, 1)")
             if run.strategy != method:
                 continue
             if weight == "paper" and not run.has_groups:
@@ -408,36 +390,21 @@ class FedAMPSettings(Settings):
                           for m in ("fedamp", "heurfedamp")}}
 
 
-def _fedamp_kwargs(settings: FedAMPSettings, run: RunSetup) -> dict:
-    return dict(alpha_k=settings.fedamp_alpha_k, alpha_decay=settings.fedamp_alpha_decay,
-                alpha_decay_every=settings.fedamp_alpha_decay_every, lam=settings.fedamp_lambda,
-                offline_clients=settings.fedamp_offline_clients, groups=run.groups,
-                **personal_kwargs(run))
-
-
 def _sigma(settings: FedAMPSettings, method: str, run: RunSetup) -> float | None:
     sigma = settings.sigma(method, run.dataset, run.setting)
-    if method == "fedamp":
-        return sigma  # None: from the data
-    if sigma is None:  # checked with the run config; a direct caller gets the same words
+    if method == "heurfedamp" and sigma is None:  # checked with the run config
         raise ConfigError(f"run config '{method}-sigma' = 'auto': no paper value for "
                           f"{run.dataset}/{run.setting}; allowed: a number > 0")
-    return sigma
+    return sigma  # FedAMP's None: from the data
 
 
 @register_strategy("fedamp", settings=FedAMPSettings)
 def _fedamp(settings: FedAMPSettings, run: RunSetup) -> FedAMP:
-    return FedAMP(sigma=_sigma(settings, "fedamp", run), self_weight=settings.self_weight("fedamp"),
-                  **_fedamp_kwargs(settings, run))
+    return FedAMP(settings, sigma=_sigma(settings, "fedamp", run), groups=run.groups,
+                  **personal_kwargs(run))
 
 
 @register_strategy("heurfedamp", settings=FedAMPSettings)
 def _heurfedamp(settings: FedAMPSettings, run: RunSetup) -> HeurFedAMP:
-    weight = settings.self_weight("heurfedamp")
-    if weight is None:  # "eq6" is no word of heurfedamp-self-weight: checked with the config
-        raise ConfigError("run config 'heurfedamp-self-weight' = 'eq6' is invalid; allowed: "
-                          '"paper" or a number in [0, 1)')
-    sigma = _sigma(settings, "heurfedamp", run)
-    assert sigma is not None  # _sigma refuses HeurFedAMP without one
-    return HeurFedAMP(sigma=sigma, self_weight=weight,
-                      **_fedamp_kwargs(settings, run))
+    return HeurFedAMP(settings, sigma=_sigma(settings, "heurfedamp", run), groups=run.groups,
+                      **personal_kwargs(run))

@@ -23,27 +23,55 @@ from torch import nn
 
 from .core.base import TrackedStrategy
 from .core.client import ClientJob, ClientUpdate, register_client_update
-from .core.protocol import as_float, as_int
 from .core.registry import RunSetup, flower_kwargs, register_strategy
-from .core.settings import Settings, SettingsContext
+from .core.settings import EVALUATE, TRAIN, Settings, setting
 
 PROXIMAL = "proximal"
 PROXIMAL_MU = "proximal-mu"  # the key Flower's FedProx sends
 FINETUNE = "finetune"
-FINETUNE_EPOCHS = "finetune-epochs"
 # Fine-tuning runs on its own mini-batch order: the round's seed plus this.
 FINETUNE_SEED_OFFSET = 7
 
 
+@dataclass(frozen=True)
+class ProximalSettings(Settings):
+    """FedProx's key (sent as the ``proximal-mu`` of Flower's FedProx)."""
+
+    fedprox_mu: float = setting(0.01, "the proximal coefficient mu", ok=lambda v: v >= 0,
+                                allowed="a number >= 0", sent=TRAIN, message_key=PROXIMAL_MU)
+
+
+@dataclass(frozen=True)
+class FineTuneSettings(Settings):
+    """FedAvg-FT's key."""
+
+    finetune_epochs: int = setting(1, "local epochs of fine-tuning before a client tests",
+                                   ok=lambda v: v >= 1, allowed="an integer >= 1",
+                                   sent=EVALUATE)
+
+
+@dataclass(frozen=True)
+class ProximalFineTuneSettings(ProximalSettings, FineTuneSettings):
+    """FedProx-FT's keys: FedProx's and FedAvg-FT's."""
+
+
+@dataclass(frozen=True)
+class TrimmedMeanSettings(Settings):
+    """FedTrimmedAvg's key."""
+
+    fedtrimmedavg_beta: float = setting(0.2, "the share cut at each end",
+                                        ok=lambda v: 0 <= v < 0.5, allowed="a number in [0, 0.5)")
+
+
 @register_client_update
-class ProximalTraining(ClientUpdate):
+class ProximalTraining(ClientUpdate[ProximalSettings]):
     """Local training with the proximal term ``proximal-mu / 2 ||w - w_received||^2``."""
 
     name = PROXIMAL
-    train_keys = (PROXIMAL_MU,)
+    settings = ProximalSettings
 
-    def train(self, job: ClientJob) -> tuple[float, dict]:
-        return job.fit(proximal_mu=as_float(job.config.get(PROXIMAL_MU, 0.0), PROXIMAL_MU)), {}
+    def train(self, job: ClientJob[ProximalSettings]) -> tuple[float, dict]:
+        return job.fit(proximal_mu=job.settings.fedprox_mu), {}
 
 
 def finetune(job: ClientJob, *, epochs: int, steps: int = 0, lr: float | None = None,
@@ -59,14 +87,14 @@ def finetune(job: ClientJob, *, epochs: int, steps: int = 0, lr: float | None = 
 
 
 @register_client_update
-class FineTuning(ClientUpdate):
+class FineTuning(ClientUpdate[FineTuneSettings]):
     """Plain local training; at evaluation, ``finetune-epochs`` of fine-tuning first."""
 
     name = FINETUNE
-    evaluate_keys = (FINETUNE_EPOCHS,)
+    settings = FineTuneSettings
 
-    def evaluate(self, job: ClientJob) -> nn.Module:
-        return finetune(job, epochs=as_int(job.config[FINETUNE_EPOCHS], FINETUNE_EPOCHS))
+    def evaluate(self, job: ClientJob[FineTuneSettings]) -> nn.Module:
+        return finetune(job, epochs=job.settings.finetune_epochs)
 
 
 class FedAvg(TrackedStrategy, flwr_strategy.FedAvg):
@@ -95,25 +123,12 @@ class FineTuned:
     """Mixin: ask every client to fine-tune the global model before testing it.
 
     Client contract: evaluate messages name ``finetune`` and carry
-    ``finetune-epochs``; the client trains the received model that many
-    epochs on its own training data, then tests it.
-
-    Parameters
-    ----------
-    finetune_epochs : int
-        Local epochs of fine-tuning on the client's training data (>= 1).
+    ``finetune-epochs`` (the strategy's ``settings``, a :class:`FineTuneSettings`);
+    the client trains the received model that many epochs on its own training
+    data, then tests it.
     """
 
     evaluate_update: ClassVar[str | None] = FINETUNE
-
-    def __init__(self, *args, finetune_epochs: int = 1, **kwargs) -> None:
-        if finetune_epochs < 1:
-            raise ValueError(f"finetune_epochs = {finetune_epochs} is invalid; allowed: >= 1")
-        self.finetune_epochs = finetune_epochs
-        super().__init__(*args, **kwargs)
-
-    def evaluate_keys(self) -> dict:
-        return {FINETUNE_EPOCHS: self.finetune_epochs}
 
 
 class FedAvgFT(FineTuned, FedAvg):
@@ -122,46 +137,6 @@ class FedAvgFT(FineTuned, FedAvg):
 
 class FedProxFT(FineTuned, FedProx):
     """FedProx-FT: FedProx's global model, fine-tuned by each client before it is tested."""
-
-
-@dataclass(frozen=True)
-class ProximalSettings(Settings):
-    """FedProx's key: ``fedprox-mu``, the proximal coefficient mu (>= 0)."""
-
-    fedprox_mu: float = 0.01
-
-    def check(self, run: SettingsContext) -> None:
-        self.require("fedprox-mu", self.fedprox_mu >= 0, "a number >= 0")
-
-
-@dataclass(frozen=True)
-class FineTuneSettings(Settings):
-    """FedAvg-FT's key: ``finetune-epochs``, local epochs of fine-tuning before testing (>= 1)."""
-
-    finetune_epochs: int = 1
-
-    def check(self, run: SettingsContext) -> None:
-        self.require("finetune-epochs", self.finetune_epochs >= 1, "an integer >= 1")
-
-
-@dataclass(frozen=True)
-class ProximalFineTuneSettings(ProximalSettings, FineTuneSettings):
-    """FedProx-FT's keys: FedProx's and FedAvg-FT's."""
-
-    def check(self, run: SettingsContext) -> None:
-        ProximalSettings.check(self, run)
-        FineTuneSettings.check(self, run)
-
-
-@dataclass(frozen=True)
-class TrimmedMeanSettings(Settings):
-    """FedTrimmedAvg's key: ``fedtrimmedavg-beta``, the share cut at each end, in [0, 0.5)."""
-
-    fedtrimmedavg_beta: float = 0.2
-
-    def check(self, run: SettingsContext) -> None:
-        self.require("fedtrimmedavg-beta", 0 <= self.fedtrimmedavg_beta < 0.5,
-                     "a number in [0, 0.5)")
 
 
 @register_strategy("fedavg")
@@ -176,13 +151,12 @@ def _fedprox(settings: ProximalSettings, run: RunSetup) -> FedProx:
 
 @register_strategy("fedavg-ft", settings=FineTuneSettings)
 def _fedavg_ft(settings: FineTuneSettings, run: RunSetup) -> FedAvgFT:
-    return FedAvgFT(finetune_epochs=settings.finetune_epochs, **flower_kwargs(run))
+    return FedAvgFT(settings=settings, **flower_kwargs(run))
 
 
 @register_strategy("fedprox-ft", settings=ProximalFineTuneSettings)
 def _fedprox_ft(settings: ProximalFineTuneSettings, run: RunSetup) -> FedProxFT:
-    return FedProxFT(finetune_epochs=settings.finetune_epochs, proximal_mu=settings.fedprox_mu,
-                     **flower_kwargs(run))
+    return FedProxFT(settings=settings, proximal_mu=settings.fedprox_mu, **flower_kwargs(run))
 
 
 @register_strategy("fedmedian")

@@ -25,7 +25,7 @@ from flwr.app import ArrayRecord, Message
 
 from .core.protocol import NUM_EXAMPLES, as_float
 from .core.registry import RunSetup, flower_kwargs, register_strategy
-from .core.settings import Settings, SettingsContext
+from .core.settings import Settings, setting
 from .flower import FedAvg
 
 
@@ -66,16 +66,15 @@ class NonConvex(FedAvg):
 
     Parameters
     ----------
-    c : float
-        The paper's constant c.
-    normalize : bool (default: False)
-        Divide the alphas by their sum (a convex combination; not the paper's).
+    settings : NonConvexSettings
+        The paper's constant c, and whether the alphas are divided by their sum
+        (a convex combination; not the paper's).
     **kwargs
         Flower FedAvg's arguments.
     """
 
-    def __init__(self, c: float = 1e-3, normalize: bool = False, **kwargs) -> None:
-        self.c, self.normalize = c, normalize
+    def __init__(self, settings: NonConvexSettings, **kwargs) -> None:
+        self.c, self.normalize = settings.nonconvex_c, settings.nonconvex_normalize
         self._alpha_sum = 1.0
         super().__init__(**kwargs)
 
@@ -104,18 +103,14 @@ class NonConvex(FedAvg):
 
 @dataclass(frozen=True)
 class NonConvexSettings(Settings):
-    """Ioste and Finger's keys: ``nonconvex-c`` (alpha_h = exp(c * share of samples); the
-    paper's 1e-3) and ``nonconvex-normalize`` (true: the alphas divided by their sum, not
-    the paper's rule)."""
+    """Ioste and Finger's keys."""
 
-    nonconvex_c: float = 1e-3
-    nonconvex_normalize: bool = False
-
-    def check(self, run: SettingsContext) -> None:
-        self.require("nonconvex-c", math.isfinite(self.nonconvex_c), "a finite number")
+    nonconvex_c: float = setting(1e-3, "c in alpha_h = exp(c * share of samples) (the "
+                                 "paper's 1e-3)", ok=math.isfinite, allowed="a finite number")
+    nonconvex_normalize: bool = setting(False, "true: the alphas divided by their sum (not "
+                                        "the paper's rule)")
 
 
 @register_strategy("nonconvex", settings=NonConvexSettings)
 def _nonconvex(settings: NonConvexSettings, run: RunSetup) -> NonConvex:
-    return NonConvex(c=settings.nonconvex_c, normalize=settings.nonconvex_normalize,
-                     **flower_kwargs(run))
+    return NonConvex(settings, **flower_kwargs(run))

@@ -48,38 +48,99 @@ from torch import nn
 
 from .core.base import PersonalizedStrategy
 from .core.client import ClientJob, ClientUpdate, register_client_update
-from .core.protocol import as_float
 from .core.registry import RunSetup, personal_kwargs, register_strategy
-from .core.settings import ConfigError, Settings, SettingsContext
+from .core.settings import TRAIN, ConfigError, Settings, setting
 from .hypernetwork import GraphHyperNetwork, normalized_adjacency, sample_pairs, server_step
 
 HYPERNETWORK = "hypernetwork"
-CLIENT_LR = "hn-client-lr"
-CLIENT_MOMENTUM = "hn-client-momentum"
-CLIENT_WEIGHT_DECAY = "hn-client-weight-decay"
-CLIENT_CLIP = "hn-client-clip"
+
+
+def _at_least_1(v: int) -> bool:
+    return v >= 1
+
+
+def _positive(v: float) -> bool:
+    return v > 0
+
+
+def _momentum(v: float) -> bool:
+    return 0 <= v < 1
+
+
+def _none_or_more(v: float) -> bool:
+    return 0 <= v < math.inf
+
+
+@dataclass(frozen=True)
+class PanaceaSettings(Settings):
+    """The keys of Panacea, Panacea-GN and pFedHN (``panacea-...``).
+
+    Keys left at "auto" take the strategy's value for the task (pFedHN: its reference
+    trainer's, :data:`PFEDHN_REFERENCE`; Panacea on TPT-48: :data:`PANACEA_TPT48`), else
+    :attr:`AUTO` (the values this project has used since the start). The clients' keys
+    travel in the train messages.
+    """
+
+    AUTO = {"panacea-client-lr": 0.1, "panacea-client-momentum": 0.0,
+            "panacea-client-weight-decay": 0.0, "panacea-client-clip": 0.0,
+            "panacea-server-lr": 0.1, "panacea-server-steps": 10,
+            "panacea-server-weight-decay": 0.0, "panacea-server-clip": 0.0}
+
+    panacea_embed_dim: int = setting(100, "GH's client embedding size (the paper's 100)",
+                                     ok=_at_least_1, allowed="an integer >= 1")
+    panacea_gnn_layers: int = setting(3, "GH's GNN layers (the paper's 3)",
+                                      ok=_at_least_1, allowed="an integer >= 1")
+    panacea_hidden: int = setting(100, "GH's hidden width (the paper's 100)",
+                                  ok=_at_least_1, allowed="an integer >= 1")
+    panacea_mlp_layers: int = setting(3, "GH's MLP layers (the paper's 3)",
+                                      ok=_at_least_1, allowed="an integer >= 1")
+    panacea_server_lr: float | str = setting("auto", "the hypernetwork's SGD learning rate",
+                                             ok=_positive, allowed="a number > 0")
+    panacea_server_momentum: float = setting(0.9, "the hypernetwork's SGD momentum",
+                                             ok=_momentum, allowed="a number in [0, 1)")
+    panacea_server_steps: int | str = setting("auto", "K_s, the server's steps per round",
+                                              ok=_at_least_1, allowed="an integer >= 1")
+    panacea_server_weight_decay: float | str = setting(
+        "auto", "the hypernetwork's weight decay (0: none)", ok=_none_or_more,
+        allowed="a finite number >= 0 (0: none)")
+    panacea_server_clip: float | str = setting(
+        "auto", "the hypernetwork's gradient-norm clip (0: none)", ok=_none_or_more,
+        allowed="a finite number >= 0 (0: none)")
+    panacea_lambda_d: float = setting(1.0, "the graph generator's weight lambda_d",
+                                      ok=lambda v: v >= 0, allowed="a number >= 0")
+    panacea_client_lr: float | str = setting("auto", "the clients' SGD learning rate",
+                                             ok=_positive, allowed="a number > 0", sent=TRAIN)
+    panacea_client_momentum: float | str = setting(
+        "auto", "the clients' SGD momentum", ok=_momentum, allowed="a number in [0, 1)",
+        sent=TRAIN)
+    panacea_client_weight_decay: float | str = setting(
+        "auto", "the clients' weight decay (0: none)", ok=_none_or_more,
+        allowed="a finite number >= 0 (0: none)", sent=TRAIN)
+    panacea_client_clip: float | str = setting(
+        "auto", "the clients' gradient-norm clip (0: none)", ok=_none_or_more,
+        allowed="a finite number >= 0 (0: none)", sent=TRAIN)
 
 
 @register_client_update
-class HypernetworkClient(ClientUpdate):
+class HypernetworkClient(ClientUpdate[PanaceaSettings]):
     """The client half of Panacea, Panacea-GN and pFedHN: plain SGD from the generated model.
 
     Trains the received theta_t for the message's ``local-steps`` (or
-    ``local-epochs``) with SGD at ``hn-client-lr`` (momentum, weight decay and
-    gradient-norm clipping: ``hn-client-momentum``, ``-weight-decay``,
+    ``local-epochs``) with SGD at ``panacea-client-lr`` (momentum, weight decay and
+    gradient-norm clipping: ``panacea-client-momentum``, ``-weight-decay``,
     ``-clip``, 0 for none) and replies the trained model; it is tested on the
     generated model as received.
     """
 
     name = HYPERNETWORK
-    train_keys = (CLIENT_LR, CLIENT_MOMENTUM, CLIENT_WEIGHT_DECAY, CLIENT_CLIP)
+    settings = PanaceaSettings
 
-    def train(self, job: ClientJob) -> tuple[float, dict]:
-        c = job.config
-        return job.fit(optimizer="sgd", lr=as_float(c[CLIENT_LR], CLIENT_LR),
-                       momentum=as_float(c[CLIENT_MOMENTUM], CLIENT_MOMENTUM),
-                       weight_decay=as_float(c[CLIENT_WEIGHT_DECAY], CLIENT_WEIGHT_DECAY),
-                       clip_norm=as_float(c[CLIENT_CLIP], CLIENT_CLIP)), {}
+    def train(self, job: ClientJob[PanaceaSettings]) -> tuple[float, dict]:
+        s = job.settings
+        return job.fit(optimizer="sgd", lr=float(s.panacea_client_lr),
+                       momentum=float(s.panacea_client_momentum),
+                       weight_decay=float(s.panacea_client_weight_decay),
+                       clip_norm=float(s.panacea_client_clip)), {}
 
 
 class Panacea(PersonalizedStrategy):
@@ -87,7 +148,7 @@ class Panacea(PersonalizedStrategy):
 
     Each sampled client receives theta_t = GH(h_t, A) and trains it with SGD
     at ``client_lr`` (client contract: train messages name ``hypernetwork``
-    and carry ``hn-client-lr``; the run's ``local-steps``, or
+    and carry the ``panacea-client-*`` keys; the run's ``local-steps``, or
     ``local-epochs`` when 0); the server then runs ``server_steps`` steps of
     :func:`server_step` on the valid trained models (SGD with momentum, whose
     state lives across rounds). Every client, novel ones included, is
@@ -95,52 +156,42 @@ class Panacea(PersonalizedStrategy):
 
     Parameters
     ----------
+    settings : PanaceaSettings
+        The method's keys, their "auto" values resolved: GH's sizes (paper: 100,
+        3, 100, 3; the GNN layers are ignored without a graph), lambda_d (the
+        weight of L_d in psi_e's update), the server's SGD of psi (K_s steps a
+        round) and the clients' SGD (sent in the train messages; it trains the
+        run's ``local-steps`` K_c, or ``local-epochs`` when that is 0).
     adjacency : torch.Tensor | None
         (n, n) symmetric 0/1 client graph in the order of the sorted client
         ids; None for pFedHN.
-    embed_dim, gnn_layers, hidden, mlp_layers : int
-        Sizes of GH (paper: 100, 3, 100, 3); ``gnn_layers`` is ignored without a graph.
     generator : bool
         Whether to train the graph generator D (Panacea: True; Panacea-GN: False).
-    lambda_d : float
-        Weight of L_d in psi_e's update.
-    server_lr, server_momentum : float
-        SGD of psi.
-    server_steps : int
-        K_s, server steps per round.
-    client_lr : float
-        Learning rate of the clients' SGD (which trains the run's
-        ``local-steps`` K_c, or ``local-epochs`` when that is 0).
     **kwargs
         Passed to :class:`strategies.core.base.PersonalizedStrategy`.
     """
 
     client_update = HYPERNETWORK
 
-    def __init__(self, adjacency: torch.Tensor | None = None, embed_dim: int = 100,
-                 gnn_layers: int = 3, hidden: int = 100, mlp_layers: int = 3,
-                 generator: bool = True, lambda_d: float = 1.0, server_lr: float = 0.01,
-                 server_momentum: float = 0.9, server_steps: int = 1, client_lr: float = 0.05,
-                 server_weight_decay: float = 0.0, server_clip: float = 0.0,
-                 client_momentum: float = 0.0, client_weight_decay: float = 0.0,
-                 client_clip: float = 0.0, **kwargs) -> None:
+    def __init__(self, settings: PanaceaSettings, *, adjacency: torch.Tensor | None,
+                 generator: bool, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.server_weight_decay, self.server_clip = server_weight_decay, server_clip
-        self.client_momentum, self.client_weight_decay = client_momentum, client_weight_decay
-        self.client_clip = client_clip
+        s = self.settings = settings
+        self.server_weight_decay = float(s.panacea_server_weight_decay)
+        self.server_clip = float(s.panacea_server_clip)
+        self.client_momentum = float(s.panacea_client_momentum)
+        self.client_weight_decay = float(s.panacea_client_weight_decay)
+        self.client_clip = float(s.panacea_client_clip)
         self.adjacency = adjacency
-        self.sizes = dict(embed_dim=embed_dim, gnn_layers=gnn_layers if adjacency is not None else 0,
-                          hidden=hidden, mlp_layers=mlp_layers)
+        self.sizes = dict(embed_dim=s.panacea_embed_dim,
+                          gnn_layers=s.panacea_gnn_layers if adjacency is not None else 0,
+                          hidden=s.panacea_hidden, mlp_layers=s.panacea_mlp_layers)
         self.use_generator = generator and adjacency is not None
-        self.lambda_d = lambda_d
-        self.server_lr, self.server_momentum = server_lr, server_momentum
-        self.server_steps = server_steps
-        self.client_lr = client_lr
+        self.lambda_d = s.panacea_lambda_d
+        self.server_lr, self.server_momentum = float(s.panacea_server_lr), s.panacea_server_momentum
+        self.server_steps = int(s.panacea_server_steps)
+        self.client_lr = float(s.panacea_client_lr)
         self.hnet: GraphHyperNetwork | None = None
-
-    def train_keys(self) -> dict:
-        return {CLIENT_LR: self.client_lr, CLIENT_MOMENTUM: self.client_momentum,
-                CLIENT_WEIGHT_DECAY: self.client_weight_decay, CLIENT_CLIP: self.client_clip}
 
     def summary(self) -> None:
         super().summary()
@@ -271,69 +322,12 @@ class Panacea(PersonalizedStrategy):
         return self.generated()
 
 
-@dataclass(frozen=True)
-class PanaceaSettings(Settings):
-    """The keys of Panacea, Panacea-GN and pFedHN (``panacea-...``).
-
-    The hypernetwork's sizes (``panacea-embed-dim``, ``-gnn-layers``, ``-hidden``,
-    ``-mlp-layers``; the paper's 100, 3, 100, 3), the graph generator's weight
-    ``panacea-lambda-d``, the server's SGD (``panacea-server-lr``, ``-momentum``,
-    ``-steps``, ``-weight-decay``, ``-clip``) and the clients' SGD
-    (``panacea-client-lr``, ``-momentum``, ``-weight-decay``, ``-clip``). Keys left
-    at "auto" take the strategy's value for the task (pFedHN: its reference trainer's,
-    :data:`PFEDHN_REFERENCE`; Panacea on TPT-48: :data:`PANACEA_TPT48`), else
-    :attr:`AUTO` (the values this project has used since the start).
-    """
-
-    AUTO = {"panacea-client-lr": 0.1, "panacea-client-momentum": 0.0,
-            "panacea-client-weight-decay": 0.0, "panacea-client-clip": 0.0,
-            "panacea-server-lr": 0.1, "panacea-server-steps": 10,
-            "panacea-server-weight-decay": 0.0, "panacea-server-clip": 0.0}
-
-    panacea_embed_dim: int = 100
-    panacea_gnn_layers: int = 3
-    panacea_hidden: int = 100
-    panacea_mlp_layers: int = 3
-    panacea_server_lr: float | str = "auto"
-    panacea_server_momentum: float = 0.9
-    panacea_server_steps: int | str = "auto"
-    panacea_server_weight_decay: float | str = "auto"
-    panacea_server_clip: float | str = "auto"
-    panacea_lambda_d: float = 1.0
-    panacea_client_lr: float | str = "auto"
-    panacea_client_momentum: float | str = "auto"
-    panacea_client_weight_decay: float | str = "auto"
-    panacea_client_clip: float | str = "auto"
-
-    def check(self, run: SettingsContext) -> None:
-        for key in ("panacea-embed-dim", "panacea-hidden", "panacea-mlp-layers",
-                    "panacea-server-steps", "panacea-gnn-layers"):
-            self.require(key, getattr(self, key.replace("-", "_")) >= 1, "an integer >= 1")
-        for key in ("panacea-server-lr", "panacea-client-lr"):
-            self.require(key, getattr(self, key.replace("-", "_")) > 0, "a number > 0")
-        for key in ("panacea-server-momentum", "panacea-client-momentum"):
-            self.require(key, 0 <= getattr(self, key.replace("-", "_")) < 1, "a number in [0, 1)")
-        for key in ("panacea-client-weight-decay", "panacea-client-clip",
-                    "panacea-server-weight-decay", "panacea-server-clip"):
-            self.require(key, 0 <= getattr(self, key.replace("-", "_")) < math.inf,
-                         "a finite number >= 0 (0: none)")
-        self.require("panacea-lambda-d", self.panacea_lambda_d >= 0, "a number >= 0")
-
-
-def _panacea_kwargs(s: PanaceaSettings, run: RunSetup, graph: bool, generator: bool) -> dict:
+def _panacea(s: PanaceaSettings, run: RunSetup, graph: bool, generator: bool) -> Panacea:
     if graph and run.adjacency is None:
         raise ConfigError("run config 'graph' = 'none' is invalid for Panacea and Panacea-GN; "
                           "allowed: task, file, groups (pfedhn needs no graph)")
-    return dict(adjacency=run.adjacency if graph else None, generator=generator,
-                embed_dim=s.panacea_embed_dim, gnn_layers=s.panacea_gnn_layers,
-                hidden=s.panacea_hidden, mlp_layers=s.panacea_mlp_layers,
-                lambda_d=s.panacea_lambda_d, server_lr=s.panacea_server_lr,
-                server_momentum=s.panacea_server_momentum,
-                server_steps=s.panacea_server_steps, client_lr=s.panacea_client_lr,
-                server_weight_decay=s.panacea_server_weight_decay,
-                server_clip=s.panacea_server_clip, client_momentum=s.panacea_client_momentum,
-                client_weight_decay=s.panacea_client_weight_decay,
-                client_clip=s.panacea_client_clip, **personal_kwargs(run))
+    return Panacea(s, adjacency=run.adjacency if graph else None, generator=generator,
+                   **personal_kwargs(run))
 
 
 # pFedHN's reference trainer (Shamsian et al. 2021, github.com/AvivSham/pFedHN,
@@ -358,17 +352,17 @@ PANACEA_TUNE = {"learning-rate": (), "panacea-client-lr": (1 / 3, 1.0, 3.0),
 
 @register_strategy("panacea", settings=PanaceaSettings, graph=True,
                    task_auto={"tpt48": PANACEA_TPT48}, tune=PANACEA_TUNE)
-def _panacea(settings: PanaceaSettings, run: RunSetup) -> Panacea:
-    return Panacea(**_panacea_kwargs(settings, run, graph=True, generator=True))
+def _panacea_full(settings: PanaceaSettings, run: RunSetup) -> Panacea:
+    return _panacea(settings, run, graph=True, generator=True)
 
 
 @register_strategy("panacea-gn", settings=PanaceaSettings, graph=True,
                    task_auto={"tpt48": PANACEA_TPT48}, tune=PANACEA_TUNE)
 def _panacea_gn(settings: PanaceaSettings, run: RunSetup) -> Panacea:
-    return Panacea(**_panacea_kwargs(settings, run, graph=True, generator=False))
+    return _panacea(settings, run, graph=True, generator=False)
 
 
 @register_strategy("pfedhn", settings=PanaceaSettings, auto=PFEDHN_REFERENCE,
                    task_auto={"tpt48": {"batch-size": 16}}, tune=PANACEA_TUNE)
 def _pfedhn(settings: PanaceaSettings, run: RunSetup) -> Panacea:
-    return Panacea(**_panacea_kwargs(settings, run, graph=False, generator=False))
+    return _panacea(settings, run, graph=False, generator=False)

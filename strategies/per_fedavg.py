@@ -26,13 +26,20 @@ from torch import nn
 from tasks.train import loss_for, make_optimizer, run_batches
 
 from .core.client import ClientJob, ClientUpdate, register_client_update
-from .core.protocol import as_float
 from .core.registry import RunSetup, flower_kwargs, register_strategy
-from .core.settings import Settings, SettingsContext
+from .core.settings import EVALUATE, TRAIN, Settings, setting
 from .flower import FedAvg, finetune
 
 PER_FEDAVG = "per-fedavg"
-ALPHA = "per-fedavg-alpha"
+
+
+@dataclass(frozen=True)
+class PerFedAvgSettings(Settings):
+    """Per-FedAvg's key."""
+
+    per_fedavg_alpha: float = setting(0.01, "the inner (personalization) step size",
+                                      ok=lambda v: v > 0, allowed="a number > 0",
+                                      sent=(TRAIN, EVALUATE))
 
 
 def train_per_fedavg(
@@ -83,56 +90,28 @@ def train_per_fedavg(
 
 
 @register_client_update
-class PerFedAvgClient(ClientUpdate):
+class PerFedAvgClient(ClientUpdate[PerFedAvgSettings]):
     """Per-FedAvg's client: the first-order meta-update; one SGD step at alpha before testing."""
 
     name = PER_FEDAVG
-    train_keys = (ALPHA,)
-    evaluate_keys = (ALPHA,)
+    settings = PerFedAvgSettings
 
-    def train(self, job: ClientJob) -> tuple[float, dict]:
+    def train(self, job: ClientJob[PerFedAvgSettings]) -> tuple[float, dict]:
         return train_per_fedavg(job.model, job.data.x_train, job.targets,
-                                alpha=as_float(job.config[ALPHA], ALPHA), **job.loop_kwargs()), {}
+                                alpha=job.settings.per_fedavg_alpha, **job.loop_kwargs()), {}
 
-    def evaluate(self, job: ClientJob) -> nn.Module:
-        return finetune(job, epochs=0, steps=1, lr=as_float(job.config[ALPHA], ALPHA), optimizer="sgd")
+    def evaluate(self, job: ClientJob[PerFedAvgSettings]) -> nn.Module:
+        return finetune(job, epochs=0, steps=1, lr=job.settings.per_fedavg_alpha,
+                        optimizer="sgd")
 
 
 class PerFedAvg(FedAvg):
-    """Per-FedAvg (FO)'s server: Flower's FedAvg; messages name ``per-fedavg`` with alpha.
-
-    Parameters
-    ----------
-    alpha : float
-        Inner (personalization) step size, > 0.
-    **kwargs
-        Flower FedAvg's arguments.
-    """
+    """Per-FedAvg (FO)'s server: Flower's FedAvg (its arguments, and ``settings``: the method's
+    keys); messages name ``per-fedavg`` and carry its alpha."""
 
     client_update = PER_FEDAVG
-
-    def __init__(self, alpha: float = 0.01, **kwargs) -> None:
-        if not alpha > 0:
-            raise ValueError(f"per-fedavg alpha = {alpha} is invalid; allowed: a number > 0")
-        self.alpha = alpha
-        super().__init__(**kwargs)
-
-    def train_keys(self) -> dict:
-        return {ALPHA: self.alpha}
-
-    evaluate_keys = train_keys
-
-
-@dataclass(frozen=True)
-class PerFedAvgSettings(Settings):
-    """Per-FedAvg's key: ``per-fedavg-alpha``, the inner (personalization) step size, > 0."""
-
-    per_fedavg_alpha: float = 0.01
-
-    def check(self, run: SettingsContext) -> None:
-        self.require("per-fedavg-alpha", self.per_fedavg_alpha > 0, "a number > 0")
 
 
 @register_strategy(PER_FEDAVG, settings=PerFedAvgSettings)
 def _per_fedavg(settings: PerFedAvgSettings, run: RunSetup) -> PerFedAvg:
-    return PerFedAvg(alpha=settings.per_fedavg_alpha, **flower_kwargs(run))
+    return PerFedAvg(settings=settings, **flower_kwargs(run))

@@ -28,16 +28,26 @@ from torch import nn
 from tasks.train import loss_for, run_batches
 
 from .core.client import ClientJob, ClientUpdate, register_client_update
-from .core.protocol import as_float, as_int
 from .core.registry import RunSetup, flower_kwargs, register_strategy
-from .core.settings import Settings, SettingsContext
+from .core.settings import TRAIN, Settings, setting
 from .flower import FedAvg
 
 PFEDME = "pfedme"
-LAMBDA = "pfedme-lambda"
-INNER_STEPS = "pfedme-inner-steps"
-PERSONAL_LR = "pfedme-personal-lr"
 STATE = "pfedme-personal"  # the client's theta_i in context.state
+
+
+@dataclass(frozen=True)
+class PFedMeSettings(Settings):
+    """pFedMe's keys."""
+
+    pfedme_lambda: float = setting(15.0, "lambda, the weight of the Moreau envelope's term",
+                                   ok=lambda v: v > 0, allowed="a number > 0", sent=TRAIN)
+    pfedme_inner_steps: int = setting(5, "K, the steps on the personalized problem per batch",
+                                      ok=lambda v: v >= 1, allowed="an integer >= 1", sent=TRAIN)
+    pfedme_personal_lr: float = setting(0.01, "the step size of those K steps",
+                                        ok=lambda v: v > 0, allowed="a number > 0", sent=TRAIN)
+    pfedme_beta: float = setting(1.0, "the server's mixing parameter (1: plain averaging)",
+                                 ok=lambda v: v > 0, allowed="a number > 0")
 
 
 def train_pfedme(
@@ -99,23 +109,23 @@ def pfedme_global(previous: ArrayRecord, averaged: ArrayRecord, beta: float) -> 
 
 
 @register_client_update
-class PFedMeClient(ClientUpdate):
+class PFedMeClient(ClientUpdate[PFedMeSettings]):
     """pFedMe's client: trains w and its theta; is tested on theta."""
 
     name = PFEDME
-    train_keys = (LAMBDA, INNER_STEPS, PERSONAL_LR)
+    settings = PFedMeSettings
 
-    def train(self, job: ClientJob) -> tuple[float, dict]:
+    def train(self, job: ClientJob[PFedMeSettings]) -> tuple[float, dict]:
         personal = copy.deepcopy(job.model)
         loop = {k: v for k, v in job.loop_kwargs().items() if k != "optimizer"}
         loss = train_pfedme(job.model, personal, job.data.x_train, job.targets,
-                            lam=as_float(job.config[LAMBDA], LAMBDA),
-                            inner_steps=as_int(job.config[INNER_STEPS], INNER_STEPS),
-                            personal_lr=as_float(job.config[PERSONAL_LR], PERSONAL_LR), **loop)
+                            lam=job.settings.pfedme_lambda,
+                            inner_steps=job.settings.pfedme_inner_steps,
+                            personal_lr=job.settings.pfedme_personal_lr, **loop)
         job.state[STATE] = ArrayRecord(personal.to("cpu").state_dict())
         return loss, {}
 
-    def evaluate(self, job: ClientJob) -> nn.Module:
+    def evaluate(self, job: ClientJob[PFedMeSettings]) -> nn.Module:
         """The client's theta (the received w if it never trained)."""
         if STATE in job.state.array_records:
             job.model.load_state_dict(job.state.array_records[STATE].to_torch_state_dict())
@@ -131,28 +141,19 @@ class PFedMe(FedAvg):
 
     Parameters
     ----------
-    lam : float
-        lambda, the weight of the Moreau envelope's proximal term, > 0.
-    inner_steps : int
-        K, the steps that solve the personalized problem per mini-batch.
-    personal_lr : float
-        Step size of those K steps.
-    beta : float
-        Server mixing parameter (1: plain averaging).
+    settings : PFedMeSettings
+        The method's keys (lambda, K and the personal step size, sent to the
+        clients; beta, the server's mixing parameter).
     **kwargs
         Flower FedAvg's arguments.
     """
 
     client_update = PFEDME
 
-    def __init__(self, lam: float = 15.0, inner_steps: int = 5, personal_lr: float = 0.01,
-                 beta: float = 1.0, **kwargs) -> None:
-        self.lam, self.inner_steps, self.personal_lr, self.beta = lam, inner_steps, personal_lr, beta
+    def __init__(self, settings: PFedMeSettings, **kwargs) -> None:
+        self.beta = settings.pfedme_beta
         self._previous: ArrayRecord | None = None
-        super().__init__(**kwargs)
-
-    def train_keys(self) -> dict:
-        return {LAMBDA: self.lam, INNER_STEPS: self.inner_steps, PERSONAL_LR: self.personal_lr}
+        super().__init__(settings=settings, **kwargs)
 
     def configure_train(self, server_round, arrays, config, grid):
         self._previous = arrays
@@ -165,25 +166,6 @@ class PFedMe(FedAvg):
         return arrays, metrics
 
 
-@dataclass(frozen=True)
-class PFedMeSettings(Settings):
-    """pFedMe's keys: ``pfedme-lambda`` (the Moreau envelope's lambda), ``pfedme-inner-steps``
-    (K steps on the personalized problem per batch), ``pfedme-personal-lr`` (their step
-    size), ``pfedme-beta`` (server mixing; 1 = plain averaging)."""
-
-    pfedme_lambda: float = 15.0
-    pfedme_inner_steps: int = 5
-    pfedme_personal_lr: float = 0.01
-    pfedme_beta: float = 1.0
-
-    def check(self, run: SettingsContext) -> None:
-        for key in ("pfedme-lambda", "pfedme-personal-lr", "pfedme-beta"):
-            self.require(key, getattr(self, key.replace("-", "_")) > 0, "a number > 0")
-        self.require("pfedme-inner-steps", self.pfedme_inner_steps >= 1, "an integer >= 1")
-
-
 @register_strategy(PFEDME, settings=PFedMeSettings)
 def _pfedme(settings: PFedMeSettings, run: RunSetup) -> PFedMe:
-    return PFedMe(lam=settings.pfedme_lambda, inner_steps=settings.pfedme_inner_steps,
-                  personal_lr=settings.pfedme_personal_lr, beta=settings.pfedme_beta,
-                  **flower_kwargs(run))
+    return PFedMe(settings, **flower_kwargs(run))

@@ -78,7 +78,7 @@ def test_panacea_aggregation_is_its_server_steps_on_the_valid_replies():
     messages = list(strategy.configure_train(1, ArrayRecord(model.state_dict()), ConfigRecord(),
                                              _grid(4)))
     assert {m.content["config"]["client-update"] for m in messages} == {"hypernetwork"}
-    assert {m.content["config"]["hn-client-lr"] for m in messages} == {0.1}
+    assert {m.content["config"]["panacea-client-lr"] for m in messages} == {0.1}
     hnet = copy.deepcopy(strategy.hnet)
     opt = torch.optim.SGD(hnet.parameters(), lr=strategy.server_lr, momentum=strategy.server_momentum)
     pairs = torch.Generator().set_state(strategy.pair_gen.get_state())

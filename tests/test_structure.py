@@ -116,3 +116,47 @@ def test_a_methods_key_is_declared_by_its_module(key):
 
     owners = {e.settings.__module__ for e in STRATEGIES.values() if key in e.settings.keys()}
     assert owners and all(o.startswith("strategies.") and ".core." not in o for o in owners)
+
+
+def test_every_methods_key_is_declared_once_with_its_doc_and_check():
+    from strategies.core.registry import method_keys
+
+    for key, f in method_keys().items():
+        assert f.metadata.get("doc"), f"{key}: declare it with strategies.core.settings.setting()"
+        assert f.type in ("bool", "str") or f.metadata.get("ok"), f"{key}: no check declared"
+
+
+def test_the_configuration_reference_is_the_declarations():
+    from strategies.core.registry import method_reference
+
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    assert method_reference() in doc, ("docs/configuration.md's table of the methods' keys "
+                                       "differs: python -m tests.test_structure --reference")
+
+
+def test_a_client_half_owns_the_keys_its_settings_send_and_no_others():
+    import strategies
+    from strategies.core.settings import ConfigError
+
+    updates = strategies.CLIENT_UPDATES
+    assert updates["hypernetwork"].train_keys == (
+        "panacea-client-lr", "panacea-client-momentum", "panacea-client-weight-decay",
+        "panacea-client-clip")
+    assert updates["proximal"].train_keys == ("proximal-mu",)  # Flower FedProx's key
+    assert updates["finetune"].train_keys == () and updates["finetune"].evaluate_keys == (
+        "finetune-epochs",)
+    settings = updates["apfl"].settings
+    assert settings.from_message({"apfl-alpha": 0.25}).apfl_alpha == 0.25
+    with pytest.raises(ConfigError, match="'apfl-alpha' = 5.0 is invalid; allowed: a number in"):
+        settings.from_message({"apfl-alpha": 5.0})  # a message's value is checked as the config's
+
+
+if __name__ == "__main__":
+    import sys
+
+    import strategies  # noqa: F401 - registers every method
+    from strategies.core.registry import method_reference
+
+    if sys.argv[1:] != ["--reference"]:
+        sys.exit("usage: python -m tests.test_structure --reference")
+    print(method_reference(), end="")

@@ -38,6 +38,9 @@ from .history import RunHistory, client_order
 from .layout import FlatLayout, dtypes_of, with_dtypes
 from .protocol import ARRAYS, CLIENT_UPDATE, CONFIG, SERVER_ROUND
 from .replies import array_spec, mean_metrics, metric_values
+from .settings import EVALUATE as EVALUATE_MESSAGE
+from .settings import TRAIN as TRAIN_MESSAGE
+from .settings import NoSettings, Settings
 from .tracking import EVALUATE, TRAIN, Tracker
 
 
@@ -56,13 +59,18 @@ class ClientInstructions:
     #: (SCAFFOLD's ``control-delta``), checked by :meth:`method_reply_problem`
     reply_records: ClassVar[tuple[str, ...]] = ()
 
+    #: the method's settings (set by a strategy that has keys of its own): the keys they
+    #: declare ``sent`` go into the messages
+    settings: Settings = NoSettings()
+
     def train_keys(self) -> dict:
-        """The method's own entries of every train config (none by default)."""
-        return {}
+        """The method's own entries of every train config: its settings' keys sent in train
+        messages."""
+        return self.settings.message_values(TRAIN_MESSAGE)
 
     def evaluate_keys(self) -> dict:
-        """The method's own entries of every evaluate config (none by default)."""
-        return {}
+        """The method's own entries of every evaluate config."""
+        return self.settings.message_values(EVALUATE_MESSAGE)
 
     def method_reply_problem(self, msg: Message) -> str | None:
         """What is wrong with the method's own records of a train reply (``reply_records``)."""
@@ -181,9 +189,11 @@ class TrackedStrategy(Tracked):
     float64), and replies must match them.
     """
 
-    def __init__(self, *args, sample_fraction: float = 1.0, sample_seed: int = 0,
-                 **kwargs) -> None:
+    def __init__(self, *args, settings: Settings | None = None, sample_fraction: float = 1.0,
+                 sample_seed: int = 0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if settings is not None:  # the method's keys, sent as they declare
+            self.settings = settings
         self.sample_fraction, self.sample_seed = sample_fraction, sample_seed
         self.setup_tracking({})
         self._sent: tuple[FlatLayout, torch.Tensor] | None = None

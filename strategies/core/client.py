@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from logging import WARNING
-from typing import ClassVar
+from typing import Any, ClassVar, Generic
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
@@ -47,6 +47,7 @@ from tasks import ClientData
 from tasks.train import train as train_loop
 
 from .protocol import CLIENT_UPDATE, GENERIC_KEYS, TRAINED_ROUNDS, as_int
+from .settings import EVALUATE, TRAIN, NoSettings, S, Settings
 
 LOCAL = "local"
 #: the records a client update adds to its train reply (SCAFFOLD's ``control-delta``)
@@ -64,7 +65,7 @@ class Optim:
 
 
 @dataclass
-class ClientJob:
+class ClientJob(Generic[S]):
     """Everything a client update gets for one message.
 
     Attributes
@@ -87,6 +88,9 @@ class ClientJob:
         steps (> 0: steps instead of epochs) that the message asks for.
     optim : Optim
         Batch size, learning rate, optimizer and device of local training.
+    settings : Settings
+        The method's own keys the message carries, typed and checked (the update's
+        :attr:`ClientUpdate.settings` class; the keys it does not carry keep their defaults).
     """
 
     model: nn.Module
@@ -100,6 +104,7 @@ class ClientJob:
     epochs: int
     steps: int
     optim: Optim
+    settings: S = field(default_factory=NoSettings)  # type: ignore[assignment]
 
     @property
     def trained_before(self) -> int:
@@ -146,7 +151,7 @@ class ClientJob:
                           **kwargs, **extra)
 
 
-class ClientUpdate:
+class ClientUpdate(Generic[S]):
     """A method's client half; subclass, set :attr:`name`, override what differs.
 
     The defaults are plain local training (``train``) and testing the
@@ -154,16 +159,25 @@ class ClientUpdate:
     """
 
     name: ClassVar[str] = ""
+    #: the method's settings class: the keys it declares ``sent`` are this update's own
+    #: (:attr:`train_keys`, :attr:`evaluate_keys`), read back as ``job.settings``
+    settings: ClassVar[type[Settings]] = NoSettings
     #: config keys this update reads in train messages (owned: no other update may use them)
     train_keys: ClassVar[tuple[str, ...]] = ()
     #: config keys this update reads in evaluate messages
     evaluate_keys: ClassVar[tuple[str, ...]] = ()
 
-    def train(self, job: ClientJob) -> tuple[float, Records]:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "settings" in cls.__dict__:  # the keys come from the declarations
+            cls.train_keys = cls.settings.sent_keys(TRAIN)
+            cls.evaluate_keys = cls.settings.sent_keys(EVALUATE)
+
+    def train(self, job: ClientJob[S]) -> tuple[float, Records]:
         """Train ``job.model`` in place; return the training loss and extra reply records."""
         return job.fit(), {}
 
-    def evaluate(self, job: ClientJob) -> nn.Module:
+    def evaluate(self, job: ClientJob[S]) -> nn.Module:
         """Return the model the client tests on its test split (default: the received one)."""
         return job.model
 

@@ -186,6 +186,28 @@ def method_keys() -> dict[str, dataclasses.Field]:
     return out
 
 
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    return f"`{value:g}`" if isinstance(value, float) else f"`{value}`"
+
+
+def method_reference() -> str:
+    """The configuration reference's table of the methods' keys, from their declarations
+    (docs/configuration.md holds it; ``tests/test_structure.py`` checks it is current)."""
+    rows = ["| key | default | allowed | meaning | strategies |", "|---|---|---|---|---|"]
+    for key, f in sorted(method_keys().items()):
+        users = ", ".join(f"`{e.name}`" for e in STRATEGIES.values() if key in e.settings.keys())
+        allowed = f.metadata.get("allowed") or type_name(f.type)
+        if f.default == "auto" and '"auto"' not in allowed:
+            allowed = f'"auto" or {allowed}'
+        rows.append(f"| `{key}` | {_cell(f.default)} | {allowed} | {f.metadata.get('doc', '')} "
+                    f"| {users} |")
+    return "\n".join(rows) + "\n"
+
+
 def build_strategy(name: str, settings: Settings, run: RunSetup) -> Any:
     """Return a new strategy ``name`` made by its factory from its settings and the run setup."""
     if name not in STRATEGIES:

@@ -1,33 +1,40 @@
-"""A method's own settings: its run-config keys, their defaults and their checks, in one place.
+"""A method's own settings: each run-config key declared once, with its default, its check,
+its doc and the messages that carry it.
 
 Flower's run config is one flat table (``[tool.flwr.app.config]`` of
 ``pyproject.toml``). Its generic keys (task, rounds, local training, run
 management, scenarios) belong to the app (``fedamp_flwr.config.RunConfig``);
-every other key belongs to a method, which declares it as a field of its
-:class:`Settings` dataclass (``fedamp_alpha_k`` is the key ``fedamp-alpha-k``)
-and registers that class with its strategy
-(``register_strategy(name, settings=...)``). The app checks every key of every
-registered method before any work starts (a bad value gets a
-:class:`ConfigError` naming the key, the value and what is allowed), gives
-"auto" values their value for the run's task and strategy, and hands the
-chosen strategy's factory its settings:
+every other key belongs to a method, which declares it once, as a field of its
+:class:`Settings` dataclass made by :func:`setting` (``damped_keep`` is the key
+``damped-keep``), and registers that class with its strategy
+(``register_strategy(name, settings=...)``). From that one declaration:
+
+* the app checks every key of every registered method before any work starts
+  (a bad value gets a :class:`ConfigError` naming the key, the value and what
+  is allowed) and gives "auto" values their value for the run's task;
+* the server half adds the keys declared ``sent`` to its train or evaluate
+  messages (:meth:`Settings.message_values`), and the client half that names
+  the class (``ClientUpdate.settings``) owns those keys and reads them back,
+  typed and checked, as ``job.settings``;
+* ``tests/test_structure.py`` checks ``pyproject.toml`` and
+  docs/configuration.md against the declarations.
 
 .. code:: python
 
     @dataclass(frozen=True)
     class DampedSettings(Settings):
-        damped_keep: float = 0.5
-
-        def check(self, run: SettingsContext) -> None:
-            self.require("damped-keep", 0 <= self.damped_keep <= 1, "a number in [0, 1]")
+        damped_keep: float = setting(0.5, "the share of its update a client sends back",
+                                     ok=lambda v: 0 <= v <= 1, allowed="a number in [0, 1]",
+                                     sent=TRAIN)
 
     @register_strategy("damped-fedavg", settings=DampedSettings)
     def _damped(settings: DampedSettings, run: RunSetup) -> DampedFedAvg:
-        return DampedFedAvg(settings.damped_keep, **flower_kwargs(run))
+        return DampedFedAvg(settings, **flower_kwargs(run))
 
-Several strategies may share one settings class (FedAMP and HeurFedAMP), and
-a class may extend another (FedProx-FT's settings are FedProx's and
-FedAvg-FT's): a key is one field, whoever declares it.
+A check that needs more than the key's own value (another key, the task)
+goes in :meth:`Settings.check`. Several strategies may share one settings class
+(FedAMP and HeurFedAMP), and a class may extend another (FedProx-FT's settings
+are FedProx's and FedAvg-FT's): a key is one field, whoever declares it.
 """
 
 from __future__ import annotations
@@ -35,11 +42,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 S = TypeVar("S", bound="Settings")
+
+TRAIN, EVALUATE = "train", "evaluate"  # the messages a key may be sent in
 
 
 class ConfigError(ValueError):
@@ -131,6 +140,28 @@ def _finite(key: str, value: float, allowed: str = "a number") -> float:
     raise bad(key, value, f"{allowed}, finite")
 
 
+def setting(default: Any, doc: str, *, ok: Callable[[Any], bool] | None = None,
+            allowed: str = "", sent: str | Iterable[str] = (),
+            message_key: str | None = None) -> Any:
+    """Declare a method's run-config key (a field of a :class:`Settings` class).
+
+    ``default``: its value when the run config does not set it (also the value
+    of ``pyproject.toml``'s table); ``doc``: one line for the configuration
+    reference; ``ok``: whether a value is allowed (never asked of the words
+    the key takes besides numbers, such as "auto"), ``allowed`` saying what is
+    in the error; ``sent``: ``TRAIN`` and/or ``EVALUATE``, the messages that
+    carry the key to the client half, under ``message_key`` (default: the
+    run-config key; FedProx's ``proximal-mu`` is the key Flower's FedProx sends).
+    """
+    if ok is not None and not allowed:
+        raise ValueError(f"setting {doc!r}: a check needs the words that say what is allowed")
+    phases = (sent,) if isinstance(sent, str) else tuple(sent)
+    if not set(phases) <= {TRAIN, EVALUATE}:
+        raise ValueError(f"setting {doc!r}: sent = {phases}; allowed: {TRAIN!r}, {EVALUATE!r}")
+    return dataclasses.field(default=default, metadata={
+        "doc": doc, "ok": ok, "allowed": allowed, "sent": phases, "message_key": message_key})
+
+
 @dataclass(frozen=True)
 class SettingsContext:
     """What a method's checks may need to know of the run besides its own keys.
@@ -203,13 +234,53 @@ class Settings:
                 changes[f.name] = auto.get(key, self.AUTO[key])
         return dataclasses.replace(self, **changes) if changes else self
 
+    @classmethod
+    def message_key(cls, key: str) -> str:
+        """The key under which run-config ``key`` travels in messages."""
+        return cls.keys()[key].metadata.get("message_key") or key
+
+    @classmethod
+    def sent_keys(cls, phase: str) -> tuple[str, ...]:
+        """The message keys of the ``phase`` (``TRAIN`` or ``EVALUATE``) messages."""
+        return tuple(cls.message_key(key) for key, f in cls.keys().items()
+                     if phase in f.metadata.get("sent", ()))
+
+    def message_values(self, phase: str) -> dict[str, Any]:
+        """The entries these settings add to every ``phase`` message (by message key)."""
+        return {self.message_key(key): getattr(self, f.name) for key, f in self.keys().items()
+                if phase in f.metadata.get("sent", ())}
+
+    @classmethod
+    def from_message(cls: type[S], config: Mapping[str, Any]) -> S:
+        """The settings a client half reads from a message's config (its sent keys, coerced
+        and checked as the run config's are; the others keep their defaults)."""
+        by_message = {cls.message_key(key): key for key in cls.keys()}
+        own = cls.from_values({by_message[k]: v for k, v in config.items() if k in by_message})
+        own.check_declared()
+        return own
+
+    def check_declared(self) -> None:
+        """Raise the ConfigError of the first key whose value its declaration does not allow."""
+        for key, f in self.keys().items():
+            ok, value = f.metadata.get("ok"), getattr(self, f.name)
+            if ok is None or (isinstance(value, str) and value in self.words(key)):
+                continue
+            if not ok(value):
+                raise bad(key, value, f.metadata["allowed"])
+
+    def validate(self, run: SettingsContext) -> None:
+        """Every check: each key's declared one, then :meth:`check`'s of the keys together."""
+        self.check_declared()
+        self.check(run)
+
     def require(self, key: str, ok: bool, allowed: str) -> None:
         """Raise the ConfigError of ``key`` (with its value) unless ``ok``."""
         if not ok:
             raise bad(key, getattr(self, key.replace("-", "_")), allowed)
 
     def check(self, run: SettingsContext) -> None:
-        """Raise :class:`ConfigError` on the first value out of its range (none by default)."""
+        """Raise :class:`ConfigError` on a value that only the keys together, or the run, rule
+        out (none by default; each key's own range is its declaration's ``ok``)."""
 
     def record(self, run: SettingsContext) -> dict[str, Any]:
         """What ``metrics.json`` records of these settings beside the config (none by default)."""

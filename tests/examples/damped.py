@@ -14,35 +14,32 @@ import torch
 
 from strategies.core.client import ClientJob, ClientUpdate, register_client_update
 from strategies.core.registry import RunSetup, flower_kwargs, register_strategy
-from strategies.core.settings import Settings, SettingsContext
+from strategies.core.settings import TRAIN, Settings, setting
 from strategies.flower import FedAvg
-
-KEEP = "damped-keep"  # the key of the method's train messages
 
 
 @dataclass(frozen=True)
 class DampedSettings(Settings):
-    """The method's run-config key: ``damped-keep``, the share of the update a client sends."""
+    """The method's run-config key, declared once: its default, its check, its doc, and the
+    messages that carry it to the clients."""
 
-    damped_keep: float = 0.5
-
-    def check(self, run: SettingsContext) -> None:
-        """``damped-keep`` must be in [0, 1]."""
-        self.require("damped-keep", 0 <= self.damped_keep <= 1, "a number in [0, 1]")
+    damped_keep: float = setting(0.5, "the share of its update a client sends back",
+                                 ok=lambda v: 0 <= v <= 1, allowed="a number in [0, 1]",
+                                 sent=TRAIN)
 
 
 @register_client_update
-class DampedClient(ClientUpdate):
+class DampedClient(ClientUpdate[DampedSettings]):
     """Client half: train as usual, then keep only a share ``damped-keep`` of the update."""
 
     name = "damped"
-    train_keys = (KEEP,)
+    settings = DampedSettings  # the keys it reads: those DampedSettings sends
 
-    def train(self, job: ClientJob) -> tuple[float, dict[str, Any]]:
+    def train(self, job: ClientJob[DampedSettings]) -> tuple[float, dict[str, Any]]:
         """Train the received model; reply ``sent + keep * (trained - sent)``."""
         sent = {k: v.detach().clone() for k, v in job.model.state_dict().items()}
         loss = job.fit()  # on job.optim.device: the CPU or a GPU
-        keep = float(job.config[KEEP])
+        keep = job.settings.damped_keep
         with torch.no_grad():
             for k, v in job.model.state_dict().items():
                 if v.is_floating_point():
@@ -51,19 +48,12 @@ class DampedClient(ClientUpdate):
 
 
 class DampedFedAvg(FedAvg):
-    """Server half: Flower's FedAvg; train messages name ``damped`` and carry ``damped-keep``."""
+    """Server half: Flower's FedAvg; train messages name ``damped`` and carry its settings'
+    sent keys."""
 
     client_update = DampedClient.name
-
-    def __init__(self, keep: float, **kwargs: Any) -> None:
-        self.keep = keep
-        super().__init__(**kwargs)
-
-    def train_keys(self) -> dict[str, Any]:
-        """The method's own entries of every train message."""
-        return {KEEP: self.keep}
 
 
 @register_strategy("damped-fedavg", settings=DampedSettings)
 def _damped_fedavg(settings: DampedSettings, run: RunSetup) -> DampedFedAvg:
-    return DampedFedAvg(settings.damped_keep, **flower_kwargs(run))
+    return DampedFedAvg(settings=settings, **flower_kwargs(run))
