@@ -36,7 +36,7 @@ from tasks.models import model_problem
 from tasks.partitioners import PARTITIONINGS
 from tasks.scenarios import Roles, scenario_roles
 
-GRAPHS = ("task", "file", "groups", "none")
+GRAPHS = ("task", "file", "groups", "inferred", "none")
 #: the longest run-name (a folder name on the coordinator's and the members' machines)
 RUN_NAME_MOST = 200
 #: which models a run keeps (fedamp_flwr/delivery.py)
@@ -125,6 +125,8 @@ class RunConfig:
     local_steps: int | str = "auto"
     graph: str = "task"
     graph_file: str = ""
+    graph_k: int = 3
+    graph_warmup_rounds: int = 2
     novel_client_fraction: float = 0.0
     attack_ratio: float = 0.0
     fl60_noise_std: float = 1.0
@@ -260,6 +262,12 @@ class RunConfig:
         check("drop-rate", 0 <= self.drop_rate < 1, "a number in [0, 1)")
         if self.graph == "file" and not self.graph_file:
             raise _bad("graph-file", self.graph_file, 'the path of an edge-list CSV when graph = "file"')
+        check("graph-k", self.graph_k >= 1, "an integer >= 1 (and below the number of clients)")
+        check("graph-warmup-rounds", self.graph_warmup_rounds >= 1, "an integer >= 1")
+        if self.graph == "inferred":
+            check("graph-warmup-rounds", self.graph_warmup_rounds < self.num_server_rounds,
+                  f"fewer than num-server-rounds ({self.num_server_rounds}): the graph is "
+                  "inferred after the warm-up, and used in the rounds after it")
         check("server-device", self.server_device in ("auto", "cpu")
               or self.server_device.startswith("cuda"), '"auto", "cpu" or "cuda[:N]"')
         choice("model", self.model, ["auto", *tasks.MODELS])

@@ -250,8 +250,17 @@ class RunFolder:
         return state
 
     def write_metrics(self, record: dict[str, Any]) -> None:
-        """Rewrite metrics.json (atomic, strict JSON)."""
+        """Rewrite metrics.json (atomic, strict JSON); an inferred client graph the record
+        holds (``inferred_graph``) also as the edge list ``graph = "file"`` reads,
+        ``graph-inferred.csv``, by member name where the run has names."""
         write_json(self.metrics_path, record)
+        graph = record.get("inferred_graph")
+        if graph:
+            names = record.get("client_names") or None
+            label = (lambda i: names[i]) if names else str
+            rows = ["u,v"] + [f"{label(u)},{label(v)}" for u, v in graph["edges"]]
+            text = ("\n".join(rows) + "\n").encode()
+            atomic_write(self.path / "graph-inferred.csv", lambda f: f.write(text))
 
 
 class UnsafeCheckpoint(RuntimeError):

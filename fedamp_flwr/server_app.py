@@ -7,6 +7,7 @@ import random
 import time
 from logging import ERROR, INFO, WARNING
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
@@ -18,7 +19,7 @@ from strategies.core.clients import ClientInfo, Schema
 from strategies.core.layout import dtypes_of, with_dtypes
 from strategies.core.protocol import BATCH_SIZE, LOCAL_EPOCHS, LOCAL_STEPS, LR, OPTIMIZER
 from strategies.core.replies import array_spec
-from tasks.graphs import GraphError, build_graph
+from tasks.graphs import GraphError, build_graph, group_graph
 
 from .config import ConfigError, RunConfig
 from .delivery import ModelDelivery, new_token
@@ -51,12 +52,31 @@ def server_device(cfg: RunConfig) -> str:
 def run_setup(cfg: RunConfig, num_clients: int, param_keys: list[str],
               adjacency: torch.Tensor | None = None) -> strategies.RunSetup:
     """What the run determines beside its config: clients, parameter keys, device, graph."""
+    infer = cfg.graph == "inferred" and strategies.STRATEGIES[cfg.strategy].uses_graph
+    if infer and not cfg.graph_k < num_clients:
+        raise ConfigError(f"run config 'graph-k' = {cfg.graph_k} is invalid; allowed: an "
+                          f"integer in [1, {num_clients - 1}] (the run has {num_clients} clients)")
     return strategies.RunSetup(
         num_clients=num_clients, param_keys=list(param_keys), device=server_device(cfg),
         adjacency=adjacency, num_attackers=len(cfg.roles(num_clients).attackers),
         fraction_train=cfg.fraction_train, seed=cfg.seed, dataset=cfg.dataset,
         setting=cfg.setting_kind, groups=cfg.groups(num_clients),
+        graph_k=cfg.graph_k if infer else 0,
+        graph_warmup_rounds=cfg.graph_warmup_rounds if infer else 0,
+        true_adjacency=true_graph(cfg, cfg.data_config(num_clients)) if infer else None,
     )
+
+
+def true_graph(cfg: RunConfig, dc: tasks.DataConfig) -> torch.Tensor | None:
+    """The graph an inferred one is measured against: the task's own (FL-60, TPT-48), else
+    its groups' (a partitioned setting with groups), else None (members' data)."""
+    if cfg.dataset != tasks.MEMBERS and tasks.get_task(cfg.dataset).load_federated is not None:
+        adj = tasks.load_federated(dc).adjacency
+        if adj is not None:
+            return torch.from_numpy(np.asarray(adj, dtype=np.float32))
+    groups = cfg.groups(dc.num_clients)
+    return None if groups is None else torch.from_numpy(group_graph(dc.num_clients,
+                                                                    client_groups=list(groups)))
 
 
 def client_graph(cfg: RunConfig, dc: tasks.DataConfig,
@@ -67,8 +87,8 @@ def client_graph(cfg: RunConfig, dc: tasks.DataConfig,
     that every partition id has its node); in a run over members' own data,
     ``names`` are the members' names by client id, which the graph file uses.
     """
-    if not strategies.STRATEGIES[cfg.strategy].uses_graph or cfg.graph == "none":
-        return None
+    if not strategies.STRATEGIES[cfg.strategy].uses_graph or cfg.graph in ("none", "inferred"):
+        return None  # "inferred": the strategy builds it from the clients' updates
     task_adj = tasks.load_federated(dc).adjacency if cfg.graph == "task" else None
     adj = build_graph(cfg.graph, dc.num_clients, task_adj, cfg.graph_file, cfg.dataset,
                       cfg.groups(dc.num_clients), names)
@@ -208,7 +228,7 @@ def _main(grid: Grid, context: Context) -> None:
         """A member the run does not know yet joins with the next client id (a graph file
         that cannot place it leaves it out, with the reason, and the run goes on)."""
         graph = None
-        if strategies.STRATEGIES[cfg.strategy].uses_graph and cfg.graph != "none":
+        if strategies.STRATEGIES[cfg.strategy].uses_graph and cfg.graph not in ("none", "inferred"):
             try:
                 graph = client_graph(cfg, cfg.data_config(info.client_id + 1),
                                      tracker.names + [info.name])

@@ -38,13 +38,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from logging import INFO
+from logging import INFO, WARNING
 
 import numpy as np
 import torch
 from flwr.app import ConfigRecord
 from flwr.supercore import log
 from torch import nn
+
+from tasks.graphs import cosine_knn_graph, edge_agreement
 
 from .core.base import PersonalizedStrategy
 from .core.client import ClientJob, ClientUpdate, register_client_update
@@ -167,15 +169,32 @@ class Panacea(PersonalizedStrategy):
         ids; None for pFedHN.
     generator : bool
         Whether to train the graph generator D (Panacea: True; Panacea-GN: False).
+    infer_k, warmup_rounds : int
+        > 0 (``graph = "inferred"``, with ``adjacency`` None): the graph is inferred.
+        In the first ``warmup_rounds`` rounds every sampled client trains from the
+        same initial model (and is tested on it); after the last of them the
+        server builds the ``infer_k``-nearest-neighbour graph of the clients' mean
+        updates (trained - initial) by cosine similarity
+        (:func:`tasks.graphs.cosine_knn_graph`), records its edges (and, where
+        ``true_adjacency`` is given, their precision and recall) in the history's
+        ``notes``, builds GH on it and trains as Panacea from the next round.
+    true_adjacency : torch.Tensor | None
+        The task's own graph, against which an inferred graph is measured.
     **kwargs
         Passed to :class:`strategies.core.base.PersonalizedStrategy`.
     """
 
     client_update = HYPERNETWORK
+    settings: PanaceaSettings
 
     def __init__(self, settings: PanaceaSettings, *, adjacency: torch.Tensor | None,
-                 generator: bool, **kwargs) -> None:
+                 generator: bool, infer_k: int = 0, warmup_rounds: int = 0,
+                 true_adjacency: torch.Tensor | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
+        self.infer_k, self.warmup_rounds = infer_k, warmup_rounds
+        self.true_adjacency, self.wants_generator = true_adjacency, generator
+        self._update_sum: torch.Tensor | None = None  # warm-up: per client, sum of its updates
+        self._update_count: torch.Tensor | None = None
         s = self.settings = settings
         self.server_weight_decay = float(s.panacea_server_weight_decay)
         self.server_clip = float(s.panacea_server_clip)
@@ -193,8 +212,17 @@ class Panacea(PersonalizedStrategy):
         self.client_lr = float(s.panacea_client_lr)
         self.hnet: GraphHyperNetwork | None = None
 
+    @property
+    def inferring(self) -> bool:
+        """Whether the graph is still to be inferred (the warm-up rounds)."""
+        return self.infer_k > 0 and self.adjacency is None
+
     def summary(self) -> None:
         super().summary()
+        if self.inferring:
+            log(INFO, "\t├── graph inferred: the %d-nearest-neighbour graph of the clients' "
+                "updates in the first %d round(s), from the same initial model",
+                self.infer_k, self.warmup_rounds)
         log(INFO, "\t└── graph %s, generator %s, sizes %s, server SGD lr %g (momentum %g, weight "
             "decay %g, clip %g) x %d steps; clients: SGD lr %g (momentum %g, weight decay %g, "
             "clip %g)",
@@ -211,7 +239,21 @@ class Panacea(PersonalizedStrategy):
         return self.hnet
 
     def initial_models(self, initial: torch.Tensor) -> None:
-        """Build GH and its optimizer; no per-client store (GH generates the models)."""
+        """Build GH and its optimizer; no per-client store (GH generates the models). While
+        the graph is inferred, only the warm-up's sums of updates."""
+        n = len(self.client_ids)
+        self.buffers = initial[self.flat.num_params :]
+        if self.inferring:
+            if not 1 <= self.infer_k < n:
+                raise ValueError(f"run config 'graph-k' = {self.infer_k} is invalid; allowed: "
+                                 f"an integer in [1, {n - 1}] (the run has {n} clients)")
+            self._update_sum = torch.zeros(n, self.flat.num_params, dtype=torch.float64)
+            self._update_count = torch.zeros(n, dtype=torch.long)
+            return None
+        self._build_net()
+        return None
+
+    def _build_net(self) -> None:
         n = len(self.client_ids)
         if self.adjacency is not None and tuple(self.adjacency.shape) != (n, n):
             raise ValueError(f"the graph has {self.adjacency.shape[0]} clients, the run {n}")
@@ -219,8 +261,7 @@ class Panacea(PersonalizedStrategy):
         sizes = [int(np.prod(self.flat.shapes[k])) for k in params]
         # Floating-point buffers (batch-norm statistics) are not generated: a
         # linear head could make a running variance negative. They stay at
-        # the initial model's values.
-        self.buffers = initial[self.flat.num_params :]
+        # the initial model's values (self.buffers).
         torch.manual_seed(self.seed)
         self.hnet = GraphHyperNetwork(n, sizes, generator=self.use_generator, **self.sizes)
         self.net.to(self.device)
@@ -232,7 +273,39 @@ class Panacea(PersonalizedStrategy):
         self.pair_gen = torch.Generator().manual_seed(self.seed)
         log(INFO, "Hypernetwork: %d clients, %d parameters; target model of %d values",
             n, sum(p.numel() for p in self.net.parameters()), self.flat.size)
-        return None
+
+    def _infer_graph(self, server_round: int) -> None:
+        """The warm-up is over: the graph of the clients' mean updates; GH built on it."""
+        assert self._update_sum is not None and self._update_count is not None
+        count = self._update_count
+        mean = self._update_sum / count.clamp(min=1)[:, None].double()
+        adj = cosine_knn_graph(mean.numpy(), self.infer_k)
+        note: dict = {"round": server_round, "k": self.infer_k,
+                      "untrained_clients": [self.client_ids[r] for r in
+                                            torch.nonzero(count == 0).flatten().tolist()],
+                      "edges": [[self.client_ids[int(a)], self.client_ids[int(b)]]
+                                for a, b in zip(*np.nonzero(np.triu(adj, k=1)))]}
+        truth = self.true_adjacency
+        if truth is not None and tuple(truth.shape) == adj.shape:
+            note["against_truth"] = edge_agreement(adj, truth.numpy())
+        self.history.notes["inferred_graph"] = note
+        if note["untrained_clients"]:
+            log(WARNING, "Round %d: %d client(s) trained in no warm-up round (client ids %s): "
+                "their edges are those other clients chose", server_round,
+                len(note["untrained_clients"]), note["untrained_clients"])
+        log(INFO, "Round %d: client graph inferred from the warm-up updates: %d edges "
+            "(k = %d)%s", server_round, len(note["edges"]), self.infer_k,
+            "; against the task's graph: precision {precision:.3f}, recall {recall:.3f}".format(
+                **note["against_truth"]) if "against_truth" in note else "")
+        self._adopt(torch.from_numpy(adj))
+
+    def _adopt(self, adjacency: torch.Tensor) -> None:
+        """Use ``adjacency`` from now on: GH (with its GNN and, for Panacea, D) built on it."""
+        self.adjacency = adjacency.float()
+        self.sizes["gnn_layers"] = self.settings.panacea_gnn_layers
+        self.use_generator = self.wants_generator
+        self._update_sum = self._update_count = None
+        self._build_net()
 
     def add_client(self, info, adjacency: torch.Tensor | None = None) -> None:
         """A client that joins after the start (a new member) gets an embedding h^(0) of its own
@@ -243,7 +316,19 @@ class Panacea(PersonalizedStrategy):
         super().add_client(info, adjacency)
         if known:
             return
-        if self.adjacency is not None:
+        if self.infer_k > 0 and self._update_sum is not None:  # warm-up: one more row
+            self._update_sum = torch.cat([self._update_sum,
+                                          self._update_sum.new_zeros(1, self._update_sum.shape[1])])
+            assert self._update_count is not None
+            self._update_count = torch.cat([self._update_count, self._update_count.new_zeros(1)])
+        elif self.infer_k > 0 and self.adjacency is not None:  # after it: no edges of its own
+            log(WARNING, "%s joins after the client graph was inferred: it has no edges (its "
+                "embedding is trained alone)", info.label)
+            n = self.adjacency.shape[0]
+            grown = torch.zeros(n + 1, n + 1)
+            grown[:n, :n] = self.adjacency
+            self.adjacency = grown
+        elif self.adjacency is not None:
             if adjacency is None:
                 raise ValueError(f"{info.label} joins, but the run's graph does not say where")
             self.adjacency = adjacency.float()
@@ -269,7 +354,11 @@ class Panacea(PersonalizedStrategy):
 
     @torch.no_grad()
     def generated(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Full flat models for ``rows`` (all clients if None): generated parameters, initial buffers."""
+        """Full flat models for ``rows`` (all clients if None): generated parameters, initial
+        buffers (during a graph's warm-up: the initial model for every client)."""
+        if self.inferring:
+            count = len(self.client_ids) if rows is None else len(rows)
+            return self._initial[None].expand(count, -1).clone()
         z = self.net.encode(self.prop)
         theta = self.net.generate(z if rows is None else z[rows.to(z.device)])
         return torch.cat([theta, self.buffers.expand(len(theta), -1)], dim=1)
@@ -284,22 +373,46 @@ class Panacea(PersonalizedStrategy):
         return (vectors - self.generated(rows)).norm(dim=1)
 
     def state_dict(self) -> dict:
-        """GH (embeddings, encoder, generator, heads), its optimizer and the pair sampler."""
+        """GH (embeddings, encoder, generator, heads), its optimizer and the pair sampler; an
+        inferred graph, or the warm-up's sums of updates."""
         state = super().state_dict()
+        if self.infer_k > 0:
+            if self.adjacency is not None:
+                state["inferred_adjacency"] = self.adjacency.detach().cpu()
+            elif self._update_sum is not None and self._update_count is not None:
+                state.update(update_sum=self._update_sum.clone(),
+                             update_count=self._update_count.clone())
         if self.hnet is not None:
             state.update(hnet=self.hnet.state_dict(), optimizer=self.optimizer.state_dict(),
                          pair_gen=self.pair_gen.get_state())
         return state
 
     def load_state_dict(self, state: dict, initial_arrays) -> None:
+        if self.infer_k > 0 and "inferred_adjacency" in state:  # GH is built on it
+            self.adjacency = state["inferred_adjacency"].float()
+            self.sizes["gnn_layers"] = self.settings.panacea_gnn_layers
+            self.use_generator = self.wants_generator
         super().load_state_dict(state, initial_arrays)
+        if self.inferring and "update_sum" in state:
+            self._update_sum = state["update_sum"].double()
+            self._update_count = state["update_count"].long()
         if "hnet" in state:
             self.net.load_state_dict(state["hnet"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.pair_gen.set_state(state["pair_gen"])
 
     def update(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
-        """K_s server steps of psi toward the trained models."""
+        """K_s server steps of psi toward the trained models (during a graph's warm-up: the
+        clients' updates summed, and after its last round the graph inferred)."""
+        if self.inferring:
+            assert self._update_sum is not None and self._update_count is not None
+            params = trained[:, : self.flat.num_params].double().cpu()
+            initial = self._initial[: self.flat.num_params].double().cpu()
+            self._update_sum.index_add_(0, rows.cpu(), params - initial)
+            self._update_count.index_add_(0, rows.cpu(), torch.ones(len(rows), dtype=torch.long))
+            if server_round >= self.warmup_rounds:
+                self._infer_graph(server_round)
+            return
         rows = rows.to(self.device)
         loss = 0.0
         for _ in range(self.server_steps):
@@ -323,11 +436,14 @@ class Panacea(PersonalizedStrategy):
 
 
 def _panacea(s: PanaceaSettings, run: RunSetup, graph: bool, generator: bool) -> Panacea:
-    if graph and run.adjacency is None:
+    infer = graph and run.graph_k > 0
+    if graph and run.adjacency is None and not infer:
         raise ConfigError("run config 'graph' = 'none' is invalid for Panacea and Panacea-GN; "
-                          "allowed: task, file, groups (pfedhn needs no graph)")
+                          "allowed: task, file, groups, inferred (pfedhn needs no graph)")
     return Panacea(s, adjacency=run.adjacency if graph else None, generator=generator,
-                   **personal_kwargs(run))
+                   infer_k=run.graph_k if infer else 0,
+                   warmup_rounds=run.graph_warmup_rounds if infer else 0,
+                   true_adjacency=run.true_adjacency, **personal_kwargs(run))
 
 
 # pFedHN's reference trainer (Shamsian et al. 2021, github.com/AvivSham/pFedHN,

@@ -95,6 +95,28 @@ def knn_graph(weights: np.ndarray, k: int) -> np.ndarray:
     return adj
 
 
+def cosine_knn_graph(updates: np.ndarray, k: int) -> np.ndarray:
+    """The ``k``-nearest-neighbour graph (:func:`knn_graph`) of the clients' update vectors
+    (one row each) by cosine similarity; a zero row (a client that never trained) is
+    similar to no one (0 to all), so its edges are only those other clients choose and its
+    own ties, by client id."""
+    u = np.asarray(updates, dtype=np.float64)
+    norms = np.linalg.norm(u, axis=1, keepdims=True)
+    unit = np.divide(u, norms, out=np.zeros_like(u), where=norms > 0)
+    return knn_graph(unit @ unit.T, k)
+
+
+def edge_agreement(found: np.ndarray, truth: np.ndarray) -> dict[str, float | int]:
+    """How the edges of ``found`` match those of ``truth`` (both 0/1 (n, n), symmetric):
+    ``precision`` (the share of found edges that are true), ``recall`` (the share of true
+    edges found) and the edge counts."""
+    f = np.triu(np.asarray(found) > 0, k=1)
+    g = np.triu(np.asarray(truth) > 0, k=1)
+    both = int((f & g).sum())
+    return {"edges": int(f.sum()), "true_edges": int(g.sum()), "common": both,
+            "precision": both / max(int(f.sum()), 1), "recall": both / max(int(g.sum()), 1)}
+
+
 def write_edge_list(path: Path, adj: np.ndarray, names: list[str] | None = None) -> int:
     """Write the edges of a 0/1 adjacency as the CSV edge list ``graph = "file"`` reads
     (``u,v`` per edge, ``u < v``; member names where ``names`` are given); the edge count."""

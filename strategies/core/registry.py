@@ -55,6 +55,13 @@ class RunSetup:
         dataset, ``federated`` for a task whose data defines its clients).
     groups : Sequence[int] | None
         Each client's group of same-distribution clients, where the setting has them.
+    graph_k, graph_warmup_rounds : int
+        ``graph = "inferred"``: the strategy builds its client graph itself, the
+        ``graph_k``-nearest-neighbour graph of the clients' updates in the first
+        ``graph_warmup_rounds`` rounds (0, 0: it is given ``adjacency``, or none).
+    true_adjacency : torch.Tensor | None
+        With an inferred graph, the task's own graph (or its groups' graph) where it
+        has one: the inferred edges' precision and recall are measured against it.
     """
 
     num_clients: int
@@ -67,6 +74,9 @@ class RunSetup:
     dataset: str = ""
     setting: str = ""
     groups: Sequence[int] | None = None
+    graph_k: int = 0
+    graph_warmup_rounds: int = 0
+    true_adjacency: torch.Tensor | None = None
 
 
 Factory = Callable[[Any, RunSetup], Any]
