@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
+import tasks
 from experiments.processes import SuperLink, free_port, stop_tree
 from fedamp_flwr.inprocess import InProcessGrid, run_inprocess
 from fedamp_flwr.inprocess import task_identity as inprocess_task_identity
@@ -78,6 +79,17 @@ def run_named(tmp_path: Path, name: str, run_config: dict, n: int,
            "server-device": "cpu", "min-nodes": len(node_configs or []) or n, **run_config}
     run_inprocess(cfg, n, node_configs=node_configs)
     return json.loads((tmp_path / name / "metrics.json").read_text())
+
+
+def member_sites(folder: Path, dataset: str, n: int, seed: int = 0) -> tuple[dict, list[dict]]:
+    """Members' files of a partitioned task in ``folder``: the members run's config and the
+    ``n`` node configs (``data-path``, ``client-id``)."""
+    from experiments.make_sites import member_name, write_sites
+
+    run_config = write_sites(tasks.DataConfig(dataset=dataset, data_dir="", num_clients=n,
+                                              seed=seed), folder)
+    return run_config, [{"data-path": str(folder / f"{member_name(i, n)}.npz"),
+                         "client-id": member_name(i, n)} for i in range(n)]
 
 
 def reply(node: int, arrays: dict | ArrayRecord | None = None, metrics: dict | None = None,

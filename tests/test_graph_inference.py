@@ -15,13 +15,12 @@ import pytest
 import torch
 
 import tasks
-from experiments.make_sites import member_name, write_sites
 from fedamp_flwr.config import ConfigError, RunConfig
 from fedamp_flwr.results import checkpoint_files
 from fedamp_flwr.server_app import run_setup
 from tasks.graphs import cosine_knn_graph, edge_agreement, read_edge_list
 
-from .conftest import run_named
+from .conftest import member_sites, run_named
 
 
 def test_the_nearest_neighbours_by_cosine_worked_by_hand():
@@ -112,10 +111,7 @@ def test_the_graph_written_is_the_one_used_and_measured_against_the_groups(tmp_p
 
 def test_a_members_run_infers_a_graph_over_their_names(tmp_path):
     n = 4
-    dc = tasks.DataConfig(dataset="synthetic", data_dir="", num_clients=n, seed=0)
-    members_config = write_sites(dc, tmp_path / "sites")
-    nodes = [{"data-path": str(tmp_path / "sites" / f"{member_name(i, n)}.npz"),
-              "client-id": member_name(i, n)} for i in range(n)]
+    members_config, nodes = member_sites(tmp_path / "sites", "synthetic", n)
     metrics = run_named(tmp_path, "members", {
         **members_config, "strategy": "panacea", "graph": "inferred", "graph-k": 1,
         "graph-warmup-rounds": 1, "local-epochs": 1}, n, nodes)

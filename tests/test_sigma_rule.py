@@ -9,12 +9,12 @@ import json
 import pytest
 import torch
 
-import tasks
-from experiments.make_sites import member_name, write_sites
 from fedamp_flwr.config import RunConfig
 from fedamp_flwr.inprocess import run_inprocess
 from fedamp_flwr.results import checkpoint_files
 from strategies.fedamp_math import median_sq_distance
+
+from .conftest import member_sites
 
 
 def test_the_median_rule_on_models_worked_by_hand():
@@ -43,10 +43,7 @@ def test_auto_sigma_is_the_papers_where_it_has_one_and_else_from_the_data():
 
 def test_a_members_fedamp_run_with_every_default_chooses_sigma_and_keeps_it_on_resume(tmp_path):
     n = 4
-    dc = tasks.DataConfig(dataset="synthetic", data_dir="", num_clients=n, seed=0)
-    run_config = write_sites(dc, tmp_path / "sites")
-    nodes = [{"data-path": str(tmp_path / "sites" / f"{member_name(i, n)}.npz"),
-              "client-id": member_name(i, n)} for i in range(n)]
+    run_config, nodes = member_sites(tmp_path / "sites", "synthetic", n)
     common = {**run_config, "strategy": "fedamp", "results-dir": str(tmp_path),
               "server-device": "cpu", "min-nodes": n, "save-models": "none"}
     run_inprocess({**common, "run-name": "whole", "num-server-rounds": 4}, n, node_configs=nodes)

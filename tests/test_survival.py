@@ -105,6 +105,10 @@ def rounds(metrics: dict) -> list[dict]:
 @pytest.mark.parametrize("strategy, n, overrides", [
     ("fedamp", 3, {}),
     ("panacea", 6, {"graph": "groups", "local-steps": 3, "min-nodes": 6, "panacea-server-lr": 0.01}),
+    # an inferred graph (round 1's), and one whose warm-up the crash cuts (rounds 1-3)
+    *[("panacea", 6, {"graph": "inferred", "graph-k": 2, "graph-warmup-rounds": w,
+                      "local-steps": 3, "min-nodes": 6, "panacea-server-lr": 0.01})
+      for w in (1, 3)],
     ("scaffold", 3, {}),
     ("fedavg", 4, {"fraction-train": 0.5, "min-nodes": 4}),
 ])
