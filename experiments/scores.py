@@ -2,7 +2,7 @@
 
 A run is what its ``metrics.json`` says (see ``fedamp_flwr/server_app.py``
 and ``strategies.core.history.RunHistory.to_dict``), with the runner's
-``status.json``. Runs are grouped by *setting* (:func:`setting_of`: dataset,
+``status.json``. Runs are grouped by *setting* (:func:`data_setting_of`: dataset,
 partitioning and the scenario keys the runs vary) and by strategy.
 Classification runs are scored by BMTA (best mean test accuracy over the
 rounds, in %, higher is better), regression runs by the best mean test MSE
@@ -306,7 +306,7 @@ def scenario_keys(runs: Sequence[RunRecord]) -> list[str]:
     return keys
 
 
-def setting_of(run: RunRecord, keys: Iterable[str] | None = None) -> str:
+def data_setting_of(run: RunRecord, keys: Iterable[str] | None = None) -> str:
     """The run's setting, e.g. ``"fmnist/practical"`` or ``"fmnist/practical, drop 0.3"``.
 
     Parameters
@@ -396,7 +396,7 @@ def group_runs(runs: Sequence[RunRecord], strategy_order: Sequence[str] | None =
     groups: dict[tuple[str, str], list[RunRecord]] = {}
     for i, (pair, pair_runs) in enumerate(pairs.items()):
         for run in pair_runs:
-            name = setting_of(run, keys[pair])
+            name = data_setting_of(run, keys[pair])
             order.setdefault(name, (datasets[pair[0]], i,
                                     *(scenario_value(run, k) for k in SCENARIOS)))
             groups.setdefault((name, method_of(run)), []).append(run)

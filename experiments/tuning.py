@@ -155,8 +155,8 @@ def choose(runs: Sequence[Run], output: Path, command: str = "") -> dict[str, An
         records = [r for r in (load_runs([folder]) if folder.is_dir() else []) if complete(r)]
         value = score(records[0]) if records else None  # a failed trial is not scored
         if records:
-            regression[cfg.setting_key] = is_regression(records[0])
-        by_method.setdefault((method, cfg.setting_key), []).append((i, run, value))
+            regression[cfg.tuning_key] = is_regression(records[0])
+        by_method.setdefault((method, cfg.tuning_key), []).append((i, run, value))
     chosen: dict[str, dict[str, Any]] = {}
     missing = []
     for (method, setting), rows in sorted(by_method.items()):
@@ -219,10 +219,10 @@ def apply_tuned(runs: Sequence[Run], tuned: Mapping[str, Any], forced: Sequence[
     for run in runs:
         cfg = RunConfig.from_run_config(run.run_config)
         method = run.run_config.get("label") or run.run_config["strategy"]
-        row = tuned.get("strategies", {}).get(method, {}).get(cfg.setting_key)
+        row = tuned.get("strategies", {}).get(method, {}).get(cfg.tuning_key)
         if row is None and method != run.run_config["strategy"]:
             row = tuned.get("strategies", {}).get(run.run_config["strategy"], {}).get(
-                cfg.setting_key)
+                cfg.tuning_key)
         values = {k: v for k, v in (row or {}).get("values", {}).items() if k not in forced}
         new = {**run.run_config, **values}
         RunConfig.from_run_config(new)

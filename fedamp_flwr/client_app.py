@@ -133,11 +133,11 @@ def member_identity(context: Context) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class Setup:
-    """What a message needs of this node: the run config, the client's id (partition id;
-    -1 for a member, whose id the server gives), its data config and data, its name."""
+    """What a message needs of this node: the run config, its partition id (-1 for a member,
+    whose client id the server gives in every message), its data config and data, its name."""
 
     cfg: RunConfig
-    pid: int
+    partition_id: int
     dc: tasks.DataConfig
     data: tasks.ClientData
     name: str
@@ -154,15 +154,15 @@ def _setup(context: Context) -> Setup:
         except tasks.MemberDataError as err:
             raise ConfigError(f"node config '{DATA_PATH}' = {path!r}: {err}") from None
         return Setup(cfg, -1, dc, data, name)
-    pid, n = _ids(context)
-    if not 0 <= pid < n:
-        raise ConfigError(f"node config 'partition-id' = {pid} is outside [0, num-partitions={n})")
+    partition, n = _ids(context)
+    if not 0 <= partition < n:
+        raise ConfigError(f"node config 'partition-id' = {partition} is outside [0, num-partitions={n})")
     dc = cfg.data_config(n)
     if cfg.attack_ratio > 0 and tasks.data_info(dc).kind == tasks.REGRESSION:
         raise ConfigError(f"run config 'attack-ratio' = {cfg.attack_ratio} is invalid for the "
                           f"regression data of {cfg.dataset!r}; allowed: 0")
     try:
-        data = tasks.load_client_data(dc, pid)
+        data = tasks.load_client_data(dc, partition)
     except FileNotFoundError as err:
         raise ConfigError(f"run config 'data-dir' = {cfg.data_dir!r}: {err}") from None
     except tasks.ClientCountError as err:
@@ -171,12 +171,12 @@ def _setup(context: Context) -> Setup:
         setting = (f"'dataset' = {cfg.dataset!r}" if tasks.get_task(cfg.dataset).federated
                    else f"'dataset' = {cfg.dataset!r}, 'partitioning' = {cfg.partitioning!r}")
         raise ConfigError(f"run config {setting} with num-partitions = {n} clients: {err}") from None
-    return Setup(cfg, pid, dc, data, str(pid))
+    return Setup(cfg, partition, dc, data, str(partition))
 
 
-def _seed(cfg: RunConfig, server_round: int, pid: int) -> int:
+def _seed(cfg: RunConfig, server_round: int, client_id: int) -> int:
     """Seed of a client's mini-batch order (and random labels) in a round."""
-    return cfg.seed * 100_003 + server_round * 1_009 + pid
+    return cfg.seed * 100_003 + server_round * 1_009 + client_id
 
 
 def _device() -> torch.device:
@@ -194,7 +194,7 @@ def query(msg: Message, context: Context) -> Message:
         if members:
             info = {MEMBER: setup.name, **counts, **_data_schema(setup)}
         else:
-            info = {CLIENT_ID: setup.pid, NUM_PARTITIONS: setup.dc.num_clients, **counts}
+            info = {CLIENT_ID: setup.partition_id, NUM_PARTITIONS: setup.dc.num_clients, **counts}
     except Exception as err:  # reported to the server, which leaves the client out or stops
         reason = f"{type(err).__name__}: {err}"
         # and said here, in the node's own log: a member sees why its data cannot take part
@@ -203,8 +203,8 @@ def query(msg: Message, context: Context) -> Message:
             name = context.node_config.get(MEMBER_NAME)
             info = {MEMBER: name if isinstance(name, str) else "?", ERROR: reason}
         else:
-            pid = context.node_config.get("partition-id", -1)
-            info = {CLIENT_ID: pid if isinstance(pid, int) else -1, ERROR: reason}
+            partition = context.node_config.get("partition-id", -1)
+            info = {CLIENT_ID: partition if isinstance(partition, int) else -1, ERROR: reason}
     return Message(RecordDict({INFO: ConfigRecord(info)}), reply_to=msg)
 
 
@@ -225,11 +225,12 @@ def _job(msg: Message, context: Context,
     c = msg.content.config_records[CONFIG]
     setup = _setup(context)
     cfg, dc, data = setup.cfg, setup.dc, setup.data
-    pid = _client_index(c, setup)
+    client_id = _client_index(c, setup)
     server_round = as_int(c.get(SERVER_ROUND, 0), SERVER_ROUND)
-    seed = _seed(cfg, server_round, pid)
+    seed = _seed(cfg, server_round, client_id)
     targets = data.y_train
-    if train and setup.pid >= 0 and pid in cfg.roles(dc.num_clients).attackers:  # attack-ratio
+    attackers = cfg.roles(dc.num_clients).attackers  # attack-ratio
+    if train and setup.partition_id >= 0 and client_id in attackers:
         classes = tasks.data_info(dc).num_outputs
         targets = flip_labels(data.y_train, classes, torch.Generator().manual_seed(seed))
     model = tasks.model_for(dc, cfg.model)  # built once per process, then reused
@@ -243,18 +244,18 @@ def _job(msg: Message, context: Context,
                     epochs=as_int(c.get(LOCAL_EPOCHS, cfg.local_epochs), LOCAL_EPOCHS),
                     steps=as_int(c.get(LOCAL_STEPS, cfg.local_steps), LOCAL_STEPS), optim=optim,
                     settings=update.settings.from_message(c))
-    return update, job, pid, setup
+    return update, job, client_id, setup
 
 
 def _client_index(config: ConfigRecord, setup: Setup) -> int:
     """The client's id in the run: its partition id, or, a member, the one the server gives."""
-    index = config.get(CLIENT_INDEX, setup.pid)
+    index = config.get(CLIENT_INDEX, setup.partition_id)
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise ConfigError(f"message config '{CLIENT_INDEX}' = {index!r} is invalid; allowed: "
                           "an integer >= 0 (the server gives every member its index)")
-    if setup.pid >= 0 and index != setup.pid:
+    if setup.partition_id >= 0 and index != setup.partition_id:
         raise ConfigError(f"message config '{CLIENT_INDEX}' = {index} is not this node's "
-                          f"partition-id {setup.pid}")
+                          f"partition-id {setup.partition_id}")
     return index
 
 
@@ -262,8 +263,8 @@ def _refusal(msg: Message, reason: str) -> Message:
     return Message(Error(code=REFUSED, reason=reason), reply_to=msg)
 
 
-def _metrics(job: ClientJob, pid: int, **values) -> MetricRecord:
-    return MetricRecord({**values, CLIENT_ID: pid, SERVER_ROUND: job.server_round})
+def _metrics(job: ClientJob, client_id: int, **values) -> MetricRecord:
+    return MetricRecord({**values, CLIENT_ID: client_id, SERVER_ROUND: job.server_round})
 
 
 @app.train()
@@ -272,13 +273,13 @@ def train(msg: Message, context: Context) -> Message:
     problem = instruction_problem(msg.content.config_records[CONFIG], train=True)
     if problem is not None:
         return _refusal(msg, problem)
-    update, job, pid, _ = _job(msg, context, train=True)
+    update, job, client_id, _ = _job(msg, context, train=True)
     loss, records = update.train(job)
     taken = {ARRAYS, METRICS} & set(records)
     if taken:
         raise ValueError(f"client update {update.name!r} returned records named {sorted(taken)}, "
                          "which the reply uses itself")
-    metrics = _metrics(job, pid, **{NUM_EXAMPLES: len(job.data.y_train), TRAIN_LOSS: loss})
+    metrics = _metrics(job, client_id, **{NUM_EXAMPLES: len(job.data.y_train), TRAIN_LOSS: loss})
     # copied to the host tensor by tensor: the model stays where it trains, for the next message
     arrays = ArrayRecord(OrderedDict((k, v.detach().cpu()) for k, v in job.model.state_dict().items()))
     return Message(RecordDict({ARRAYS: arrays, METRICS: metrics, **records}), reply_to=msg)
@@ -290,13 +291,13 @@ def evaluate(msg: Message, context: Context) -> Message:
     problem = instruction_problem(msg.content.config_records[CONFIG], train=False)
     if problem is not None:
         return _refusal(msg, problem)
-    update, job, pid, setup = _job(msg, context, train=False)
+    update, job, client_id, setup = _job(msg, context, train=False)
     tested = update.evaluate(job)
     result = evaluate_model(tested, job.data.x_test, job.data.y_test, device=_device())
     scores = {LOSS: result.loss, **({ACCURACY: result.accuracy} if result.accuracy is not None
                                      else {MSE: result.mse})}
     scores[NUM_EXAMPLES] = len(job.data.y_test)
-    kept, said = keep_tested_model(context, setup.cfg, setup.dc, job.config, tested, pid,
-                                   setup.name if setup.pid < 0 else None, scores)
-    metrics = _metrics(job, pid, **scores, **said)
+    kept, said = keep_tested_model(context, setup.cfg, setup.dc, job.config, tested, client_id,
+                                   setup.name if setup.partition_id < 0 else None, scores)
+    metrics = _metrics(job, client_id, **scores, **said)
     return Message(RecordDict({METRICS: metrics, **kept}), reply_to=msg)

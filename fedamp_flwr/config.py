@@ -54,7 +54,7 @@ __all__ = ["ConfigError", "RunConfig", "auto_values", "parse_shape"]
 
 def auto_values(dataset: str, strategy: str, setting: str = "") -> dict[str, Any]:
     """The values of the "auto" settings for ``strategy`` on ``dataset`` (in the data setting
-    ``setting``, ``<dataset>/<variant>``: :attr:`RunConfig.setting_key`).
+    ``setting``, ``<dataset>/<variant>``: :attr:`RunConfig.tuning_key`).
 
     From the most general to the most specific, each overriding the last:
     :data:`GENERIC_AUTO` and every method's ``Settings.AUTO``, the task's own
@@ -171,7 +171,7 @@ class RunConfig:
             raise _bad("strategy", cfg.strategy, ", ".join(sorted(strategies.STRATEGIES)))
         if cfg.dataset not in tasks.TASKS:
             raise _bad("dataset", cfg.dataset, ", ".join(tasks.TASKS))
-        auto = auto_values(cfg.dataset, cfg.strategy, cfg.setting_key)
+        auto = auto_values(cfg.dataset, cfg.strategy, cfg.tuning_key)
         cfg = cfg.resolved(auto)
         cfg.validate()
         context, chosen = cfg.context(), strategies.STRATEGIES[cfg.strategy].settings
@@ -195,7 +195,7 @@ class RunConfig:
     def context(self) -> SettingsContext:
         """What a method's checks may need to know of the run."""
         return SettingsContext(strategy=self.strategy, dataset=self.dataset,
-                               setting=self.setting_kind, setting_name=self.setting_name,
+                               data_setting=self.data_setting, data_label=self.data_label,
                                has_groups=tasks.client_groups(self.dataset, self.partitioning,
                                                               2) is not None)
 
@@ -348,25 +348,25 @@ class RunConfig:
                               self.drop_rate, self.heterogeneous_epochs)
 
     @property
-    def setting_kind(self) -> str:
+    def data_setting(self) -> str:
         """The data setting: the partitioning of a pool dataset, ``federated`` for a task whose
         data defines its clients (fl60, tpt48, npz, members)."""
         return "federated" if tasks.get_task(self.dataset).federated else self.partitioning
 
     @property
-    def setting_key(self) -> str:
+    def tuning_key(self) -> str:
         """The data setting as tuned values name it: ``<dataset>/<variant>``, the variant
         being the partitioning of a pool dataset, FL-60's ``fl60-variant``, TPT-48's
         ``tpt48-split`` (FL-60 text with another noise than 1: ``text-noise<std>``), else
         ``federated``."""
         variant = {"fl60": self.fl60_variant, "tpt48": self.tpt48_split}.get(
-            self.dataset, self.setting_kind)
+            self.dataset, self.data_setting)
         if self.dataset == "fl60" and self.fl60_variant == "text" and self.fl60_noise_std != 1.0:
             variant += f"-noise{self.fl60_noise_std:g}"  # another task than the one tuned
         return f"{self.dataset}/{variant}"
 
     @property
-    def setting_name(self) -> str:
+    def data_label(self) -> str:
         """The data setting in words: ``mnist/practical``, or ``fl60`` for a federated task."""
         federated = tasks.get_task(self.dataset).federated
         return self.dataset if federated else f"{self.dataset}/{self.partitioning}"
@@ -376,7 +376,7 @@ class RunConfig:
         return tasks.client_groups(self.dataset, self.partitioning, num_clients)
 
     @property
-    def setting(self) -> str:
+    def run_label(self) -> str:
         """``<strategy>-<dataset>[-<partitioning>]-s<seed>``: the partitioning only for pool
         datasets (federated tasks such as fl60 and tpt48 define their clients)."""
         parts = [self.strategy, self.dataset]

@@ -112,7 +112,7 @@ def model_card(cfg: RunConfig, dc: tasks.DataConfig, *, run: str, token: str, cl
                   "on": ("validation rows (validation-fraction = "
                          f"{cfg.validation_fraction:g})" if cfg.validation_fraction > 0
                          else "test rows")},
-        "dataset": cfg.setting_name, "schema": schema_record(schema),
+        "dataset": cfg.data_label, "schema": schema_record(schema),
         "preprocessing": PREPROCESSING,
         "model": {"name": tasks.model_name(dc, cfg.model),
                   "input_shape": list(schema.input_shape), "num_outputs": schema.num_outputs},

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from logging import INFO, WARNING
-from typing import NamedTuple
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
@@ -26,7 +25,7 @@ try:  # the grid of a deployed ServerApp (Flower 1.41)
 except ImportError:  # another Flower: its own pulling
     HttpGrid = ()  # type: ignore[assignment,misc]
 
-from strategies.core.clients import ClientInfo, Schema
+from strategies.core.clients import ClientInfo
 from strategies.core.protocol import (
     CLIENT_ID,
     CONFIG,
@@ -43,6 +42,9 @@ from strategies.core.protocol import (
     is_name,
 )
 from strategies.core.protocol import INFO as INFO_RECORD
+from tasks.members import MemberSchema
+
+from .membership import Membership, Refusal, number_members
 
 #: Seconds between two pulls of replies from the SuperLink. Flower's deployed grid
 #: (``HttpGrid``) pulls every 3 s, its simulation grid every 0.1 s: a reply that comes in
@@ -81,11 +83,7 @@ def _text(value: object) -> str:
     return text[:1000]
 
 
-class Refusal(str):
-    """Why a member cannot take part (a member may be left out; the others go on)."""
-
-
-def _parse_info(node: int, reply: Message, schema: Schema | None = None) -> ClientInfo | str:
+def _parse_info(node: int, reply: Message, schema: MemberSchema | None = None) -> ClientInfo | str:
     """A node's query answer as a ClientInfo, or why it cannot take part (an untrusted reply).
 
     With ``schema`` (a run over members' own data) the answer must be a member's, and
@@ -113,7 +111,7 @@ def _parse_info(node: int, reply: Message, schema: Schema | None = None) -> Clie
                       values[NUM_TEST])
 
 
-def _parse_member(node: int, cfg, schema: Schema) -> ClientInfo | str:
+def _parse_member(node: int, cfg, schema: MemberSchema) -> ClientInfo | str:
     name = cfg.get(MEMBER)
     if not is_name(name):
         return f"node {node}: the query answer names no member ('{MEMBER}' = " \
@@ -144,7 +142,7 @@ def _parse_member(node: int, cfg, schema: Schema) -> ClientInfo | str:
     return ClientInfo(node, -1, 0, values[NUM_TRAIN], values[NUM_TEST], name)
 
 
-def query_nodes(grid: Grid, node_ids: list[int], timeout: float, schema: Schema | None = None
+def query_nodes(grid: Grid, node_ids: list[int], timeout: float, schema: MemberSchema | None = None
                 ) -> tuple[dict[int, ClientInfo], dict[int, str]]:
     """Ask ``node_ids`` who they are; return their infos and, for the others, why not
     (``schema``: a run over members' own data, see :func:`_parse_info`)."""
@@ -226,65 +224,11 @@ def discover_clients(
     return infos
 
 
-def number_members(infos: dict[int, ClientInfo], known: list[str]) -> tuple[dict[int, ClientInfo],
-                                                                           list[str]]:
-    """Give every member its client id: members ``known`` (a checkpoint's, in its order) keep
-    theirs, new ones follow in the order of their names. Returns the infos with their ids and
-    the names by id."""
-    names = list(known) + sorted({i.name for i in infos.values()} - set(known))
-    index = {name: i for i, name in enumerate(names)}
-    return ({node: ClientInfo(i.node_id, index[i.name], 0, i.num_train, i.num_test, i.name)
-             for node, i in infos.items()}, names)
-
-
-def accept_members(found: dict[int, ClientInfo], taken: dict[str, int]
-                   ) -> tuple[dict[int, ClientInfo], dict[int, str]]:
-    """The members of ``found`` (new nodes) whose name no other node claims; for the others,
-    why they are held back.
-
-    ``taken``: name -> node of the members the run has on connected nodes; a new node
-    claiming one of those names is held back (a restarted SuperNode's old node may still
-    count as connected for a minute). Two or more new nodes claiming one name are all
-    held back: nothing tells the member from an impostor, until only one of them is left.
-    """
-    claims: dict[str, list[int]] = {}
-    for node in sorted(found):
-        claims.setdefault(found[node].name, []).append(node)
-    accepted: dict[int, ClientInfo] = {}
-    refused: dict[int, str] = {}
-    for name, nodes in claims.items():
-        if name in taken:
-            for node in nodes:
-                refused[node] = Refusal(
-                    f"member '{name}' (node {node}): node {taken[name]} already has client-id "
-                    f"'{name}'; held back until that node is gone (every member needs its own "
-                    "client-id)")
-        elif len(nodes) > 1:
-            for node in nodes:
-                others = ", ".join(str(n) for n in nodes if n != node)
-                refused[node] = Refusal(
-                    f"member '{name}' (node {node}): node(s) {others} claim the same client-id "
-                    f"'{name}'; all are held back until only one is left, every member needs "
-                    "its own client-id")
-        else:
-            accepted[nodes[0]] = found[nodes[0]]
-    return accepted, refused
-
-
-class Members(NamedTuple):
-    """What the members' query round found: the members (node id -> info, with their client
-    ids), their names by client id, the nodes whose data does not fit (not asked again) and
-    the nodes that claim a name another node has (asked again when the conflict is over)."""
-
-    clients: dict[int, ClientInfo]
-    names: list[str]
-    misfits: dict[int, str]  # node id -> why its member is left out
-    conflicts: dict[int, ClientInfo]
-
-
-def discover_members(grid: Grid, min_nodes: int, schema: Schema, timeout: float = 600.0,
-                     poll: float = 1.0, known: list[str] | None = None) -> Members:
-    """Query every connected node for its member name and data (:class:`Members`).
+def discover_members(grid: Grid, min_nodes: int, schema: MemberSchema, timeout: float = 600.0,
+                     poll: float = 1.0, known: list[str] | None = None
+                     ) -> tuple[dict[int, ClientInfo], Membership]:
+    """Query every connected node for its member name and data: the members (node id ->
+    info, with their client ids) and the run's :class:`Membership`.
 
     Waits until at least ``min_nodes`` members have answered with data that fits
     ``schema`` (asking each node once, as it connects). A member whose data does
@@ -304,14 +248,12 @@ def discover_members(grid: Grid, min_nodes: int, schema: Schema, timeout: float 
     """
     deadline = time.monotonic() + timeout
     accepted: dict[int, ClientInfo] = {}
-    pending: dict[int, ClientInfo] = {}
-    misfits: dict[int, str] = {}
+    members = Membership(schema=schema)
     asked: set[int] = set()
     while True:
         node_ids = sorted(grid.get_node_ids())
         live = set(node_ids)
         accepted = {n: i for n, i in accepted.items() if n in live}  # forget nodes that left
-        pending = {n: i for n, i in pending.items() if n in live}
         new = [n for n in node_ids if n not in asked]
         found: dict[int, ClientInfo] = {}
         if new:
@@ -319,33 +261,28 @@ def discover_members(grid: Grid, min_nodes: int, schema: Schema, timeout: float 
             found, errors = query_nodes(grid, new, max(deadline - time.monotonic(), 1.0), schema)
             for node, reason in errors.items():
                 if isinstance(reason, Refusal):
-                    misfits[node] = reason
+                    members.refused[node] = str(reason)
                 log(WARNING, "Left out: %s", reason)
-        ok, conflicts = accept_members({**pending, **found},
-                                       {i.name: n for n, i in accepted.items()})
-        accepted.update(ok)
-        for node, reason in conflicts.items():
-            if node not in pending:
-                log(WARNING, "Held back: %s", reason)
-            pending[node] = {**pending, **found}[node]
-        pending = {n: i for n, i in pending.items() if n not in ok}
+        accepted.update(members.claim(found, {i.name: n for n, i in accepted.items()}, live,
+                                      "Held back: %s"))
         if len(accepted) >= min_nodes:
             break
         if time.monotonic() > deadline:
-            left = list(misfits.values()) + [f"member '{i.name}' (node {n}): its name is "
-                                             "claimed twice" for n, i in pending.items()]
+            left = list(members.refused.values()) + [
+                f"member '{i.name}' (node {n}): its name is claimed twice"
+                for n, i in members.pending.items()]
             why = ("; left out: " + "; ".join(left)) if left else ""
             raise ClientSetupError(f"only {len(accepted)} member(s) with fitting data after "
                                    f"{timeout:.0f}s (node-wait-timeout); min-nodes is "
                                    f"{min_nodes}{why}")
         log(INFO, "Waiting for members: %d ready, min-nodes %d", len(accepted), min_nodes)
         time.sleep(poll)
-    infos, names = number_members(accepted, list(known or []))
+    infos, members.names = number_members(accepted, list(known or []))
     present = {i.name for i in infos.values()}
-    for cid, name in enumerate(names):
+    for cid, name in enumerate(members.names):
         if name not in present:  # a checkpoint's member not connected now: offline
             infos[-(cid + 1)] = ClientInfo(-(cid + 1), cid, 0, 0, 0, name)
     sizes = [i.num_train for i in infos.values() if i.node_id >= 0]
     log(INFO, "Found %d members (%s), %d to %d training samples each", len(present),
         ", ".join(sorted(present)), min(sizes), max(sizes))
-    return Members(infos, names, {n: str(r) for n, r in misfits.items()}, pending)
+    return infos, members

@@ -122,7 +122,7 @@ class RunFolder:
             self.name = cfg.run_name
         else:
             stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-            base, i = f"{cfg.setting}-{stamp}", 1
+            base, i = f"{cfg.run_label}-{stamp}", 1
             self.name = base
             while cfg.results_path(self.name).exists():
                 i += 1

@@ -41,7 +41,8 @@ from flwr.supercore import log
 from strategies.core.tracking import Tracker
 
 from .delivery import ModelDelivery
-from .discovery import ClientInfo, Refusal, accept_members, query_nodes, send_and_receive
+from .discovery import ClientInfo, query_nodes, send_and_receive
+from .membership import Membership, Refusal
 
 
 def model_norm(arrays: ArrayRecord) -> float:
@@ -67,7 +68,7 @@ class OnlineClients:
         return getattr(self._grid, name)
 
 
-def refresh_clients(tracker: Tracker, grid: Grid, timeout: float,
+def refresh_clients(tracker: Tracker, members: Membership, grid: Grid, timeout: float,
                     on_join: Callable[[ClientInfo], None] | None = None) -> None:
     """Match the connected nodes to clients: ask nodes not seen before who they are.
 
@@ -75,22 +76,22 @@ def refresh_clients(tracker: Tracker, grid: Grid, timeout: float,
     client takes that client's place (the old node is gone: a restarted SuperNode
     gets a new node id). A member the run does not know yet joins through
     ``on_join`` (which gives it the next client id). A member whose name another
-    connected node has is held back (``tracker.pending``) and takes its place once
+    connected node has is held back (``members.pending``) and takes its place once
     that node is gone, a restarted SuperNode's old node counting as connected for
     a minute; two new nodes claiming one name are both held back until one is left.
-    A member whose data does not fit is left out for good (``tracker.refused``);
+    A member whose data does not fit is left out for good (``members.refused``);
     a node that does not answer, or another error, is logged and asked again in
     the next round.
     """
     node_ids = list(grid.get_node_ids())
     live = set(node_ids)
-    new = [n for n in node_ids if n not in tracker.clients and n not in tracker.refused
-           and n not in tracker.pending]
+    new = [n for n in node_ids if n not in tracker.clients and n not in members.refused
+           and n not in members.pending]
     infos: dict[int, ClientInfo] = {}
     errors: dict[int, str] = {}
     if new:
-        infos, errors = query_nodes(grid, new, timeout, tracker.schema)
-    if tracker.schema is None:
+        infos, errors = query_nodes(grid, new, timeout, members.schema)
+    if members.schema is None:
         num_partitions = {i.num_partitions for i in tracker.clients.values()}
         for node, info in sorted(infos.items()):
             if info.num_partitions not in num_partitions:
@@ -99,26 +100,19 @@ def refresh_clients(tracker: Tracker, grid: Grid, timeout: float,
             else:
                 tracker.rejoin(info)
     else:
-        tracker.pending = {n: i for n, i in tracker.pending.items() if n in live}
-        candidates = {**tracker.pending, **infos}
         taken = {i.name: n for n, i in tracker.clients.items() if n in live}
-        accepted, conflicts = accept_members(candidates, taken)
-        for node, reason in conflicts.items():
-            if node not in tracker.pending:
-                log(WARNING, "A node that joined is held back: %s", reason)
-            tracker.pending[node] = candidates[node]
+        accepted = members.claim(infos, taken, live, "A node that joined is held back: %s")
         for node, info in sorted(accepted.items()):
-            tracker.pending.pop(node, None)
-            cid = tracker.id_of_name(info.name)
+            cid = members.id_of_name(info.name)
             if cid is not None:
                 tracker.rejoin(dataclasses.replace(info, client_id=cid))
             elif on_join is not None:
-                on_join(dataclasses.replace(info, client_id=len(tracker.names)))
+                on_join(dataclasses.replace(info, client_id=len(members.names)))
             else:
                 errors[node] = Refusal(f"{info.label} (node {node}) is not a member of this run")
     for node, reason in errors.items():
         if isinstance(reason, Refusal):  # a member's data that does not fit: for good
-            tracker.refused[node] = str(reason)
+            members.refused[node] = str(reason)
         log(WARNING, "A node that joined cannot take part: %s", reason)
     tracker.set_online(node_ids)
 
@@ -182,6 +176,7 @@ def run_rounds(
     after_round: Callable[[int, ArrayRecord], None] | None = None,
     max_failed_rounds: int = 0,
     on_join: Callable[[ClientInfo], None] | None = None,
+    members: Membership | None = None,
     delivery: ModelDelivery | None = None,
     min_clients_evaluated: int = 0,
 ) -> ArrayRecord:
@@ -191,7 +186,8 @@ def run_rounds(
     checkpoint's when resuming); strategies that keep their own models
     (FedAMP, Panacea) return None from ``aggregate_train`` and it stays.
     ``on_join``: how a member the run does not know yet joins (see
-    :func:`refresh_clients`); None: it is refused. ``delivery``: asks for the models
+    :func:`refresh_clients`); None: it is refused. ``members``: the run's members (none:
+    a partitioned run). ``delivery``: asks for the models
     of the rounds that keep them, and writes those replied (:mod:`fedamp_flwr.delivery`).
 
     Raises
@@ -203,6 +199,7 @@ def run_rounds(
     """
     tracker: Tracker = strategy.tracker
     tracker.round_timeout = round_timeout
+    members = Membership() if members is None else members
     log(INFO, "Starting %s, rounds %d to %d", type(strategy).__name__, first_round, last_round)
     strategy.summary()
     started = time.monotonic()
@@ -211,7 +208,7 @@ def run_rounds(
         round_started = time.monotonic()
         log(INFO, "")
         log(INFO, "[ROUND %d/%d]", server_round, last_round)
-        refresh_clients(tracker, grid, query_timeout, on_join)
+        refresh_clients(tracker, members, grid, query_timeout, on_join)
         view = OnlineClients(grid, tracker)
         messages = list(strategy.configure_train(server_round, arrays, train_config, view))
         replies = send_and_receive(grid, messages, round_timeout)

@@ -15,7 +15,7 @@ from flwr.supercore import log
 
 import strategies
 import tasks
-from strategies.core.clients import ClientInfo, Schema
+from strategies.core.clients import ClientInfo
 from strategies.core.layout import dtypes_of, with_dtypes
 from strategies.core.protocol import BATCH_SIZE, LOCAL_EPOCHS, LOCAL_STEPS, LR, OPTIMIZER
 from strategies.core.replies import array_spec
@@ -25,11 +25,11 @@ from .config import ConfigError, RunConfig
 from .delivery import ModelDelivery, new_token
 from .discovery import (
     ClientSetupError,
-    Members,
     discover_clients,
     discover_members,
     send_and_receive,
 )
+from .membership import Membership
 from .results import MODELS_FOLDER, RunFolder, UnsafeCheckpoint, Writer, XiFiles, snapshot
 from .rounds import OnlineClients, RoundsFailedError, run_rounds
 
@@ -60,7 +60,7 @@ def run_setup(cfg: RunConfig, num_clients: int, param_keys: list[str],
         num_clients=num_clients, param_keys=list(param_keys), device=server_device(cfg),
         adjacency=adjacency, num_attackers=len(cfg.roles(num_clients).attackers),
         fraction_train=cfg.fraction_train, seed=cfg.seed, dataset=cfg.dataset,
-        setting=cfg.setting_kind, groups=cfg.groups(num_clients),
+        data_setting=cfg.data_setting, groups=cfg.groups(num_clients),
         graph_k=cfg.graph_k if infer else 0,
         graph_warmup_rounds=cfg.graph_warmup_rounds if infer else 0,
         true_adjacency=true_graph(cfg, cfg.data_config(num_clients)) if infer else None,
@@ -98,20 +98,14 @@ def client_graph(cfg: RunConfig, dc: tasks.DataConfig,
     return torch.from_numpy(adj)
 
 
-def find_schema(cfg: RunConfig) -> Schema | None:
-    """What the server checks members' data against (None: a partitioned run)."""
+def find_clients(cfg: RunConfig, grid: Grid, known: list[str]
+                 ) -> tuple[dict[int, ClientInfo], Membership]:
+    """The clients of the run (node id -> info) and its members: partitions (every partition
+    id on one node; no members), or members (those whose data fits the run config's schema,
+    numbered by name; ``known``: a checkpoint's, which keep their ids)."""
     schema = cfg.member_schema()
-    return None if schema is None else Schema(schema.input_shape, schema.kind, schema.num_outputs)
-
-
-def find_clients(cfg: RunConfig, grid: Grid, known: list[str]) -> Members:
-    """The clients of the run: partitions (every partition id on one node), or members
-    (those whose data fits, numbered by name; ``known``: a checkpoint's, which keep their
-    ids). For partitions, ``names`` is empty and nobody is left out."""
-    schema = find_schema(cfg)
     if schema is None:
-        clients = discover_clients(grid, cfg.min_nodes, timeout=cfg.node_wait_timeout)
-        return Members(clients, [], {}, {})
+        return discover_clients(grid, cfg.min_nodes, timeout=cfg.node_wait_timeout), Membership()
     return discover_members(grid, cfg.min_nodes, schema, timeout=cfg.node_wait_timeout,
                             known=known)
 
@@ -168,7 +162,7 @@ def _main(grid: Grid, context: Context) -> None:
     check_server_data(cfg)  # before a checkpoint's model is checked against the data's
     checkpoint = folder.load_checkpoint(check=model_fits(cfg)) if cfg.resume else None
     log(INFO, "Run '%s': strategy %s, data %s; results in %s%s",
-        folder.name, cfg.strategy, cfg.setting_name, folder.path,
+        folder.name, cfg.strategy, cfg.data_label, folder.path,
         f"; resuming after round {checkpoint['round']}" if checkpoint else "")
     if cfg.validation_fraction > 0:
         log(INFO, "validation-fraction = %g: each client trains without that share of its "
@@ -176,8 +170,8 @@ def _main(grid: Grid, context: Context) -> None:
             cfg.validation_fraction)
 
     known = list(checkpoint.get("client_names", [])) if checkpoint else []
-    found = find_clients(cfg, grid, known)
-    clients, names = found.clients, found.names
+    clients, members = find_clients(cfg, grid, known)
+    names = members.names
     # a checkpoint's members first: the strategy resumes with them, newer ones join after
     base = known if checkpoint and names else names
     n = len(base) if names else len(clients)
@@ -198,10 +192,8 @@ def _main(grid: Grid, context: Context) -> None:
             roles.heterogeneous_epochs)
     strategy.setup_tracking(clients, roles)
     tracker = strategy.tracker
-    tracker.names = list(base)
-    tracker.schema = find_schema(cfg)
-    tracker.refused = dict(found.misfits)
-    tracker.pending = dict(found.conflicts)
+    members.names = list(base)
+    tracker.refusals_are_absences = members.schema is not None
     strategy.max_update_ratio = cfg.max_update_ratio
     strategy.history.xi_sink = XiFiles(folder.path, cfg.xi_every, cfg.xi_dtype,
                                        cfg.num_server_rounds)
@@ -231,12 +223,13 @@ def _main(grid: Grid, context: Context) -> None:
         if strategies.STRATEGIES[cfg.strategy].uses_graph and cfg.graph not in ("none", "inferred"):
             try:
                 graph = client_graph(cfg, cfg.data_config(info.client_id + 1),
-                                     tracker.names + [info.name])
+                                     members.names + [info.name])
             except (GraphError, OSError) as err:
-                tracker.refused[info.node_id] = f"{info.label} cannot join: the client graph: {err}"
-                log(WARNING, "%s", tracker.refused[info.node_id])
+                members.refused[info.node_id] = f"{info.label} cannot join: the client graph: {err}"
+                log(WARNING, "%s", members.refused[info.node_id])
                 return
         strategy.add_client(info, graph)
+        members.joined(info)
 
     for info in sorted(joining, key=lambda i: i.client_id):
         join(info)
@@ -246,7 +239,7 @@ def _main(grid: Grid, context: Context) -> None:
     writer = Writer()
     delivery = None if cfg.save_models == "none" else ModelDelivery(
         cfg, dc, folder.name, token, folder.path / MODELS_FOLDER, array_spec(initial),
-        strategy.history, lambda: tracker.names, writer.submit)
+        strategy.history, lambda: members.names, writer.submit)
 
     def record(completed: int) -> dict:
         federated = tasks.get_task(cfg.dataset).federated
@@ -254,15 +247,15 @@ def _main(grid: Grid, context: Context) -> None:
             "run_name": folder.name, "strategy": cfg.strategy, "label": cfg.label,
             "dataset": cfg.dataset, "task_kind": kind,
             **({} if federated else {"partitioning": cfg.partitioning}),
-            "num_clients": len(tracker.names) or n,
-            **({"client_names": list(tracker.names)} if tracker.names else {}),
+            "num_clients": len(members.names) or n,
+            **({"client_names": list(members.names)} if members.names else {}),
             # members whose data did not fit, or that could not join: by node, with why
-            **({"left_out": {str(node): why for node, why in sorted(tracker.refused.items())}}
-               if tracker.refused else {}),
+            **({"left_out": {str(node): why for node, why in sorted(members.refused.items())}}
+               if members.refused else {}),
             "seed": cfg.seed, "config": cfg.to_dict(),
             **cfg.settings.record(cfg.context()),
             "completed_rounds": completed, "finished": completed == cfg.num_server_rounds,
-            "coverage": strategy.history.coverage(len(tracker.names) or n),
+            "coverage": strategy.history.coverage(len(members.names) or n),
             **({"models": delivery.record()} if delivery is not None else {}),
             "wall_time_s": round(spent + time.time() - started, 2),
             **strategy.history.to_dict(),
@@ -277,7 +270,7 @@ def _main(grid: Grid, context: Context) -> None:
             copied = time.perf_counter()
             state = snapshot({
                 "round": server_round, "config": cfg.to_dict(),
-                "num_clients": len(tracker.names) or n, "client_names": list(tracker.names),
+                "num_clients": len(members.names) or n, "client_names": list(members.names),
                 "arrays": arrays.to_torch_state_dict(), "random_state": random.getstate(),
                 "strategy": strategy.state_dict(), "run_token": token,
                 "wall_time_s": spent + time.time() - started,
@@ -311,7 +304,8 @@ def _main(grid: Grid, context: Context) -> None:
                                 evaluate_config=evaluate_config, round_timeout=cfg.round_timeout,
                                 query_timeout=min(cfg.node_wait_timeout, cfg.round_timeout),
                                 after_round=after_round, max_failed_rounds=cfg.max_failed_rounds,
-                                on_join=join if names else None, delivery=delivery,
+                                on_join=join if names else None, members=members,
+                                delivery=delivery,
                                 min_clients_evaluated=cfg.min_clients_evaluated)
             if delivery is not None:
                 delivery.deliver_rest(strategy, grid, OnlineClients(grid, tracker), arrays,
@@ -342,8 +336,8 @@ def _main(grid: Grid, context: Context) -> None:
                  f"each member's node, in <model-dir>/{folder.name}/ (node config model-dir)")
         log(INFO, "Models kept (save-models = %s) for %d of %d clients, in %s; use one with: "
             "fedamp-flwr predict MODEL.safetensors DATA", cfg.save_models, len(kept),
-            len(tracker.names) or n, where)
-        missing = sorted(set(range(len(tracker.names) or n)) - set(kept))
+            len(members.names) or n, where)
+        missing = sorted(set(range(len(members.names) or n)) - set(kept))
         if missing:
             log(WARNING, "No model kept for client(s) %s (metrics.json: models; a member's own "
                 "log says why)", missing)

@@ -10,7 +10,7 @@ method module, and so registers them all; a new method is a new module and
 one line below. The machinery they share is :mod:`strategies.core`.
 
 Flower's own FedAvg, FedProx, FedMedian, FedTrimmedAvg and Krum are used as
-they are, with :class:`strategies.core.base.TrackedStrategy` in front of them
+they are, with :class:`strategies.core.base.FlowerStrategy` in front of them
 for reply checks, scenarios and per-client records (:mod:`strategies.flower`).
 """
 
@@ -28,7 +28,7 @@ from . import (  # noqa: F401 - importing a method's module registers it
     separate,
 )
 from .apfl import APFL
-from .core.base import PersonalizedStrategy, TrackedStrategy
+from .core.base import FlowerStrategy, PersonalizedStrategy
 from .core.client import CLIENT_UPDATES, ClientJob, ClientUpdate, register_client_update
 from .core.clients import ClientInfo
 from .core.history import RunHistory
@@ -51,7 +51,7 @@ __all__ = [
     "ConfigError", "FedAMP", "FedAvg", "FedAvgFT", "FedMedian", "FedProx", "FedProxFT",
     "FedTrimmedAvg", "GraphHyperNetwork", "HeurFedAMP", "Krum", "NonConvex", "PFedMe",
     "Panacea", "PerFedAvg", "PersonalizedStrategy", "RunHistory", "RunSetup", "Scaffold",
-    "Separate", "Settings", "TrackedStrategy", "build_strategy", "fedamp_weights",
+    "Separate", "Settings", "FlowerStrategy", "build_strategy", "fedamp_weights",
     "heurfedamp_weights", "mean_metrics", "nonconvex_weights", "register_client_update",
     "register_strategy", "server_step",
 ]

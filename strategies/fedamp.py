@@ -35,7 +35,7 @@ from flwr.supercore import log
 
 from .core.base import PersonalizedStrategy
 from .core.registry import RunSetup, personal_kwargs, register_strategy
-from .core.settings import ConfigError, Settings, SettingsContext, bad, setting
+from .core.settings import Settings, SettingsContext, bad, setting
 from .fedamp_math import (
     FLOAT32_RETRY_ROUNDS,
     RowsRescaledWarning,
@@ -44,6 +44,7 @@ from .fedamp_math import (
     fedamp_sq_distances,
     fedamp_weights_from_distances,
     heurfedamp_weights,
+    median_cosine_distance,
     median_sq_distance,
 )
 from .flower import PROXIMAL, PROXIMAL_MU
@@ -218,17 +219,23 @@ class FedAMP(PersonalizedStrategy):
         super().update(server_round, rows, vectors)
         if self.sigma is not None or len(rows) < 2:
             return
-        median = median_sq_distance(self.store[rows.to(self.store.device), :self.flat.num_params])
-        if not median > 0:
+        sigma = self.data_sigma(self.store[rows.to(self.store.device), :self.flat.num_params])
+        if not sigma > 0 or not math.isfinite(sigma):
             return
-        self.sigma = median
-        note = {"value": median, "round": server_round, "clients": len(rows),
-                "rule": "median of the squared distances between the models the clients "
-                        "trained in that round (fedamp-sigma-rule)"}
-        self.history.notes["fedamp_sigma"] = note
-        log(INFO, "fedamp-sigma from the data: %.6g, the median of the %d squared distances "
-            "between the %d models trained in round %d; fixed for the run", median,
+        self.sigma = sigma
+        note = {"value": sigma, "round": server_round, "clients": len(rows),
+                "rule": self.DATA_RULE + " (fedamp-sigma-rule)"}
+        self.history.notes[f"{self.method}_sigma"] = note
+        log(INFO, "%s-sigma from the data: %.6g, %s, over the %d pairs of the %d models trained "
+            "in round %d; fixed for the run", self.method, sigma, self.DATA_RULE,
             len(rows) * (len(rows) - 1) // 2, len(rows), server_round)
+
+    DATA_RULE = "the median of the squared distances between the models the clients trained"
+
+    def data_sigma(self, models: torch.Tensor) -> float:
+        """sigma from the models the clients trained (the median heuristic of kernel methods):
+        the median of their squared distances, the scale of exp(-d / sigma)."""
+        return median_sq_distance(models)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "sigma": self.sigma,
@@ -282,10 +289,20 @@ class HeurFedAMP(FedAMP):
 
     method = "heurfedamp"
 
+    DATA_RULE = "the inverse of the median cosine distance between the models the clients trained"
+
+    def data_sigma(self, models: torch.Tensor) -> float:
+        """1 / the median of the models' cosine distances 1 - cos (the median heuristic for
+        exp(sigma cos) = exp(-(1 - cos) / s) up to a constant, s = 1 / sigma)."""
+        median = median_cosine_distance(models)
+        return 1.0 / median if median > 0 else 0.0
+
     def weights(self, server_round: int, params: torch.Tensor,
                 self_weight: float | torch.Tensor | None) -> torch.Tensor:
         """Eq. 8's weights (HeurFedAMP always has a self weight)."""
-        assert self_weight is not None and self.sigma is not None  # HeurFedAMP's is given
+        assert self_weight is not None  # HeurFedAMP's is given
+        if self.sigma is None:  # no model trained yet: every client's is the initial one
+            return torch.eye(params.shape[0], dtype=torch.float64, device=params.device)
         return heurfedamp_weights(params, self.sigma, self_weight)
 
 
@@ -331,11 +348,12 @@ class FedAMPSettings(Settings):
         "auto", 'FedAMP\'s sigma in exp(-d / sigma); "auto": by fedamp-sigma-rule',
         ok=lambda v: 0 < v < math.inf, allowed='"auto" or a finite number > 0')
     fedamp_sigma_rule: str = setting(
-        "paper", 'how fedamp-sigma = "auto" is chosen: the paper\'s table where it has the '
-        "setting, else from the data (paper), or always from the data (data)",
+        "paper", 'how fedamp-sigma and heurfedamp-sigma = "auto" are chosen: the paper\'s '
+        "table where it has the setting, else from the data (paper), or always from the data "
+        "(data)",
         ok=lambda v: v in SIGMA_RULES, allowed=", ".join(SIGMA_RULES))
     heurfedamp_sigma: float | str = setting(
-        "auto", 'HeurFedAMP\'s sigma; "auto": the paper\'s table',
+        "auto", 'HeurFedAMP\'s sigma in exp(sigma cos); "auto": by fedamp-sigma-rule',
         ok=lambda v: 0 < v < math.inf, allowed='"auto" or a finite number > 0')
     fedamp_self_weight: float | str = setting(
         "eq6", "FedAMP's xi_ii: eq6 (1 - the others), paper (1 / (N_i + 1)) or a number",
@@ -359,14 +377,7 @@ class FedAMPSettings(Settings):
             if weight == "paper" and not run.has_groups:
                 raise bad(key, weight, f'a number in [0, 1): "paper" (1 / (N_i + 1), N_i the '
                           f"clients of i's group) needs a data setting with groups of clients "
-                          f"of one distribution (practical, iid, blocks), not {run.setting_name}")
-            if method == "heurfedamp" and self.sigma(method, run.dataset, run.setting) is None:
-                known = sorted(p for p, v in PAPER_SIGMA.get(run.dataset, {}).items()
-                               if method in v)
-                raise bad(f"{method}-sigma", "auto", f"a number > 0: the FedAMP paper's sigma "
-                          f"(its Tables 4-6) for {run.setting_name} is not recorded in this "
-                          f"project" + (f" (it has {run.dataset}: {', '.join(known)})"
-                                        if known else ""))
+                          f"of one distribution (practical, iid, blocks), not {run.data_label}")
 
     def sigma(self, method: str, dataset: str, setting: str) -> float | None:
         """sigma of ``method`` ("fedamp"/"heurfedamp"); "auto" = the paper's for the data
@@ -374,7 +385,7 @@ class FedAMPSettings(Settings):
         "paper" where the paper gives none)."""
         value = getattr(self, f"{method}_sigma")
         if value == "auto":
-            if method == "fedamp" and self.fedamp_sigma_rule == "data":
+            if self.fedamp_sigma_rule == "data":
                 return None
             value = PAPER_SIGMA.get(dataset, {}).get(setting, {}).get(method)
         return None if value is None else float(value)
@@ -386,16 +397,12 @@ class FedAMPSettings(Settings):
 
     def record(self, run: SettingsContext) -> dict:
         """metrics.json's ``sigma``: the sigma of both methods (their "auto" resolved)."""
-        return {"sigma": {m: self.sigma(m, run.dataset, run.setting)
+        return {"sigma": {m: self.sigma(m, run.dataset, run.data_setting)
                           for m in ("fedamp", "heurfedamp")}}
 
 
 def _sigma(settings: FedAMPSettings, method: str, run: RunSetup) -> float | None:
-    sigma = settings.sigma(method, run.dataset, run.setting)
-    if method == "heurfedamp" and sigma is None:  # checked with the run config
-        raise ConfigError(f"run config '{method}-sigma' = 'auto': no paper value for "
-                          f"{run.dataset}/{run.setting}; allowed: a number > 0")
-    return sigma  # FedAMP's None: from the data
+    return settings.sigma(method, run.dataset, run.data_setting)  # None: from the data
 
 
 @register_strategy("fedamp", settings=FedAMPSettings)

@@ -394,3 +394,19 @@ def median_sq_distance(models: torch.Tensor) -> float:
     upper = torch.triu_indices(m, m, offset=1, device=d2.device)
     return float(torch.quantile(d2[upper[0], upper[1]].double(), 0.5))
 
+
+
+def median_cosine_distance(models: torch.Tensor) -> float:
+    """The median of the m (m - 1) / 2 cosine distances ``1 - cos(w_i, w_j)`` (i < j) between
+    the rows of ``models``, in float64 (a zero row has cosine 0 with every other). HeurFedAMP's
+    weights ``exp(sigma cos) / sum exp(sigma cos)`` equal ``exp(-(1 - cos) / s)`` normalised,
+    with s = 1 / sigma: the median heuristic sets s to this median, sigma to its inverse
+    (``fedamp-sigma-rule``). 0 for fewer than two rows."""
+    m = models.shape[0]
+    if m < 2:
+        return 0.0
+    gram = gram64(models)
+    norms = gram.diagonal().clamp_min(0.0).sqrt().clamp_min(1e-12)
+    cos = gram / norms[:, None] / norms[None, :]
+    upper = torch.triu_indices(m, m, offset=1, device=cos.device)
+    return float(torch.quantile(1.0 - cos[upper[0], upper[1]], 0.5))

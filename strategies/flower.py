@@ -1,6 +1,6 @@
 """Flower's own strategies, used as they are, with this project's checks and records.
 
-:class:`strategies.core.base.TrackedStrategy` sits in front of each (see its
+:class:`strategies.core.base.FlowerStrategy` sits in front of each (see its
 docstring). Two client halves live here, beside the strategies that use them:
 
 * ``proximal`` (:class:`ProximalTraining`): FedProx's client contract, as
@@ -21,7 +21,7 @@ from typing import ClassVar
 from flwr.serverapp import strategy as flwr_strategy
 from torch import nn
 
-from .core.base import TrackedStrategy
+from .core.base import FlowerStrategy
 from .core.client import ClientJob, ClientUpdate, register_client_update
 from .core.registry import RunSetup, flower_kwargs, register_strategy
 from .core.settings import EVALUATE, TRAIN, Settings, setting
@@ -97,25 +97,25 @@ class FineTuning(ClientUpdate[FineTuneSettings]):
         return finetune(job, epochs=job.settings.finetune_epochs)
 
 
-class FedAvg(TrackedStrategy, flwr_strategy.FedAvg):
+class FedAvg(FlowerStrategy, flwr_strategy.FedAvg):
     """Flower's FedAvg with this project's checks and records; clients train plainly."""
 
 
-class FedProx(TrackedStrategy, flwr_strategy.FedProx):
+class FedProx(FlowerStrategy, flwr_strategy.FedProx):
     """Flower's FedProx; its clients run ``proximal`` (the ``proximal-mu`` term)."""
 
     client_update = PROXIMAL
 
 
-class FedMedian(TrackedStrategy, flwr_strategy.FedMedian):
+class FedMedian(FlowerStrategy, flwr_strategy.FedMedian):
     """Flower's FedMedian (coordinate-wise median); clients train plainly (``local``)."""
 
 
-class FedTrimmedAvg(TrackedStrategy, flwr_strategy.FedTrimmedAvg):
+class FedTrimmedAvg(FlowerStrategy, flwr_strategy.FedTrimmedAvg):
     """Flower's FedTrimmedAvg (trimmed mean, ``beta`` cut at each end); clients train plainly."""
 
 
-class Krum(TrackedStrategy, flwr_strategy.Krum):
+class Krum(FlowerStrategy, flwr_strategy.Krum):
     """Flower's Krum; clients train plainly (``local``)."""
 
 

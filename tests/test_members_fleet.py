@@ -155,3 +155,17 @@ def test_members_fleet_fedamp_heurfedamp_panacea_misfit_duplicate_restart(proces
     assert panacea["client_names"] == names and panacea["finished"]
     assert all(r["trained_clients"] == [0, 1, 2] for r in panacea["rounds"])
     assert "Client graph 'file': 3 clients, 2 edges" in log
+
+    # 5. Panacea over a graph the server infers from the members' warm-up updates, by name;
+    #    and FedAMP with every one of its keys at its default (sigma from the data)
+    log = _run(processes, f"{common} strategy='panacea' graph='inferred' graph-k=1 "
+                          "graph-warmup-rounds=1 panacea-server-lr=0.01 local-steps=5 "
+                          "num-server-rounds=2 run-name='inferred'")
+    inferred = _metrics(results, "inferred", log)
+    assert inferred["finished"] and inferred["inferred_graph"]["round"] == 1
+    assert "client graph inferred from the warm-up updates" in log
+    edges = (results / "inferred" / "graph-inferred.csv").read_text().splitlines()[1:]
+    assert edges and all(set(e.split(",")) <= set(names) for e in edges)
+    log = _run(processes, f"{common} strategy='fedamp' num-server-rounds=2 run-name='auto-sigma'")
+    auto = _metrics(results, "auto-sigma", log)
+    assert auto["finished"] and auto["fedamp_sigma"]["value"] > 0

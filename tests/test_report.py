@@ -166,7 +166,7 @@ def test_novel_table_and_load_runs(tmp_path: Path) -> None:
     (tmp_path / "broken" / "metrics.json").write_text("{not json")
     loaded = report.load_runs([tmp_path])
     assert [r.seed for r in loaded] == [1, 2]
-    assert scores.setting_of(loaded[0]) == "fmnist/practical, novel 0.25"
+    assert scores.data_setting_of(loaded[0]) == "fmnist/practical, novel 0.25"
     # client 3 is novel: left out of the per-client values at the best round (round 2)
     assert scores.best_round_clients(loaded[0]).tolist() == pytest.approx([78.0, 79.0, 81.0])
 

@@ -1,6 +1,7 @@
-"""FedAMP's sigma from the data where the paper gives none (members' own data) or where
-``fedamp-sigma-rule = "data"``: the median of the squared distances between the models the
-clients trained in round 1, fixed for the run."""
+"""FedAMP's and HeurFedAMP's sigma from the data where the paper gives none (members' own
+data) or where ``fedamp-sigma-rule = "data"``: FedAMP's the median of the squared distances
+between the models the clients trained in round 1, HeurFedAMP's the inverse of their median
+cosine distance; fixed for the run."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from fedamp_flwr.config import RunConfig
 from fedamp_flwr.inprocess import run_inprocess
 from fedamp_flwr.results import checkpoint_files
-from strategies.fedamp_math import median_sq_distance
+from strategies.fedamp_math import median_cosine_distance, median_sq_distance
 
 from .conftest import member_sites
 
@@ -26,6 +27,30 @@ def test_the_median_rule_on_models_worked_by_hand():
     # 1, 4, 16, 1, 9, 4 -> 1, 1, 4, 4, 9, 16: (4 + 4) / 2
     assert median_sq_distance(torch.tensor([[0.0], [1.0], [2.0], [4.0]])) == 4.0
     assert median_sq_distance(torch.zeros(1, 3)) == 0.0
+
+
+def test_the_cosine_median_rule_worked_by_hand():
+    # unit vectors at 0, 60 and 180 degrees: 1 - cos = 0.5, 2, 1.5 -> the median is 1.5
+    rows = torch.tensor([[1.0, 0.0], [0.5, 3 ** 0.5 / 2], [-1.0, 0.0]])
+    assert median_cosine_distance(rows) == pytest.approx(1.5)
+    assert median_cosine_distance(2 * rows) == pytest.approx(1.5)  # scale does not matter
+    assert median_cosine_distance(torch.ones(1, 2)) == 0.0
+
+
+def test_heurfedamp_chooses_its_sigma_from_the_data_and_records_it(tmp_path):
+    cfg = {"strategy": "heurfedamp", "fedamp-sigma-rule": "data", "num-server-rounds": 2,
+           "local-epochs": 1, "results-dir": str(tmp_path), "run-name": "heur",
+           "server-device": "cpu", "min-nodes": 4, "save-models": "none"}
+    assert RunConfig.from_run_config(cfg).settings.sigma("heurfedamp", "synthetic",
+                                                         "practical") is None
+    run_inprocess(cfg, 4)
+    metrics = json.loads((tmp_path / "heur" / "metrics.json").read_text())
+    note = metrics["heurfedamp_sigma"]
+    assert note["round"] == 1 and note["clients"] == 4 and "cosine" in note["rule"]
+    state = torch.load(checkpoint_files(tmp_path / "heur")[0], weights_only=False)
+    assert state["strategy"]["sigma"] == note["value"] > 0
+    r1, r2 = metrics["rounds"]
+    assert r2["trained_clients"] == [0, 1, 2, 3]
 
 
 def test_auto_sigma_is_the_papers_where_it_has_one_and_else_from_the_data():

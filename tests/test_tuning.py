@@ -98,7 +98,7 @@ def test_the_committed_tuned_values_are_valid_and_traceable():
                                                                   "data-dir": "x"}}
             cfg = RunConfig.from_run_config({"strategy": strategy, "dataset": dataset,
                                              **extra.get(dataset, {})})
-            assert cfg.setting_key == setting
+            assert cfg.tuning_key == setting
             values = {**cfg.method_values, **{k: getattr(cfg, k.replace("-", "_"))
                                               for k in row["values"] if "-" in k
                                               and hasattr(cfg, k.replace("-", "_"))}}
@@ -170,7 +170,7 @@ def test_fl60_with_another_noise_is_another_setting_than_the_tuned_one():
     plain = RunConfig.from_run_config({"strategy": "fedavg", "dataset": "fl60"})
     noisy = RunConfig.from_run_config({"strategy": "fedavg", "dataset": "fl60",
                                        "fl60-noise-std": 0.1})
-    assert (plain.setting_key, noisy.setting_key) == ("fl60/text", "fl60/text-noise0.1")
+    assert (plain.tuning_key, noisy.tuning_key) == ("fl60/text", "fl60/text-noise0.1")
 
 
 def test_a_finished_run_is_run_again_where_auto_now_gives_other_values(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@
 * :mod:`~strategies.core.settings`: a method's own run-config keys (:class:`Settings`);
 * :mod:`~strategies.core.registry`: strategies by name, :class:`RunSetup`;
 * :mod:`~strategies.core.client`: a method's client half (:class:`ClientUpdate`);
-* :mod:`~strategies.core.base`: the two kinds of strategy (:class:`TrackedStrategy` in
+* :mod:`~strategies.core.base`: the two kinds of strategy (:class:`FlowerStrategy` in
   front of Flower's, :class:`PersonalizedStrategy` with a model per client);
 * :mod:`~strategies.core.clients`, :mod:`~strategies.core.tracking`,
   :mod:`~strategies.core.history`, :mod:`~strategies.core.replies`,

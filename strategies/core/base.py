@@ -1,6 +1,6 @@
 """The two kinds of strategy of this project, and what the rest of the code imports from here.
 
-* :class:`TrackedStrategy`: put in front of one of Flower's own strategies
+* :class:`FlowerStrategy`: put in front of one of Flower's own strategies
   (FedAvg, FedProx, Krum, ...): novel clients and drop-outs are left out,
   invalid replies never reach the aggregation, every evaluation is recorded,
   and every message names its client half.
@@ -111,7 +111,7 @@ def check_instructions(messages: Iterable[Message]) -> None:
 # ---------------------------------------------------------------------------
 # Flower's own strategies, with validation and records
 # ---------------------------------------------------------------------------
-class Tracked(ClientInstructions):
+class StrategyBase(ClientInstructions):
     """What both kinds of strategy share: a :class:`Tracker`, the client instructions,
     the update-norm check and the checkpoint state.
 
@@ -173,8 +173,8 @@ class Tracked(ClientInstructions):
         return ok
 
 
-class TrackedStrategy(Tracked):
-    """Put in front of a Flower strategy: ``class FedAvg(TrackedStrategy, flwr...FedAvg)``.
+class FlowerStrategy(StrategyBase):
+    """Put in front of a Flower strategy: ``class FedAvg(FlowerStrategy, flwr...FedAvg)``.
 
     It leaves novel and dropped-out clients out of the round, names the client
     half in every message, screens every reply (:meth:`Tracker.screen`, the
@@ -289,7 +289,7 @@ class NodeSubset:
 # ---------------------------------------------------------------------------
 # Personalized strategies
 # ---------------------------------------------------------------------------
-class PersonalizedStrategy(Tracked, Strategy):
+class PersonalizedStrategy(StrategyBase, Strategy):
     """A Message-API strategy that keeps one model per client on the server.
 
     The models are rows of one tensor ``self.models`` (clients x parameters,

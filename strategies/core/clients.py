@@ -27,13 +27,3 @@ class ClientInfo:
     def label(self) -> str:
         """How log lines name the client: ``member 'site-3'`` or ``client 3``."""
         return f"member '{self.name}'" if self.name else f"client {self.client_id}"
-
-
-@dataclass(frozen=True)
-class Schema:
-    """What a run over members' own data expects of each member's data (what the server
-    checks a member's query answer against): input shape, task kind, outputs."""
-
-    input_shape: tuple[int, ...]
-    kind: str
-    num_outputs: int

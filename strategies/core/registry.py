@@ -50,7 +50,7 @@ class RunSetup:
         Share of the clients sampled for training each round.
     seed : int
         The run's seed (client sampling, the server's own randomness).
-    dataset, setting : str
+    dataset, data_setting : str
         The data (``dataset``) and its setting (the partitioning of a pool
         dataset, ``federated`` for a task whose data defines its clients).
     groups : Sequence[int] | None
@@ -72,7 +72,7 @@ class RunSetup:
     fraction_train: float = 1.0
     seed: int = 0
     dataset: str = ""
-    setting: str = ""
+    data_setting: str = ""
     groups: Sequence[int] | None = None
     graph_k: int = 0
     graph_warmup_rounds: int = 0

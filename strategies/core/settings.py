@@ -173,10 +173,10 @@ class SettingsContext:
         what only the chosen one needs).
     dataset : str
         The ``dataset`` key.
-    setting : str
+    data_setting : str
         The data setting: the ``partitioning`` of a pool dataset, ``federated``
         for a task whose data defines its clients (fl60, tpt48, npz, members).
-    setting_name : str
+    data_label : str
         The setting in words, for messages: ``mnist/practical``, ``fl60``.
     has_groups : bool
         Whether the setting has groups of same-distribution clients.
@@ -184,8 +184,8 @@ class SettingsContext:
 
     strategy: str
     dataset: str
-    setting: str
-    setting_name: str
+    data_setting: str
+    data_label: str
     has_groups: bool
 
 

@@ -12,7 +12,7 @@ from flwr.supercore import log
 
 from tasks.scenarios import Roles
 
-from .clients import ClientInfo, Schema
+from .clients import ClientInfo
 from .history import RunHistory, client_order
 from .protocol import CLIENT_INDEX, LOCAL_EPOCHS, LOCAL_STEPS, REFUSED, TRAINED_ROUNDS, as_int
 from .replies import ArraySpec, evaluate_reply_problem, train_reply_problem
@@ -82,23 +82,13 @@ class Tracker:
         self._expected: dict[str, dict[int, int | str]] = {}
         self._sent: dict[str, list[Message]] = {}
         self.round_timeout: float | None = None
-        #: a run over members' own data: the members' names by client id, and their schema
-        self.names: list[str] = []
-        self.schema: Schema | None = None
-        #: nodes of members whose data does not fit the run (not asked again)
-        self.refused: dict[int, str] = {}  # node id -> why it is left out for good
-        #: nodes of members held back: their name is another connected node's (node -> info)
-        self.pending: dict[int, ClientInfo] = {}
-
-    def id_of_name(self, name: str) -> int | None:
-        """The client id of the member ``name`` (None if the run does not know it)."""
-        return self.names.index(name) if name in self.names else None
+        #: a run over members' own data: a client's refusal of a message is its absence
+        #: (one member must not be able to stop the federation), not the end of the run
+        self.refusals_are_absences = False
 
     def add(self, info: ClientInfo) -> None:
         """Take a client that joined the run (a new member) on its node."""
         self.clients[info.node_id] = info
-        if info.name and info.client_id == len(self.names):
-            self.names.append(info.name)
         log(INFO, "%s joins the run as client %d, on node %d", _upper(info.label),
             info.client_id, info.node_id)
 
@@ -164,7 +154,7 @@ class Tracker:
         In a run over members' own data a refusal is that member's absence (one
         member must not be able to stop the federation), recorded by :meth:`screen`.
         """
-        if self.schema is not None:
+        if self.refusals_are_absences:
             return
         refused = sorted((m for m in replies if m.has_error() and m.error.code == REFUSED),
                          key=lambda m: client_order(self.client_of(m)))

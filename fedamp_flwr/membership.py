@@ -1,0 +1,119 @@
+"""Who the members of a run are: their names, their data's schema, who is left out, who is
+held back. The app's own state (the strategies never see it), kept by the ServerApp and
+used by the query round (:mod:`fedamp_flwr.discovery`) and the rounds
+(:func:`fedamp_flwr.rounds.refresh_clients`).
+
+A member is named by its node config's ``client-id`` and numbered in the order of the
+names (a checkpoint's members keep their numbers). A member whose data does not fit the
+run is left out for good (``refused``); a node that claims a name another connected node
+has is held back (``pending``) until only one of them is left: nothing tells the member
+from an impostor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from logging import WARNING
+
+from flwr.supercore import log
+
+from strategies.core.clients import ClientInfo
+from tasks.members import MemberSchema
+
+
+class Refusal(str):
+    """Why a member cannot take part (a member may be left out; the others go on)."""
+
+
+def number_members(infos: dict[int, ClientInfo], known: list[str]) -> tuple[dict[int, ClientInfo],
+                                                                           list[str]]:
+    """Give every member its client id: members ``known`` (a checkpoint's, in its order) keep
+    theirs, new ones follow in the order of their names. Returns the infos with their ids and
+    the names by id."""
+    names = list(known) + sorted({i.name for i in infos.values()} - set(known))
+    index = {name: i for i, name in enumerate(names)}
+    return ({node: ClientInfo(i.node_id, index[i.name], 0, i.num_train, i.num_test, i.name)
+             for node, i in infos.items()}, names)
+
+
+def accept_members(found: dict[int, ClientInfo], taken: dict[str, int]
+                   ) -> tuple[dict[int, ClientInfo], dict[int, str]]:
+    """The members of ``found`` (new nodes) whose name no other node claims; for the others,
+    why they are held back.
+
+    ``taken``: name -> node of the members the run has on connected nodes; a new node
+    claiming one of those names is held back (a restarted SuperNode's old node may still
+    count as connected for a minute). Two or more new nodes claiming one name are all
+    held back: nothing tells the member from an impostor, until only one of them is left.
+    """
+    claims: dict[str, list[int]] = {}
+    for node in sorted(found):
+        claims.setdefault(found[node].name, []).append(node)
+    accepted: dict[int, ClientInfo] = {}
+    refused: dict[int, str] = {}
+    for name, nodes in claims.items():
+        if name in taken:
+            for node in nodes:
+                refused[node] = Refusal(
+                    f"member '{name}' (node {node}): node {taken[name]} already has client-id "
+                    f"'{name}'; held back until that node is gone (every member needs its own "
+                    "client-id)")
+        elif len(nodes) > 1:
+            for node in nodes:
+                others = ", ".join(str(n) for n in nodes if n != node)
+                refused[node] = Refusal(
+                    f"member '{name}' (node {node}): node(s) {others} claim the same client-id "
+                    f"'{name}'; all are held back until only one is left, every member needs "
+                    "its own client-id")
+        else:
+            accepted[nodes[0]] = found[nodes[0]]
+    return accepted, refused
+
+
+@dataclass
+class Membership:
+    """The members of a run (empty, with no ``schema``, for a partitioned run).
+
+    Attributes
+    ----------
+    names : list[str]
+        The members' names by client id.
+    schema : MemberSchema | None
+        What every member's data must look like (None: a partitioned run).
+    refused : dict[int, str]
+        Node id -> why its member is left out for good (its data does not fit, or it
+        cannot join); not asked again.
+    pending : dict[int, ClientInfo]
+        Nodes held back: their member's name is another connected node's.
+    """
+
+    names: list[str] = field(default_factory=list)
+    schema: MemberSchema | None = None
+    refused: dict[int, str] = field(default_factory=dict)
+    pending: dict[int, ClientInfo] = field(default_factory=dict)
+
+    def id_of_name(self, name: str) -> int | None:
+        """The client id of the member ``name`` (None if the run does not know it)."""
+        return self.names.index(name) if name in self.names else None
+
+    def joined(self, info: ClientInfo) -> None:
+        """Take the name of a member that joined with the next client id."""
+        if info.name and info.client_id == len(self.names):
+            self.names.append(info.name)
+
+    def claim(self, found: dict[int, ClientInfo], taken: dict[str, int], live: set[int],
+              held_back: str) -> dict[int, ClientInfo]:
+        """The nodes of ``found`` (and of those held back before) whose member's name no
+        other node claims (:func:`accept_members`); the others are held back, each logged
+        once with ``held_back`` (a format of one ``%s``: why). Nodes gone from ``live`` are
+        forgotten."""
+        self.pending = {n: i for n, i in self.pending.items() if n in live}
+        candidates = {**self.pending, **found}
+        accepted, conflicts = accept_members(candidates, taken)
+        for node, reason in conflicts.items():
+            if node not in self.pending:
+                log(WARNING, held_back, reason)
+            self.pending[node] = candidates[node]
+        for node in accepted:
+            self.pending.pop(node, None)
+        return accepted
