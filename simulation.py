@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments import report
+from experiments.budget import Budget, apply_budget
 from experiments.jobs import parse_jobs
 from experiments.presets import PRESETS, ConfigError, apply_overrides, expand
 from experiments.runner import run_grid
@@ -93,6 +94,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    "(with the preset's partitionings), e.g. 'synthetic' or 'mnist,fmnist'")
     p.add_argument("--seeds", help="comma-separated seeds (default: the preset's)")
     p.add_argument("--rounds", type=int, help="num-server-rounds of every run")
+    p.add_argument("--budget", default=None, metavar="rounds=R|steps=S",
+                   help="every run's budget: R communication rounds, or S local gradient steps "
+                        "per client spent as each run's local-steps k chooses (S / k rounds); "
+                        "experiments/budget.py")
     p.add_argument("--num-supernodes", type=int,
                    help="clients (SuperNodes) per run for partitioned datasets (fl60/tpt48 are fixed)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -153,6 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 0 < args.validation_fraction < 1:
         raise SystemExit(f"error: --validation-fraction {args.validation_fraction} is invalid; "
                          "allowed: a number in (0, 1)")
+    if args.budget and args.rounds:
+        raise SystemExit("error: --rounds and --budget together are invalid: a budget sets the "
+                         "rounds; allowed: one of them")
     default_out = f"tune-{args.preset}" if args.tune else args.preset
     output = Path(args.output or ROOT / "results" / default_out).resolve()
     data_dir = args.data_dir or None
@@ -167,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             forced = [i.partition("=")[0].strip() for i in args.set] + (
                 ["num-server-rounds"] if args.rounds else [])
             runs = apply_tuned(runs, read_tuned(args.tuned), forced)
+        runs = apply_budget(runs, Budget.parse(args.budget) if args.budget else None)
     except (ConfigError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
     failed: list[str] = []

@@ -16,6 +16,7 @@ import numpy as np
 
 from tasks.files import strict_json
 
+from .budget import budget_of, describe
 from .scores import (
     SCENARIOS,
     RunRecord,
@@ -31,8 +32,8 @@ from .scores import (
 #: The first columns of ``results.csv``; every other config key follows as ``config.<key>``.
 CSV_COLUMNS = ["run_name", "strategy", "dataset", "partitioning", "seed", "num_clients",
                *SCENARIOS, "bmta", "novel_bmta", "best_mean_mse", "novel_best_mean_mse",
-               "final_mean", "num_rounds", "sigma", "wall_time_s", "finished", "status",
-               "timed_out", "flower_run_id"]
+               "final_mean", "num_rounds", "local_steps", "steps_per_client", "sigma",
+               "wall_time_s", "finished", "status", "timed_out", "flower_run_id"]
 MISSING = "–"
 
 
@@ -76,6 +77,8 @@ def csv_rows(runs: Sequence[RunRecord]) -> tuple[list[str], list[dict[str, Any]]
                                        "novel_best_mean_mse")},
             "final_mean": None if (last := final_mean(run)) is None else float(f"{last:.10g}"),
             "num_rounds": len(run.rounds),
+            "local_steps": budget_of(cfg)["local_steps"] if cfg else None,
+            "steps_per_client": budget_of(cfg)["steps_per_client"] if cfg else None,
             "sigma": run.sigma.get(strategy),
             "wall_time_s": run.wall_time_s, "finished": run.finished,
             "status": run.status, "timed_out": run.timed_out,
@@ -174,6 +177,23 @@ def markdown_table(runs: Sequence[RunRecord], strategy_order: Sequence[str] | No
     return "\n".join(lines)
 
 
+def budget_line(runs: Sequence[RunRecord], strategy_order: Sequence[str] | None = None
+                ) -> str | None:
+    """What the table's runs spent (:mod:`experiments.budget`): one budget for all, or each
+    method's per setting where they differ; None without runs."""
+    settings, strategies, groups = group_runs(runs, strategy_order)
+    spent: dict[str, list[str]] = {}
+    for (setting, method), rs in groups.items():
+        for r in rs:
+            spent.setdefault(describe(budget_of(r.config)), []).append(f"{method} ({setting})")
+    if not spent:
+        return None
+    if len(spent) == 1:
+        return f"Budget of every run: {next(iter(spent))}."
+    return "Budgets (communication rounds x local gradient steps per client): " + "; ".join(
+        f"{what}: {', '.join(dict.fromkeys(who))}" for what, who in spent.items()) + "."
+
+
 def write_table(runs: Sequence[RunRecord], path: str | Path,
                 strategy_order: Sequence[str] | None = None, left_out: int = 0) -> Path:
     """Write ``table.md``: the main table and, when there are novel clients, a second one for them.
@@ -191,6 +211,9 @@ def write_table(runs: Sequence[RunRecord], path: str | Path,
     """
     path = Path(path)
     parts = [markdown_table(runs, strategy_order) or "No run has a result."]
+    budget = budget_line(runs, strategy_order)
+    if budget:
+        parts.append(budget)
     if left_out:
         parts.append(f"{left_out} run(s) that did not finish are left out (see results.csv: "
                      "`finished`, `status`).")

@@ -9,7 +9,8 @@
   defaults, whatever an earlier one chose), the others multiply them by factors drawn, seeded and without
   repeats, from the method's search space (:func:`space`): the generic local
   training (:data:`GENERIC_SPACE`: the learning rate x 1/3, 1, 3; local epochs,
-  or local steps where the task counts steps, x 1/2, 1, 2) and the method's own
+  or local steps where the task counts steps, x 1/2, 1, 2, and one local step a
+  round, FedAvg's own regime, :data:`ONE_STEP`) and the method's own
   keys (``register_strategy(tune=...)``, e.g. Panacea's clients' and server's
   learning rates, which replace the generic learning rate it does not use);
 * every trial holds out ``validation-fraction`` (0.2) of each client's training
@@ -35,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from experiments.budget import budget_of
 from experiments.presets import Grid, Run, expand
 from experiments.scores import complete, is_regression, load_runs, score
 from fedamp_flwr.config import GENERIC_AUTO, RunConfig
@@ -47,6 +49,10 @@ GENERIC_SPACE: dict[str, tuple[float, ...]] = {
     "learning-rate": (1 / 3, 1.0, 3.0),
     "local-epochs": (0.5, 1.0, 2.0),  # or local-steps, where the task counts steps
 }
+#: Where the task counts local steps, one step a round is in every method's space too: the
+#: regime in which FedAvg is at its best (many short rounds). Under a step budget
+#: (``simulation.py --budget steps=S``) such a trial takes S rounds, the others S / k.
+ONE_STEP = 1
 #: Share of each client's training data a trial holds out and is scored on.
 VALIDATION_FRACTION = 0.2
 TUNED_JSON, TUNED_MD = "tuned.json", "tuned.md"
@@ -111,6 +117,8 @@ def trials(strategy: str, run_config: Mapping[str, Any], k: int, seed: int = 0
         sp = space(strategy, steps)
         base = base_values(run_config, list(sp))
     ladders = {key: ladder(base[key], factors) for key, factors in sp.items()}
+    if "local-steps" in ladders and ONE_STEP not in ladders["local-steps"]:
+        ladders["local-steps"].append(ONE_STEP)
     points = [dict(zip(sp, p)) for p in itertools.product(*ladders.values())]
     others = [p for p in points if p != base]
     random.Random(f"{seed}-{strategy}").shuffle(others)
@@ -175,6 +183,7 @@ def choose(runs: Sequence[Run], output: Path, command: str = "") -> dict[str, An
             "trials": {str(j): {"score": v, **{k: r.run_config[k] for k in keys}}
                        for j, r, v in sorted(rows, key=lambda t: t[0])},
             "rounds": run.run_config.get("num-server-rounds"),
+            "budget": budget_of(cfg_of(run)),
             "clients": run.num_clients,
             "validation_fraction": run.run_config["validation-fraction"],
             "command": command,
@@ -185,6 +194,11 @@ def choose(runs: Sequence[Run], output: Path, command: str = "") -> dict[str, An
                                                 allow_nan=False) + "\n")
     (output / TUNED_MD).write_text(tuned_table(result))
     return result
+
+
+def cfg_of(run: Run) -> dict[str, Any]:
+    """A run's config as it runs ("auto" resolved)."""
+    return RunConfig.from_run_config(run.run_config).to_dict()
 
 
 def trials_keys(run: Run) -> list[str]:
