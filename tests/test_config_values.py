@@ -4,10 +4,13 @@ either a value the key allows or one ConfigError line that names that key."""
 
 from __future__ import annotations
 
+import logging
 import math
 import typing
 
+import numpy as np
 import pytest
+from flwr.app import Context, RecordDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -90,8 +93,6 @@ def test_the_issues_examples_are_refused_by_their_key():
 def test_a_bad_npz_file_is_one_line_before_round_1(tmp_path, caplog, case, says):
     import logging
 
-    import numpy as np
-
     from fedamp_flwr.inprocess import run_inprocess
 
     path = tmp_path / "data.npz"
@@ -118,3 +119,69 @@ def test_a_bad_npz_file_is_one_line_before_round_1(tmp_path, caplog, case, says)
     assert errors[0].startswith(f"Run stopped: run config 'data-dir' = '{path}': {path}: ")
     assert says in errors[0]
     assert not any("ROUND" in r.getMessage() for r in caplog.records)
+
+
+def test_defaults_are_valid():
+    cfg = RunConfig.from_run_config({})
+    assert cfg.strategy == "fedamp"
+    assert cfg.settings.sigma("fedamp", cfg.dataset, cfg.data_setting) == 1.0
+    fmnist = RunConfig.from_run_config({"dataset": "fmnist", "data-dir": "x"})
+    assert fmnist.settings.sigma("fedamp", "fmnist", "practical") == 10.0
+
+
+@pytest.mark.parametrize(
+    "override, key, allowed",
+    [
+        ({"strategy": "fedsgd"}, "strategy", "apfl, fedamp, fedavg, fedavg-ft"),
+        ({"drop-rate": 1.0}, "drop-rate", "[0, 1)"),
+        ({"heterogeneous-epochs": 1}, "heterogeneous-epochs", "true or false"),
+        ({"apfl-alpha": 0.0}, "apfl-alpha", "(0, 1]"),
+        ({"finetune-epochs": 0}, "finetune-epochs", "integer >= 1"),
+        ({"dataset": "imagenet"}, "dataset", "synthetic, mnist"),
+        ({"partitioning": "weird"}, "partitioning", "practical, iid"),
+        ({"fedamp-sigma": 0.0}, "fedamp-sigma", '"auto" or a finite number > 0'),
+        ({"fedamp-sigma": -2}, "fedamp-sigma", '"auto" or a finite number > 0'),
+        ({"heurfedamp-sigma": "big"}, "heurfedamp-sigma", '"auto" or a number'),
+        ({"fedamp-sigma": float("inf")}, "fedamp-sigma", '"auto" or a number, finite'),
+        ({"heurfedamp-self-weight": 1.0}, "heurfedamp-self-weight", "[0, 1)"),
+        ({"heurfedamp-self-weight": -0.1}, "heurfedamp-self-weight", "[0, 1)"),
+        ({"fraction-train": 0.0}, "fraction-train", "(0, 1]"),
+        ({"local-epochs": 0}, "local-epochs", "integer >= 1"),
+        ({"batch-size": "ten"}, "batch-size", "an integer"),
+        ({"learning-rate": -1.0}, "learning-rate", "> 0"),
+    ],
+)
+def test_bad_values_name_key_value_and_allowed(override, key, allowed):
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_run_config(override)
+    msg = str(err.value)
+    assert f"'{key}'" in msg and allowed in msg
+
+
+def test_unknown_key_is_refused():
+    with pytest.raises(ConfigError, match="unknown run config key.*'sigma'"):
+        RunConfig.from_run_config({"sigma": 3})
+
+
+@pytest.mark.parametrize("run_config, says", [
+    ({"fedamp-sigma": -1}, "'fedamp-sigma' = -1"),
+    ({"dataset": "mnist", "data-dir": "/no/such/folder"}, "/no/such/folder"),
+])
+def test_a_config_error_stops_the_run_with_one_line_and_no_traceback_of_the_app(
+        tmp_path, caplog, run_config, says):
+    import traceback
+
+    from fedamp_flwr import server_app
+    from fedamp_flwr.inprocess import InProcessGrid, task_identity
+
+    cfg = {**run_config, "results-dir": str(tmp_path)}
+    caplog.set_level(logging.INFO, logger="flwr")
+    with task_identity(), pytest.raises(Exception) as raised:
+        server_app.main(InProcessGrid(cfg, 2), Context(run_id=1, node_id=0, node_config={},
+                                                       state=RecordDict(), run_config=cfg))
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].startswith("Run stopped: ") and says in errors[0]
+    assert "\n" not in errors[0].split(":", 1)[0]
+    frames = traceback.extract_tb(raised.value.__traceback__)
+    assert [f.name for f in frames][1:] == ["main"]  # below the caller: only the entry point
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__

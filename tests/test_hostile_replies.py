@@ -13,12 +13,20 @@ import copy
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Error,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.common.constant import ErrorCode
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .conftest import LocalGrid, client_infos, setup_strategy
+from .conftest import LocalGrid, client_infos, reply, setup_strategy
 
 N = 3  # clients 0..2 on nodes 10..12, 5 training and 5 test samples each (client_infos)
 
@@ -200,3 +208,67 @@ def test_one_good_reply_among_bad_ones_is_the_only_one_used():
     record = strategy.history.rounds[1]
     assert record["trained_clients"] == [1]
     assert "update norm" in record["rejected"][0] and "dtype int32" in record["rejected"][2]
+
+
+def _train_reply(node, state, cid):
+    return reply(node, state, {"num-examples": 5, "client-id": cid})
+
+
+def test_fedamp_leaves_bad_replies_out_and_keeps_their_models(caplog):
+    strategy, model = setup_strategy("fedamp")
+    init = ArrayRecord(model.state_dict())
+    list(strategy.configure_train(1, init, ConfigRecord(), LocalGrid()))
+    before = strategy.models.clone()
+    nan_state = {k: v.clone() for k, v in model.state_dict().items()}
+    nan_state["net.0.weight"][0, 0] = float("nan")
+    shape_state = {k: v.clone() for k, v in model.state_dict().items()}
+    shape_state["net.0.bias"] = torch.zeros(3)
+    good_state = {k: v + 1.0 for k, v in model.state_dict().items()}
+    no_arrays = reply(10, metrics={"num-examples": 5})
+    replies = [no_arrays, _train_reply(11, nan_state, 1), _train_reply(12, shape_state, 2)]
+    strategy.aggregate_train(1, replies)
+    assert torch.equal(strategy.models, before)  # nothing changed
+    assert "client 1" in caplog.text and "non-finite" in caplog.text
+    assert "client 2" in caplog.text and "shape" in caplog.text
+    assert "client 0" in caplog.text and "ArrayRecord" in caplog.text
+    strategy.aggregate_train(2, [_train_reply(12, good_state, 2), _train_reply(11, nan_state, 1)])
+    assert torch.allclose(strategy.models[2], before[2] + 1.0)
+    assert torch.equal(strategy.models[:2], before[:2])
+
+
+def test_fedavg_aggregates_only_valid_replies():
+    strategy, model = setup_strategy("fedavg")
+    init = ArrayRecord(model.state_dict())
+    strategy.configure_train(1, init, ConfigRecord(), LocalGrid(infos=client_infos(3)))
+    nan_state = {k: torch.full_like(v, float("nan")) for k, v in model.state_dict().items()}
+    ones = {k: torch.ones_like(v) for k, v in model.state_dict().items()}
+    arrays, _ = strategy.aggregate_train(1, [_train_reply(10, ones, 0), _train_reply(11, nan_state, 1)])
+    assert all(np.all(a.numpy() == 1.0) for a in arrays.values())
+
+
+def test_huge_and_float32_overflowing_replies_are_left_out(caplog):
+    strategy, model = setup_strategy("fedamp")
+    init = ArrayRecord(model.state_dict())
+    list(strategy.configure_train(1, init, ConfigRecord(), LocalGrid()))
+    before = strategy.models.clone()
+    overflow = {k: v.double() for k, v in model.state_dict().items()}
+    overflow["net.0.bias"][0] = 1e300  # finite in float64, inf in float32
+    huge = {k: torch.full_like(v, 1e12) for k, v in model.state_dict().items()}
+    strategy.aggregate_train(1, [_train_reply(10, overflow, 0), _train_reply(11, huge, 1)])
+    assert torch.equal(strategy.models, before)
+    assert "as float32" in caplog.text and "squared norm" in caplog.text
+    list(strategy.configure_train(2, init, ConfigRecord(), LocalGrid()))
+    assert all(torch.isfinite(torch.tensor(row)).all() for row in strategy.history.xi[2])
+
+
+def test_fedamp_leaves_novel_clients_out_of_the_cloud_models():
+    from tasks.scenarios import Roles
+
+    strategy, model = setup_strategy("fedamp", roles=Roles(frozenset({1}), frozenset()))
+    strategy.alpha_k, strategy.sigma = 0.01, 1.0
+    messages = list(strategy.configure_train(1, ArrayRecord(model.state_dict()), ConfigRecord(),
+                                             LocalGrid()))
+    assert len(messages) == 2  # the novel client does not train
+    xi = torch.tensor(strategy.history.xi[1])
+    assert xi[1].tolist() == [0.0, 1.0, 0.0] and xi[0, 1] == 0 and xi[2, 1] == 0
+    assert torch.allclose(xi.sum(1), torch.ones(3, dtype=xi.dtype))

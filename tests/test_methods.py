@@ -19,6 +19,7 @@ from strategies.core.client import (
 )
 from strategies.core.protocol import REFUSED
 from strategies.core.settings import coerce as _coerce
+from strategies.fedamp_math import fedamp_weights
 from strategies.hypernetwork import server_step
 
 from .conftest import LocalGrid, client_infos, reply, run_local, setup_strategy
@@ -244,3 +245,27 @@ def test_the_papers_self_weight_needs_groups():
                                       "partitioning": "iid"}).groups(4) == [0, 0, 0, 0]
     with pytest.raises(ConfigError, match='"eq6" or "paper" or a number'):
         RunConfig.from_run_config({"fedamp-self-weight": "half"})
+
+
+def test_fedamp_sends_cloud_models_and_lambda_over_alpha():
+    strategy, model = setup_strategy("fedamp")
+    init = ArrayRecord(model.state_dict())
+    strategy._ensure_models(init)
+    gen = torch.Generator().manual_seed(1)
+    strategy.models = strategy.models + 0.05 * torch.randn(strategy.models.shape, generator=gen)
+    strategy.sigma = 1.0
+    strategy.alpha_k = 0.01  # rows stay below 1: a real convex mix with xi_ii > 0
+    messages = list(strategy.configure_train(31, init, ConfigRecord(), LocalGrid()))
+    alpha = 0.01 * 0.1  # decayed once after 30 rounds
+    params = strategy.models[:, : strategy.layout.num_params].double()
+    xi = fedamp_weights(params, alpha, 1.0)
+    assert (xi.diagonal() > 0).all()
+    expected = (xi.float() @ strategy.models)
+    by_node = {m.metadata.dst_node_id: m for m in messages}
+    for row, cid in enumerate(strategy.client_ids):
+        node = next(n for n, i in strategy.tracker.clients.items() if i.client_id == cid)
+        msg = by_node[node]
+        got = strategy.layout.flatten(msg.content["arrays"])
+        assert torch.allclose(got, expected[row], atol=1e-6)
+        assert msg.content["config"]["proximal-mu"] == pytest.approx(1.0 / alpha)
+    assert strategy.history.xi[31][0] == pytest.approx(xi[0].tolist())

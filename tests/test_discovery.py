@@ -1,0 +1,88 @@
+"""Client discovery: the query round that maps nodes to clients, and clients that cannot start
+(a missing data folder, a wrong number of clients, a partition without its node)."""
+
+from __future__ import annotations
+
+import pytest
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+
+from fedamp_flwr import client_app
+from fedamp_flwr.discovery import discover_clients
+
+from .conftest import LocalGrid, needs_data
+
+RD = RecordDict
+
+
+def _context(run_config, pid=0, n=2):
+    return Context(run_id=1, node_id=1, node_config={"partition-id": pid, "num-partitions": n},
+                   state=RecordDict(), run_config=run_config)
+
+
+def _query(ctx):
+    msg = Message(RD({"config": ConfigRecord({"query": "client-info"})}),
+                  message_type=MessageType.QUERY, dst_node_id=1)
+    return client_app.query(msg, ctx)
+
+
+def test_client_reports_missing_data_folder_and_too_many_clients():
+    info = _query(_context({"dataset": "mnist", "data-dir": "/no/such/folder"})).content["info"]
+    assert "data-dir" in info["error"] and "/no/such/folder" in info["error"]
+    ok = _query(_context({})).content["info"]
+    assert "error" not in ok and ok["client-id"] == 0 and ok["num-train"] == 500
+
+
+def test_client_reports_a_federated_task_with_another_number_of_clients():
+    folder = needs_data("tpt48")
+    run_config = {"dataset": "tpt48", "strategy": "fedavg", "data-dir": str(folder)}
+    info = _query(_context(run_config, pid=0, n=40)).content["info"]
+    assert "defines 48 clients but num-partitions = 40" in info["error"]
+
+
+def test_discover_clients_stops_on_a_client_error():
+    good = {"client-id": 0, "num-partitions": 2, "num-train": 5, "num-test": 5}
+    bad = {"client-id": 1, "error": "ConfigError: run config 'data-dir' = 'x' ..."}
+    with pytest.raises(RuntimeError, match="client 1 .*data-dir"):
+        discover_clients(LocalGrid(infos={11: good, 12: bad}), min_nodes=2)
+    clients = discover_clients(LocalGrid(infos={11: good, 12: {**good, "client-id": 1}}), min_nodes=2)
+    assert {n: i.client_id for n, i in clients.items()} == {11: 0, 12: 1}
+
+
+def test_discovery_needs_every_partition():
+    good = {"num-partitions": 3, "num-train": 5, "num-test": 5}
+    with pytest.raises(RuntimeError, match="set min-nodes = 3"):
+        discover_clients(LocalGrid(infos={1: {**good, "client-id": 0}, 2: {**good, "client-id": 2}}), 2)
+
+
+def test_a_deployed_grid_is_pulled_often_and_within_the_timeout(monkeypatch):
+    """On Flower's deployed grid the replies are pulled every PULL_INTERVAL seconds (not
+    Flower's 3 s), until all came or the timeout passed."""
+    from types import SimpleNamespace
+
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    from fedamp_flwr import discovery
+
+    class FakeHttpGrid(HttpGrid):
+        def __init__(self, ready_after: int):
+            self.pulls, self.ready_after = 0, ready_after
+
+        def push_messages(self, messages):
+            return ["m1", "m2"]
+
+        def pull_messages(self, message_ids):
+            self.pulls += 1
+            if self.pulls < self.ready_after:
+                return []
+            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=m))
+                    for m in sorted(message_ids)]
+
+    sleeps = []
+    monkeypatch.setattr(discovery.time, "sleep", sleeps.append)
+    msgs = [Message(RD(), message_type=MessageType.TRAIN, dst_node_id=n) for n in (1, 2)]
+    grid = FakeHttpGrid(ready_after=3)
+    got = discovery.send_and_receive(grid, msgs, timeout=60)
+    assert len(got) == 2 and grid.pulls == 3 and sleeps == [discovery.PULL_INTERVAL] * 2
+    assert discovery.PULL_INTERVAL <= 0.2
+    never = FakeHttpGrid(ready_after=10**9)
+    assert discovery.send_and_receive(never, msgs, timeout=0) == [] and never.pulls == 1
