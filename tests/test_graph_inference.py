@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import tasks
+from experiments import graph_picture
 from fedamp_flwr.config import ConfigError, RunConfig
 from fedamp_flwr.results import checkpoint_files
 from fedamp_flwr.server_app import run_setup
@@ -107,6 +108,9 @@ def test_the_graph_written_is_the_one_used_and_measured_against_the_groups(tmp_p
     np.fill_diagonal(truth, 0)
     assert note["against_truth"] == edge_agreement(used, truth)
     assert len(metrics["rounds"][1]["trained_clients"]) == n  # Panacea trained on it in round 2
+    # the docs' picture of it: the truth, the inferred graph, their agreement
+    picture = graph_picture.draw([tmp_path / "run"], tmp_path / "inferred.png")
+    assert picture.stat().st_size > 1000
 
 
 def test_a_members_run_infers_a_graph_over_their_names(tmp_path):
