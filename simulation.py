@@ -158,9 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 0 < args.validation_fraction < 1:
         raise SystemExit(f"error: --validation-fraction {args.validation_fraction} is invalid; "
                          "allowed: a number in (0, 1)")
-    if args.budget and args.rounds:
-        raise SystemExit("error: --rounds and --budget together are invalid: a budget sets the "
-                         "rounds; allowed: one of them")
+    if args.budget and (args.rounds or any(
+            s.partition("=")[0].strip() == "num-server-rounds" for s in args.set)):
+        raise SystemExit("error: --rounds (or --set num-server-rounds) and --budget together are "
+                         "invalid: a budget sets the rounds; allowed: one of them")
     default_out = f"tune-{args.preset}" if args.tune else args.preset
     output = Path(args.output or ROOT / "results" / default_out).resolve()
     data_dir = args.data_dir or None
@@ -174,7 +175,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.tuned:
             forced = [i.partition("=")[0].strip() for i in args.set] + (
                 ["num-server-rounds"] if args.rounds else [])
-            runs = apply_tuned(runs, read_tuned(args.tuned), forced)
+            tuned = read_tuned(args.tuned)
+            if tuned.get("budget") and tuned["budget"] != args.budget:
+                raise ConfigError(f"--tuned {str(args.tuned)!r} was chosen under --budget "
+                                  f"{tuned['budget']}; allowed: the same --budget "
+                                  "(its values spend that budget, not the preset's rounds)")
+            runs = apply_tuned(runs, tuned, forced)
         runs = apply_budget(runs, Budget.parse(args.budget) if args.budget else None)
     except (ConfigError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
@@ -184,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           args.ray_address, args.timeout, args.engine, jobs)
     if args.tune:
         command = "python simulation.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-        result = choose(runs, output, command)
+        result = choose(runs, output, command, budget=args.budget or "")
         n = sum(map(len, result["strategies"].values()))
         print(f"Wrote tuned.json and tuned.md to {output}: {n} method/setting choices"
               + (f"; no finished trial: {', '.join(result['missing'])}" if result["missing"]

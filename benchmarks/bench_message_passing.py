@@ -29,7 +29,7 @@ import warnings
 
 import torch
 
-from strategies.fedamp import FedAMP
+from strategies.fedamp import FedAMP, FedAMPSettings
 from strategies.fedamp_math import cloud_models, heurfedamp_weights
 
 SIZES = {"cnn": 1_663_370, "resnet18": 11_173_962}
@@ -54,7 +54,7 @@ class Strategy:
 
     def __init__(self, kind: str, sigma: float) -> None:
         self.kind, self.sigma, self.round = kind, sigma, 0
-        self.fedamp = FedAMP(alpha_k=ALPHA_K, sigma=sigma)
+        self.fedamp = FedAMP(FedAMPSettings(fedamp_alpha_k=ALPHA_K), sigma=sigma)
         self.path = "float64"
 
     def __call__(self, models: torch.Tensor) -> torch.Tensor:

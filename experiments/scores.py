@@ -104,7 +104,7 @@ class RunRecord:
             status=None if status is None else status.get("status"),
             timed_out=None if status is None else status.get("timed_out"),
             flower_run_id=None if status is None else status.get("run_id"),
-            wall_time_s=data.get("wall_time_s"), sigma=dict(data.get("sigma") or {}),
+            wall_time_s=data.get("wall_time_s"), sigma=_sigmas(data),
             xi=data.get("xi") or None, novel_clients=list(data.get("novel_clients") or []),
             attackers=list(data.get("attackers") or []),
             recorded={k: float(data[k]) for k in RECORDED
@@ -304,6 +304,17 @@ def scenario_keys(runs: Sequence[RunRecord]) -> list[str]:
         if len(values) > 1 or values - {default}:
             keys.append(key)
     return keys
+
+
+def _sigmas(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Each FedAMP method's sigma: the configured or paper's (``sigma``), else the one the run
+    chose from the data (``<method>_sigma``)."""
+    out = dict(data.get("sigma") or {})
+    for method in ("fedamp", "heurfedamp"):
+        chosen = data.get(f"{method}_sigma")
+        if out.get(method) is None and isinstance(chosen, Mapping):
+            out[method] = chosen.get("value")
+    return out
 
 
 def data_setting_of(run: RunRecord, keys: Iterable[str] | None = None) -> str:

@@ -150,10 +150,12 @@ def _trial_of(label: str) -> tuple[str, int]:
     return method, int(trial)
 
 
-def choose(runs: Sequence[Run], output: Path, command: str = "") -> dict[str, Any]:
+def choose(runs: Sequence[Run], output: Path, command: str = "", budget: str = ""
+           ) -> dict[str, Any]:
     """Each method's best trial per data setting by its validation score; written to
-    ``output``/tuned.json and tuned.md, and returned. A method none of whose trials
-    finished is left out (and named in ``missing``)."""
+    ``output``/tuned.json and tuned.md, and returned. ``budget``: the ``--budget`` every
+    trial spent ("" for the preset's rounds), recorded so that the values run only under
+    it. A method none of whose trials finished is left out (and named in ``missing``)."""
     by_method: dict[tuple[str, str], list[tuple[int, Run, float | None]]] = {}
     regression: dict[str, bool] = {}
     for run in runs:
@@ -188,7 +190,7 @@ def choose(runs: Sequence[Run], output: Path, command: str = "") -> dict[str, An
             "validation_fraction": run.run_config["validation-fraction"],
             "command": command,
         }
-    result = {"command": command, "strategies": chosen, "missing": missing}
+    result = {"command": command, "budget": budget, "strategies": chosen, "missing": missing}
     output.mkdir(parents=True, exist_ok=True)
     (output / TUNED_JSON).write_text(json.dumps(strict_json(result), indent=1,
                                                 allow_nan=False) + "\n")

@@ -264,7 +264,7 @@ class RunConfig:
             raise _bad("graph-file", self.graph_file, 'the path of an edge-list CSV when graph = "file"')
         check("graph-k", self.graph_k >= 1, "an integer >= 1 (and below the number of clients)")
         check("graph-warmup-rounds", self.graph_warmup_rounds >= 1, "an integer >= 1")
-        if self.graph == "inferred":
+        if self.graph == "inferred" and strategies.STRATEGIES[self.strategy].uses_graph:
             check("graph-warmup-rounds", self.graph_warmup_rounds < self.num_server_rounds,
                   f"fewer than num-server-rounds ({self.num_server_rounds}): the graph is "
                   "inferred after the warm-up, and used in the rounds after it")

@@ -53,7 +53,8 @@ def run_setup(cfg: RunConfig, num_clients: int, param_keys: list[str],
               adjacency: torch.Tensor | None = None) -> strategies.RunSetup:
     """What the run determines beside its config: clients, parameter keys, device, graph."""
     infer = cfg.graph == "inferred" and strategies.STRATEGIES[cfg.strategy].uses_graph
-    if infer and not cfg.graph_k < num_clients:
+    # a partitioned run's clients are all there; members may still join during the warm-up
+    if infer and cfg.dataset != tasks.MEMBERS and not cfg.graph_k < num_clients:
         raise ConfigError(f"run config 'graph-k' = {cfg.graph_k} is invalid; allowed: an "
                           f"integer in [1, {num_clients - 1}] (the run has {num_clients} clients)")
     return strategies.RunSetup(
@@ -71,7 +72,12 @@ def true_graph(cfg: RunConfig, dc: tasks.DataConfig) -> torch.Tensor | None:
     """The graph an inferred one is measured against: the task's own (FL-60, TPT-48), else
     its groups' (a partitioned setting with groups), else None (members' data)."""
     if cfg.dataset != tasks.MEMBERS and tasks.get_task(cfg.dataset).load_federated is not None:
-        adj = tasks.load_federated(dc).adjacency
+        try:
+            adj = tasks.load_federated(dc).adjacency
+        except (OSError, ValueError) as err:  # only a measurement: the run goes on without it
+            log(WARNING, "The task's graph cannot be read on the server (%s): the inferred "
+                "graph is not measured against it", err)
+            return None
         if adj is not None:
             return torch.from_numpy(np.asarray(adj, dtype=np.float32))
     groups = cfg.groups(dc.num_clients)

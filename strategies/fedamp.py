@@ -50,8 +50,8 @@ from .fedamp_math import (
 from .flower import PROXIMAL, PROXIMAL_MU
 
 OFFLINE_CHOICES = ("exclude", "include")
-#: how fedamp-sigma = "auto" is chosen: the paper's value where it has one, else from the
-#: data ("paper"); from the data always ("data")
+#: how fedamp-sigma and heurfedamp-sigma = "auto" are chosen: the paper's value where it
+#: has one, else from the data ("paper"); from the data always ("data")
 SIGMA_RULES = ("paper", "data")
 
 
@@ -98,6 +98,8 @@ class FedAMP(PersonalizedStrategy):
         s = FedAMPSettings() if settings is None else settings
         super().__init__(**kwargs)
         self.self_weight = s.self_weight(self.method)
+        if self.self_weight == "paper" and groups is None:  # the run config's check needs groups
+            raise ValueError('self weight "paper" (1 / (N_i + 1)) needs the clients\' groups')
         self.groups = None if groups is None else torch.as_tensor(list(groups), dtype=torch.long)
         self.alpha_k = s.fedamp_alpha_k
         self.alpha_decay = s.fedamp_alpha_decay
@@ -326,7 +328,8 @@ class FedAMPSettings(Settings):
     ``fedamp-alpha-k`` (alpha_k of round 1, paper 1e4), ``fedamp-alpha-decay`` and
     ``-decay-every`` (alpha_k times the decay every so many rounds), ``fedamp-lambda``
     (clients' proximal coefficient lambda / alpha_k), ``fedamp-sigma`` and
-    ``heurfedamp-sigma`` ("auto": the paper's, :data:`PAPER_SIGMA`), the self weights
+    ``heurfedamp-sigma`` ("auto": the paper's, :data:`PAPER_SIGMA`, where it has the
+    setting and ``fedamp-sigma-rule`` = "paper", else from the data), the self weights
     (``eq6``: Eq. 6's 1 - the others; ``paper``: the appendix's 1 / (N_i + 1); a
     number in [0, 1)), ``fedamp-offline-clients`` (``exclude``: only this round's
     training clients mix; ``include``: every training client's latest model).
@@ -381,8 +384,8 @@ class FedAMPSettings(Settings):
 
     def sigma(self, method: str, dataset: str, setting: str) -> float | None:
         """sigma of ``method`` ("fedamp"/"heurfedamp"); "auto" = the paper's for the data
-        setting, or None: FedAMP's from the data (``fedamp-sigma-rule`` = "data", or
-        "paper" where the paper gives none)."""
+        setting, or None: from the data (``fedamp-sigma-rule`` = "data", or "paper" where
+        the paper gives none; :meth:`FedAMP.data_sigma`)."""
         value = getattr(self, f"{method}_sigma")
         if value == "auto":
             if self.fedamp_sigma_rule == "data":

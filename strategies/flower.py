@@ -146,7 +146,7 @@ def _fedavg(settings: Settings, run: RunSetup) -> FedAvg:
 
 @register_strategy("fedprox", settings=ProximalSettings)
 def _fedprox(settings: ProximalSettings, run: RunSetup) -> FedProx:
-    return FedProx(proximal_mu=settings.fedprox_mu, **flower_kwargs(run))
+    return FedProx(settings=settings, proximal_mu=settings.fedprox_mu, **flower_kwargs(run))
 
 
 @register_strategy("fedavg-ft", settings=FineTuneSettings)

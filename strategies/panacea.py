@@ -244,9 +244,6 @@ class Panacea(PersonalizedStrategy):
         n = len(self.client_ids)
         self.buffers = initial[self.flat.num_params :]
         if self.inferring:
-            if not 1 <= self.infer_k < n:
-                raise ValueError(f"run config 'graph-k' = {self.infer_k} is invalid; allowed: "
-                                 f"an integer in [1, {n - 1}] (the run has {n} clients)")
             self._update_sum = torch.zeros(n, self.flat.num_params, dtype=torch.float64)
             self._update_count = torch.zeros(n, dtype=torch.long)
             return None
@@ -279,8 +276,12 @@ class Panacea(PersonalizedStrategy):
         assert self._update_sum is not None and self._update_count is not None
         count = self._update_count
         mean = self._update_sum / count.clamp(min=1)[:, None].double()
-        adj = cosine_knn_graph(mean.numpy(), self.infer_k)
-        note: dict = {"round": server_round, "k": self.infer_k,
+        k = min(self.infer_k, len(count) - 1)
+        if k < self.infer_k:  # a members run with fewer members than graph-k + 1
+            log(WARNING, "graph-k = %d but the run has %d clients: each chooses %d",
+                self.infer_k, len(count), k)
+        adj = cosine_knn_graph(mean.numpy(), k) if k >= 1 else np.zeros((1, 1), np.float32)
+        note: dict = {"round": server_round, "k": k,
                       "untrained_clients": [self.client_ids[r] for r in
                                             torch.nonzero(count == 0).flatten().tolist()],
                       "edges": [[self.client_ids[int(a)], self.client_ids[int(b)]]
@@ -291,7 +292,7 @@ class Panacea(PersonalizedStrategy):
         self.history.notes["inferred_graph"] = note
         if note["untrained_clients"]:
             log(WARNING, "Round %d: %d client(s) trained in no warm-up round (client ids %s): "
-                "their edges are those other clients chose", server_round,
+                "they have no edges (their embeddings are trained alone)", server_round,
                 len(note["untrained_clients"]), note["untrained_clients"])
         log(INFO, "Round %d: client graph inferred from the warm-up updates: %d edges "
             "(k = %d)%s", server_round, len(note["edges"]), self.infer_k,
@@ -394,8 +395,12 @@ class Panacea(PersonalizedStrategy):
             self.use_generator = self.wants_generator
         super().load_state_dict(state, initial_arrays)
         if self.inferring and "update_sum" in state:
-            self._update_sum = state["update_sum"].double()
-            self._update_count = state["update_count"].long()
+            sums, counts = state["update_sum"], state["update_count"]
+            assert self._update_sum is not None
+            if tuple(sums.shape) != tuple(self._update_sum.shape) or len(counts) != len(sums):
+                raise ValueError(f"the checkpoint's warm-up sums are {tuple(sums.shape)}, the "
+                                 f"run's {tuple(self._update_sum.shape)}")
+            self._update_sum, self._update_count = sums.double(), counts.long()
         if "hnet" in state:
             self.net.load_state_dict(state["hnet"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -410,9 +415,9 @@ class Panacea(PersonalizedStrategy):
             initial = self._initial[: self.flat.num_params].double().cpu()
             self._update_sum.index_add_(0, rows.cpu(), params - initial)
             self._update_count.index_add_(0, rows.cpu(), torch.ones(len(rows), dtype=torch.long))
-            if server_round >= self.warmup_rounds:
-                self._infer_graph(server_round)
-            return
+            if server_round < self.warmup_rounds:
+                return
+            self._infer_graph(server_round)  # then GH's first server steps, on these models
         rows = rows.to(self.device)
         loss = 0.0
         for _ in range(self.server_steps):

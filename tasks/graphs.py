@@ -96,14 +96,30 @@ def knn_graph(weights: np.ndarray, k: int) -> np.ndarray:
 
 
 def cosine_knn_graph(updates: np.ndarray, k: int) -> np.ndarray:
-    """The ``k``-nearest-neighbour graph (:func:`knn_graph`) of the clients' update vectors
-    (one row each) by cosine similarity; a zero row (a client that never trained) is
-    similar to no one (0 to all), so its edges are only those other clients choose and its
-    own ties, by client id."""
+    """The ``k``-nearest-neighbour graph (as :func:`knn_graph`: each client's ``k`` most
+    similar, ties to the lower client id, an edge where either end chose the other) of the
+    clients' update vectors (one row each) by cosine similarity. A zero row (a client that
+    never trained) chooses no one and no one chooses it: it has no edges; among the others
+    each chooses ``min(k, others)``."""
     u = np.asarray(updates, dtype=np.float64)
-    norms = np.linalg.norm(u, axis=1, keepdims=True)
-    unit = np.divide(u, norms, out=np.zeros_like(u), where=norms > 0)
-    return knn_graph(unit @ unit.T, k)
+    n = u.shape[0]
+    if u.ndim != 2 or not 1 <= k < n:
+        raise GraphError(f"a k-nearest-neighbour graph needs one row per client and "
+                         f"1 <= k < n; got shape {u.shape} and k = {k}")
+    norms = np.linalg.norm(u, axis=1)
+    trained = norms > 0
+    unit = np.divide(u, norms[:, None], out=np.zeros_like(u), where=trained[:, None])
+    sim = unit @ unit.T
+    sim[:, ~trained] = -np.inf
+    np.fill_diagonal(sim, -np.inf)
+    chosen = np.argsort(-sim, axis=1, kind="stable")[:, :k]
+    rows = np.repeat(np.arange(n), k)
+    keep = np.isfinite(sim[rows, chosen.ravel()]) & trained[rows]
+    adj = np.zeros((n, n), dtype=np.float32)
+    adj[rows[keep], chosen.ravel()[keep]] = 1.0
+    adj = np.maximum(adj, adj.T)
+    np.fill_diagonal(adj, 0.0)
+    return adj
 
 
 def edge_agreement(found: np.ndarray, truth: np.ndarray) -> dict[str, float | int]:

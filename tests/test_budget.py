@@ -64,10 +64,21 @@ def test_the_panacea_preset_spent_as_each_methods_regime_or_one_step_a_round(tmp
         apply_budget(_fl60_runs(tmp_path, ["local-steps=7"]), Budget.parse("steps=1200"))
 
 
-def test_simulation_refuses_rounds_and_a_budget_together(tmp_path):
-    with pytest.raises(SystemExit, match="--rounds and --budget together are invalid"):
-        simulation.main(["--preset", "quick", "--rounds", "3", "--budget", "steps=60",
+@pytest.mark.parametrize("rounds", [["--rounds", "3"], ["--set", "num-server-rounds=3"]])
+def test_simulation_refuses_rounds_and_a_budget_together(tmp_path, rounds):
+    with pytest.raises(SystemExit, match=r"--rounds \(or --set num-server-rounds\) and --budget "
+                                         "together are invalid"):
+        simulation.main(["--preset", "quick", *rounds, "--budget", "steps=60",
                          "--output", str(tmp_path)])
+
+
+def test_values_tuned_under_a_budget_run_only_under_it(tmp_path):
+    tuned = tmp_path / "tuned.json"
+    tuned.write_text(json.dumps({"budget": "steps=1200", "strategies": {}}))
+    with pytest.raises(SystemExit, match="was chosen under --budget steps=1200; allowed: the "
+                                         "same --budget"):
+        simulation.main(["--preset", "quick", "--tuned", str(tuned), "--output",
+                         str(tmp_path / "out"), "--data-dir", ""])
 
 
 def test_every_tuning_space_of_a_step_task_holds_one_local_step(tmp_path):

@@ -34,11 +34,17 @@ def test_the_nearest_neighbours_by_cosine_worked_by_hand():
                                                                  (1, 3), (2, 3)}
 
 
-def test_a_client_that_never_trained_is_similar_to_no_one():
-    updates = np.array([[1.0, 0.0], [1.0, 0.1], [0.0, 0.0]])
+def test_a_client_that_never_trained_has_no_edges():
+    updates = np.array([[1.0, 0.0], [1.0, 0.1], [0.0, 0.0], [-1.0, 0.2]])
     adj = cosine_knn_graph(updates, 1)
-    assert adj[0, 1] == adj[1, 0] == 1  # the two that trained choose each other
-    assert adj[2].sum() == 1 and adj[2, 0] == 1  # the zero row: all ties, the lowest id
+    assert adj[2].sum() == 0 and adj[:, 2].sum() == 0  # chooses no one, chosen by no one
+    assert adj[0, 1] == adj[1, 0] == 1
+    # client 3 points away from everyone, yet chooses among those that trained (client 1)
+    assert adj[3].tolist() == [0, 1, 0, 0]
+    # 7 of 10 untrained (fraction-train < 1 in the warm-up): they stay out of the graph
+    many = np.zeros((10, 3))
+    many[:3] = np.eye(3)
+    assert cosine_knn_graph(many, 2)[3:].sum() == 0
 
 
 def test_well_separated_groups_give_edges_within_groups():

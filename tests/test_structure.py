@@ -149,6 +149,12 @@ def test_a_client_half_owns_the_keys_its_settings_send_and_no_others():
     assert settings.from_message({"apfl-alpha": 0.25}).apfl_alpha == 0.25
     with pytest.raises(ConfigError, match="'apfl-alpha' = 5.0 is invalid; allowed: a number in"):
         settings.from_message({"apfl-alpha": 5.0})  # a message's value is checked as the config's
+    from flwr.app import ConfigRecord
+
+    from strategies.core.client import instruction_problem
+
+    problem = instruction_problem(ConfigRecord({"client-update": "apfl", "apfl-alpha": 5.0}), True)
+    assert problem is not None and "carries a bad value" in problem and "'apfl-alpha' = 5.0" in problem
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ from tasks import ClientData
 from tasks.train import train as train_loop
 
 from .protocol import CLIENT_UPDATE, GENERIC_KEYS, TRAINED_ROUNDS, as_int
-from .settings import EVALUATE, TRAIN, NoSettings, S, Settings
+from .settings import EVALUATE, TRAIN, ConfigError, NoSettings, S, Settings
 
 LOCAL = "local"
 #: the records a client update adds to its train reply (SCAFFOLD's ``control-delta``)
@@ -233,11 +233,12 @@ def instruction_problem(config: ConfigRecord, train: bool) -> str | None:
     """Why a train (``train``) or evaluate config cannot be carried out, or None.
 
     The config must name a registered update (or none: ``local``), carry
-    every key that update declares for the phase, and no key but those and
-    the generic ones (:data:`strategies.core.protocol.GENERIC_KEYS`). A key of
-    another method (e.g. ``apfl-alpha`` beside ``proximal-mu``) is named with
-    its owner. Used by both halves: the server checks every message it
-    sends, the client every message it receives.
+    every key that update declares for the phase, with values its settings'
+    declarations allow, and no key but those and the generic ones
+    (:data:`strategies.core.protocol.GENERIC_KEYS`). A key of another method
+    (e.g. ``apfl-alpha`` beside ``proximal-mu``) is named with its owner.
+    Used by both halves: the server checks every message it sends, the
+    client every message it receives.
     """
     name = update_name(config)
     update = _REGISTRY.updates.get(name)
@@ -255,6 +256,10 @@ def instruction_problem(config: ConfigRecord, train: bool) -> str | None:
                           else f"'{k}' (of no method)" for k in extra)
         return (f"the {phase} message names client update {name!r} but carries keys that "
                 f"are not its own: {owned}")
+    try:  # its keys' values, checked as their declarations say (a hostile server's too)
+        update.settings.from_message(config)
+    except ConfigError as err:
+        return f"the {phase} message for client update {name!r} carries a bad value: {err}"
     return None
 
 
