@@ -177,7 +177,9 @@ class Panacea(PersonalizedStrategy):
         updates (trained - initial) by cosine similarity
         (:func:`tasks.graphs.cosine_knn_graph`), records its edges (and, where
         ``true_adjacency`` is given, their precision and recall) in the history's
-        ``notes``, builds GH on it and trains as Panacea from the next round.
+        ``notes``, builds GH on it, takes GH's first server steps on that round's
+        models, and trains as Panacea from the next round. Clients that trained in no
+        warm-up round have no edges.
     true_adjacency : torch.Tensor | None
         The task's own graph, against which an inferred graph is measured.
     **kwargs
