@@ -105,7 +105,7 @@ def test_the_graph_written_is_the_one_used_and_measured_against_the_groups(tmp_p
     written = _graph_of(tmp_path / "run" / "graph-inferred.csv")
     assert written == {(str(u), str(v)) for u, v in note["edges"]}
     # the graph GH was built on (the checkpoint's) is the file's
-    state = torch.load(checkpoint_files(tmp_path / "run")[0], weights_only=False)
+    state = torch.load(checkpoint_files(tmp_path / "run")[0], weights_only=True)
     used = state["strategy"]["inferred_adjacency"].numpy()
     assert np.array_equal(used, read_edge_list(tmp_path / "run" / "graph-inferred.csv", n))
     # measured against the setting's groups, as the log says

@@ -47,7 +47,7 @@ def test_heurfedamp_chooses_its_sigma_from_the_data_and_records_it(tmp_path):
     metrics = json.loads((tmp_path / "heur" / "metrics.json").read_text())
     note = metrics["heurfedamp_sigma"]
     assert note["round"] == 1 and note["clients"] == 4 and "cosine" in note["rule"]
-    state = torch.load(checkpoint_files(tmp_path / "heur")[0], weights_only=False)
+    state = torch.load(checkpoint_files(tmp_path / "heur")[0], weights_only=True)
     assert state["strategy"]["sigma"] == note["value"] > 0
     r1, r2 = metrics["rounds"]
     assert r2["trained_clients"] == [0, 1, 2, 3]
