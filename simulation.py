@@ -66,6 +66,7 @@ from experiments.jobs import parse_jobs
 from experiments.presets import PRESETS, ConfigError, apply_overrides, expand
 from experiments.runner import run_grid
 from experiments.tuning import VALIDATION_FRACTION, apply_tuned, choose, tuning_runs
+from strategies.core.registry import budget_tuned
 
 ROOT = Path(__file__).resolve().parent
 
@@ -172,9 +173,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs = tuning_runs(grid, args.tune, data_dir, output, args.validation_fraction)
         else:
             runs = expand(grid, data_dir, output)
+        forced = [i.partition("=")[0].strip() for i in args.set] + (
+            ["num-server-rounds"] if args.rounds else [])
+        if args.budget and not args.tune and not args.tuned:
+            # the values a tuning chose under this budget (strategies/tuned.json's "budgets")
+            if tuned := budget_tuned(args.budget):
+                runs = apply_tuned(runs, tuned, forced)
+                print(f"--budget {args.budget}: the values tuned under it (strategies/tuned.json)"
+                      f" for {', '.join(sorted(tuned['strategies']))}")
         if args.tuned:
-            forced = [i.partition("=")[0].strip() for i in args.set] + (
-                ["num-server-rounds"] if args.rounds else [])
             tuned = read_tuned(args.tuned)
             if tuned.get("budget") and tuned["budget"] != args.budget:
                 raise ConfigError(f"--tuned {str(args.tuned)!r} was chosen under --budget "

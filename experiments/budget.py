@@ -67,16 +67,25 @@ class Budget:
         return self.amount // local_steps
 
 
+#: A run a budget gives more rounds than this writes its checkpoint and metrics.json at most
+#: this many times (``checkpoint-every``, unless the run sets it): each write holds the whole
+#: history, so writing every one of 1,200 short rounds would cost time quadratic in them.
+MOST_WRITES = 50
+
+
 def apply_budget(runs: Sequence[Run], budget: Budget | None) -> list[Run]:
     """``runs`` with the rounds that spend ``budget`` (each run's local steps resolved as it
-    will run them: "auto" and tuned values included)."""
+    will run them: "auto" and tuned values included), and at most :data:`MOST_WRITES`
+    checkpoints where the run does not say how often."""
     if budget is None:
         return list(runs)
     out = []
     for run in runs:
         steps = int(RunConfig.from_run_config(run.run_config).local_steps)
         rounds = budget.rounds_for(steps, f"run {run.name}")
-        cfg = {**run.run_config, "num-server-rounds": rounds}
+        every = {"checkpoint-every": -(-rounds // MOST_WRITES)} if (
+            rounds > MOST_WRITES and "checkpoint-every" not in run.run_config) else {}
+        cfg = {**run.run_config, "num-server-rounds": rounds, **every}
         RunConfig.from_run_config(cfg)
         out.append(dataclasses.replace(run, run_config=cfg))
     return out

@@ -8,11 +8,17 @@
   resolved without ``strategies/tuned.json``: a tuning starts from the
   defaults, whatever an earlier one chose), the others multiply them by factors drawn, seeded and without
   repeats, from the method's search space (:func:`space`): the generic local
-  training (:data:`GENERIC_SPACE`: the learning rate x 1/3, 1, 3; local epochs,
+  training (:data:`GENERIC_SPACE`: the optimizer, Adam or plain SGD, each with its
+  own learning rate x 1/3, 1, 3 (:data:`START_LEARNING_RATE`); local epochs,
   or local steps where the task counts steps, x 1/2, 1, 2, and one local step a
   round, FedAvg's own regime, :data:`ONE_STEP`) and the method's own
   keys (``register_strategy(tune=...)``, e.g. Panacea's clients' and server's
-  learning rates, which replace the generic learning rate it does not use);
+  learning rates, which replace the generic learning rate and optimizer it does
+  not use);
+* the trials after trial 0 are drawn so that every value of every key is tried
+  before a value is tried twice (:func:`draw`): with 12 trials, every learning
+  rate of both optimizers and every local work, one local step included, is in
+  some trial;
 * every trial holds out ``validation-fraction`` (0.2) of each client's training
   data, trains on the rest and is scored on that share (BMTA, or best mean MSE
   for regression), never on the test data: a tuning run does not load it.
@@ -22,7 +28,10 @@
 trial's, the command) and ``tuned.md``. Copied to ``strategies/tuned.json``,
 the chosen values are what "auto" gives (:func:`fedamp_flwr.config.auto_values`);
 ``simulation.py --tuned FILE`` runs a preset with them where it sets the keys
-itself (e.g. the FedAMP paper's learning rate in ``quick``). Every key of a
+itself (e.g. the FedAMP paper's learning rate in ``quick``). Values chosen under a
+``--budget`` go to ``strategies/tuned.json``'s ``budgets`` (``python -m
+experiments.tuning merge FILE`` puts a tuning's choices where they belong), which
+``simulation.py --budget`` applies by itself. Every key of a
 space takes "auto", so that a tuned value can be its default.
 """
 
@@ -44,11 +53,18 @@ from fedamp_flwr.results import strict_json
 from strategies import STRATEGIES
 from strategies.core.registry import untuned
 
-#: The search space every method shares: factors of the run's own value.
-GENERIC_SPACE: dict[str, tuple[float, ...]] = {
+#: The search space every method shares: factors of the run's own value, or (strings) the
+#: values to choose from.
+GENERIC_SPACE: dict[str, tuple[float, ...] | tuple[str, ...]] = {
     "learning-rate": (1 / 3, 1.0, 3.0),
     "local-epochs": (0.5, 1.0, 2.0),  # or local-steps, where the task counts steps
+    "optimizer": ("adam", "sgd"),
 }
+#: A learning rate belongs to its optimizer: the ladder of an optimizer other than the run's
+#: own is centred here. Adam's 1e-3 is the generic "auto" value; SGD's 0.1 is its usual
+#: starting point on small networks (not tuned on this project's tasks).
+START_LEARNING_RATE = {"adam": 1e-3, "sgd": 0.1}
+LR, OPTIMIZER = "learning-rate", "optimizer"
 #: Where the task counts local steps, one step a round is in every method's space too: the
 #: regime in which FedAvg is at its best (many short rounds). Under a step budget
 #: (``simulation.py --budget steps=S``) such a trial takes S rounds, the others S / k.
@@ -58,14 +74,17 @@ VALIDATION_FRACTION = 0.2
 TUNED_JSON, TUNED_MD = "tuned.json", "tuned.md"
 
 
-def space(strategy: str, steps: bool) -> dict[str, tuple[float, ...]]:
-    """The search space of ``strategy`` (key -> factors): the generic one, with local steps
-    for epochs where ``steps``, then the strategy's own (``()`` removes a key)."""
+def space(strategy: str, steps: bool) -> dict[str, tuple[float, ...] | tuple[str, ...]]:
+    """The search space of ``strategy`` (key -> factors, or choices): the generic one, with
+    local steps for epochs where ``steps``, then the strategy's own (``()`` removes a key; a
+    method without the generic learning rate has no generic optimizer either)."""
     generic = dict(GENERIC_SPACE)
     if steps:
         generic["local-steps"] = generic.pop("local-epochs")
     merged = {**generic, **STRATEGIES[strategy].tune}
     out = {k: v for k, v in merged.items() if v}
+    if LR not in out:
+        out.pop(OPTIMIZER, None)
     for key in out:
         settings = STRATEGIES[strategy].settings
         if key not in GENERIC_AUTO and key not in settings.AUTO:
@@ -116,13 +135,48 @@ def trials(strategy: str, run_config: Mapping[str, Any], k: int, seed: int = 0
         steps = int(RunConfig.from_run_config(run_config).local_steps) > 0
         sp = space(strategy, steps)
         base = base_values(run_config, list(sp))
-    ladders = {key: ladder(base[key], factors) for key, factors in sp.items()}
+    points = grid(sp, base)
+    return [dict(base), *draw([p for p in points if p != base], base, k - 1,
+                              random.Random(f"{seed}-{strategy}"))]
+
+
+def grid(sp: Mapping[str, Sequence[Any]], base: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every point of the space ``sp`` around the run's values ``base``: each numeric key's
+    :func:`ladder` (local steps with :data:`ONE_STEP` too), each choice's values, and the
+    learning rate's ladder centred on each optimizer's own (:data:`START_LEARNING_RATE`
+    where the run's optimizer is another)."""
+    ladders: dict[str, list[Any]] = {
+        key: list(values) if _is_choice(values) else ladder(base[key], values)
+        for key, values in sp.items()}
     if "local-steps" in ladders and ONE_STEP not in ladders["local-steps"]:
         ladders["local-steps"].append(ONE_STEP)
-    points = [dict(zip(sp, p)) for p in itertools.product(*ladders.values())]
-    others = [p for p in points if p != base]
-    random.Random(f"{seed}-{strategy}").shuffle(others)
-    return [dict(base), *others[:k - 1]]
+    if OPTIMIZER not in sp:
+        return [dict(zip(ladders, p)) for p in itertools.product(*ladders.values())]
+    rates = {o: ladder(base[LR] if o == base[OPTIMIZER] else START_LEARNING_RATE[o], sp[LR])
+             for o in ladders.pop(OPTIMIZER)}
+    ladders.pop(LR)
+    return [{**dict(zip(ladders, p)), OPTIMIZER: o, LR: lr}
+            for p in itertools.product(*ladders.values()) for o in rates for lr in rates[o]]
+
+
+def draw(points: Sequence[Mapping[str, Any]], base: Mapping[str, Any], n: int,
+         rng: random.Random) -> list[dict[str, Any]]:
+    """``n`` of ``points`` in a seeded order, each time the one that tries the most values
+    not tried yet (by ``base`` or an earlier pick; ties in the shuffled order): every value
+    of every key comes before any is tried twice, where ``n`` allows."""
+    left = [dict(p) for p in points]
+    rng.shuffle(left)
+    seen = set(base.items())
+    out: list[dict[str, Any]] = []
+    while left and len(out) < n:
+        best = max(range(len(left)), key=lambda i: len(set(left[i].items()) - seen))
+        out.append(left.pop(best))
+        seen |= set(out[-1].items())
+    return out
+
+
+def _is_choice(values: Sequence[Any]) -> bool:
+    return all(isinstance(v, str) for v in values)
 
 
 def tuning_runs(grid: Grid, k: int, data_dir: str | None, output: Path,
@@ -244,3 +298,38 @@ def apply_tuned(runs: Sequence[Run], tuned: Mapping[str, Any], forced: Sequence[
         RunConfig.from_run_config(new)
         out.append(Run(run.name, run.num_clients, new))
     return out
+
+
+def merge(result: Mapping[str, Any], into: Path) -> None:
+    """Put a tuning's choices (``tuned.json``) into ``into`` (``strategies/tuned.json``): under
+    ``strategies`` (what "auto" gives), or under ``budgets`` for a tuning under a ``--budget``;
+    a method and data setting tuned again is replaced, the others are kept."""
+    data = json.loads(into.read_text()) if into.is_file() else {"strategies": {}}
+    target = (data.setdefault("budgets", {}).setdefault(result["budget"], {"strategies": {}})
+              if result.get("budget") else data)
+    for method, settings in result["strategies"].items():
+        target.setdefault("strategies", {}).setdefault(method, {}).update(settings)
+    into.write_text(json.dumps(strict_json(data), indent=1, allow_nan=False) + "\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m experiments.tuning merge FILE [--into PATH]``."""
+    import argparse
+
+    from strategies.core.registry import TUNED_FILE
+
+    p = argparse.ArgumentParser(prog="python -m experiments.tuning", description=merge.__doc__)
+    p.add_argument("action", choices=["merge"])
+    p.add_argument("file", type=Path, help="a tuned.json written by simulation.py --tune")
+    p.add_argument("--into", type=Path, default=TUNED_FILE)
+    args = p.parse_args(argv)
+    result = json.loads(args.file.read_text())
+    merge(result, args.into)
+    where = f"budgets[{result['budget']!r}]" if result.get("budget") else "strategies"
+    print(f"merged {sum(map(len, result['strategies'].values()))} choices into {args.into} "
+          f"({where})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -41,12 +41,14 @@ GRAPHS = ("task", "file", "groups", "inferred", "none")
 RUN_NAME_MOST = 200
 #: which models a run keeps (fedamp_flwr/delivery.py)
 SAVE_MODES = ("final", "every-checkpoint", "best-validation", "none")
+#: differential privacy on the members' machines (fedamp_flwr/privacy.py)
+DP_MODES = ("none", "update")
 
 # The generic settings that take "auto", and their values where neither the task nor the
 # strategy says otherwise: the FedAMP paper's local training (10 epochs there; 5 here,
 # see docs/reproducing.md). A method's own "auto" keys are its settings class's ``AUTO``.
 GENERIC_AUTO: dict[str, Any] = {"local-epochs": 5, "local-steps": 0, "batch-size": 100,
-                                "learning-rate": 1e-3}
+                                "learning-rate": 1e-3, "optimizer": "adam"}
 
 _bad = bad  # the shared ConfigError of a key (strategies.core.settings)
 __all__ = ["ConfigError", "RunConfig", "auto_values", "parse_shape"]
@@ -120,7 +122,7 @@ class RunConfig:
     local_epochs: int | str = "auto"
     batch_size: int | str = "auto"
     learning_rate: float | str = "auto"
-    optimizer: str = "adam"
+    optimizer: str = "auto"
     server_device: str = "auto"
     local_steps: int | str = "auto"
     graph: str = "task"
@@ -146,6 +148,10 @@ class RunConfig:
     drop_rate: float = 0.0
     heterogeneous_epochs: bool = False
     save_models: str = "final"
+    dp: str = "none"
+    dp_clip: float = 1.0
+    dp_noise_multiplier: float = 1.0
+    dp_delta: float = 1e-5
 
     @classmethod
     def generic_fields(cls) -> dict[str, dataclasses.Field]:
@@ -187,7 +193,17 @@ class RunConfig:
 
     def resolved(self, auto: Mapping[str, Any]) -> RunConfig:
         """This config with every generic "auto" setting (:data:`GENERIC_AUTO`) given its
-        value from ``auto`` (:func:`auto_values`)."""
+        value from ``auto`` (:func:`auto_values`).
+
+        A learning rate belongs to its optimizer (Adam's 1e-3 would barely move SGD, SGD's
+        0.3 would throw Adam off): an "auto" learning rate with an ``optimizer`` other than
+        the "auto" one is a ConfigError."""
+        if (self.learning_rate == "auto" and self.optimizer != "auto"
+                and self.optimizer != auto["optimizer"]):
+            raise _bad("learning-rate", "auto",
+                       f"a number: \"auto\" is {auto['learning-rate']:g}, the learning rate of "
+                       f"optimizer {auto['optimizer']!r} here, and this run sets optimizer = "
+                       f"{self.optimizer!r}")
         return dataclasses.replace(self, **{
             key.replace("-", "_"): auto[key] for key in GENERIC_AUTO
             if getattr(self, key.replace("-", "_")) == "auto"})
@@ -229,6 +245,15 @@ class RunConfig:
               "an integer >= 0 (rounds in a row without usable replies before the run stops)")
         choice("xi-dtype", self.xi_dtype, ["float32", "float16"])
         choice("save-models", self.save_models, SAVE_MODES)
+        choice("dp", self.dp, DP_MODES)
+        check("dp-clip", 0 < self.dp_clip < math.inf, "a finite number > 0 (an L2 norm bound)")
+        check("dp-noise-multiplier", 0 <= self.dp_noise_multiplier < math.inf
+              and (self.dp == "none" or self.dp_noise_multiplier > 0),
+              "a finite number > 0 with dp (no noise is no privacy), >= 0 without")
+        check("dp-delta", 0 < self.dp_delta < 1, "a number in (0, 1), e.g. 1e-5")
+        why = strategies.STRATEGIES[self.strategy].not_private
+        if self.dp != "none" and why:
+            raise _bad("dp", self.dp, f"none for strategy {self.strategy!r}: {why}")
         if self.save_models == "best-validation" and self.validation_fraction <= 0:
             raise _bad("save-models", self.save_models, "final, every-checkpoint or none; "
                        "best-validation needs validation-fraction > 0 (the model is chosen on "

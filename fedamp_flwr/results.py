@@ -1,10 +1,13 @@
-"""A run's folder: ``metrics.json`` after every round, the checkpoint, and the rules that keep
+"""A run's folder: ``metrics.json`` with every checkpoint, the checkpoint, and the rules that keep
 results from being lost.
 
 ``<results-dir>/<run name>/``
 
 * ``metrics.json``: the run's records, rewritten atomically (strict JSON, no
-  NaN) after every round; ``"finished": true`` once the last round is done.
+  NaN) with every checkpoint (every round where ``checkpoint-every = 0``): it
+  never claims a round a resume cannot continue from, and a run of thousands of
+  short rounds spends no quadratic time rewriting it (``checkpoint-every = 20``
+  there); ``"finished": true`` once the last round is done.
 * ``xi/``: FedAMP's weight matrices, one ``.npy`` per recorded round (:class:`XiFiles`).
 * ``models/``: each client's model and card (``save-models``; a partitioned run's:
   a member's are on its own node, :mod:`fedamp_flwr.delivery`).

@@ -17,7 +17,7 @@ import strategies
 import tasks
 from strategies.core.clients import ClientInfo
 from strategies.core.layout import dtypes_of, with_dtypes
-from strategies.core.protocol import BATCH_SIZE, LOCAL_EPOCHS, LOCAL_STEPS, LR, OPTIMIZER
+from strategies.core.protocol import BATCH_SIZE, DP_RUN, LOCAL_EPOCHS, LOCAL_STEPS, LR, OPTIMIZER
 from strategies.core.replies import array_spec
 from tasks.graphs import GraphError, build_graph, group_graph
 
@@ -272,7 +272,9 @@ def _main(grid: Grid, context: Context) -> None:
         # Both are taken now and written by the writer's thread, in that order, while the
         # next round runs.
         last = server_round == cfg.num_server_rounds
-        if cfg.checkpoint_every and (server_round % cfg.checkpoint_every == 0 or last):
+        checkpoint = bool(cfg.checkpoint_every) and (server_round % cfg.checkpoint_every == 0
+                                                     or last)
+        if checkpoint:
             copied = time.perf_counter()
             state = snapshot({
                 "round": server_round, "config": cfg.to_dict(),
@@ -295,12 +297,14 @@ def _main(grid: Grid, context: Context) -> None:
                     "%.2fs to write, in the background)", r, size / 1e6, copied, seconds)
 
             writer.submit(write_checkpoint)
-        metrics = copy.deepcopy(record(server_round))  # the next round adds to the records
-        writer.submit(lambda: folder.write_metrics(metrics))
+        if checkpoint or not cfg.checkpoint_every:  # with its checkpoint, else every round
+            metrics = copy.deepcopy(record(server_round))  # the next round adds to the records
+            writer.submit(lambda: folder.write_metrics(metrics))
 
     train_config = ConfigRecord({
         LOCAL_EPOCHS: cfg.local_epochs, LOCAL_STEPS: cfg.local_steps,
         BATCH_SIZE: cfg.batch_size, LR: cfg.learning_rate, OPTIMIZER: cfg.optimizer,
+        **({DP_RUN: str(folder.path.resolve())} if cfg.dp != "none" else {}),
     })
     evaluate_config = ConfigRecord({BATCH_SIZE: cfg.batch_size})
     try:

@@ -166,6 +166,7 @@ class PFedMe(FedAvg):
         return arrays, metrics
 
 
-@register_strategy(PFEDME, settings=PFedMeSettings)
+# its updates are the paper's own SGD steps, whatever the optimizer: not a key to tune
+@register_strategy(PFEDME, settings=PFedMeSettings, tune={"optimizer": ()})
 def _pfedme(settings: PFedMeSettings, run: RunSetup) -> PFedMe:
     return PFedMe(settings, **flower_kwargs(run))

@@ -60,6 +60,10 @@ def test_the_panacea_preset_spent_as_each_methods_regime_or_one_step_a_round(tmp
     assert spent == {"panacea": (60, 20), "fedavg": (30, 40)}
     for run in apply_budget(_fl60_runs(tmp_path, ["local-steps=1"]), Budget.parse("steps=1200")):
         assert run.run_config["num-server-rounds"] == 1200  # FedAvg's regime, the same budget
+        assert run.run_config["checkpoint-every"] == 24  # 50 writes of the history, not 1,200
+    kept = apply_budget(_fl60_runs(tmp_path, ["local-steps=1", "checkpoint-every=1"]),
+                        Budget.parse("steps=1200"))
+    assert {r.run_config["checkpoint-every"] for r in kept} == {1}  # the run's own choice
     with pytest.raises(ConfigError, match="run fedavg-fl60-grda-s0 takes 7 local steps"):
         apply_budget(_fl60_runs(tmp_path, ["local-steps=7"]), Budget.parse("steps=1200"))
 

@@ -127,6 +127,17 @@ def test_a_serverapp_killed_and_resumed_gives_the_uninterrupted_numbers(tmp_path
     assert resumed["bmta"] == whole["bmta"]
 
 
+@pytest.mark.parametrize("every, written", [(2, 2), (0, 3)])
+def test_metrics_json_is_written_with_each_checkpoint(tmp_path, every, written):
+    # killed in round 4: with a checkpoint every 2 rounds metrics.json holds rounds 1-2 (what
+    # a resume continues from), not 3; without checkpoints it holds every finished round
+    cfg = config(tmp_path, "fedavg", **{"checkpoint-every": every})
+    with pytest.raises(Crash):
+        run(FaultyGrid(cfg, 3, crash_at=(4, MessageType.TRAIN)), cfg)
+    half = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert half["completed_rounds"] == written == len(half["rounds"])
+
+
 def test_resume_on_new_nodes_and_with_more_rounds(tmp_path, caplog):
     cfg = config(tmp_path, "fedamp")
     with pytest.raises(Crash):

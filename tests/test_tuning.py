@@ -53,13 +53,34 @@ def test_every_method_gets_the_same_number_of_distinct_trials_starting_at_its_ow
     panacea = tuning.trials("panacea", {"strategy": "panacea", "dataset": "fl60"}, 3)
     assert set(panacea[0]) == {"panacea-client-lr", "panacea-server-lr", "local-steps"}
     fedavg = tuning.trials("fedavg", {"strategy": "fedavg", "dataset": "tpt48",
-                                      "data-dir": "x"}, 9)
-    assert set(fedavg[0]) == {"learning-rate", "local-epochs"}  # TPT-48 counts epochs
+                                      "data-dir": "x"}, 100)
+    assert set(fedavg[0]) == {"learning-rate", "local-epochs", "optimizer"}  # epochs there
     base = fedavg[0]
-    for t in fedavg[1:]:
-        assert any(t["learning-rate"] / base["learning-rate"] == pytest.approx(f, rel=1e-5)
+    assert base["optimizer"] == "adam"
+    for t in fedavg[1:]:  # each optimizer's learning rate around its own
+        centre = base["learning-rate"] if t["optimizer"] == "adam" else 0.1
+        assert any(t["learning-rate"] / centre == pytest.approx(f, rel=1e-5)
                    for f in (1 / 3, 1, 3))
-    assert len(fedavg) == 9  # the whole 3 x 3 grid
+    assert len(fedavg) == 18  # the whole grid: 3 local epochs x 2 optimizers x 3 rates
+    assert "optimizer" not in tuning.space("pfedme", steps=True)  # its own SGD steps
+    assert "optimizer" not in tuning.space("panacea", steps=True)  # no generic rate either
+
+
+def test_the_trials_try_every_value_of_every_key_before_any_twice():
+    cfg = {"strategy": "fedavg", "dataset": "fl60", "fl60-variant": "grda"}
+    got = tuning.trials("fedavg", cfg, 7)
+    ladders = {"local-steps": {10, 20, 40, 1}, "optimizer": {"adam", "sgd"}}
+    for key, values in ladders.items():
+        assert {t[key] for t in got} == values, key
+    rates = {(t["optimizer"], t["learning-rate"]) for t in got}
+    assert rates == {("adam", 0.000333333), ("adam", 0.001), ("adam", 0.003),
+                     ("sgd", 0.0333333), ("sgd", 0.1), ("sgd", 0.3)}
+    assert tuning.trials("fedavg", cfg, 7) == got  # seeded
+    # a learning rate left at "auto" belongs to the "auto" optimizer
+    with pytest.raises(ConfigError, match="'learning-rate' = 'auto'.*optimizer = 'sgd'"):
+        RunConfig.from_run_config({**cfg, "optimizer": "sgd"})
+    assert RunConfig.from_run_config({**cfg, "optimizer": "sgd", "learning-rate": 0.3}
+                                     ).optimizer == "sgd"
 
 
 def test_a_tuned_key_must_take_auto():
@@ -87,26 +108,62 @@ def test_auto_takes_the_tuned_values_of_its_data_setting(monkeypatch):
     assert given.learning_rate == 0.5  # a value the run config sets wins
 
 
-def test_the_committed_tuned_values_are_valid_and_traceable():
+def _committed_rows():
     data = json.loads(registry.TUNED_FILE.read_text())
     assert data["strategies"]
-    for strategy, settings in data["strategies"].items():
-        for setting, row in settings.items():
-            assert row["command"].startswith("python simulation.py ") and "--tune" in row["command"]
-            dataset, _, variant = setting.partition("/")
-            extra = {"fl60": {"fl60-variant": variant}, "tpt48": {"tpt48-split": variant,
-                                                                  "data-dir": "x"}}
-            cfg = RunConfig.from_run_config({"strategy": strategy, "dataset": dataset,
-                                             **extra.get(dataset, {})})
-            assert cfg.tuning_key == setting
-            values = {**cfg.method_values, **{k: getattr(cfg, k.replace("-", "_"))
-                                              for k in row["values"] if "-" in k
-                                              and hasattr(cfg, k.replace("-", "_"))}}
-            for key, value in row["values"].items():
-                assert values[key] == value, (strategy, setting, key)
-            scores = [t["score"] for t in row["trials"].values() if t["score"] is not None]
-            best = min(scores) if "lower" in row["metric"] else max(scores)
-            assert row["validation_score"] == best
+    tables = [("", data["strategies"])] + [(b, e["strategies"])
+                                           for b, e in data.get("budgets", {}).items()]
+    for budget, table in tables:
+        for strategy, settings in table.items():
+            for setting, row in settings.items():
+                yield budget, strategy, setting, row
+
+
+def test_the_committed_tuned_values_are_valid_and_traceable():
+    for budget, strategy, setting, row in _committed_rows():
+        assert row["command"].startswith("python simulation.py ") and "--tune" in row["command"]
+        assert (f"--budget {budget}" in row["command"]) == bool(budget)
+        dataset, _, variant = setting.partition("/")
+        extra = {"fl60": {"fl60-variant": variant}, "tpt48": {"tpt48-split": variant,
+                                                              "data-dir": "x"}}
+        # "auto" gives a row's values; a budget's are given as simulation.py --budget does
+        cfg = RunConfig.from_run_config({"strategy": strategy, "dataset": dataset,
+                                         **extra.get(dataset, {}),
+                                         **(row["values"] if budget else {})})
+        assert cfg.tuning_key == setting
+        values = {**cfg.method_values, **{k: getattr(cfg, k.replace("-", "_"))
+                                          for k in row["values"] if hasattr(cfg, k.replace("-", "_"))}}
+        for key, value in row["values"].items():
+            assert values[key] == value, (strategy, setting, key)
+        scores = [t["score"] for t in row["trials"].values() if t["score"] is not None]
+        best = min(scores) if "lower" in row["metric"] else max(scores)
+        assert row["validation_score"] == best
+        if budget:
+            unit, _, amount = budget.partition("=")
+            spent = row["budget"]["steps_per_client" if unit == "steps" else "rounds"]
+            assert spent == int(amount)
+
+
+def test_values_tuned_under_a_budget_run_only_under_it(tmp_path, monkeypatch, capsys):
+    into = tmp_path / "tuned.json"
+    into.write_text(json.dumps({"strategies": {"fedavg": {"fl60/text": {"values": {
+        "learning-rate": 0.002}}}}}))
+    row = {"values": {"local-steps": 1, "optimizer": "sgd", "learning-rate": 0.3}}
+    tuning.merge({"budget": "steps=1200", "strategies": {"fedavg": {"fl60/grda": row}}}, into)
+    monkeypatch.setattr(registry, "TUNED_FILE", into)
+    monkeypatch.setattr(registry, "_TUNED", {})
+    assert registry.budget_tuned("steps=60") == {}
+    assert registry.budget_tuned("steps=1200")["strategies"]["fedavg"]["fl60/grda"] == row
+    grda = {"strategy": "fedavg", "dataset": "fl60", "fl60-variant": "grda"}
+    assert RunConfig.from_run_config(grda).optimizer == "adam"  # "auto" never gives them
+    assert RunConfig.from_run_config({**grda, "fl60-variant": "text"}).learning_rate == 0.002
+    args = ["--engine", "inprocess", "--preset", "panacea-tables", "--datasets", "fl60/grda",
+            "--strategies", "fedavg", "--seeds", "0", "--output", str(tmp_path / "o"),
+            "--report-only"]
+    assert simulation.main([*args, "--budget", "steps=1200"]) in (0, 1)
+    assert "--budget steps=1200: the values tuned under it" in capsys.readouterr().out
+    assert simulation.main([*args, "--budget", "steps=600"]) in (0, 1)
+    assert "values tuned under it" not in capsys.readouterr().out
 
 
 def test_tune_runs_trials_on_validation_chooses_the_best_and_resumes(tmp_path, capsys):

@@ -94,6 +94,8 @@ class StrategyEntry:
     auto: Mapping[str, Any] = field(default_factory=dict)
     task_auto: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     tune: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    #: why the method's replies cannot be made differentially private ("": they can)
+    not_private: str = ""
 
 
 STRATEGIES: dict[str, StrategyEntry] = {}
@@ -116,8 +118,8 @@ def _check_keys(name: str, settings: type[Settings]) -> None:
 def register_strategy(name: str, *, settings: type[Settings] = NoSettings, graph: bool = False,
                       auto: Mapping[str, Any] | None = None,
                       task_auto: Mapping[str, Mapping[str, Any]] | None = None,
-                      tune: Mapping[str, tuple[float, ...]] | None = None
-                      ) -> Callable[[Factory], Factory]:
+                      tune: Mapping[str, tuple[float, ...]] | None = None,
+                      not_private: str = "") -> Callable[[Factory], Factory]:
     """Decorator: register ``factory(settings, run)`` as the strategy ``name``.
 
     ``settings``: the class of the method's own run-config keys. ``graph=True``:
@@ -128,6 +130,8 @@ def register_strategy(name: str, *, settings: type[Settings] = NoSettings, graph
     search space for ``simulation.py --tune`` beside the generic one (key ->
     factors of the run's value; ``()`` leaves a generic key out, e.g. a
     learning rate the method does not use); every key must take "auto".
+    ``not_private``: why the method's replies cannot be made differentially private
+    (``dp`` run-config key; e.g. SCAFFOLD's control variates), refused before any work.
     """
     def add(factory: Factory) -> Factory:
         current = STRATEGIES.get(name)
@@ -136,13 +140,17 @@ def register_strategy(name: str, *, settings: type[Settings] = NoSettings, graph
         _check_keys(name, settings)
         STRATEGIES[name] = StrategyEntry(name, factory, settings, graph, dict(auto or {}),
                                          {k: dict(v) for k, v in (task_auto or {}).items()},
-                                         {k: tuple(v) for k, v in (tune or {}).items()})
+                                         {k: tuple(v) for k, v in (tune or {}).items()},
+                                         not_private)
         return factory
     return add
 
 
 #: Values chosen by ``simulation.py --tune`` (docs/tuning.md), by strategy and data setting
-#: (``<dataset>/<variant>``): what "auto" gives where a tuning run chose it.
+#: (``<dataset>/<variant>``): what "auto" gives where a tuning run chose it. Its
+#: ``budgets`` hold the values chosen under a ``--budget`` (:func:`budget_tuned`): they spend
+#: that budget (e.g. FedAvg's one SGD step a round for 1,200 rounds), and "auto" never
+#: gives them to a run of the preset's own rounds.
 TUNED_FILE = Path(__file__).resolve().parents[1] / "tuned.json"
 
 
@@ -152,6 +160,14 @@ def tuned_values(strategy: str, setting: str) -> dict[str, Any]:
     if _IGNORED:
         return {}
     return dict(_tuned().get(strategy, {}).get(setting, {}).get("values", {}))
+
+
+def budget_tuned(budget: str) -> dict[str, Any]:
+    """The values :data:`TUNED_FILE` holds for runs under ``--budget`` ``budget``, as a
+    ``tuned.json`` of their own (``{"budget": ..., "strategies": ...}``; none: ``{}``)."""
+    data = json.loads(TUNED_FILE.read_text()) if TUNED_FILE.is_file() else {}
+    entry = data.get("budgets", {}).get(budget)
+    return {"budget": budget, "strategies": entry["strategies"]} if entry else {}
 
 
 @contextlib.contextmanager

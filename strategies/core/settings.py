@@ -48,6 +48,18 @@ from typing import Any, ClassVar, TypeVar
 
 S = TypeVar("S", bound="Settings")
 
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _type_hints(cls: type) -> dict[str, Any]:
+    """A settings class's field types, whether its module's annotations are strings (read once
+    per class: every ClientApp message parses the run config)."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
 TRAIN, EVALUATE = "train", "evaluate"  # the messages a key may be sent in
 
 
@@ -218,7 +230,7 @@ class Settings:
     def from_values(cls: type[S], values: Mapping[str, Any]) -> S:
         """The settings from run-config values (every key of this class that ``values`` has,
         coerced to its field's type; the others keep their defaults)."""
-        hints = typing.get_type_hints(cls)  # types, whether the module's annotations are strings
+        hints = _type_hints(cls)
         out = {}
         for key, f in cls.keys().items():
             if key in values:
