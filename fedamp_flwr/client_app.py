@@ -63,6 +63,9 @@ from strategies.core.protocol import (
     CLIENT_ID,
     CLIENT_INDEX,
     CONFIG,
+    DECLINED,
+    DP_EPSILON,
+    DP_RUN,
     ERROR,
     INFO,
     INPUT_SHAPE,
@@ -87,11 +90,13 @@ from strategies.core.protocol import (
     as_int,
     is_name,
 )
+from tasks.privacy import epsilon, os_generator, privatize_update
 from tasks.scenarios import flip_labels
 from tasks.train import evaluate as evaluate_model
 
 from .config import ConfigError, RunConfig
 from .delivery import keep_tested_model
+from .privacy import Declined, Ledger, NodePrivacy, data_digest
 
 app = ClientApp()
 
@@ -273,16 +278,60 @@ def train(msg: Message, context: Context) -> Message:
     problem = instruction_problem(msg.content.config_records[CONFIG], train=True)
     if problem is not None:
         return _refusal(msg, problem)
-    update, job, client_id, _ = _job(msg, context, train=True)
+    update, job, client_id, setup = _job(msg, context, train=True)
+    try:
+        private = _private(context, setup, job)
+    except Declined as err:  # this member's own rule: its absence this round, with why
+        log(logging.WARNING, "This node declines round %d: %s", job.server_round, err)
+        return Message(Error(code=DECLINED, reason=str(err)), reply_to=msg)
+    received = ({k: v.detach().cpu().clone() for k, v in job.model.state_dict().items()}
+                if private else {})
     loss, records = update.train(job)
     taken = {ARRAYS, METRICS} & set(records)
     if taken:
         raise ValueError(f"client update {update.name!r} returned records named {sorted(taken)}, "
                          "which the reply uses itself")
-    metrics = _metrics(job, client_id, **{NUM_EXAMPLES: len(job.data.y_train), TRAIN_LOSS: loss})
+    said = {}
     # copied to the host tensor by tensor: the model stays where it trains, for the next message
-    arrays = ArrayRecord(OrderedDict((k, v.detach().cpu()) for k, v in job.model.state_dict().items()))
+    state: dict[str, torch.Tensor] = OrderedDict(
+        (k, v.detach().cpu()) for k, v in job.model.state_dict().items())
+    if private:
+        privacy, ledger = private
+        if records:  # the registry refuses such a method before any work; never sent unnoised
+            raise ValueError(f"dp = {privacy.mode!r}: client update {update.name!r} replies the "
+                             f"records {sorted(records)}, which are not made private")
+        state, _ = privatize_update(received, state, privacy.clip, privacy.noise_multiplier,
+                                    os_generator())
+        try:
+            said[DP_EPSILON] = ledger.spend(privacy, str(job.config.get(DP_RUN, "")),
+                                            job.server_round)
+        except Declined as err:  # checked before training; the budget changed since
+            log(logging.WARNING, "This node declines round %d: %s", job.server_round, err)
+            return Message(Error(code=DECLINED, reason=str(err)), reply_to=msg)
+    metrics = _metrics(job, client_id, **{NUM_EXAMPLES: len(job.data.y_train), TRAIN_LOSS: loss},
+                       **said)
+    arrays = ArrayRecord(state)
     return Message(RecordDict({ARRAYS: arrays, METRICS: metrics, **records}), reply_to=msg)
+
+
+def _private(context: Context, setup: Setup, job: ClientJob
+             ) -> tuple[NodePrivacy, Ledger] | None:
+    """This round's privacy (None: the reply is not noised), or :class:`Declined` where this
+    node will not train: its own rules (:meth:`NodePrivacy.check`), or a reply that would
+    take its epsilon past its limit (checked before training, spent after)."""
+    privacy = NodePrivacy.of(context, setup.cfg, str(job.config.get(DP_RUN, "")),
+                             member=setup.partition_id < 0)
+    privacy.check()
+    if privacy.mode == "none":
+        return None
+    assert privacy.ledger_dir is not None  # check() declines a node without one
+    ledger = Ledger(privacy.ledger_dir, setup.name, data_digest(job.data.x_train, job.targets))
+    planned = epsilon([*ledger.history(), (privacy.noise_multiplier, 1.0, 1)], privacy.delta)
+    if planned > privacy.max_epsilon:
+        raise Declined(f"privacy budget: this round's reply would take this member's epsilon "
+                       f"to {planned:.3g} (delta {privacy.delta:g}), past its dp-max-epsilon = "
+                       f"{privacy.max_epsilon:g}; spent so far {ledger.spent(privacy.delta):.3g}")
+    return privacy, ledger
 
 
 @app.evaluate()

@@ -12,7 +12,7 @@ import torch
 from flwr.app import Message
 from flwr.supercore import log
 
-from .protocol import ACCURACY, LOSS, MSE, TRAIN_LOSS
+from .protocol import ACCURACY, DP_EPSILON, LOSS, MSE, TRAIN_LOSS
 from .replies import metrics_of
 
 METRICS = (ACCURACY, MSE, LOSS)
@@ -46,6 +46,7 @@ class RunHistory:
     (client id to value) and ``mean_<m>``, the mean over the benign training
     clients (neither novel nor attackers); ``novel_mean_<m>`` over the novel
     clients when there are any; ``train_loss``; ``trained_clients``;
+    ``client_dp_epsilon`` (client id to the epsilon it reported spent, with ``dp``);
     ``global_norm`` (the global model's norm, strategies that keep one); and,
     when clients did not take part, ``absent_clients`` (training) and
     ``absent_evaluation`` (client id to the reason: node unavailable, an
@@ -84,6 +85,10 @@ class RunHistory:
         losses = [float(v) for v in values if v is not None]
         rec["trained_clients"] = sorted(client_of(m) for m in replies)
         rec["train_loss"] = float(np.mean(losses)) if losses else None
+        spent = {client_of(m): float(v) for m in replies
+                 if (v := metrics_of(m).get(DP_EPSILON)) is not None}
+        if spent:  # each member's epsilon as it reported it (run config dp)
+            rec["client_dp_epsilon"] = {c: spent[c] for c in sorted(spent, key=client_order)}
         for cid in rec["trained_clients"]:
             self.trained[cid] = self.trained.get(cid, 0) + 1
 

@@ -60,9 +60,16 @@ MODEL = "model"
 # Reply metric of an evaluate reply asked to keep its model: 1 if the node wrote it to its
 # model-dir, 0 if it did not (no model-dir, another run's files there, a failed write).
 MODEL_KEPT = "model-kept"
+# In train messages of a run with differential privacy (run config dp): the run's folder,
+# absolute (a partitioned run's clients keep their privacy ledger in its privacy/; a
+# member's node keeps its own in its privacy-dir, fedamp_flwr/privacy.py).
+DP_RUN = "dp-run"
+# Train reply metric under dp: the epsilon the member has spent, this reply included, over
+# every run its ledger holds (at the run's dp-delta, or its node's stricter one).
+DP_EPSILON = "dp-epsilon"
 GENERIC_KEYS = frozenset({SERVER_ROUND, CLIENT_UPDATE, LOCAL_EPOCHS, LOCAL_STEPS, BATCH_SIZE,
                           LR, OPTIMIZER, TRAINED_ROUNDS, CLIENT_INDEX, SAVE_MODEL, SAVE_TOKEN,
-                          SAVE_REASON, SAVE_IF_BETTER})
+                          SAVE_REASON, SAVE_IF_BETTER, DP_RUN})
 
 # Reply metrics
 CLIENT_ID = "client-id"
@@ -89,6 +96,10 @@ NUM_OUTPUTS = "num-outputs"
 # own codes are small integers (flwr.common.constant.ErrorCode); the server
 # stops the run on this one (:meth:`strategies.core.tracking.Tracker.stop_on_refusals`).
 REFUSED = 1001
+# Error code of a member's node that declines a round by its own rule (its privacy budget
+# would be passed, fedamp_flwr/privacy.py): that member's absence, with the reason; never
+# a reason to stop the run.
+DECLINED = 1002
 
 
 def as_float(value: object, key: str) -> float:

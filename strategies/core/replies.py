@@ -31,6 +31,7 @@ from .protocol import (
     ACCURACY,
     ARRAYS,
     CLIENT_ID,
+    DP_EPSILON,
     LOSS,
     METRICS,
     MSE,
@@ -141,6 +142,9 @@ def train_reply_problem(msg: Message, spec: ArraySpec, most_examples: int | None
         return problem
     if TRAIN_LOSS in metrics and not finite_number(metrics[TRAIN_LOSS]):
         return f"metric '{TRAIN_LOSS}' = {metrics[TRAIN_LOSS]!r} is not a finite number"
+    if DP_EPSILON in metrics and not (finite_number(metrics[DP_EPSILON])
+                                      and metrics[DP_EPSILON] >= 0):
+        return f"metric '{DP_EPSILON}' = {metrics[DP_EPSILON]!r} is not a finite number >= 0"
     return _count_problem(metrics, most_examples) or _ids_problem(metrics, client_id, server_round)
 
 

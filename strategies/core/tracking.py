@@ -14,7 +14,15 @@ from tasks.scenarios import Roles
 
 from .clients import ClientInfo
 from .history import RunHistory, client_order
-from .protocol import CLIENT_INDEX, LOCAL_EPOCHS, LOCAL_STEPS, REFUSED, TRAINED_ROUNDS, as_int
+from .protocol import (
+    CLIENT_INDEX,
+    DECLINED,
+    LOCAL_EPOCHS,
+    LOCAL_STEPS,
+    REFUSED,
+    TRAINED_ROUNDS,
+    as_int,
+)
 from .replies import ArraySpec, evaluate_reply_problem, train_reply_problem
 
 TRAIN, EVALUATE = "train", "evaluate"
@@ -27,6 +35,7 @@ _ERROR_NAMES = {
     ErrorCode.MESSAGE_UNAVAILABLE: "message unavailable",
     ErrorCode.REPLY_MESSAGE_UNAVAILABLE: "reply unavailable",
     REFUSED: "the client refused the message",
+    DECLINED: "the member declined",
 }
 
 

@@ -1,0 +1,158 @@
+"""A member's privacy budget, kept and enforced on its own machine.
+
+The run config's ``dp``, ``dp-clip``, ``dp-noise-multiplier`` and ``dp-delta`` are the
+coordinator's request. A member's node config may only make them stricter
+(:class:`NodePrivacy`): a smaller ``dp-clip``, a larger ``dp-noise-multiplier``, a smaller
+``dp-delta``, and ``dp-max-epsilon``, its own limit: the node declines to train (an error
+reply the server records as that member's absence, with the reason) when the reply would
+take its spent epsilon past it, or when the run asks no privacy at all.
+
+The ledger (:class:`Ledger`) is a JSON file per member and data set, in the node config's
+``privacy-dir`` (``<client-id>-<sha256 of its training data, 16 hex>.json``), so that it
+survives every fresh ``flwr-clientapp`` process, SuperNode restarts, resumed runs and
+later runs: a member's budget spans every run it joins. Each noised reply is written there
+before it is sent (a reply the server never gets still counts: it may have been seen).
+Without a ``privacy-dir`` a member's node declines; a partitioned run's clients (a
+simulation) keep theirs in the run's folder, ``<results-dir>/<run>/privacy/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import Context
+
+from tasks.files import atomic_write, private_folder
+from tasks.privacy import epsilon
+
+from .config import ConfigError, RunConfig
+
+#: node config keys
+PRIVACY_DIR, MAX_EPSILON = "privacy-dir", "dp-max-epsilon"
+STRICTER = {"dp-clip": min, "dp-noise-multiplier": max, "dp-delta": min}
+
+
+class Declined(Exception):
+    """This member will not train this round (its privacy budget, or its own rule)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePrivacy:
+    """The privacy a round's reply gets on this node: the run's request made stricter by the
+    node config, the node's own limit, and where its ledger lives (None: nowhere)."""
+
+    mode: str
+    clip: float
+    noise_multiplier: float
+    delta: float
+    max_epsilon: float
+    ledger_dir: Path | None
+
+    @classmethod
+    def of(cls, context: Context, cfg: RunConfig, run: str, member: bool) -> NodePrivacy:
+        """From the run config and the node config (a bad node value: a ConfigError naming
+        the key). ``run``: the run's folder (a partitioned run's clients' ledgers are in its
+        ``privacy/``)."""
+        node = context.node_config
+        values = {"dp-clip": cfg.dp_clip, "dp-noise-multiplier": cfg.dp_noise_multiplier,
+                  "dp-delta": cfg.dp_delta}
+        for key, stricter in STRICTER.items():
+            if key in node:
+                own = node[key]
+                if isinstance(own, bool) or not isinstance(own, (int, float)) or not (
+                        0 < own < (1 if key == "dp-delta" else math.inf)):
+                    raise ConfigError(f"node config '{key}' = {own!r} is invalid; allowed: a "
+                                      "number > 0" + (" and < 1" if key == "dp-delta" else ""))
+                values[key] = stricter(values[key], float(own))
+        limit = node.get(MAX_EPSILON, math.inf)
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
+            raise ConfigError(f"node config '{MAX_EPSILON}' = {limit!r} is invalid; allowed: a "
+                              "number > 0 (this member's epsilon over every run it joins)")
+        folder = node.get(PRIVACY_DIR)
+        if folder is not None and (not isinstance(folder, str) or not folder.strip()):
+            raise ConfigError(f"node config '{PRIVACY_DIR}' = {folder!r} is invalid; allowed: "
+                              "a folder path (this member's privacy ledger)")
+        where = (Path(folder.strip()).expanduser() if folder
+                 else Path(run) / "privacy" if run and not member else None)
+        return cls(cfg.dp, values["dp-clip"], values["dp-noise-multiplier"], values["dp-delta"],
+                   float(limit), where)
+
+    def check(self) -> None:
+        """Decline (:class:`Declined`) a round this node's own rules forbid."""
+        if self.mode == "none" and math.isfinite(self.max_epsilon):
+            raise Declined(f"this member's node sets {MAX_EPSILON} = {self.max_epsilon:g}, and "
+                           "the run asks no privacy (dp = \"none\"); it trains only with "
+                           "dp = \"update\"")
+        if self.mode != "none" and self.ledger_dir is None:
+            raise Declined(f"dp = {self.mode!r}: this member's node keeps no privacy ledger "
+                           f"(start the SuperNode with --node-config \"... {PRIVACY_DIR}="
+                           "'/path/for/its/budget'\")")
+
+
+def data_digest(x: torch.Tensor, y: torch.Tensor) -> str:
+    """The sha256 of a client's training data (its tensors' bytes): the ledger's key beside
+    the client's name, so that another data set under the same name has its own budget."""
+    h = hashlib.sha256()
+    for t in (x, y):
+        t = t.detach().cpu().contiguous()
+        h.update(str((t.dtype, tuple(t.shape))).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+class Ledger:
+    """A member's spent privacy: the Gaussian mechanisms its replies ran, in a JSON file."""
+
+    def __init__(self, folder: Path, client: str, digest: str) -> None:
+        self.path = Path(folder) / f"{client}-{digest[:16]}.json"
+        self.client, self.digest = client, digest
+        self.releases: list[dict[str, Any]] = []
+        if self.path.is_file():
+            try:
+                data = json.loads(self.path.read_text())
+                releases = data["releases"]
+                if data.get("data_sha256") != digest or not isinstance(releases, list):
+                    raise ValueError("not this member's data")
+                for r in releases:
+                    float(r["noise_multiplier"]), float(r["sample_rate"]), int(r["steps"])
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                # never start a budget again from zero: a damaged ledger stops the member
+                raise Declined(f"privacy ledger {self.path} cannot be read ({err}); it is "
+                               "kept as it is: mend or move it by hand") from None
+            self.releases = releases
+
+    def history(self) -> list[tuple[float, float, int]]:
+        return [(float(r["noise_multiplier"]), float(r["sample_rate"]), int(r["steps"]))
+                for r in self.releases]
+
+    def spent(self, delta: float) -> float:
+        """The epsilon at ``delta`` of every release so far."""
+        return epsilon(self.history(), delta)
+
+    def spend(self, privacy: NodePrivacy, run: str, server_round: int, steps: int = 1,
+              sample_rate: float = 1.0) -> float:
+        """Record a release (written to disk before the reply leaves) and return the epsilon
+        spent with it; :class:`Declined` where it would pass the member's limit."""
+        after = epsilon([*self.history(), (privacy.noise_multiplier, sample_rate, steps)],
+                        privacy.delta)
+        if after > privacy.max_epsilon:
+            raise Declined(f"privacy budget: this reply would take this member's epsilon to "
+                           f"{after:.3g} (delta {privacy.delta:g}), past its {MAX_EPSILON} = "
+                           f"{privacy.max_epsilon:g}; spent so far {self.spent(privacy.delta):.3g}")
+        self.releases.append({"run": run, "round": server_round, "mode": privacy.mode,
+                              "noise_multiplier": privacy.noise_multiplier,
+                              "sample_rate": sample_rate, "steps": steps, "clip": privacy.clip,
+                              "epsilon_after": after, "delta": privacy.delta,
+                              "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        text = json.dumps({"client_id": self.client, "data_sha256": self.digest,
+                           "accountant": "opacus RDP", "releases": self.releases}, indent=1)
+        private_folder(self.path.parent)
+        atomic_write(self.path, lambda f: f.write(text.encode()), private=True)
+        return after

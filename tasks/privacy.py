@@ -1,0 +1,88 @@
+"""Differential privacy of a member's reply: the Gaussian mechanism on its model update, and
+the (epsilon, delta) it spends, from a maintained accountant.
+
+``dp = "update"`` (:func:`privatize_update`): the update a member replies, its trained model
+minus the model it received, is clipped to an L2 norm of at most ``clip`` (C) over all its
+floating-point tensors together, and Gaussian noise of standard deviation
+``noise_multiplier`` x C is added to every coordinate; the reply is the received model
+plus that. This is the client half of DP-FedAvg (McMahan et al., "Learning Differentially
+Private Recurrent Language Models", ICLR 2018, Algorithm 1's ClipFn and the Gaussian
+noise, here added by the member itself rather than by a trusted server), so that the
+coordinator, the other members and every model made from the reply see only the noised
+update. Integer tensors (BatchNorm's batch counter) are replied as received.
+
+Accounting (:func:`epsilon`): one noised reply is one Gaussian mechanism of sensitivity C
+on the member's whole data set (every one of its records, or all of them together,
+changes the clipped update by at most C), with no subsampling amplification (sample
+rate 1: a member that trains is in the round for sure); its rounds compose. Opacus's RDP
+accountant (Mironov, "Renyi Differential Privacy", 2017; Mironov et al. 2019 for the
+sampled Gaussian) turns the history ``[(noise multiplier, sample rate, steps), ...]`` into
+epsilon at a delta; no formula is written here.
+
+Deviations, said plainly: the noise comes from torch's generator seeded from the
+operating system's randomness (:func:`os_generator`), not from a cryptographically
+secure generator (Opacus's ``secure_mode``); floating-point attacks on the Gaussian
+sampler are not addressed (as in Opacus's default mode).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+
+import torch
+
+#: A history of Gaussian mechanisms: (noise multiplier, sample rate, steps) each.
+History = Sequence[tuple[float, float, int]]
+
+
+def os_generator(device: torch.device | str = "cpu") -> torch.Generator:
+    """A torch generator seeded from the operating system's randomness: never a run's seed,
+    which the coordinator chooses and every member could know."""
+    return torch.Generator(device=device).manual_seed(secrets.randbits(63))
+
+
+def privatize_update(received: Mapping[str, torch.Tensor], trained: Mapping[str, torch.Tensor],
+                     clip: float, noise_multiplier: float, generator: torch.Generator
+                     ) -> tuple[dict[str, torch.Tensor], float]:
+    """The reply ``received + clip(trained - received) + N(0, (noise_multiplier * clip)^2)``
+    over the floating-point tensors (the others as received), and the update's L2 norm
+    before clipping.
+
+    ``received`` and ``trained`` have the same keys, shapes and dtypes (a model's state
+    dict before and after local training)."""
+    if clip <= 0 or noise_multiplier < 0:
+        raise ValueError(f"clip = {clip} and noise_multiplier = {noise_multiplier}; allowed: "
+                         "clip > 0, noise_multiplier >= 0")
+    if received.keys() != trained.keys():
+        raise ValueError("the trained model's tensors are not the received model's")
+    floats = [k for k, v in received.items() if torch.is_floating_point(v)]
+    sizes = [received[k].numel() for k in floats]
+    before = torch.cat([received[k].detach().reshape(-1).double() for k in floats])
+    after = torch.cat([trained[k].detach().reshape(-1).double().to(before.device)
+                       for k in floats])
+    update = after - before
+    norm = float(torch.linalg.vector_norm(update))
+    update = update * min(1.0, clip / norm) if norm > 0 else update
+    noise = torch.randn(update.shape, generator=generator, dtype=torch.float64,
+                        device=generator.device).to(update.device)
+    noised = before + update + noise * (noise_multiplier * clip)
+    out = dict(received)
+    for key, part in zip(floats, torch.split(noised, sizes)):
+        out[key] = part.reshape(received[key].shape).to(received[key].dtype)
+    return out, norm
+
+
+def epsilon(history: History, delta: float) -> float:
+    """The epsilon at ``delta`` that the Gaussian mechanisms of ``history`` spend together
+    (Opacus's RDP accountant); 0 for an empty history."""
+    if not 0 < delta < 1:
+        raise ValueError(f"delta = {delta}; allowed: a number in (0, 1)")
+    entries = [(float(z), float(q), int(n)) for z, q, n in history if n > 0]
+    if not entries:
+        return 0.0
+    from opacus.accountants import RDPAccountant  # imported where used: a heavy import
+
+    accountant = RDPAccountant()
+    accountant.history = entries
+    return float(accountant.get_epsilon(delta))

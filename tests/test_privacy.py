@@ -1,0 +1,149 @@
+"""Differential privacy on the members' machines: the noised update, the accountant's epsilon,
+the ledger that outlives processes and runs, and a member's own limit."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
+import tasks
+from experiments.make_sites import write_sites
+from fedamp_flwr.config import ConfigError, RunConfig
+from fedamp_flwr.privacy import Declined, Ledger, NodePrivacy
+from tasks.privacy import epsilon, privatize_update
+
+from .conftest import run_named
+from .test_members import _sites
+
+
+def _models(scale: float):
+    received = {"w": torch.zeros(30, 20), "b": torch.zeros(20), "seen": torch.tensor(7)}
+    trained = {"w": torch.full((30, 20), scale), "b": torch.full((20,), 2 * scale),
+               "seen": torch.tensor(9)}
+    return received, trained
+
+
+def test_an_update_is_clipped_to_its_bound_and_noised_with_the_stated_deviation():
+    received, trained = _models(0.5)
+    g = torch.Generator().manual_seed(0)
+    out, norm = privatize_update(received, trained, clip=1.0, noise_multiplier=0.0, generator=g)
+    whole = math.sqrt(600 * 0.25 + 20 * 1.0)
+    assert norm == pytest.approx(whole)
+    assert float(torch.cat([out["w"].flatten(), out["b"]]).norm()) == pytest.approx(1.0, rel=1e-6)
+    assert float(out["b"][0] / out["w"][0, 0]) == pytest.approx(2.0)  # its direction kept
+    assert int(out["seen"]) == 7  # an integer tensor is replied as received
+    small, _ = privatize_update(received, _models(1e-3)[1], clip=1.0, noise_multiplier=0.0,
+                                generator=g)
+    assert torch.equal(small["w"], torch.full((30, 20), 1e-3))  # within the bound: unchanged
+    noised, _ = privatize_update(received, received, clip=2.0, noise_multiplier=1.5, generator=g)
+    values = torch.cat([noised["w"].flatten(), noised["b"]])
+    assert float(values.std()) == pytest.approx(3.0, rel=0.1)  # noise_multiplier x clip
+    assert abs(float(values.mean())) < 0.4
+    with pytest.raises(ValueError, match="clip"):
+        privatize_update(received, trained, clip=0.0, noise_multiplier=1.0, generator=g)
+
+
+def test_epsilon_is_the_accountants_own():
+    # the sampled Gaussian's RDP (Mironov et al. 2019) as opacus computes it, by hand here
+    orders = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
+    for z, q, steps, delta in ((1.0, 1.0, 10, 1e-5), (1.1, 0.01, 1000, 1e-5), (4.0, 1.0, 60, 1e-6)):
+        rdp = compute_rdp(q=q, noise_multiplier=z, steps=steps, orders=orders)
+        want, _ = get_privacy_spent(orders=orders, rdp=rdp, delta=delta)
+        assert epsilon([(z, q, steps)], delta) == pytest.approx(want, rel=1e-9)
+    assert epsilon([(1.0, 1.0, 4), (1.0, 1.0, 6)], 1e-5) == pytest.approx(
+        epsilon([(1.0, 1.0, 10)], 1e-5))  # rounds compose
+    assert epsilon([], 1e-5) == 0.0
+    assert 1.0 < epsilon([(1.0, 1.0, 1)], 1e-5) < epsilon([(1.0, 1.0, 2)], 1e-5)
+
+
+@pytest.mark.parametrize("change, key, allowed", [
+    ({"dp": "dp-sgd"}, "dp", "none, update"),
+    ({"dp": "update", "dp-clip": -1.0}, "dp-clip", "> 0"),
+    ({"dp": "update", "dp-noise-multiplier": 0.0}, "dp-noise-multiplier", "no noise is no privacy"),
+    ({"dp": "update", "dp-delta": 1.0}, "dp-delta", r"\(0, 1\)"),
+    ({"dp": "update", "strategy": "scaffold"}, "dp", "none for strategy 'scaffold'"),
+])
+def test_bad_privacy_settings_are_one_line_before_any_work(change, key, allowed):
+    with pytest.raises(ConfigError, match=f"run config '{key}' = .* is invalid; allowed: .*{allowed}"):
+        RunConfig.from_run_config(change)
+
+
+def _privacy(tmp_path, limit=math.inf, z=1.0):
+    return NodePrivacy("update", 1.0, z, 1e-5, limit, tmp_path)
+
+
+def test_the_ledger_continues_across_processes_and_declines_past_the_limit(tmp_path):
+    first = Ledger(tmp_path, "site-1", "ab" * 32)
+    spent = [first.spend(_privacy(tmp_path), "run-a", r) for r in (1, 2)]
+    again = Ledger(tmp_path, "site-1", "ab" * 32)  # a fresh ClientApp process, a later run
+    assert again.spent(1e-5) == pytest.approx(spent[-1])
+    third = again.spend(_privacy(tmp_path), "run-b", 1)
+    assert third == pytest.approx(epsilon([(1.0, 1.0, 3)], 1e-5)) and third > spent[-1]
+    other = Ledger(tmp_path, "site-1", "cd" * 32)  # another data set: its own budget
+    assert other.spent(1e-5) == 0.0
+    with pytest.raises(Declined, match="past its dp-max-epsilon = 5"):
+        Ledger(tmp_path, "site-1", "ab" * 32).spend(_privacy(tmp_path, limit=5.0), "run-b", 2)
+    assert len(json.loads(again.path.read_text())["releases"]) == 3  # a declined one: not spent
+    again.path.write_text("{not json")
+    with pytest.raises(Declined, match="cannot be read"):
+        Ledger(tmp_path, "site-1", "ab" * 32)  # never a budget started again from zero
+
+
+def _members(tmp_path, n=3):
+    dc = tasks.DataConfig(dataset="synthetic", data_dir="", num_clients=n, seed=0)
+    return write_sites(dc, tmp_path / "sites"), _sites(tmp_path / "sites", n)
+
+
+def test_a_member_at_its_limit_stops_training_and_the_run_goes_on(tmp_path):
+    run_config, nodes = _members(tmp_path)
+    one_round = epsilon([(1.0, 1.0, 1)], 1e-5)
+    for i, node in enumerate(nodes):
+        node["privacy-dir"] = str(tmp_path / f"ledger-{i}")
+    two_rounds = epsilon([(1.0, 1.0, 2)], 1e-5)
+    nodes[1]["dp-max-epsilon"] = (one_round + two_rounds) / 2  # room for one reply, not two
+    cfg = {**run_config, "strategy": "fedavg", "local-epochs": 1, "num-server-rounds": 3,
+           "dp": "update"}
+    metrics = run_named(tmp_path, "dp", cfg, 3, nodes)
+    rounds = metrics["rounds"]
+    assert [r["trained_clients"] for r in rounds] == [[0, 1, 2], [0, 2], [0, 2]]
+    assert "privacy budget" in rounds[1]["absent_clients"]["1"]
+    assert "the member declined" in rounds[1]["absent_clients"]["1"]
+    assert rounds[0]["client_dp_epsilon"]["1"] == pytest.approx(one_round)
+    assert rounds[2]["client_dp_epsilon"]["0"] == pytest.approx(epsilon([(1.0, 1.0, 3)], 1e-5))
+    # the ledger is on the member's own machine, and a later run continues it
+    again = run_named(tmp_path, "dp-again", {**cfg, "num-server-rounds": 1}, 3, nodes)
+    assert again["rounds"][0]["client_dp_epsilon"]["0"] == pytest.approx(
+        epsilon([(1.0, 1.0, 4)], 1e-5))
+    assert again["rounds"][0]["trained_clients"] == [0, 2]
+
+
+def test_a_member_with_a_limit_declines_a_run_without_privacy_and_one_without_a_ledger(tmp_path):
+    run_config, nodes = _members(tmp_path)
+    nodes[0]["dp-max-epsilon"] = 8.0
+    nodes[0]["privacy-dir"] = str(tmp_path / "ledger-0")
+    cfg = {**run_config, "strategy": "fedavg", "local-epochs": 1, "num-server-rounds": 1,
+           "max-failed-rounds": 1}
+    plain = run_named(tmp_path, "plain", cfg, 3, nodes)
+    assert plain["rounds"][0]["trained_clients"] == [1, 2]
+    assert "asks no privacy" in plain["rounds"][0]["absent_clients"]["0"]
+    private = run_named(tmp_path, "private", {**cfg, "dp": "update"}, 3, nodes)
+    assert private["rounds"][0]["trained_clients"] == [0]  # the others keep no ledger
+    assert "keeps no privacy ledger" in private["rounds"][0]["absent_clients"]["1"]
+
+
+def test_a_simulation_keeps_each_clients_ledger_in_the_run_folder_and_none_changes_nothing(
+        tmp_path):
+    cfg = {"strategy": "fedamp", "dataset": "synthetic", "local-epochs": 1, "fedamp-sigma": 1.0}
+    private = run_named(tmp_path, "private", {**cfg, "dp": "update", "dp-clip": 0.5}, 3)
+    ledgers = sorted((tmp_path / "private" / "privacy").glob("*.json"))
+    assert [p.name.split("-")[0] for p in ledgers] == ["0", "1", "2"]
+    assert all(len(json.loads(p.read_text())["releases"]) == 2 for p in ledgers)
+    assert set(private["rounds"][1]["client_dp_epsilon"]) == {"0", "1", "2"}
+    plain = run_named(tmp_path, "plain", cfg, 3)
+    assert "client_dp_epsilon" not in plain["rounds"][0]
+    assert not (tmp_path / "plain" / "privacy").exists()
+    assert plain["rounds"][0]["client_accuracy"] != private["rounds"][0]["client_accuracy"]
