@@ -18,12 +18,28 @@
     Panacea reads (``graph = "file"``): each client's K largest weights, an
     edge where either end chose the other, members by name.
 
+``fedamp-flwr privacy PRIVACY_DIR [--delta D]``
+    States what a member's replies have revealed so far: for each ledger in its
+    ``privacy-dir`` (one per client id and data set), the noised replies (runs,
+    rounds, noise multipliers) and the epsilon they spent together at delta
+    (the runs' own by default), computed again with the accountant from the
+    ledger's history, not read from it.
+
+``fedamp-flwr verify-app APP_DIR --fab REVIEWED.fab``
+    Checks the app a SuperNode installed (``$FLWR_HOME/apps/<publisher>.<name>.<version>.
+    <sha256 prefix>``: the code its ClientApp processes run, whatever the member
+    installed with pip) against the FAB the member built from the source it
+    reviewed (``flwr build``, which is reproducible): every file of the reviewed
+    FAB's manifest with the same sha256, no other file. Exit status 0 only when
+    they are the same app.
+
 Nothing here connects anywhere; they read only the files named.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -158,10 +174,80 @@ def xi_graph(run_dir: str, server_round: int | None, k: int, out: str) -> int:
     return 0
 
 
+def privacy_report(folder: str, delta: float | None) -> int:
+    """Print what each ledger in ``folder`` spent; 1 where one cannot be read."""
+    from tasks.privacy import epsilon
+
+    files = sorted(Path(folder).expanduser().glob("*.json"))
+    if not files:
+        print(f"{folder}: no privacy ledger (a node writes one per client id and data set "
+              "once it replies under dp)")
+        return 1
+    status = 0
+    for path in files:
+        try:
+            data = json.loads(path.read_text())
+            releases = data["releases"]
+            history = [(float(r["noise_multiplier"]), float(r["sample_rate"]), int(r["steps"]))
+                       for r in releases]
+            at = delta if delta is not None else min(float(r["delta"]) for r in releases)
+            spent = epsilon(history, at)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            print(f"{path}: cannot be read ({err})")
+            status = 1
+            continue
+        runs = sorted({str(r["run"]).rsplit("/", 1)[-1] for r in releases})
+        print(f"{data.get('client_id')} (data sha256 {str(data.get('data_sha256'))[:16]}...): "
+              f"{len(releases)} noised replies in {len(runs)} run(s) ({', '.join(runs)}); "
+              f"epsilon {spent:.4g} at delta {at:g}")
+    return status
+
+
+def verify_app(app_dir: str, fab: str) -> int:
+    """Compare an installed app folder with a reviewed FAB's manifest; 0 when they match."""
+    import hashlib
+    import zipfile
+
+    from tasks.export import sha256_of
+
+    root = Path(app_dir).expanduser()
+    try:
+        with zipfile.ZipFile(fab) as z:
+            manifest = z.read(".info/CONTENT").decode()
+            fab_hash = hashlib.sha256(Path(fab).read_bytes()).hexdigest()
+    except (OSError, KeyError, zipfile.BadZipFile) as err:
+        print(f"{fab}: not a FAB with a CONTENT manifest ({err})")
+        return 2
+    if not root.is_dir():
+        print(f"{app_dir}: no such folder (the SuperNode installs the app under "
+              "$FLWR_HOME/apps/ when its first message of a run arrives)")
+        return 2
+    expected = {}
+    for line in manifest.strip().splitlines():
+        path, digest, _ = line.rsplit(",", 2)
+        expected[path] = digest
+    problems = [f"missing: {p}" for p in sorted(expected) if not (root / p).is_file()]
+    problems += [f"changed: {p}" for p in sorted(expected)
+                 if (root / p).is_file() and sha256_of(root / p) != expected[p]]
+    present = {str(f.relative_to(root)) for f in root.rglob("*")
+               if f.is_file() and "__pycache__" not in f.parts}
+    problems += [f"not in the reviewed app: {p}" for p in sorted(present - set(expected))]
+    if not root.name.endswith(fab_hash[:8]):
+        problems.append(f"the folder's name does not end with the reviewed FAB's sha256 "
+                        f"prefix {fab_hash[:8]}")
+    for p in problems:
+        print(p)
+    verdict = "is" if not problems else "is NOT"
+    print(f"{root} {verdict} the reviewed app ({fab}, sha256 {fab_hash[:16]}...): "
+          f"{len(expected)} files checked")
+    return 0 if not problems else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="fedamp-flwr", description="Check a member's data before it joins a run, predict "
-        "with a delivered model, turn a FedAMP run's weights into a client graph.")
+        "with a delivered model, turn a FedAMP run's weights into a client graph, state a "
+        "member's spent privacy.")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check-data", help="check a member's data against a run's schema "
                            "before joining")
@@ -180,7 +266,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "recorded)")
     graph.add_argument("--k", type=int, default=3, help="neighbours per client (default 3)")
     graph.add_argument("--out", default="graph.csv", help="the edge list to write")
+    priv = sub.add_parser("privacy", help="what a member's noised replies have spent")
+    priv.add_argument("folder", help="the node's privacy-dir")
+    priv.add_argument("--delta", type=float, default=None, help="the delta to state epsilon "
+                      "at (default: the smallest its runs used)")
+    verify = sub.add_parser("verify-app", help="the app a SuperNode installed, against the "
+                            "FAB built from the reviewed source")
+    verify.add_argument("app_dir", help="$FLWR_HOME/apps/<publisher>.<name>.<version>.<hash>")
+    verify.add_argument("--fab", required=True, help="the FAB built with flwr build from the "
+                        "reviewed source")
     args = parser.parse_args(argv)
+    if args.command == "verify-app":
+        return verify_app(args.app_dir, args.fab)
+    if args.command == "privacy":
+        if args.delta is not None and not 0 < args.delta < 1:
+            parser.error(f"--delta {args.delta} is invalid; allowed: a number in (0, 1)")
+        return privacy_report(args.folder, args.delta)
     if args.command == "xi-graph":
         return xi_graph(args.run, args.round, args.k, args.out)
     if args.command == "check-data":

@@ -12,6 +12,7 @@ from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
 import tasks
 from experiments.make_sites import write_sites
+from fedamp_flwr import cli
 from fedamp_flwr.config import ConfigError, RunConfig
 from fedamp_flwr.privacy import Declined, Ledger, NodePrivacy
 from tasks.privacy import epsilon, privatize_update
@@ -98,7 +99,7 @@ def _members(tmp_path, n=3):
     return write_sites(dc, tmp_path / "sites"), _sites(tmp_path / "sites", n)
 
 
-def test_a_member_at_its_limit_stops_training_and_the_run_goes_on(tmp_path):
+def test_a_member_at_its_limit_stops_training_and_the_run_goes_on(tmp_path, capsys):
     run_config, nodes = _members(tmp_path)
     one_round = epsilon([(1.0, 1.0, 1)], 1e-5)
     for i, node in enumerate(nodes):
@@ -119,6 +120,12 @@ def test_a_member_at_its_limit_stops_training_and_the_run_goes_on(tmp_path):
     assert again["rounds"][0]["client_dp_epsilon"]["0"] == pytest.approx(
         epsilon([(1.0, 1.0, 4)], 1e-5))
     assert again["rounds"][0]["trained_clients"] == [0, 2]
+    # the member states what it spent, from its own ledger, with its own accountant
+    assert cli.main(["privacy", nodes[0]["privacy-dir"]]) == 0
+    said = capsys.readouterr().out
+    assert "client-0 (data sha256" in said and "4 noised replies in 2 run(s) (dp, dp-again)" in said
+    assert f"epsilon {epsilon([(1.0, 1.0, 4)], 1e-5):.4g} at delta 1e-05" in said
+    assert cli.main(["privacy", str(tmp_path / "nothing")]) == 1
 
 
 def test_a_member_with_a_limit_declines_a_run_without_privacy_and_one_without_a_ledger(tmp_path):
