@@ -90,9 +90,10 @@ from strategies.core.protocol import (
     as_int,
     is_name,
 )
-from tasks.privacy import epsilon, os_generator, privatize_update
+from tasks.privacy import DPSGD, epsilon, os_generator, privatize_update
 from tasks.scenarios import flip_labels
 from tasks.train import evaluate as evaluate_model
+from tasks.train import num_steps
 
 from .config import ConfigError, RunConfig
 from .delivery import keep_tested_model
@@ -284,8 +285,12 @@ def train(msg: Message, context: Context) -> Message:
     except Declined as err:  # this member's own rule: its absence this round, with why
         log(logging.WARNING, "This node declines round %d: %s", job.server_round, err)
         return Message(Error(code=DECLINED, reason=str(err)), reply_to=msg)
+    noised_update = private is not None and private[0].mode == "update"
     received = ({k: v.detach().cpu().clone() for k, v in job.model.state_dict().items()}
-                if private else {})
+                if noised_update else {})
+    if private is not None and private[0].mode == "dp-sgd":
+        job.dp_sgd = DPSGD(private[0].clip, private[0].noise_multiplier,
+                           _sample_rate(job), os_generator())
     loss, records = update.train(job)
     taken = {ARRAYS, METRICS} & set(records)
     if taken:
@@ -300,11 +305,14 @@ def train(msg: Message, context: Context) -> Message:
         if records:  # the registry refuses such a method before any work; never sent unnoised
             raise ValueError(f"dp = {privacy.mode!r}: client update {update.name!r} replies the "
                              f"records {sorted(records)}, which are not made private")
-        state, _ = privatize_update(received, state, privacy.clip, privacy.noise_multiplier,
-                                    os_generator())
+        if noised_update:
+            state, _ = privatize_update(received, state, privacy.clip,
+                                        privacy.noise_multiplier, os_generator())
         try:
+            steps, rate = ((job.dp_sgd.steps_taken, job.dp_sgd.sample_rate)
+                           if job.dp_sgd is not None else _release(privacy, job))
             said[DP_EPSILON] = ledger.spend(privacy, str(job.config.get(DP_RUN, "")),
-                                            job.server_round)
+                                            job.server_round, steps, rate)
         except Declined as err:  # checked before training; the budget changed since
             log(logging.WARNING, "This node declines round %d: %s", job.server_round, err)
             return Message(Error(code=DECLINED, reason=str(err)), reply_to=msg)
@@ -312,6 +320,20 @@ def train(msg: Message, context: Context) -> Message:
                        **said)
     arrays = ArrayRecord(state)
     return Message(RecordDict({ARRAYS: arrays, METRICS: metrics, **records}), reply_to=msg)
+
+
+def _sample_rate(job: ClientJob) -> float:
+    """DP-SGD's Poisson sampling rate: the batch size over the client's examples."""
+    return min(1.0, job.optim.batch_size / max(len(job.data.y_train), 1))
+
+
+def _release(privacy: NodePrivacy, job: ClientJob) -> tuple[int, float]:
+    """The Gaussian mechanisms a reply runs, as the accountant counts them: (steps, sample
+    rate). A noised update: one, on all the data; DP-SGD: each of its steps on a sample."""
+    if privacy.mode == "dp-sgd":
+        return num_steps(len(job.data.y_train), job.optim.batch_size, job.epochs,
+                         job.steps), _sample_rate(job)
+    return 1, 1.0
 
 
 def _private(context: Context, setup: Setup, job: ClientJob
@@ -326,7 +348,9 @@ def _private(context: Context, setup: Setup, job: ClientJob
         return None
     assert privacy.ledger_dir is not None  # check() declines a node without one
     ledger = Ledger(privacy.ledger_dir, setup.name, data_digest(job.data.x_train, job.targets))
-    planned = epsilon([*ledger.history(), (privacy.noise_multiplier, 1.0, 1)], privacy.delta)
+    steps, rate = _release(privacy, job)
+    planned = epsilon([*ledger.history(), (privacy.noise_multiplier, rate, steps)],
+                      privacy.delta)
     if planned > privacy.max_epsilon:
         raise Declined(f"privacy budget: this round's reply would take this member's epsilon "
                        f"to {planned:.3g} (delta {privacy.delta:g}), past its dp-max-epsilon = "

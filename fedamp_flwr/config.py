@@ -42,7 +42,7 @@ RUN_NAME_MOST = 200
 #: which models a run keeps (fedamp_flwr/delivery.py)
 SAVE_MODES = ("final", "every-checkpoint", "best-validation", "none")
 #: differential privacy on the members' machines (fedamp_flwr/privacy.py)
-DP_MODES = ("none", "update")
+DP_MODES = ("none", "update", "dp-sgd")
 
 # The generic settings that take "auto", and their values where neither the task nor the
 # strategy says otherwise: the FedAMP paper's local training (10 epochs there; 5 here,
@@ -251,9 +251,12 @@ class RunConfig:
               and (self.dp == "none" or self.dp_noise_multiplier > 0),
               "a finite number > 0 with dp (no noise is no privacy), >= 0 without")
         check("dp-delta", 0 < self.dp_delta < 1, "a number in (0, 1), e.g. 1e-5")
-        why = strategies.STRATEGIES[self.strategy].not_private
-        if self.dp != "none" and why:
-            raise _bad("dp", self.dp, f"none for strategy {self.strategy!r}: {why}")
+        why = strategies.STRATEGIES[self.strategy].not_private.get(self.dp)
+        if why:
+            other = [m for m in DP_MODES if m not in strategies.STRATEGIES[
+                self.strategy].not_private]
+            raise _bad("dp", self.dp, f"{' or '.join(other)} for strategy {self.strategy!r}: "
+                       f"{why}")
         if self.save_models == "best-validation" and self.validation_fraction <= 0:
             raise _bad("save-models", self.save_models, "final, every-checkpoint or none; "
                        "best-validation needs validation-fraction > 0 (the model is chosen on "

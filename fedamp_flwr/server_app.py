@@ -20,6 +20,7 @@ from strategies.core.layout import dtypes_of, with_dtypes
 from strategies.core.protocol import BATCH_SIZE, DP_RUN, LOCAL_EPOCHS, LOCAL_STEPS, LR, OPTIMIZER
 from strategies.core.replies import array_spec
 from tasks.graphs import GraphError, build_graph, group_graph
+from tasks.privacy import has_batch_statistics
 
 from .config import ConfigError, RunConfig
 from .delivery import ModelDelivery, new_token
@@ -188,6 +189,12 @@ def _main(grid: Grid, context: Context) -> None:
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)  # Flower's strategies sample nodes with the random module
     model = tasks.build_model(dc, cfg.model)
+    if cfg.dp == "dp-sgd" and has_batch_statistics(model):
+        raise ConfigError(f"run config 'dp' = 'dp-sgd' is invalid for the model "
+                          f"{type(model).__name__} of {cfg.data_label!r} (model = {cfg.model!r}):"
+                          " its BatchNorm mixes the examples of a batch, so per-example "
+                          "gradients are not defined; allowed: update, or a model without "
+                          "BatchNorm")
     param_keys = [name for name, _ in model.named_parameters()]
     strategy = strategies.build_strategy(cfg.strategy, cfg.settings,
                                          run_setup(cfg, n, param_keys, adjacency))

@@ -26,7 +26,7 @@ from torch import nn
 from tasks.train import loss_for, make_optimizer, run_batches
 
 from .core.client import ClientJob, ClientUpdate, register_client_update
-from .core.registry import RunSetup, flower_kwargs, register_strategy
+from .core.registry import OWN_LOOP, RunSetup, flower_kwargs, register_strategy
 from .core.settings import EVALUATE, TRAIN, Settings, setting
 from .flower import FedAvg
 
@@ -138,6 +138,7 @@ class APFL(FedAvg):
     client_update = APFL_NAME
 
 
-@register_strategy(APFL_NAME, settings=APFLSettings)
+@register_strategy(APFL_NAME, settings=APFLSettings,
+                   not_private={"dp-sgd": OWN_LOOP.format("two models, two optimizers")})
 def _apfl(settings: APFLSettings, run: RunSetup) -> APFL:
     return APFL(settings=settings, **flower_kwargs(run))

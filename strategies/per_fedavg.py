@@ -26,7 +26,7 @@ from torch import nn
 from tasks.train import loss_for, make_optimizer, run_batches
 
 from .core.client import ClientJob, ClientUpdate, register_client_update
-from .core.registry import RunSetup, flower_kwargs, register_strategy
+from .core.registry import OWN_LOOP, RunSetup, flower_kwargs, register_strategy
 from .core.settings import EVALUATE, TRAIN, Settings, setting
 from .flower import FedAvg, finetune
 
@@ -112,6 +112,7 @@ class PerFedAvg(FedAvg):
     client_update = PER_FEDAVG
 
 
-@register_strategy(PER_FEDAVG, settings=PerFedAvgSettings)
+@register_strategy(PER_FEDAVG, settings=PerFedAvgSettings,
+                   not_private={"dp-sgd": OWN_LOOP.format("MAML's inner and outer steps")})
 def _per_fedavg(settings: PerFedAvgSettings, run: RunSetup) -> PerFedAvg:
     return PerFedAvg(settings=settings, **flower_kwargs(run))

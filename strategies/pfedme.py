@@ -28,7 +28,7 @@ from torch import nn
 from tasks.train import loss_for, run_batches
 
 from .core.client import ClientJob, ClientUpdate, register_client_update
-from .core.registry import RunSetup, flower_kwargs, register_strategy
+from .core.registry import OWN_LOOP, RunSetup, flower_kwargs, register_strategy
 from .core.settings import TRAIN, Settings, setting
 from .flower import FedAvg
 
@@ -167,6 +167,7 @@ class PFedMe(FedAvg):
 
 
 # its updates are the paper's own SGD steps, whatever the optimizer: not a key to tune
-@register_strategy(PFEDME, settings=PFedMeSettings, tune={"optimizer": ()})
+@register_strategy(PFEDME, settings=PFedMeSettings, tune={"optimizer": ()},
+                   not_private={"dp-sgd": OWN_LOOP.format("the Moreau envelope's inner problem")})
 def _pfedme(settings: PFedMeSettings, run: RunSetup) -> PFedMe:
     return PFedMe(settings, **flower_kwargs(run))

@@ -168,8 +168,10 @@ class Scaffold(FedAvg):
             self.control = state["control"].to(control.dtype)
 
 
-@register_strategy(SCAFFOLD, not_private=(
-    "its reply's second record, the control variate's change c_i+ - c_i, is the member's "
-    "mean gradient, unclipped and unnoised"))
+_CONTROL_LEAKS = ("its reply's second record, the control variate's change c_i+ - c_i, is the "
+                  "member's mean gradient, unclipped and unnoised")
+
+
+@register_strategy(SCAFFOLD, not_private={"update": _CONTROL_LEAKS, "dp-sgd": _CONTROL_LEAKS})
 def _scaffold(settings: Settings, run: RunSetup) -> Scaffold:
     return Scaffold(param_keys=run.param_keys, **flower_kwargs(run))

@@ -1,5 +1,6 @@
-"""Differential privacy of a member's reply: the Gaussian mechanism on its model update, and
-the (epsilon, delta) it spends, from a maintained accountant.
+"""Differential privacy of a member's reply: the Gaussian mechanism on its model update
+(``dp = "update"``) or on each step's per-example gradients (``dp = "dp-sgd"``,
+:class:`DPSGD`), and the (epsilon, delta) it spends, from a maintained accountant.
 
 ``dp = "update"`` (:func:`privatize_update`): the update a member replies, its trained model
 minus the model it received, is clipped to an L2 norm of at most ``clip`` (C) over all its
@@ -28,9 +29,11 @@ sampler are not addressed (as in Opacus's default mode).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 #: A history of Gaussian mechanisms: (noise multiplier, sample rate, steps) each.
 History = Sequence[tuple[float, float, int]]
@@ -86,3 +89,51 @@ def epsilon(history: History, delta: float) -> float:
     accountant = RDPAccountant()
     accountant.history = entries
     return float(accountant.get_epsilon(delta))
+
+
+@dataclass
+class DPSGD:
+    """Per-example DP-SGD for the generic loop (``dp = "dp-sgd"``; Abadi et al., "Deep
+    Learning with Differential Privacy", CCS 2016, Algorithm 1): each step takes a Poisson
+    sample of the client's examples (each with probability ``sample_rate``), clips every
+    example's gradient to L2 norm ``clip``, adds Gaussian noise of standard deviation
+    ``noise_multiplier`` x ``clip`` to their sum and divides by the expected batch size (as
+    Opacus does with Poisson sampling), then takes the optimizer's step. The steps compose
+    as ``(noise_multiplier, sample_rate, steps)`` in the accountant; ``steps_taken`` counts
+    them (what the member's ledger records, however many times a method trains)."""
+
+    clip: float
+    noise_multiplier: float
+    sample_rate: float
+    generator: torch.Generator
+    steps_taken: int = 0
+
+
+def has_batch_statistics(model: nn.Module) -> bool:
+    """Whether ``model`` mixes examples within a batch (BatchNorm): its per-example gradients
+    are not defined, and DP-SGD cannot train it (Opacus refuses it too)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def clipped_gradient_sum(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tensor,
+                         clip: float) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The sum over the examples of (x, y) of each one's loss gradient clipped to L2 norm
+    ``clip`` (all trainable parameters together), one tensor per trainable parameter in
+    ``model.parameters()`` order, and the examples' mean loss. Per-example gradients come
+    from ``torch.func`` (``vmap`` of ``grad``), in one batched pass."""
+    from torch.func import functional_call, grad_and_value, vmap
+
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    buffers = {n: b.detach() for n, b in model.named_buffers()}
+
+    def one(p: dict, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, (p, buffers), (xs.unsqueeze(0),))
+        return loss_fn(out, ys.unsqueeze(0))
+
+    grads, losses = vmap(grad_and_value(one), in_dims=(None, 0, 0))(params, x, y)
+    flat = [grads[n].reshape(len(x), -1) for n in names]
+    norms = torch.linalg.vector_norm(torch.cat(flat, dim=1), dim=1)
+    scale = (clip / (norms + 1e-12)).clamp(max=1.0)
+    summed = [torch.einsum("b,b...->...", scale, grads[n]) for n in names]
+    return summed, losses.mean()

@@ -16,6 +16,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from .privacy import DPSGD, clipped_gradient_sum
+
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -90,6 +92,7 @@ def train(
     loss_fn: LossFn | None = None,
     device: torch.device | str = "cpu",
     seed: int = 0,
+    dp_sgd: DPSGD | None = None,
 ) -> float:
     """Train ``model`` in place on (x, y) and return the mean training loss.
 
@@ -133,6 +136,12 @@ def train(
         Where to train.
     seed : int
         Seed of the mini-batch order.
+    dp_sgd : DPSGD, optional
+        Per-example DP-SGD (:class:`tasks.privacy.DPSGD`): as many steps, each on a Poisson
+        sample of the examples drawn from the operating system's randomness (not ``seed``),
+        with clipped per-example gradients and Gaussian noise; no ``grad_correction`` or
+        ``clip_norm`` then (the proximal term's gradient, which reads no data, is added
+        after the noise).
     """
     loss_fn = loss_fn or loss_for(y)
     model.to(device).train()
@@ -140,6 +149,11 @@ def train(
     opt = make_optimizer(optimizer, params, lr, momentum, weight_decay)
     center = [p.detach().clone() for p in params] if proximal_mu > 0 else None
     correction = [c.to(device) for c in grad_correction] if grad_correction is not None else None
+    if dp_sgd is not None:
+        if correction is not None or clip_norm > 0:
+            raise ValueError("dp_sgd takes no grad_correction or clip_norm")
+        return _train_dp_sgd(model, x.to(device), y.to(device), loss_fn, opt, center,
+                             proximal_mu, dp_sgd, num_steps(len(x), batch_size, epochs, steps))
 
     def step(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         opt.zero_grad()
@@ -166,6 +180,40 @@ def train(
 
     return run_batches(x, y, step, epochs=epochs, batch_size=batch_size, steps=steps,
                         device=device, seed=seed)
+
+
+def _train_dp_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn,
+                  opt: torch.optim.Optimizer, center: list[torch.Tensor] | None,
+                  proximal_mu: float, dp: DPSGD, steps: int) -> float:
+    """``steps`` DP-SGD steps (:class:`tasks.privacy.DPSGD`); the mean loss of the sampled
+    examples."""
+    params = list(model.parameters())
+    sizes = [p.numel() for p in params]
+    expected = dp.sample_rate * len(x)
+    total, count = 0.0, 0
+    for _ in range(steps):
+        picked = torch.rand(len(x), generator=dp.generator, device=dp.generator.device)
+        idx = (picked < dp.sample_rate).nonzero().squeeze(1).to(x.device)
+        if len(idx):
+            summed, loss = clipped_gradient_sum(model, loss_fn, x[idx], y[idx], dp.clip)
+            total += float(loss) * len(idx)
+            count += len(idx)
+        else:  # an empty sample is still a step of noise (the accountant counts it)
+            summed = [torch.zeros_like(p) for p in params]
+        noise = torch.randn(sum(sizes), generator=dp.generator, device=dp.generator.device)
+        noise = noise.to(x.device) * (dp.noise_multiplier * dp.clip)
+        with torch.no_grad():
+            grads: list[torch.Tensor] = [(g + z.reshape(g.shape)) / expected
+                                         for g, z in zip(summed, torch.split(noise, sizes))]
+            if center is not None:  # reads no data: after the noise
+                weights: list[torch.Tensor] = list(params)
+                torch._foreach_add_(grads, torch._foreach_sub(weights, center),
+                                    alpha=proximal_mu)
+            for p, g in zip(params, grads):
+                p.grad = g
+        opt.step()
+        dp.steps_taken += 1
+    return total / max(count, 1)
 
 
 def loss_for(y: torch.Tensor) -> LossFn:

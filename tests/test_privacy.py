@@ -3,6 +3,7 @@ the ledger that outlives processes and runs, and a member's own limit."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -15,7 +16,7 @@ from experiments.make_sites import write_sites
 from fedamp_flwr import cli
 from fedamp_flwr.config import ConfigError, RunConfig
 from fedamp_flwr.privacy import Declined, Ledger, NodePrivacy
-from tasks.privacy import epsilon, privatize_update
+from tasks.privacy import clipped_gradient_sum, epsilon, has_batch_statistics, privatize_update
 
 from .conftest import run_named
 from .test_members import _sites
@@ -62,7 +63,7 @@ def test_epsilon_is_the_accountants_own():
 
 
 @pytest.mark.parametrize("change, key, allowed", [
-    ({"dp": "dp-sgd"}, "dp", "none, update"),
+    ({"dp": "dp-sgd-2"}, "dp", "none, update, dp-sgd"),
     ({"dp": "update", "dp-clip": -1.0}, "dp-clip", "> 0"),
     ({"dp": "update", "dp-noise-multiplier": 0.0}, "dp-noise-multiplier", "no noise is no privacy"),
     ({"dp": "update", "dp-delta": 1.0}, "dp-delta", r"\(0, 1\)"),
@@ -154,3 +155,51 @@ def test_a_simulation_keeps_each_clients_ledger_in_the_run_folder_and_none_chang
     assert "client_dp_epsilon" not in plain["rounds"][0]
     assert not (tmp_path / "plain" / "privacy").exists()
     assert plain["rounds"][0]["client_accuracy"] != private["rounds"][0]["client_accuracy"]
+
+
+def test_per_example_gradients_are_opacus_own_clipped_and_summed():
+    from opacus import GradSampleModule
+
+    torch.manual_seed(0)
+    model = tasks.build_model(tasks.DataConfig(dataset="synthetic", data_dir="", num_clients=2,
+                                               seed=0), "auto")
+    x = torch.randn(12, *tasks.data_info(tasks.DataConfig(
+        dataset="synthetic", data_dir="", num_clients=2, seed=0)).input_shape)
+    y = torch.randint(0, 2, (12,))
+    summed, loss = clipped_gradient_sum(model, torch.nn.functional.cross_entropy, x, y, clip=0.05)
+    reference = GradSampleModule(copy.deepcopy(model), loss_reduction="sum")
+    torch.nn.functional.cross_entropy(reference(x), y, reduction="sum").backward()
+    samples = [p.grad_sample for p in reference.parameters()]
+    norms = torch.cat([g.reshape(12, -1) for g in samples], dim=1).norm(dim=1)
+    assert (norms > 0.05).all()  # every example is clipped here
+    scale = (0.05 / norms).clamp(max=1.0)
+    for ours, theirs in zip(summed, samples, strict=True):
+        want = (theirs * scale.reshape(-1, *[1] * (theirs.dim() - 1))).sum(0)
+        assert torch.allclose(ours, want, atol=1e-6)
+    assert float(loss) == pytest.approx(float(torch.nn.functional.cross_entropy(model(x), y)),
+                                        rel=1e-5)
+    assert has_batch_statistics(torch.nn.Sequential(torch.nn.Linear(2, 2),
+                                                    torch.nn.BatchNorm1d(2)))
+    assert not has_batch_statistics(model)
+
+
+@pytest.mark.parametrize("strategy", ["apfl", "per-fedavg", "pfedme"])
+def test_dp_sgd_refuses_a_method_with_its_own_loop(strategy):
+    with pytest.raises(ConfigError, match=f"allowed: none or update for strategy '{strategy}': "
+                                          "its local training is its own loop"):
+        RunConfig.from_run_config({"strategy": strategy, "dp": "dp-sgd"})
+
+
+def test_dp_sgd_trains_privately_and_the_ledger_counts_its_sampled_steps(tmp_path):
+    cfg = {"strategy": "fedavg", "dataset": "synthetic", "local-steps": 5, "batch-size": 10,
+           "optimizer": "sgd", "learning-rate": 0.1, "dp": "dp-sgd", "dp-clip": 1.0,
+           "dp-noise-multiplier": 1.1}
+    metrics = run_named(tmp_path, "dpsgd", cfg, 3)
+    ledger = json.loads(sorted((tmp_path / "dpsgd" / "privacy").glob("0-*.json"))[0].read_text())
+    n = len(tasks.load_client_data(RunConfig.from_run_config(cfg).data_config(3), 0).y_train)
+    assert [(r["steps"], r["sample_rate"], r["mode"]) for r in ledger["releases"]] == [
+        (5, 10 / n, "dp-sgd")] * 2
+    want = epsilon([(1.1, 10 / n, 10)], 1e-5)
+    assert metrics["rounds"][1]["client_dp_epsilon"]["0"] == pytest.approx(want)
+    assert want < epsilon([(1.1, 1.0, 2)], 1e-5)  # sampling amplifies: far below 2 updates
+    assert all(math.isfinite(r["train_loss"]) for r in metrics["rounds"])

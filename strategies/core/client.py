@@ -44,6 +44,7 @@ from flwr.supercore import log
 from torch import nn
 
 from tasks import ClientData
+from tasks.privacy import DPSGD
 from tasks.train import train as train_loop
 
 from .protocol import CLIENT_UPDATE, GENERIC_KEYS, TRAINED_ROUNDS, as_int
@@ -91,6 +92,9 @@ class ClientJob(Generic[S]):
     settings : Settings
         The method's own keys the message carries, typed and checked (the update's
         :attr:`ClientUpdate.settings` class; the keys it does not carry keep their defaults).
+    dp_sgd : DPSGD or None
+        Per-example DP-SGD, which :meth:`fit` (the generic loop) applies: a method whose
+        training is its own loop is refused with ``dp = "dp-sgd"`` (``not_private``).
     """
 
     model: nn.Module
@@ -105,6 +109,8 @@ class ClientJob(Generic[S]):
     steps: int
     optim: Optim
     settings: S = field(default_factory=NoSettings)  # type: ignore[assignment]
+    #: per-example DP-SGD for the generic loop (run config dp = "dp-sgd"; train messages)
+    dp_sgd: DPSGD | None = None
 
     @property
     def trained_before(self) -> int:
@@ -148,7 +154,7 @@ class ClientJob(Generic[S]):
         return train_loop(self.model if model is None else model, self.data.x_train,
                           self.targets if targets is None else targets,
                           proximal_mu=proximal_mu, grad_correction=grad_correction,
-                          **kwargs, **extra)
+                          dp_sgd=self.dp_sgd, **kwargs, **extra)
 
 
 class ClientUpdate(Generic[S]):

@@ -94,11 +94,15 @@ class StrategyEntry:
     auto: Mapping[str, Any] = field(default_factory=dict)
     task_auto: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     tune: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
-    #: why the method's replies cannot be made differentially private ("": they can)
-    not_private: str = ""
+    #: why the method's replies cannot be made differentially private, by ``dp`` mode
+    not_private: Mapping[str, str] = field(default_factory=dict)
 
 
 STRATEGIES: dict[str, StrategyEntry] = {}
+
+#: why DP-SGD cannot train a method whose local training is its own loop (``not_private``)
+OWN_LOOP = ("its local training is its own loop ({}), not the generic one DP-SGD runs; "
+            "dp = 'update' protects its reply")
 
 
 def _check_keys(name: str, settings: type[Settings]) -> None:
@@ -119,7 +123,8 @@ def register_strategy(name: str, *, settings: type[Settings] = NoSettings, graph
                       auto: Mapping[str, Any] | None = None,
                       task_auto: Mapping[str, Mapping[str, Any]] | None = None,
                       tune: Mapping[str, tuple[float, ...]] | None = None,
-                      not_private: str = "") -> Callable[[Factory], Factory]:
+                      not_private: Mapping[str, str] | None = None
+                      ) -> Callable[[Factory], Factory]:
     """Decorator: register ``factory(settings, run)`` as the strategy ``name``.
 
     ``settings``: the class of the method's own run-config keys. ``graph=True``:
@@ -130,8 +135,9 @@ def register_strategy(name: str, *, settings: type[Settings] = NoSettings, graph
     search space for ``simulation.py --tune`` beside the generic one (key ->
     factors of the run's value; ``()`` leaves a generic key out, e.g. a
     learning rate the method does not use); every key must take "auto".
-    ``not_private``: why the method's replies cannot be made differentially private
-    (``dp`` run-config key; e.g. SCAFFOLD's control variates), refused before any work.
+    ``not_private``: by ``dp`` mode, why the method cannot be made differentially private
+    that way (e.g. SCAFFOLD's control variates; a method whose training is its own loop,
+    not the generic one DP-SGD runs), refused before any work.
     """
     def add(factory: Factory) -> Factory:
         current = STRATEGIES.get(name)
@@ -141,7 +147,7 @@ def register_strategy(name: str, *, settings: type[Settings] = NoSettings, graph
         STRATEGIES[name] = StrategyEntry(name, factory, settings, graph, dict(auto or {}),
                                          {k: dict(v) for k, v in (task_auto or {}).items()},
                                          {k: tuple(v) for k, v in (tune or {}).items()},
-                                         not_private)
+                                         dict(not_private or {}))
         return factory
     return add
 
