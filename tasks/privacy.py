@@ -28,6 +28,7 @@ sampler are not addressed (as in Opacus's default mode).
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -137,3 +138,33 @@ def clipped_gradient_sum(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y
     scale = (clip / (norms + 1e-12)).clamp(max=1.0)
     summed = [torch.einsum("b,b...->...", scale, grads[n]) for n in names]
     return summed, losses.mean()
+
+
+def noise_multiplier_for(target: float, delta: float, releases: Sequence[tuple[float, int]],
+                         rounds: int) -> float:
+    """The smallest noise multiplier (to 3 significant digits, rounded up) at which every
+    member's ``rounds`` rounds spend at most epsilon ``target`` at ``delta``; ``releases``:
+    each member's (sample rate, steps) per round ((1.0, 1) for a noised update)."""
+    if target <= 0 or rounds < 1 or not releases:
+        raise ValueError(f"target = {target}, rounds = {rounds}; allowed: target > 0, "
+                         "rounds >= 1, at least one member")
+
+    def worst(z: float) -> float:
+        return max(epsilon([(z, q, steps * rounds)], delta) for q, steps in releases)
+
+    lo, hi = 0.05, 1.0
+    while worst(hi) > target:
+        lo, hi = hi, hi * 2
+        if hi > 1e4:
+            raise ValueError(f"epsilon {target} at delta {delta} needs a noise multiplier "
+                             "over 10,000")
+    for _ in range(24):  # to 1e-7 of hi: finer than the 3 digits it is rounded to
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if worst(mid) > target else (lo, mid)
+    return _round_up(hi)
+
+
+def _round_up(z: float) -> float:
+    """``z`` rounded up to 3 significant digits."""
+    digits = 2 - math.floor(math.log10(z))
+    return math.ceil(z * 10 ** digits) / 10 ** digits

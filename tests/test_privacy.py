@@ -16,7 +16,13 @@ from experiments.make_sites import write_sites
 from fedamp_flwr import cli
 from fedamp_flwr.config import ConfigError, RunConfig
 from fedamp_flwr.privacy import Declined, Ledger, NodePrivacy
-from tasks.privacy import clipped_gradient_sum, epsilon, has_batch_statistics, privatize_update
+from tasks.privacy import (
+    clipped_gradient_sum,
+    epsilon,
+    has_batch_statistics,
+    noise_multiplier_for,
+    privatize_update,
+)
 
 from .conftest import run_named
 from .test_members import _sites
@@ -144,7 +150,7 @@ def test_a_member_with_a_limit_declines_a_run_without_privacy_and_one_without_a_
 
 
 def test_a_simulation_keeps_each_clients_ledger_in_the_run_folder_and_none_changes_nothing(
-        tmp_path):
+        tmp_path, capsys):
     cfg = {"strategy": "fedamp", "dataset": "synthetic", "local-epochs": 1, "fedamp-sigma": 1.0}
     private = run_named(tmp_path, "private", {**cfg, "dp": "update", "dp-clip": 0.5}, 3)
     ledgers = sorted((tmp_path / "private" / "privacy").glob("*.json"))
@@ -155,6 +161,16 @@ def test_a_simulation_keeps_each_clients_ledger_in_the_run_folder_and_none_chang
     assert "client_dp_epsilon" not in plain["rounds"][0]
     assert not (tmp_path / "plain" / "privacy").exists()
     assert plain["rounds"][0]["client_accuracy"] != private["rounds"][0]["client_accuracy"]
+    # the accuracy-against-epsilon report reads the epsilon the members reported
+    from experiments import privacy as report
+
+    assert report.main([str(tmp_path), "--out", str(tmp_path / "fig")]) == 0
+    said = capsys.readouterr().out
+    top = max(v for r in private["rounds"] for v in r["client_dp_epsilon"].values())
+    assert f"| synthetic/practical | fedamp | update | 1 | {top:.3g} |" in said
+    assert "| synthetic/practical | fedamp | none |  | none (no DP) |" in said
+    assert (tmp_path / "fig" / "accuracy-epsilon.png").stat().st_size > 0
+    assert (tmp_path / "fig" / "xi-epsilon-none.png").is_file()
 
 
 def test_per_example_gradients_are_opacus_own_clipped_and_summed():
@@ -203,3 +219,20 @@ def test_dp_sgd_trains_privately_and_the_ledger_counts_its_sampled_steps(tmp_pat
     assert metrics["rounds"][1]["client_dp_epsilon"]["0"] == pytest.approx(want)
     assert want < epsilon([(1.1, 1.0, 2)], 1e-5)  # sampling amplifies: far below 2 updates
     assert all(math.isfinite(r["train_loss"]) for r in metrics["rounds"])
+
+
+def test_the_presets_noise_multipliers_keep_every_member_at_its_epsilon():
+    from experiments.presets import DP_NOISE, PRESETS
+
+    # FMNIST practical at 20 clients: 600, 500, 400, 300, 200 training examples, 4 each
+    # (tasks.partition's practical recipe; its seed changes which, not how many)
+    fmnist = [(50 / n, math.ceil(n / 50)) for n in (600, 500, 400, 300, 200)]
+    fl60 = [(16 / 80, 20)]
+    for releases, rounds, noise in ((fmnist, 10, DP_NOISE["fmnist"]), (fl60, 60, DP_NOISE["fl60"])):
+        for target, z in noise.items():
+            assert noise_multiplier_for(target, 1e-5, releases, rounds) == z
+            spent = max(epsilon([(z, q, s * rounds)], 1e-5) for q, s in releases)
+            assert 0.97 * target < spent <= target
+    grid = PRESETS["dp-tradeoff"]
+    assert grid.run_config["num-server-rounds"] == 10 and grid.run_config["batch-size"] == 50
+    assert [sc.get("dp-noise-multiplier") for sc in grid.scenarios] == [None, 6.66, 2.14, 0.869]
