@@ -236,3 +236,24 @@ def test_the_presets_noise_multipliers_keep_every_member_at_its_epsilon():
     grid = PRESETS["dp-tradeoff"]
     assert grid.run_config["num-server-rounds"] == 10 and grid.run_config["batch-size"] == 50
     assert [sc.get("dp-noise-multiplier") for sc in grid.scenarios] == [None, 6.66, 2.14, 0.869]
+
+
+def test_a_resumed_run_and_a_restarted_supernode_continue_the_same_ledger(tmp_path):
+    from flwr.common import MessageType
+
+    from .test_survival import Crash, FaultyGrid, config, run
+
+    cfg = config(tmp_path, "fedavg", **{"dp": "update", "num-server-rounds": 4})
+    # client 1's SuperNode restarts before round 2 (a new node, an empty context.state);
+    # the ServerApp dies in round 3 before its training messages go out
+    grid = FaultyGrid(cfg, 3, crash_at=(3, MessageType.TRAIN), moves={1: (2, 901)})
+    with pytest.raises(Crash):
+        run(grid, cfg)
+    metrics = run(grid, {**cfg, "resume": True})
+    assert [r["trained_clients"] for r in metrics["rounds"]] == [[0, 1, 2]] * 4
+    for r in metrics["rounds"]:  # one release a round, whichever process or node made it
+        for client in ("0", "1", "2"):
+            assert r["client_dp_epsilon"][client] == pytest.approx(
+                epsilon([(1.0, 1.0, r["round"])], 1e-5))
+    ledgers = sorted((tmp_path / "run" / "privacy").glob("*.json"))
+    assert [len(json.loads(p.read_text())["releases"]) for p in ledgers] == [4, 4, 4]
