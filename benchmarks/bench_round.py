@@ -128,8 +128,8 @@ original = rounds.run_rounds
 def run_rounds(strategy, grid, arrays, **kw):
     after = kw["after_round"]
     marks = {"start": time.perf_counter(), "before": dict(spent)}
-    def after_round(r, a):
-        after(r, a)
+    def after_round(r, a, stopping=False):
+        after(r, a, stopping)
         now = time.perf_counter()
         # the round's background writes (checkpoint, metrics.json) finish before the floor is
         # timed: they run beside the next round in a real run, never beside the floor

@@ -293,7 +293,10 @@ def apply_tuned(runs: Sequence[Run], tuned: Mapping[str, Any], forced: Sequence[
         if row is None and method != run.run_config["strategy"]:
             row = tuned.get("strategies", {}).get(run.run_config["strategy"], {}).get(
                 cfg.tuning_key)
-        values = {k: v for k, v in (row or {}).get("values", {}).items() if k not in forced}
+        # a learning rate belongs to its optimizer: forcing either leaves both to the run
+        paired = {LR, OPTIMIZER} if {LR, OPTIMIZER} & set(forced) else set()
+        values = {k: v for k, v in (row or {}).get("values", {}).items()
+                  if k not in forced and k not in paired}
         new = {**run.run_config, **values}
         RunConfig.from_run_config(new)
         out.append(Run(run.name, run.num_clients, new))

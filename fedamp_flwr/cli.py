@@ -20,7 +20,7 @@
 
 ``fedamp-flwr privacy PRIVACY_DIR [--delta D]``
     States what a member's replies have revealed so far: for each ledger in its
-    ``privacy-dir`` (one per client id and data set), the noised replies (runs,
+    ``privacy-dir`` (one per client id), the noised replies (runs,
     rounds, noise multipliers) and the epsilon they spent together at delta
     (the runs' own by default), computed again with the accountant from the
     ledger's history, not read from it.
@@ -197,9 +197,10 @@ def privacy_report(folder: str, delta: float | None) -> int:
             status = 1
             continue
         runs = sorted({str(r["run"]).rsplit("/", 1)[-1] for r in releases})
-        print(f"{data.get('client_id')} (data sha256 {str(data.get('data_sha256'))[:16]}...): "
-              f"{len(releases)} noised replies in {len(runs)} run(s) ({', '.join(runs)}); "
-              f"epsilon {spent:.4g} at delta {at:g}")
+        sets = len({r.get("data_sha256") for r in releases})
+        print(f"{data.get('client_id')}: {len(releases)} noised replies in {len(runs)} run(s) "
+              f"({', '.join(runs)}), trained on {sets} version(s) of its data; epsilon "
+              f"{spent:.4g} at delta {at:g}")
     return status
 
 

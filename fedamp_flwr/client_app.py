@@ -97,7 +97,7 @@ from tasks.train import num_steps
 
 from .config import ConfigError, RunConfig
 from .delivery import keep_tested_model
-from .privacy import Declined, Ledger, NodePrivacy, data_digest
+from .privacy import MAX_EPSILON, Declined, Ledger, NodePrivacy, data_digest
 
 app = ClientApp()
 
@@ -311,12 +311,16 @@ def train(msg: Message, context: Context) -> Message:
         try:
             steps, rate = ((job.dp_sgd.steps_taken, job.dp_sgd.sample_rate)
                            if job.dp_sgd is not None else _release(privacy, job))
-            said[DP_EPSILON] = ledger.spend(privacy, str(job.config.get(DP_RUN, "")),
-                                            job.server_round, steps, rate)
+            said[DP_EPSILON] = ledger.spend(
+                privacy, str(job.config.get(DP_RUN, "")), job.server_round, steps, rate,
+                # the member's own data (not a scenario's flipped labels)
+                data_digest(job.data.x_train, job.data.y_train))
         except Declined as err:  # checked before training; the budget changed since
             log(logging.WARNING, "This node declines round %d: %s", job.server_round, err)
             return Message(Error(code=DECLINED, reason=str(err)), reply_to=msg)
-    metrics = _metrics(job, client_id, **{NUM_EXAMPLES: len(job.data.y_train), TRAIN_LOSS: loss},
+    # under dp the training loss (computed on the private data, unnoised) stays here
+    loss_said = {} if private else {TRAIN_LOSS: loss}
+    metrics = _metrics(job, client_id, **{NUM_EXAMPLES: len(job.data.y_train)}, **loss_said,
                        **said)
     arrays = ArrayRecord(state)
     return Message(RecordDict({ARRAYS: arrays, METRICS: metrics, **records}), reply_to=msg)
@@ -341,13 +345,15 @@ def _private(context: Context, setup: Setup, job: ClientJob
     """This round's privacy (None: the reply is not noised), or :class:`Declined` where this
     node will not train: its own rules (:meth:`NodePrivacy.check`), or a reply that would
     take its epsilon past its limit (checked before training, spent after)."""
+    if setup.cfg.dp == "none" and MAX_EPSILON not in context.node_config:
+        return None  # no privacy asked, none required: the node config's dp-* keys unread
     privacy = NodePrivacy.of(context, setup.cfg, str(job.config.get(DP_RUN, "")),
                              member=setup.partition_id < 0)
     privacy.check()
     if privacy.mode == "none":
         return None
     assert privacy.ledger_dir is not None  # check() declines a node without one
-    ledger = Ledger(privacy.ledger_dir, setup.name, data_digest(job.data.x_train, job.targets))
+    ledger = Ledger(privacy.ledger_dir, setup.name)
     steps, rate = _release(privacy, job)
     planned = epsilon([*ledger.history(), (privacy.noise_multiplier, rate, steps)],
                       privacy.delta)

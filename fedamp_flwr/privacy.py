@@ -7,18 +7,19 @@ coordinator's request. A member's node config may only make them stricter
 reply the server records as that member's absence, with the reason) when the reply would
 take its spent epsilon past it, or when the run asks no privacy at all.
 
-The ledger (:class:`Ledger`) is a JSON file per member and data set, in the node config's
-``privacy-dir`` (``<client-id>-<sha256 of its training data, 16 hex>.json``), so that it
-survives every fresh ``flwr-clientapp`` process, SuperNode restarts, resumed runs and
-later runs: a member's budget spans every run it joins. Each noised reply is written there
-before it is sent (a reply the server never gets still counts: it may have been seen).
-Without a ``privacy-dir`` a member's node declines; a partitioned run's clients (a
+The ledger (:class:`Ledger`) is a JSON file per member, in the node config's
+``privacy-dir`` (``<client-id>.json``), so that it survives every fresh ``flwr-clientapp``
+process, SuperNode restarts, resumed runs and later runs: a member's budget spans every run
+it joins. Each noised reply is written there before it is sent (a reply the server never
+gets still counts: it may have been seen). Without a ``privacy-dir`` a member's node
+declines, and so does any node with a ``dp-max-epsilon``; a partitioned run's clients (a
 simulation) keep theirs in the run's folder, ``<results-dir>/<run>/privacy/``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import math
@@ -54,6 +55,7 @@ class NodePrivacy:
     delta: float
     max_epsilon: float
     ledger_dir: Path | None
+    own_ledger: bool = False  # the node config's privacy-dir (not the run's folder)
 
     @classmethod
     def of(cls, context: Context, cfg: RunConfig, run: str, member: bool) -> NodePrivacy:
@@ -82,10 +84,14 @@ class NodePrivacy:
         where = (Path(folder.strip()).expanduser() if folder
                  else Path(run) / "privacy" if run and not member else None)
         return cls(cfg.dp, values["dp-clip"], values["dp-noise-multiplier"], values["dp-delta"],
-                   float(limit), where)
+                   float(limit), where, own_ledger=bool(folder))
 
     def check(self) -> None:
         """Decline (:class:`Declined`) a round this node's own rules forbid."""
+        if math.isfinite(self.max_epsilon) and not self.own_ledger:
+            raise Declined(f"this member's node sets {MAX_EPSILON} = {self.max_epsilon:g} but "
+                           f"no {PRIVACY_DIR}: a limit needs the node's own ledger (not one in "
+                           "a folder the run names)")
         if self.mode == "none" and math.isfinite(self.max_epsilon):
             raise Declined(f"this member's node sets {MAX_EPSILON} = {self.max_epsilon:g}, and "
                            "the run asks no privacy (dp = \"none\"); it trains only with "
@@ -97,8 +103,8 @@ class NodePrivacy:
 
 
 def data_digest(x: torch.Tensor, y: torch.Tensor) -> str:
-    """The sha256 of a client's training data (its tensors' bytes): the ledger's key beside
-    the client's name, so that another data set under the same name has its own budget."""
+    """The sha256 of a client's training data (its tensors' bytes), recorded with each
+    release (which data a reply was trained on); not the ledger's key."""
     h = hashlib.sha256()
     for t in (x, y):
         t = t.detach().cpu().contiguous()
@@ -108,25 +114,34 @@ def data_digest(x: torch.Tensor, y: torch.Tensor) -> str:
 
 
 class Ledger:
-    """A member's spent privacy: the Gaussian mechanisms its replies ran, in a JSON file."""
+    """A member's spent privacy: the Gaussian mechanisms its replies ran, in a JSON file.
 
-    def __init__(self, folder: Path, client: str, digest: str) -> None:
-        self.path = Path(folder) / f"{client}-{digest[:16]}.json"
-        self.client, self.digest = client, digest
-        self.releases: list[dict[str, Any]] = []
-        if self.path.is_file():
-            try:
-                data = json.loads(self.path.read_text())
-                releases = data["releases"]
-                if data.get("data_sha256") != digest or not isinstance(releases, list):
-                    raise ValueError("not this member's data")
-                for r in releases:
-                    float(r["noise_multiplier"]), float(r["sample_rate"]), int(r["steps"])
-            except (OSError, ValueError, KeyError, TypeError) as err:
-                # never start a budget again from zero: a damaged ledger stops the member
-                raise Declined(f"privacy ledger {self.path} cannot be read ({err}); it is "
-                               "kept as it is: mend or move it by hand") from None
-            self.releases = releases
+    Keyed by the member's ``client-id`` alone: a budget that another seed's split, a
+    validation share or an edited file could start again from zero would not be a budget
+    (each release records the sha256 of the data it was trained on). Read and written under
+    an exclusive lock (``<file>.lock``): two processes of one member (two runs on one
+    SuperNode) never lose each other's release."""
+
+    def __init__(self, folder: Path, client: str) -> None:
+        self.path = Path(folder) / f"{client}.json"
+        self.client = client
+        self.releases: list[dict[str, Any]] = self._read()
+
+    def _read(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        try:
+            data = json.loads(self.path.read_text())
+            releases = data["releases"]
+            if data.get("client_id") != self.client or not isinstance(releases, list):
+                raise ValueError("not this member's ledger")
+            for r in releases:
+                float(r["noise_multiplier"]), float(r["sample_rate"]), int(r["steps"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            # never start a budget again from zero: a damaged ledger stops the member
+            raise Declined(f"privacy ledger {self.path} cannot be read ({err}); it is kept as "
+                           "it is: mend or move it by hand") from None
+        return releases
 
     def history(self) -> list[tuple[float, float, int]]:
         return [(float(r["noise_multiplier"]), float(r["sample_rate"]), int(r["steps"]))
@@ -137,22 +152,28 @@ class Ledger:
         return epsilon(self.history(), delta)
 
     def spend(self, privacy: NodePrivacy, run: str, server_round: int, steps: int = 1,
-              sample_rate: float = 1.0) -> float:
+              sample_rate: float = 1.0, data_sha256: str = "") -> float:
         """Record a release (written to disk before the reply leaves) and return the epsilon
-        spent with it; :class:`Declined` where it would pass the member's limit."""
-        after = epsilon([*self.history(), (privacy.noise_multiplier, sample_rate, steps)],
-                        privacy.delta)
-        if after > privacy.max_epsilon:
-            raise Declined(f"privacy budget: this reply would take this member's epsilon to "
-                           f"{after:.3g} (delta {privacy.delta:g}), past its {MAX_EPSILON} = "
-                           f"{privacy.max_epsilon:g}; spent so far {self.spent(privacy.delta):.3g}")
-        self.releases.append({"run": run, "round": server_round, "mode": privacy.mode,
-                              "noise_multiplier": privacy.noise_multiplier,
-                              "sample_rate": sample_rate, "steps": steps, "clip": privacy.clip,
-                              "epsilon_after": after, "delta": privacy.delta,
-                              "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-        text = json.dumps({"client_id": self.client, "data_sha256": self.digest,
-                           "accountant": "opacus RDP", "releases": self.releases}, indent=1)
+        spent with it; :class:`Declined` where it would pass the member's limit. The ledger
+        is read again under the lock: a release another process wrote since counts."""
         private_folder(self.path.parent)
-        atomic_write(self.path, lambda f: f.write(text.encode()), private=True)
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.releases = self._read()
+            after = epsilon([*self.history(), (privacy.noise_multiplier, sample_rate, steps)],
+                            privacy.delta)
+            if after > privacy.max_epsilon:
+                raise Declined(f"privacy budget: this reply would take this member's epsilon "
+                               f"to {after:.3g} (delta {privacy.delta:g}), past its "
+                               f"{MAX_EPSILON} = {privacy.max_epsilon:g}; spent so far "
+                               f"{self.spent(privacy.delta):.3g}")
+            self.releases.append({
+                "run": run, "round": server_round, "mode": privacy.mode,
+                "noise_multiplier": privacy.noise_multiplier, "sample_rate": sample_rate,
+                "steps": steps, "clip": privacy.clip, "epsilon_after": after,
+                "delta": privacy.delta, "data_sha256": data_sha256,
+                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            text = json.dumps({"client_id": self.client, "accountant": "opacus RDP",
+                               "releases": self.releases}, indent=1)
+            atomic_write(self.path, lambda f: f.write(text.encode()), private=True)
         return after

@@ -172,6 +172,8 @@ class RunFolder:
             shutil.rmtree(self.path / "checkpoint", ignore_errors=True)
             shutil.rmtree(self.path / XI_FOLDER, ignore_errors=True)
             shutil.rmtree(self.path / MODELS_FOLDER, ignore_errors=True)
+            # a simulation's clients' privacy ledgers are the run's (a member's are on its node)
+            shutil.rmtree(self.path / "privacy", ignore_errors=True)
             return
         state = ("a finished run" if held and held.get("finished") else
                  f"an unfinished run (round {held.get('completed_rounds', '?')} of "

@@ -14,7 +14,7 @@ configure_evaluate, send, aggregate_evaluate. Besides, :func:`run_rounds`
 * waits at most ``round_timeout`` seconds for the replies of each phase,
 * records the global model's norm per round (``global_norm``; strategies
   that keep a global model),
-* calls ``after_round(server_round, arrays)`` at the end of every round
+* calls ``after_round(server_round, arrays, stopping)`` at the end of every round
   (the ServerApp writes metrics.json and the checkpoint there),
 * stops the run (:class:`RoundsFailedError`) when no client's training, or
   no client's evaluation, could be used in more than ``max_failed_rounds``
@@ -173,7 +173,7 @@ def run_rounds(
     evaluate_config: ConfigRecord,
     round_timeout: float,
     query_timeout: float,
-    after_round: Callable[[int, ArrayRecord], None] | None = None,
+    after_round: Callable[[int, ArrayRecord, bool], None] | None = None,
     max_failed_rounds: int = 0,
     on_join: Callable[[ClientInfo], None] | None = None,
     members: Membership | None = None,
@@ -224,12 +224,13 @@ def run_rounds(
         strategy.aggregate_evaluate(server_round, replies)
         if delivery is not None:
             delivery.after_evaluation(server_round, replies, models, tracker.client_of_node)
-        if after_round is not None:
-            after_round(server_round, arrays)
         failure = round_failure(strategy.history.rounds.get(server_round, {}),
                                 min_clients_evaluated)
         failed_in_a_row = failed_in_a_row + 1 if failure else 0
-        if failure and failed_in_a_row > max_failed_rounds:
+        stops = bool(failure) and failed_in_a_row > max_failed_rounds
+        if after_round is not None:  # a round that stops the run is written as a last one
+            after_round(server_round, arrays, stops)
+        if stops:
             in_a_row = f"{failed_in_a_row} rounds in a row, " if failed_in_a_row > 1 else ""
             raise RoundsFailedError(
                 f"round {server_round}: {failure}; the run stops ({in_a_row}max-failed-rounds = "

@@ -20,7 +20,7 @@ from strategies.core.layout import dtypes_of, with_dtypes
 from strategies.core.protocol import BATCH_SIZE, DP_RUN, LOCAL_EPOCHS, LOCAL_STEPS, LR, OPTIMIZER
 from strategies.core.replies import array_spec
 from tasks.graphs import GraphError, build_graph, group_graph
-from tasks.privacy import has_batch_statistics
+from tasks.privacy import has_batch_statistics, noise_allowance
 
 from .config import ConfigError, RunConfig
 from .delivery import ModelDelivery, new_token
@@ -208,6 +208,9 @@ def _main(grid: Grid, context: Context) -> None:
     members.names = list(base)
     tracker.refusals_are_absences = members.schema is not None
     strategy.max_update_ratio = cfg.max_update_ratio
+    if cfg.dp == "update":  # a member's own noise is not a hostile update
+        strategy.update_noise = noise_allowance(cfg.dp_clip, cfg.dp_noise_multiplier, sum(
+            p.numel() for p in model.state_dict().values() if torch.is_floating_point(p)))
     strategy.history.xi_sink = XiFiles(folder.path, cfg.xi_every, cfg.xi_dtype,
                                        cfg.num_server_rounds)
 
@@ -274,11 +277,11 @@ def _main(grid: Grid, context: Context) -> None:
             **strategy.history.to_dict(),
         }
 
-    def after_round(server_round: int, arrays: ArrayRecord) -> None:
+    def after_round(server_round: int, arrays: ArrayRecord, stopping: bool = False) -> None:
         # the checkpoint first: metrics.json never claims more rounds than can be resumed.
         # Both are taken now and written by the writer's thread, in that order, while the
         # next round runs.
-        last = server_round == cfg.num_server_rounds
+        last = server_round == cfg.num_server_rounds or stopping  # the run's last round
         checkpoint = bool(cfg.checkpoint_every) and (server_round % cfg.checkpoint_every == 0
                                                      or last)
         if checkpoint:

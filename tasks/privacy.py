@@ -13,9 +13,12 @@ coordinator, the other members and every model made from the reply see only the 
 update. Integer tensors (BatchNorm's batch counter) are replied as received.
 
 Accounting (:func:`epsilon`): one noised reply is one Gaussian mechanism of sensitivity C
-on the member's whole data set (every one of its records, or all of them together,
-changes the clipped update by at most C), with no subsampling amplification (sample
-rate 1: a member that trains is in the round for sure); its rounds compose. Opacus's RDP
+on the member's data set for adding or removing it, whole or in part (the clipped update
+against none at all: at most C apart), with no subsampling amplification (sample rate 1:
+a member that trains is in the round for sure); its rounds compose. Replacing records
+moves a clipped update by up to 2C: for that neighbouring relation the same noise gives
+the epsilon of half the noise multiplier. DP-SGD's accounting (Opacus's) is likewise for
+adding or removing one example. Opacus's RDP
 accountant (Mironov, "Renyi Differential Privacy", 2017; Mironov et al. 2019 for the
 sampled Gaussian) turns the history ``[(noise multiplier, sample rate, steps), ...]`` into
 epsilon at a delta; no formula is written here.
@@ -168,3 +171,17 @@ def _round_up(z: float) -> float:
     """``z`` rounded up to 3 significant digits."""
     digits = 2 - math.floor(math.log10(z))
     return math.ceil(z * 10 ** digits) / 10 ** digits
+
+
+#: How much more noise than the run asks a member's node may add (its own stricter
+#: dp-noise-multiplier) before the server's update-norm bound leaves its reply out.
+STRICTER_NOISE = 4.0
+
+
+def noise_allowance(clip: float, noise_multiplier: float, numel: int) -> float:
+    """What ``dp = "update"`` may add to an honest reply's update norm: the clipped update
+    (``clip``) and the norm of its Gaussian noise, ``noise_multiplier`` x ``clip`` x
+    (sqrt(numel) + 10): the norm's mean, about sqrt(numel) for unit noise, and more than
+    14 of its standard deviations (about 0.71), at up to :data:`STRICTER_NOISE` times the
+    noise the run asks."""
+    return clip * (1.0 + STRICTER_NOISE * noise_multiplier * (math.sqrt(numel) + 10.0))

@@ -139,9 +139,9 @@ def train(
     dp_sgd : DPSGD, optional
         Per-example DP-SGD (:class:`tasks.privacy.DPSGD`): as many steps, each on a Poisson
         sample of the examples drawn from the operating system's randomness (not ``seed``),
-        with clipped per-example gradients and Gaussian noise; no ``grad_correction`` or
-        ``clip_norm`` then (the proximal term's gradient, which reads no data, is added
-        after the noise).
+        with clipped per-example gradients and Gaussian noise; no ``grad_correction`` then,
+        and its per-example clipping replaces ``clip_norm`` (the proximal term's gradient,
+        which reads no data, is added after the noise).
     """
     loss_fn = loss_fn or loss_for(y)
     model.to(device).train()
@@ -149,9 +149,9 @@ def train(
     opt = make_optimizer(optimizer, params, lr, momentum, weight_decay)
     center = [p.detach().clone() for p in params] if proximal_mu > 0 else None
     correction = [c.to(device) for c in grad_correction] if grad_correction is not None else None
-    if dp_sgd is not None:
-        if correction is not None or clip_norm > 0:
-            raise ValueError("dp_sgd takes no grad_correction or clip_norm")
+    if dp_sgd is not None:  # its per-example clipping replaces clip_norm
+        if correction is not None:
+            raise ValueError("dp_sgd takes no grad_correction (SCAFFOLD is refused with dp)")
         return _train_dp_sgd(model, x.to(device), y.to(device), loss_fn, opt, center,
                              proximal_mu, dp_sgd, num_steps(len(x), batch_size, epochs, steps))
 
@@ -187,7 +187,10 @@ def _train_dp_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: L
                   proximal_mu: float, dp: DPSGD, steps: int) -> float:
     """``steps`` DP-SGD steps (:class:`tasks.privacy.DPSGD`); the mean loss of the sampled
     examples."""
-    params = list(model.parameters())
+    trainable = [p.requires_grad for p in model.parameters()]
+    params = [p for p, t in zip(model.parameters(), trainable) if t]  # clipped_gradient_sum's
+    if center is not None:  # the proximal centre of the same parameters
+        center = [c for c, t in zip(center, trainable) if t]
     sizes = [p.numel() for p in params]
     expected = dp.sample_rate * len(x)
     total, count = 0.0, 0

@@ -85,20 +85,28 @@ def _privacy(tmp_path, limit=math.inf, z=1.0):
 
 
 def test_the_ledger_continues_across_processes_and_declines_past_the_limit(tmp_path):
-    first = Ledger(tmp_path, "site-1", "ab" * 32)
-    spent = [first.spend(_privacy(tmp_path), "run-a", r) for r in (1, 2)]
-    again = Ledger(tmp_path, "site-1", "ab" * 32)  # a fresh ClientApp process, a later run
+    first = Ledger(tmp_path, "site-1")
+    spent = [first.spend(_privacy(tmp_path), "run-a", r, data_sha256="ab" * 32) for r in (1, 2)]
+    again = Ledger(tmp_path, "site-1")  # a fresh ClientApp process, a later run
     assert again.spent(1e-5) == pytest.approx(spent[-1])
-    third = again.spend(_privacy(tmp_path), "run-b", 1)
+    # another split of its data (another seed, a validation share): the same budget
+    third = again.spend(_privacy(tmp_path), "run-b", 1, data_sha256="cd" * 32)
     assert third == pytest.approx(epsilon([(1.0, 1.0, 3)], 1e-5)) and third > spent[-1]
-    other = Ledger(tmp_path, "site-1", "cd" * 32)  # another data set: its own budget
-    assert other.spent(1e-5) == 0.0
+    # a release another process wrote since this one read the ledger still counts
+    stale = Ledger(tmp_path, "site-1")
+    Ledger(tmp_path, "site-1").spend(_privacy(tmp_path), "run-c", 1)
+    assert stale.spend(_privacy(tmp_path), "run-b", 2) == pytest.approx(
+        epsilon([(1.0, 1.0, 5)], 1e-5))
+    assert Ledger(tmp_path, "site-2").spent(1e-5) == 0.0  # another member
     with pytest.raises(Declined, match="past its dp-max-epsilon = 5"):
-        Ledger(tmp_path, "site-1", "ab" * 32).spend(_privacy(tmp_path, limit=5.0), "run-b", 2)
-    assert len(json.loads(again.path.read_text())["releases"]) == 3  # a declined one: not spent
+        Ledger(tmp_path, "site-1").spend(_privacy(tmp_path, limit=5.0), "run-b", 3)
+    releases = json.loads(again.path.read_text())["releases"]
+    assert len(releases) == 5  # a declined one: not spent
+    assert [r["data_sha256"][:2] for r in releases[:3]] == ["ab", "ab", "cd"]
+    assert oct(again.path.stat().st_mode & 0o777) == "0o600"
     again.path.write_text("{not json")
     with pytest.raises(Declined, match="cannot be read"):
-        Ledger(tmp_path, "site-1", "ab" * 32)  # never a budget started again from zero
+        Ledger(tmp_path, "site-1")  # never a budget started again from zero
 
 
 def _members(tmp_path, n=3):
@@ -130,7 +138,7 @@ def test_a_member_at_its_limit_stops_training_and_the_run_goes_on(tmp_path, caps
     # the member states what it spent, from its own ledger, with its own accountant
     assert cli.main(["privacy", nodes[0]["privacy-dir"]]) == 0
     said = capsys.readouterr().out
-    assert "client-0 (data sha256" in said and "4 noised replies in 2 run(s) (dp, dp-again)" in said
+    assert "client-0: 4 noised replies in 2 run(s) (dp, dp-again), trained on 1 version(s)" in said
     assert f"epsilon {epsilon([(1.0, 1.0, 4)], 1e-5):.4g} at delta 1e-05" in said
     assert cli.main(["privacy", str(tmp_path / "nothing")]) == 1
 
@@ -154,7 +162,7 @@ def test_a_simulation_keeps_each_clients_ledger_in_the_run_folder_and_none_chang
     cfg = {"strategy": "fedamp", "dataset": "synthetic", "local-epochs": 1, "fedamp-sigma": 1.0}
     private = run_named(tmp_path, "private", {**cfg, "dp": "update", "dp-clip": 0.5}, 3)
     ledgers = sorted((tmp_path / "private" / "privacy").glob("*.json"))
-    assert [p.name.split("-")[0] for p in ledgers] == ["0", "1", "2"]
+    assert [p.name for p in ledgers] == ["0.json", "1.json", "2.json"]
     assert all(len(json.loads(p.read_text())["releases"]) == 2 for p in ledgers)
     assert set(private["rounds"][1]["client_dp_epsilon"]) == {"0", "1", "2"}
     plain = run_named(tmp_path, "plain", cfg, 3)
@@ -211,14 +219,15 @@ def test_dp_sgd_trains_privately_and_the_ledger_counts_its_sampled_steps(tmp_pat
            "optimizer": "sgd", "learning-rate": 0.1, "dp": "dp-sgd", "dp-clip": 1.0,
            "dp-noise-multiplier": 1.1}
     metrics = run_named(tmp_path, "dpsgd", cfg, 3)
-    ledger = json.loads(sorted((tmp_path / "dpsgd" / "privacy").glob("0-*.json"))[0].read_text())
+    ledger = json.loads((tmp_path / "dpsgd" / "privacy" / "0.json").read_text())
     n = len(tasks.load_client_data(RunConfig.from_run_config(cfg).data_config(3), 0).y_train)
     assert [(r["steps"], r["sample_rate"], r["mode"]) for r in ledger["releases"]] == [
         (5, 10 / n, "dp-sgd")] * 2
     want = epsilon([(1.1, 10 / n, 10)], 1e-5)
     assert metrics["rounds"][1]["client_dp_epsilon"]["0"] == pytest.approx(want)
     assert want < epsilon([(1.1, 1.0, 2)], 1e-5)  # sampling amplifies: far below 2 updates
-    assert all(math.isfinite(r["train_loss"]) for r in metrics["rounds"])
+    assert all(r["train_loss"] is None for r in metrics["rounds"])  # stays on the members
+    assert all(math.isfinite(r["mean_accuracy"]) for r in metrics["rounds"])
 
 
 def test_the_presets_noise_multipliers_keep_every_member_at_its_epsilon():
@@ -227,8 +236,10 @@ def test_the_presets_noise_multipliers_keep_every_member_at_its_epsilon():
     # FMNIST practical at 20 clients: 600, 500, 400, 300, 200 training examples, 4 each
     # (tasks.partition's practical recipe; its seed changes which, not how many)
     fmnist = [(50 / n, math.ceil(n / 50)) for n in (600, 500, 400, 300, 200)]
-    fl60 = [(16 / 80, 20)]
-    for releases, rounds, noise in ((fmnist, 10, DP_NOISE["fmnist"]), (fl60, 60, DP_NOISE["fl60"])):
+    pinned = PRESETS["dp-panacea"].run_config  # FL-60: 80 training examples per client
+    fl60 = [(pinned["batch-size"] / 80, pinned["local-steps"])]
+    for releases, rounds, noise in ((fmnist, 10, DP_NOISE["fmnist"]),
+                                    (fl60, pinned["num-server-rounds"], DP_NOISE["fl60"])):
         for target, z in noise.items():
             assert noise_multiplier_for(target, 1e-5, releases, rounds) == z
             spent = max(epsilon([(z, q, s * rounds)], 1e-5) for q, s in releases)
@@ -257,3 +268,17 @@ def test_a_resumed_run_and_a_restarted_supernode_continue_the_same_ledger(tmp_pa
                 epsilon([(1.0, 1.0, r["round"])], 1e-5))
     ledgers = sorted((tmp_path / "run" / "privacy").glob("*.json"))
     assert [len(json.loads(p.read_text())["releases"]) for p in ledgers] == [4, 4, 4]
+
+
+def test_a_members_noise_is_not_taken_for_a_hostile_update(tmp_path):
+    import tasks as t
+
+    cfg = {"strategy": "fedavg", "dataset": "synthetic", "local-epochs": 1, "dp": "update",
+           "dp-noise-multiplier": 200.0}
+    model = t.build_model(RunConfig.from_run_config(cfg).data_config(3), "auto")
+    numel = sum(p.numel() for p in model.state_dict().values())
+    weights = float(torch.cat([p.flatten() for p in model.state_dict().values()]).norm())
+    assert 200.0 * math.sqrt(numel) > 100 * max(weights, 1.0) * 2  # the ratio alone: refused
+    metrics = run_named(tmp_path, "loud", cfg, 3)
+    assert [r["trained_clients"] for r in metrics["rounds"]] == [[0, 1, 2]] * 2
+    assert not any(r.get("rejected") for r in metrics["rounds"])

@@ -286,13 +286,17 @@ def test_max_failed_rounds_allows_rounds_in_a_row_without_replies(tmp_path, capl
     assert [r["trained_clients"] for r in metrics["rounds"]] == [[0, 1, 2], [], [], [0, 1, 2],
                                                                  [0, 1, 2]]
     assert "(2 of max-failed-rounds = 2 in a row)" in caplog.text
-    # three in a row are too many
-    cfg = {**cfg, "run-name": "run2"}
+    # three in a row are too many; the round that stops the run is written as a last one
+    # (checkpoint and metrics.json, whatever checkpoint-every says), with its reasons
+    cfg = {**cfg, "run-name": "run2", "checkpoint-every": 3}
     failing = {(r, c) for r in (2, 3, 4) for c in range(3)}
     with pytest.raises(RoundsFailedError, match=r"round 4: no client's training could be used: 3 "
                                                 r"client\(s\) left out, 3 of them because node "
                                                 r"unavailable: node is gone.*3 rounds in a row"):
         run(FaultyGrid(cfg, 3, failing=failing), cfg)
+    stopped = json.loads((tmp_path / "run2" / "metrics.json").read_text())
+    assert stopped["completed_rounds"] == 4 and not stopped["finished"]
+    assert set(stopped["rounds"][3]["absent_clients"]) == {"0", "1", "2"}
 
 
 def test_a_round_with_no_client_connected_stops_the_run_instead_of_waiting(tmp_path):

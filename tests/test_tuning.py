@@ -157,13 +157,29 @@ def test_values_tuned_under_a_budget_run_only_under_it(tmp_path, monkeypatch, ca
     grda = {"strategy": "fedavg", "dataset": "fl60", "fl60-variant": "grda"}
     assert RunConfig.from_run_config(grda).optimizer == "adam"  # "auto" never gives them
     assert RunConfig.from_run_config({**grda, "fl60-variant": "text"}).learning_rate == 0.002
+    planned: list = []
+    monkeypatch.setattr(simulation, "run_grid", lambda runs, *a: planned.extend(runs) or [])
     args = ["--engine", "inprocess", "--preset", "panacea-tables", "--datasets", "fl60/grda",
-            "--strategies", "fedavg", "--seeds", "0", "--output", str(tmp_path / "o"),
-            "--report-only"]
-    assert simulation.main([*args, "--budget", "steps=1200"]) in (0, 1)
+            "--strategies", "fedavg", "--seeds", "0", "--output", str(tmp_path / "o")]
+
+    def run(*extra):
+        planned.clear()
+        simulation.main([*args, *extra])
+        return {k: planned[0].run_config.get(k) for k in
+                ("local-steps", "optimizer", "learning-rate", "num-server-rounds")}
+
+    assert run("--budget", "steps=1200") == {"local-steps": 1, "optimizer": "sgd",
+                                              "learning-rate": 0.3, "num-server-rounds": 1200}
     assert "--budget steps=1200: the values tuned under it" in capsys.readouterr().out
-    assert simulation.main([*args, "--budget", "steps=600"]) in (0, 1)
+    # another budget: not these values ("auto": the preset's own regime)
+    other = run("--budget", "steps=600")
+    assert other["optimizer"] is None and other["num-server-rounds"] == 600 // 20
     assert "values tuned under it" not in capsys.readouterr().out
+    # a forced optimizer takes its learning rate with it, never the other's tuned one
+    forced = run("--budget", "steps=1200", "--set", "optimizer=adam",
+                 "--set", "learning-rate=0.001")
+    assert (forced["optimizer"], forced["learning-rate"], forced["local-steps"]) == (
+        "adam", 0.001, 1)
 
 
 def test_tune_runs_trials_on_validation_chooses_the_best_and_resumes(tmp_path, capsys):

@@ -117,11 +117,14 @@ class StrategyBase(ClientInstructions):
 
     ``max_update_ratio``: a training reply w is left out when ``||w - w_sent||``
     exceeds this times ``max(||w_sent||, 1)`` (w_sent: the model sent to that
-    client); the run config's ``max-update-ratio``.
+    client); the run config's ``max-update-ratio``. ``update_noise``: what a
+    member's own noise may add to an update's norm (``dp = "update"``,
+    :func:`tasks.privacy.noise_allowance`), added to that bound.
     """
 
     tracker: Tracker
     max_update_ratio: float = 100.0
+    update_noise: float = 0.0
 
     def setup_tracking(self, clients: dict[int, ClientInfo], roles: Roles | None = None) -> None:
         """Start tracking a run: the node-to-client map and the scenario roles."""
@@ -163,13 +166,15 @@ class StrategyBase(ClientInstructions):
                       sent_norms: torch.Tensor) -> list[bool]:
         """Whether each reply's update ||w - w_sent|| is within ``max_update_ratio``; record
         the others."""
-        bound = self.max_update_ratio * sent_norms.clamp_min(1.0)
+        bound = self.max_update_ratio * sent_norms.clamp_min(1.0) + self.update_noise
         ok = (distances <= bound).tolist()
         for msg, fine, dist, b in zip(replies, ok, distances.tolist(), bound.tolist()):
             if not fine:
                 self.tracker.reject(server_round, TRAIN, self.tracker.client_of(msg),
                                     f"update norm {dist:.4g} exceeds {b:.4g} (max-update-ratio "
-                                    f"{self.max_update_ratio:g} x max(||w_sent||, 1))")
+                                    f"{self.max_update_ratio:g} x max(||w_sent||, 1)"
+                                    + (f" + {self.update_noise:.4g} of dp noise"
+                                       if self.update_noise else "") + ")")
         return ok
 
 
