@@ -7,7 +7,9 @@ under the given ``simulation.py --output`` folders and writes
   members reported spent (the largest of any member, from ``client_dp_epsilon`` in
   ``metrics.json``, never a number computed here), runs without DP at the right as
   "none";
-* ``xi-<epsilon>.png``: FedAMP's collaboration weights of the last round, for each epsilon;
+* ``xi-epsilon-<epsilon>.png``: FedAMP's collaboration weights of the last round, for each
+  epsilon, and (printed) the share of each client's weight within its group, FedAMP's and
+  HeurFedAMP's, where the data setting has groups;
 
 and prints the table (markdown) with the noise multiplier of each run.
 """
@@ -24,6 +26,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from .group_weight import group_shares
 from .plots import plot_xi
 from .scores import RunRecord, is_regression, load_runs, score
 
@@ -100,12 +103,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(found))
     print(f"wrote {plot(found, args.out / 'accuracy-epsilon.png')}")
     for r in found:
-        if r["method"] == "fedamp" and r["run"].xi:
+        if r["method"] in ("fedamp", "heurfedamp") and r["run"].xi:
             name = "none" if math.isinf(r["epsilon"]) else f"{r['epsilon']:.3g}"
-            written = plot_xi(r["run"], args.out / f"xi-epsilon-{name}.png",
-                              f"FedAMP, epsilon {name}:")
-            if written:
-                print(f"wrote {written}")
+            shares = group_shares(r["run"])
+            if shares:  # does xi still find the groups through the noise?
+                last = max(shares)
+                print(f"{r['method']}, epsilon {name}: {shares[last][0]:.1f}% of each client's "
+                      f"weight within its group in round {last} (self {shares[last][1]:.1f}%)")
+            if r["method"] == "fedamp":
+                written = plot_xi(r["run"], args.out / f"xi-epsilon-{name}.png",
+                                  f"FedAMP, epsilon {name}:")
+                if written:
+                    print(f"wrote {written}")
     return 0
 
 

@@ -179,6 +179,8 @@ def test_a_simulation_keeps_each_clients_ledger_in_the_run_folder_and_none_chang
     assert "| synthetic/practical | fedamp | none |  | none (no DP) |" in said
     assert (tmp_path / "fig" / "accuracy-epsilon.png").stat().st_size > 0
     assert (tmp_path / "fig" / "xi-epsilon-none.png").is_file()
+    if tasks.client_groups("synthetic", "practical", 3) is not None:
+        assert "fedamp, epsilon none: " in said and "weight within its group" in said
 
 
 def test_per_example_gradients_are_opacus_own_clipped_and_summed():
