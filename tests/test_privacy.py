@@ -11,6 +11,7 @@ import pytest
 import torch
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
+import strategies
 import tasks
 from experiments.make_sites import write_sites
 from fedamp_flwr import cli
@@ -284,3 +285,27 @@ def test_a_members_noise_is_not_taken_for_a_hostile_update(tmp_path):
     metrics = run_named(tmp_path, "loud", cfg, 3)
     assert [r["trained_clients"] for r in metrics["rounds"]] == [[0, 1, 2]] * 2
     assert not any(r.get("rejected") for r in metrics["rounds"])
+
+
+@pytest.mark.parametrize("mode", ["update", "dp-sgd"])
+@pytest.mark.parametrize("strategy", sorted(strategies.STRATEGIES))
+def test_every_method_runs_private_or_is_refused_with_its_reason(strategy, mode, tmp_path):
+    from .conftest import run_local
+
+    entry = strategies.STRATEGIES[strategy]
+    graph = entry.uses_graph
+    n = 6 if graph else 3  # the synthetic task has 5 groups: 6 clients give its graph an edge
+    extra = {"num-server-rounds": 1, "local-steps": 2, "dp": mode, "dp-noise-multiplier": 0.5,
+             **({"graph": "groups", "panacea-server-lr": 0.01} if graph else {}),
+             **({"fedamp-sigma": 1.0, "heurfedamp-sigma": 25.0} if "fedamp" in strategy else {})}
+    if mode in entry.not_private:
+        with pytest.raises(ConfigError, match=f"run config 'dp' = '{mode}' is invalid; allowed: "
+                                              f".* for strategy '{strategy}': "):
+            RunConfig.from_run_config({"strategy": strategy, **extra})
+        return
+    metrics, _ = run_local(tmp_path, strategy, n=n, **extra)
+    record = metrics["rounds"][0]
+    assert record["trained_clients"] == list(range(n)), record
+    assert set(record["client_dp_epsilon"]) == {str(c) for c in range(n)}
+    ledgers = sorted((tmp_path / strategy / "privacy").glob("*.json"))
+    assert [json.loads(p.read_text())["releases"][0]["mode"] for p in ledgers] == [mode] * n
