@@ -85,7 +85,13 @@ def epsilon(history: History, delta: float) -> float:
     (Opacus's RDP accountant); 0 for an empty history."""
     if not 0 < delta < 1:
         raise ValueError(f"delta = {delta}; allowed: a number in (0, 1)")
-    entries = [(float(z), float(q), int(n)) for z, q, n in history if n > 0]
+    # mechanisms of the same noise and sample rate merged (RDP composes by adding: exact),
+    # so that a member's thousandth round costs what its first did
+    merged: dict[tuple[float, float], int] = {}
+    for z, q, n in history:
+        if n > 0:
+            merged[(float(z), float(q))] = merged.get((float(z), float(q)), 0) + int(n)
+    entries = [(z, q, n) for (z, q), n in merged.items()]
     if not entries:
         return 0.0
     from opacus.accountants import RDPAccountant  # imported where used: a heavy import
