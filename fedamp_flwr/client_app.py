@@ -308,6 +308,10 @@ def train(msg: Message, context: Context) -> Message:
         if noised_update:
             state, _ = privatize_update(received, state, privacy.clip,
                                         privacy.noise_multiplier, os_generator())
+        elif job.dp_sgd is not None and job.dp_sgd.steps_taken == 0 and _release(
+                privacy, job)[0] > 0:  # trained, but not by the generic loop: never sent
+            raise ValueError(f"dp = 'dp-sgd': client update {update.name!r} trained without "
+                             "the generic loop's DP-SGD; its reply is not sent")
         try:
             steps, rate = ((job.dp_sgd.steps_taken, job.dp_sgd.sample_rate)
                            if job.dp_sgd is not None else _release(privacy, job))
