@@ -90,7 +90,7 @@ from strategies.core.protocol import (
     as_int,
     is_name,
 )
-from tasks.privacy import DPSGD, epsilon, os_generator, privatize_update
+from tasks.privacy import DPSGD, os_generator, privatize_update
 from tasks.scenarios import flip_labels
 from tasks.train import evaluate as evaluate_model
 from tasks.train import num_steps
@@ -358,13 +358,7 @@ def _private(context: Context, setup: Setup, job: ClientJob
         return None
     assert privacy.ledger_dir is not None  # check() declines a node without one
     ledger = Ledger(privacy.ledger_dir, setup.name)
-    steps, rate = _release(privacy, job)
-    planned = epsilon([*ledger.history(), (privacy.noise_multiplier, rate, steps)],
-                      privacy.delta)
-    if planned > privacy.max_epsilon:
-        raise Declined(f"privacy budget: this round's reply would take this member's epsilon "
-                       f"to {planned:.3g} (delta {privacy.delta:g}), past its dp-max-epsilon = "
-                       f"{privacy.max_epsilon:g}; spent so far {ledger.spent(privacy.delta):.3g}")
+    ledger.would_spend(privacy, *_release(privacy, job))  # before training, not after
     return privacy, ledger
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from flwr.app import Context
 
-from tasks.files import atomic_write, private_folder
+from tasks.files import atomic_write, private_folder, strict_json
 from tasks.privacy import epsilon
 
 from .config import ConfigError, RunConfig
@@ -151,6 +151,18 @@ class Ledger:
         """The epsilon at ``delta`` of every release so far."""
         return epsilon(self.history(), delta)
 
+    def would_spend(self, privacy: NodePrivacy, steps: int = 1, sample_rate: float = 1.0
+                    ) -> float:
+        """The epsilon after one more release of ``steps`` at ``sample_rate``;
+        :class:`Declined` where it would pass the member's limit."""
+        after = epsilon([*self.history(), (privacy.noise_multiplier, sample_rate, steps)],
+                        privacy.delta)
+        if after > privacy.max_epsilon:
+            raise Declined(f"privacy budget: this reply would take this member's epsilon to "
+                           f"{after:.3g} (delta {privacy.delta:g}), past its {MAX_EPSILON} = "
+                           f"{privacy.max_epsilon:g}; spent so far {self.spent(privacy.delta):.3g}")
+        return after
+
     def spend(self, privacy: NodePrivacy, run: str, server_round: int, steps: int = 1,
               sample_rate: float = 1.0, data_sha256: str = "") -> float:
         """Record a release (written to disk before the reply leaves) and return the epsilon
@@ -160,20 +172,15 @@ class Ledger:
         with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             self.releases = self._read()
-            after = epsilon([*self.history(), (privacy.noise_multiplier, sample_rate, steps)],
-                            privacy.delta)
-            if after > privacy.max_epsilon:
-                raise Declined(f"privacy budget: this reply would take this member's epsilon "
-                               f"to {after:.3g} (delta {privacy.delta:g}), past its "
-                               f"{MAX_EPSILON} = {privacy.max_epsilon:g}; spent so far "
-                               f"{self.spent(privacy.delta):.3g}")
+            after = self.would_spend(privacy, steps, sample_rate)
             self.releases.append({
                 "run": run, "round": server_round, "mode": privacy.mode,
                 "noise_multiplier": privacy.noise_multiplier, "sample_rate": sample_rate,
                 "steps": steps, "clip": privacy.clip, "epsilon_after": after,
                 "delta": privacy.delta, "data_sha256": data_sha256,
                 "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-            text = json.dumps({"client_id": self.client, "accountant": "opacus RDP",
-                               "releases": self.releases}, indent=1)
+            text = json.dumps(strict_json({"client_id": self.client, "accountant": "opacus RDP",
+                                           "releases": self.releases}), indent=1,
+                              allow_nan=False)
             atomic_write(self.path, lambda f: f.write(text.encode()), private=True)
         return after
