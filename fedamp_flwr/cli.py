@@ -141,7 +141,6 @@ def predict_file(model_path: str, data: str, out: str | None) -> int:
 
 def xi_graph(run_dir: str, server_round: int | None, k: int, out: str) -> int:
     """A FedAMP run's weights xi of one round as the edge list ``graph = "file"`` reads."""
-    import json
 
     from tasks.graphs import GraphError, knn_graph, write_edge_list
 
@@ -176,29 +175,27 @@ def xi_graph(run_dir: str, server_round: int | None, k: int, out: str) -> int:
 
 def privacy_report(folder: str, delta: float | None) -> int:
     """Print what each ledger in ``folder`` spent; 1 where one cannot be read."""
-    from tasks.privacy import epsilon
+    from .privacy import Declined, Ledger
 
     files = sorted(Path(folder).expanduser().glob("*.json"))
     if not files:
-        print(f"{folder}: no privacy ledger (a node writes one per client id and data set "
-              "once it replies under dp)")
+        print(f"{folder}: no privacy ledger (a node writes one per client id once it replies "
+              "under dp)")
         return 1
     status = 0
     for path in files:
-        try:
-            data = json.loads(path.read_text())
-            releases = data["releases"]
-            history = [(float(r["noise_multiplier"]), float(r["sample_rate"]), int(r["steps"]))
-                       for r in releases]
+        try:  # read and checked as the node reads it
+            ledger = Ledger(path.parent, path.stem)
+            releases = ledger.releases
             at = delta if delta is not None else min(float(r["delta"]) for r in releases)
-            spent = epsilon(history, at)
-        except (OSError, ValueError, KeyError, TypeError) as err:
+            spent = ledger.spent(at)
+        except (Declined, ValueError, KeyError, TypeError) as err:
             print(f"{path}: cannot be read ({err})")
             status = 1
             continue
         runs = sorted({str(r["run"]).rsplit("/", 1)[-1] for r in releases})
         sets = len({r.get("data_sha256") for r in releases})
-        print(f"{data.get('client_id')}: {len(releases)} noised replies in {len(runs)} run(s) "
+        print(f"{ledger.client}: {len(releases)} noised replies in {len(runs)} run(s) "
               f"({', '.join(runs)}), trained on {sets} version(s) of its data; epsilon "
               f"{spent:.4g} at delta {at:g}")
     return status
@@ -206,7 +203,6 @@ def privacy_report(folder: str, delta: float | None) -> int:
 
 def verify_app(app_dir: str, fab: str) -> int:
     """Compare an installed app folder with a reviewed FAB's manifest; 0 when they match."""
-    import hashlib
     import zipfile
 
     from tasks.export import sha256_of
@@ -215,7 +211,7 @@ def verify_app(app_dir: str, fab: str) -> int:
     try:
         with zipfile.ZipFile(fab) as z:
             manifest = z.read(".info/CONTENT").decode()
-            fab_hash = hashlib.sha256(Path(fab).read_bytes()).hexdigest()
+            fab_hash = sha256_of(Path(fab))
     except (OSError, KeyError, zipfile.BadZipFile) as err:
         print(f"{fab}: not a FAB with a CONTENT manifest ({err})")
         return 2
