@@ -186,7 +186,7 @@ PRESETS: dict[str, Grid] = {
     # or 16 (DP_NOISE: tasks.privacy.noise_multiplier_for over the members' sample rates
     # and steps, computed again by tests/test_privacy.py), and without DP (epsilon
     # infinite). FMNIST practical with the MLP: per-example gradients of the CNN cost
-    # about 1.2 s a step of 100 on a 2-core CPU (Opacus), 90 times a plain step.
+    # about 1.2 s a step of 100 on a 2-core CPU (Opacus), 12 times a plain step.
     "dp-tradeoff": Grid(
         strategies=("separate", "fedavg", "fedamp", "heurfedamp"),
         settings=(Setting("fmnist", "practical", 20),),
