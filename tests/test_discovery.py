@@ -86,3 +86,56 @@ def test_a_deployed_grid_is_pulled_often_and_within_the_timeout(monkeypatch):
     assert discovery.PULL_INTERVAL <= 0.2
     never = FakeHttpGrid(ready_after=10**9)
     assert discovery.send_and_receive(never, msgs, timeout=0) == [] and never.pulls == 1
+
+
+def test_every_message_gets_one_reply_with_its_true_reason(monkeypatch):
+    """A message the SuperLink does not take (its node left the federation: the push returns
+    no id for it, and a pull answers with an error naming no message) is answered as node
+    unavailable by its node, at once; a message unanswered when the phase ends before its
+    timeout is not called a timeout; one unanswered at the timeout is."""
+    from flwr.common.constant import ErrorCode
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    from fedamp_flwr import discovery
+    from strategies.core.protocol import NO_REPLY
+    from strategies.core.tracking import error_reason
+
+    class Grid(HttpGrid):
+        def __init__(self, answer: bool):
+            self.answer = answer
+
+        def push_messages(self, messages):
+            ids = []
+            for m in messages:  # Flower sets each message's id as it pushes it
+                m.metadata.__dict__["_message_id"] = m.object_id
+                ids.append(None if m.metadata.dst_node_id == 7 else m.metadata.message_id)
+            return ids
+
+        def pull_messages(self, message_ids):
+            from flwr.app import Error
+
+            lost = Message(Error(code=ErrorCode.MESSAGE_UNAVAILABLE, reason="unknown"),
+                           reply_to=msgs[0])
+            lost.metadata.__dict__["_reply_to_message_id"] = ""  # names no message
+            done = [Message(RD(), reply_to=m) for m in msgs if m.metadata.message_id
+                    in message_ids and m.metadata.dst_node_id == 8] if self.answer else []
+            return [lost, *done]
+
+    monkeypatch.setattr(discovery.time, "sleep", lambda s: None)
+    msgs = [Message(RD({"config": ConfigRecord({"n": n})}), message_type=MessageType.TRAIN,
+                    dst_node_id=n) for n in (7, 8, 9)]
+    clock = iter(range(0, 1000, 4))
+    monkeypatch.setattr(discovery.time, "monotonic", lambda: float(next(clock)))
+    replies = discovery.send_and_receive(Grid(answer=True), msgs, timeout=300)
+    by_node = {r.metadata.src_node_id: r for r in replies}
+    assert sorted(by_node) == [7, 8, 9] and len(replies) == 3
+    assert by_node[7].error.code == ErrorCode.NODE_UNAVAILABLE
+    assert error_reason(by_node[7]).startswith("node unavailable: the SuperLink took no message "
+                                               "for node 7")
+    assert not by_node[8].has_error()
+    assert by_node[9].error.code == NO_REPLY
+    assert error_reason(by_node[9]) == "no reply within the round timeout (300 s)"
+    # a phase that ends before its timeout (a grid's own loop) never says timeout
+    early = discovery.unanswered(msgs[1:], [by_node[8]], timeout=300, waited=12.0)
+    assert [m.metadata.src_node_id for m in early] == [9]
+    assert "timeout" not in error_reason(early[0]).replace("before the round timeout", "")

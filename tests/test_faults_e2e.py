@@ -51,16 +51,19 @@ def _supernode(processes, port: int, pid: int, n: int, name: str):
 
 
 def test_a_supernode_killed_mid_run_and_restarted(processes):
-    """Client 1's SuperNode dies (SIGKILL, no goodbye) after round 2: the SuperLink answers
-    for it with Flower's node-unavailable error (its sender is the SuperLink), which is the
-    reason recorded, not a timeout; it is absent from evaluation too; restarted, it is back."""
+    """Client 1's SuperNode dies (SIGKILL, no goodbye) and client 3's is stopped (SIGTERM: it
+    leaves the federation) after round 2. For the killed node the SuperLink answers with
+    Flower's node-unavailable error (its sender is the SuperLink), for the stopped one the
+    SuperLink takes no message at all: both are recorded as node unavailable (or, once the
+    round starts without them, not connected) in every later round and phase, never as a
+    timeout; client 1, restarted, is back."""
     port = _start_superlink(processes, simulation=False)
-    nodes = {pid: _supernode(processes, port, pid, 3, f"supernode{pid}") for pid in range(3)}
+    nodes = {pid: _supernode(processes, port, pid, 4, f"supernode{pid}") for pid in range(4)}
     results = processes.tmp / "results"
     log = open(processes.tmp / "run.log", "w")
     run = subprocess.Popen(
         [FLWR, "run", str(ROOT), "--stream", "--run-config",
-         f"num-server-rounds=6 local-epochs=1 min-nodes=3 round-timeout=300 "
+         f"num-server-rounds=5 local-epochs=1 min-nodes=4 round-timeout=300 "
          f"results-dir='{results}' run-name='fault'"],
         env=processes.env, cwd=processes.tmp, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True)
@@ -68,9 +71,11 @@ def test_a_supernode_killed_mid_run_and_restarted(processes):
     try:
         _wait_for(path, lambda m: m["completed_rounds"] >= 2, 300, "round 2")
         os.killpg(nodes[1].pid, signal.SIGKILL)  # client 1's SuperNode dies, with its children
+        os.killpg(nodes[3].pid, signal.SIGTERM)  # client 3's leaves the federation
         nodes[1].wait(timeout=10)
+        nodes[3].wait(timeout=30)
         _wait_for(path, lambda m: m["completed_rounds"] >= 3, 400, "round 3")
-        _supernode(processes, port, 1, 3, "supernode1-again")  # and comes back, as a new node
+        _supernode(processes, port, 1, 4, "supernode1-again")  # and comes back, as a new node
         metrics = _wait_for(path, lambda m: m["finished"], 600, "the end of the run")
         run.wait(timeout=60)
     finally:
@@ -79,15 +84,21 @@ def test_a_supernode_killed_mid_run_and_restarted(processes):
     rounds = {r["round"]: r for r in metrics["rounds"]}
     missed = [r for r, rec in rounds.items() if 1 in [int(c) for c in rec.get("absent_clients", {})]]
     assert missed and min(missed) == 3, rounds  # absent from the round it died in
-    assert rounds[6]["trained_clients"] == [0, 1, 2]  # back, and training again
-    assert "1" in rounds[6]["client_accuracy"]
+    assert rounds[5]["trained_clients"] == [0, 1, 2]  # back, and training again
+    assert "1" in rounds[5]["client_accuracy"]
     for r in missed:
         assert rounds[r]["trained_clients"] == [0, 2]
-        reason = rounds[r]["absent_clients"]["1"]
-        assert reason.startswith(("node unavailable", "node not connected")), reason
         assert "1" in rounds[r]["absent_evaluation"], rounds[r]
+    for r in (3, 4, 5):
+        assert "3" in rounds[r]["absent_clients"] and "3" in rounds[r]["absent_evaluation"]
+    reasons = [why for rec in rounds.values() for key in ("absent_clients", "absent_evaluation")
+               for why in rec.get(key, {}).values()]
+    assert reasons and all(why.startswith(("node unavailable", "node not connected"))
+                           for why in reasons), reasons
     assert rounds[3]["absent_clients"]["1"].startswith("node unavailable"), rounds[3]
-    assert "Client 1 is back, on node" in (processes.tmp / "run.log").read_text()
+    said = (processes.tmp / "run.log").read_text()
+    assert "Client 1 is back, on node" in said
+    assert "dropped: that node was not sent" not in said, said
 
 
 @pytest.mark.parametrize("strategy, extra", [

@@ -100,6 +100,10 @@ REFUSED = 1001
 # would be passed, fedamp_flwr/privacy.py): that member's absence, with the reason; never
 # a reason to stop the run.
 DECLINED = 1002
+# Error code of the reply the server writes itself for a message that got none: within the
+# round timeout, or none at all from the SuperLink (fedamp_flwr/discovery.py
+# ``send_and_receive``): every message sent has exactly one reply, with a true reason.
+NO_REPLY = 1003
 
 
 def as_float(value: object, key: str) -> float:

@@ -18,6 +18,7 @@ from .protocol import (
     CLIENT_INDEX,
     DECLINED,
     LOCAL_EPOCHS,
+    NO_REPLY,
     LOCAL_STEPS,
     REFUSED,
     TRAINED_ROUNDS,
@@ -36,6 +37,7 @@ _ERROR_NAMES = {
     ErrorCode.REPLY_MESSAGE_UNAVAILABLE: "reply unavailable",
     REFUSED: "the client refused the message",
     DECLINED: "the member declined",
+    NO_REPLY: "",  # the server's own reason says it all
 }
 
 
@@ -47,6 +49,8 @@ def error_reason(msg: Message) -> str:
     """A Flower error reply in words: what happened, and the reply's own reason."""
     name = _ERROR_NAMES.get(msg.error.code, f"error code {msg.error.code}")
     reason = str(msg.error.reason or "").strip().splitlines()
+    if not name:
+        return reason[-1][:300] if reason else "no reply"
     return f"{name}: {reason[-1][:300]}" if reason else name
 
 
