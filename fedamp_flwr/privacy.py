@@ -2,10 +2,18 @@
 
 The run config's ``dp``, ``dp-clip``, ``dp-noise-multiplier`` and ``dp-delta`` are the
 coordinator's request. A member's node config may only make them stricter
-(:class:`NodePrivacy`): a smaller ``dp-clip``, a larger ``dp-noise-multiplier``, a smaller
-``dp-delta``, and ``dp-max-epsilon``, its own limit: the node declines to train (an error
-reply the server records as that member's absence, with the reason) when the reply would
-take its spent epsilon past it, or when the run asks no privacy at all.
+(:class:`NodePrivacy`): a smaller ``dp-clip``, a larger ``dp-noise-multiplier``, and
+``dp-max-epsilon``, its own limit: the node declines to train (an error reply the server
+records as that member's absence, with the reason, and a WARNING line in the member's own
+log with the numbers) when the reply would take its spent epsilon past it, or when the run
+asks no privacy at all.
+
+A member's budget is kept at its own delta: its node config's ``dp-delta``, else
+:data:`MEMBER_DELTA` (1e-5), whatever the run asks. Its limit is checked at that delta, and
+its ledger records each release's epsilon at it; a run's smaller ``dp-delta`` only changes
+the epsilon the member reports to the server (at the stricter delta), and a larger one
+changes nothing. (Before, a member that set no ``dp-delta`` had its limit checked at the
+run's: a coordinator asking delta 0.9 took a member's epsilon at 1e-5 past its limit.)
 
 The ledger (:class:`Ledger`) is a JSON file per member, in the node config's
 ``privacy-dir`` (``<client-id>.json``), so that it survives every fresh ``flwr-clientapp``
@@ -36,8 +44,10 @@ from tasks.privacy import epsilon
 from .config import ConfigError, RunConfig
 
 #: node config keys
-PRIVACY_DIR, MAX_EPSILON = "privacy-dir", "dp-max-epsilon"
-STRICTER = {"dp-clip": min, "dp-noise-multiplier": max, "dp-delta": min}
+PRIVACY_DIR, MAX_EPSILON, DELTA = "privacy-dir", "dp-max-epsilon", "dp-delta"
+STRICTER = {"dp-clip": min, "dp-noise-multiplier": max}
+#: a member's delta where its node config gives none (the run's may only be smaller)
+MEMBER_DELTA = 1e-5
 
 
 class Declined(Exception):
@@ -47,7 +57,12 @@ class Declined(Exception):
 @dataclasses.dataclass(frozen=True)
 class NodePrivacy:
     """The privacy a round's reply gets on this node: the run's request made stricter by the
-    node config, the node's own limit, and where its ledger lives (None: nowhere)."""
+    node config, the node's own limit and delta, and where its ledger lives (None: nowhere).
+
+    ``delta``: the node's own (a member's node config ``dp-delta``, else
+    :data:`MEMBER_DELTA`; a simulated client's, the run's), at which its limit is checked
+    and its ledger kept; ``report_delta``: the smaller of it and the run's, at which the
+    reply states its epsilon."""
 
     mode: str
     clip: float
@@ -56,6 +71,7 @@ class NodePrivacy:
     max_epsilon: float
     ledger_dir: Path | None
     own_ledger: bool = False  # the node config's privacy-dir (not the run's folder)
+    report_delta: float = MEMBER_DELTA
 
     @classmethod
     def of(cls, context: Context, cfg: RunConfig, run: str, member: bool) -> NodePrivacy:
@@ -63,16 +79,20 @@ class NodePrivacy:
         the key). ``run``: the run's folder (a partitioned run's clients' ledgers are in its
         ``privacy/``)."""
         node = context.node_config
-        values = {"dp-clip": cfg.dp_clip, "dp-noise-multiplier": cfg.dp_noise_multiplier,
-                  "dp-delta": cfg.dp_delta}
+        values = {"dp-clip": cfg.dp_clip, "dp-noise-multiplier": cfg.dp_noise_multiplier}
         for key, stricter in STRICTER.items():
             if key in node:
                 own = node[key]
                 if isinstance(own, bool) or not isinstance(own, (int, float)) or not (
-                        0 < own < (1 if key == "dp-delta" else math.inf)):
+                        0 < own < math.inf):
                     raise ConfigError(f"node config '{key}' = {own!r} is invalid; allowed: a "
-                                      "number > 0" + (" and < 1" if key == "dp-delta" else ""))
+                                      "finite number > 0")
                 values[key] = stricter(values[key], float(own))
+        delta = node.get(DELTA, MEMBER_DELTA if member else cfg.dp_delta)
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+            raise ConfigError(f"node config '{DELTA}' = {delta!r} is invalid; allowed: a number "
+                              f"in (0, 1), e.g. {MEMBER_DELTA:g} (this member's delta: its "
+                              "budget is kept at it)")
         limit = node.get(MAX_EPSILON, math.inf)
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
             raise ConfigError(f"node config '{MAX_EPSILON}' = {limit!r} is invalid; allowed: a "
@@ -83,8 +103,9 @@ class NodePrivacy:
                               "a folder path (this member's privacy ledger)")
         where = (Path(folder.strip()).expanduser() if folder
                  else Path(run) / "privacy" if run and not member else None)
-        return cls(cfg.dp, values["dp-clip"], values["dp-noise-multiplier"], values["dp-delta"],
-                   float(limit), where, own_ledger=bool(folder))
+        return cls(cfg.dp, values["dp-clip"], values["dp-noise-multiplier"], float(delta),
+                   float(limit), where, own_ledger=bool(folder),
+                   report_delta=min(float(delta), cfg.dp_delta))
 
     def check(self) -> None:
         """Decline (:class:`Declined`) a round this node's own rules forbid."""
@@ -151,28 +172,35 @@ class Ledger:
         """The epsilon at ``delta`` of every release so far."""
         return epsilon(self.history(), delta)
 
-    def would_spend(self, privacy: NodePrivacy, steps: int = 1, sample_rate: float = 1.0
-                    ) -> float:
-        """The epsilon after one more release of ``steps`` at ``sample_rate``;
-        :class:`Declined` where it would pass the member's limit."""
-        after = epsilon([*self.history(), (privacy.noise_multiplier, sample_rate, steps)],
-                        privacy.delta)
+    def would_spend(self, privacy: NodePrivacy, steps: int = 1, sample_rate: float = 1.0,
+                    delta: float | None = None) -> float:
+        """The epsilon (at the node's delta, or ``delta``) after one more release of
+        ``steps`` at ``sample_rate``; :class:`Declined` where it would pass the member's
+        limit (at the node's delta), or where the accountant gives no epsilon."""
+        releases = [*self.history(), (privacy.noise_multiplier, sample_rate, steps)]
+        try:
+            after = epsilon(releases, privacy.delta)
+            stated = after if delta is None or delta == privacy.delta else epsilon(releases, delta)
+        except ValueError as err:
+            raise Declined(f"privacy budget: {err}; no reply is noised or sent") from None
         if after > privacy.max_epsilon:
             raise Declined(f"privacy budget: this reply would take this member's epsilon to "
                            f"{after:.3g} (delta {privacy.delta:g}), past its {MAX_EPSILON} = "
                            f"{privacy.max_epsilon:g}; spent so far {self.spent(privacy.delta):.3g}")
-        return after
+        return stated
 
     def spend(self, privacy: NodePrivacy, run: str, server_round: int, steps: int = 1,
               sample_rate: float = 1.0, data_sha256: str = "") -> float:
-        """Record a release (written to disk before the reply leaves) and return the epsilon
-        spent with it; :class:`Declined` where it would pass the member's limit. The ledger
-        is read again under the lock: a release another process wrote since counts."""
+        """Record a release (written to disk before the reply leaves, its epsilon at the
+        node's delta) and return the epsilon spent with it at ``privacy.report_delta`` (what
+        the reply states); :class:`Declined` where it would pass the member's limit. The
+        ledger is read again under the lock: a release another process wrote since counts."""
         private_folder(self.path.parent)
         with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             self.releases = self._read()
             after = self.would_spend(privacy, steps, sample_rate)
+            stated = self.would_spend(privacy, steps, sample_rate, privacy.report_delta)
             self.releases.append({
                 "run": run, "round": server_round, "mode": privacy.mode,
                 "noise_multiplier": privacy.noise_multiplier, "sample_rate": sample_rate,
@@ -183,4 +211,4 @@ class Ledger:
                                            "releases": self.releases}), indent=1,
                               allow_nan=False)
             atomic_write(self.path, lambda f: f.write(text.encode()), private=True)
-        return after
+        return stated

@@ -82,7 +82,9 @@ def privatize_update(received: Mapping[str, torch.Tensor], trained: Mapping[str,
 
 def epsilon(history: History, delta: float) -> float:
     """The epsilon at ``delta`` that the Gaussian mechanisms of ``history`` spend together
-    (Opacus's RDP accountant); 0 for an empty history."""
+    (Opacus's RDP accountant); 0 for an empty history. Never negative: where the
+    accountant's conversion gives a negative number (a large delta, e.g. 0.1 at noise
+    multiplier 20), that delta is refused with a ValueError."""
     if not 0 < delta < 1:
         raise ValueError(f"delta = {delta}; allowed: a number in (0, 1)")
     # mechanisms of the same noise and sample rate merged (RDP composes by adding: exact),
@@ -98,7 +100,12 @@ def epsilon(history: History, delta: float) -> float:
 
     accountant = RDPAccountant()
     accountant.history = entries
-    return float(accountant.get_epsilon(delta))
+    spent = float(accountant.get_epsilon(delta))
+    if not spent >= 0:
+        raise ValueError(f"the accountant gives epsilon {spent:.3g} < 0 at delta {delta:g}: "
+                         "that delta is too large to bound anything; allowed: a smaller delta "
+                         "(e.g. 1e-5)")
+    return spent
 
 
 @dataclass

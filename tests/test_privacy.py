@@ -309,3 +309,67 @@ def test_every_method_runs_private_or_is_refused_with_its_reason(strategy, mode,
     assert set(record["client_dp_epsilon"]) == {str(c) for c in range(n)}
     ledgers = sorted((tmp_path / strategy / "privacy").glob("*.json"))
     assert [json.loads(p.read_text())["releases"][0]["mode"] for p in ledgers] == [mode] * n
+
+
+def test_epsilon_is_never_negative_a_delta_that_would_give_one_is_refused():
+    with pytest.raises(ValueError, match=r"epsilon -\d.* < 0 at delta 0.9: that delta is too "
+                                         "large"):
+        epsilon([(1.0, 1.0, 1)], 0.9)
+    assert epsilon([(1.0, 1.0, 1)], 1e-5) > 0
+    ledger = Ledger.__new__(Ledger)
+    ledger.releases = []
+    privacy = NodePrivacy("update", 1.0, 20.0, 0.5, math.inf, None)
+    with pytest.raises(Declined, match="at delta 0.5: that delta is too large.*no reply is "
+                                       "noised or sent"):
+        ledger.would_spend(privacy)
+
+
+@pytest.mark.parametrize("run_delta", [1e-5, 1e-3, 0.9])
+def test_a_members_budget_is_kept_at_its_own_delta_whatever_the_run_asks(tmp_path, caplog,
+                                                                          run_delta):
+    """A member with dp-max-epsilon = 8 and no dp-delta: whatever dp-delta the run asks, its
+    ledger never passes 8 at its own delta (1e-5), and it declines, in its own log with the
+    numbers, the round that would; what it reports is at the stricter of the two deltas."""
+    import logging
+
+    from fedamp_flwr.privacy import MEMBER_DELTA
+
+    run_config, nodes = _members(tmp_path)
+    nodes[1].update({"dp-max-epsilon": 8.0, "privacy-dir": str(tmp_path / "ledger")})
+    for i in (0, 2):
+        nodes[i]["privacy-dir"] = str(tmp_path / f"ledger-{i}")
+    cfg = {**run_config, "strategy": "fedavg", "local-epochs": 1, "num-server-rounds": 4,
+           "dp": "update", "dp-delta": run_delta}
+    with caplog.at_level(logging.WARNING):
+        metrics = run_named(tmp_path, "dp", cfg, 3, nodes)
+    ledger = Ledger(tmp_path / "ledger", "client-1")
+    assert [r["delta"] for r in ledger.releases] == [MEMBER_DELTA] * len(ledger.releases)
+    assert 0 < ledger.spent(MEMBER_DELTA) <= 8.0
+    assert len(ledger.releases) == 2  # 4.73 after one reply, 7.08 after two, 8.9 after three
+    trained = [r["trained_clients"] for r in metrics["rounds"]]
+    assert trained == [[0, 1, 2]] * 2 + [[0, 2]] * 2
+    said = [r.getMessage() for r in caplog.records if "This node declines round 3" in
+            r.getMessage()]
+    assert said and "past its dp-max-epsilon = 8" in said[0] and "(delta 1e-05)" in said[0]
+    stated = metrics["rounds"][1]["client_dp_epsilon"]["1"]
+    assert stated == pytest.approx(epsilon([(1.0, 1.0, 2)], min(run_delta, MEMBER_DELTA)))
+    if run_delta < 1:  # the others (no limit) keep theirs at their own delta too
+        assert Ledger(tmp_path / "ledger-0", "client-0").releases[0]["delta"] == MEMBER_DELTA
+
+
+def test_a_node_delta_is_checked_and_a_run_may_only_make_it_stricter(tmp_path):
+    from flwr.app import Context, RecordDict
+
+    cfg = RunConfig.from_run_config({"dp": "update", "dp-delta": 1e-7})
+
+    def privacy(node: dict, member: bool = True) -> NodePrivacy:
+        ctx = Context(run_id=1, node_id=1, node_config=node, state=RecordDict(), run_config={})
+        return NodePrivacy.of(ctx, cfg, "", member=member)
+
+    own = privacy({"dp-delta": 1e-6, "privacy-dir": str(tmp_path)})
+    assert (own.delta, own.report_delta) == (1e-6, 1e-7)
+    assert privacy({}).delta == 1e-5 and privacy({}, member=False).delta == 1e-7
+    for bad in (0, 1, 1.5, -1e-5, "1e-5", True):
+        with pytest.raises(ConfigError, match=r"node config 'dp-delta' = .* allowed: a number "
+                                              r"in \(0, 1\)"):
+            privacy({"dp-delta": bad})
