@@ -20,7 +20,12 @@ results from being lost.
   newest whose digest matches and whose tensors are finite (and fit the
   run's model) is loaded, each one refused said in a WARNING line. Loaded
   with ``torch.load(weights_only=True)``: tensors and plain values only,
-  never code.
+  never code. The sha256 detects damage, not tampering (whoever can write
+  the file can write its digest too); with a coordinator secret
+  (``checkpoint-secret``, or the file ``$FEDAMP_CHECKPOINT_SECRET`` names:
+  :func:`checkpoint_secret`) the digest is an HMAC-SHA256 of the file's name
+  and bytes under that secret (``hmac-sha256:<hex>``), and a checkpoint
+  edited with its digest recomputed is refused like a flipped byte.
 
 Rules: the default run name is unique per run (it ends with the start
 time); a folder that already holds a run (metrics or a checkpoint) is used
@@ -31,8 +36,11 @@ again only with ``resume = true`` (continue it from its checkpoint; only
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -57,7 +65,8 @@ CHECKPOINT_FORMAT = 1
 RESUMABLE_CHANGES = ("num-server-rounds", "resume", "overwrite", "max-failed-rounds",
                      "min-clients-evaluated",
                      "min-nodes", "round-timeout", "node-wait-timeout", "checkpoint-every",
-                     "checkpoint-keep", "xi-every", "save-models")
+                     "checkpoint-keep", "xi-every", "save-models", "member-roster",
+                     "checkpoint-secret")
 
 
 def write_json(path: Path, record: dict[str, Any]) -> None:
@@ -108,6 +117,51 @@ class XiFiles:
         return True
 
 
+#: the environment's name for the file of the coordinator's checkpoint secret
+SECRET_ENV = "FEDAMP_CHECKPOINT_SECRET"
+#: the fewest bytes a secret may have (an HMAC key shorter than its hash's 32 bytes is weak)
+SECRET_LEAST = 32
+SEALED = "hmac-sha256:"
+
+
+def checkpoint_secret(cfg: RunConfig) -> bytes | None:
+    """The coordinator's checkpoint secret: the bytes of the file that run config
+    ``checkpoint-secret`` names, else ``$FEDAMP_CHECKPOINT_SECRET``'s, else None (checkpoints
+    carry a plain sha256). A ConfigError names the key where the file cannot be read, holds
+    fewer than :data:`SECRET_LEAST` bytes, or can be read by other accounts."""
+    path, key = (cfg.checkpoint_secret, "run config 'checkpoint-secret'") \
+        if cfg.checkpoint_secret else (os.environ.get(SECRET_ENV, ""), f"${SECRET_ENV}")
+    if not path:
+        return None
+    where = Path(path).expanduser()
+    try:
+        secret = where.read_bytes().strip()
+        mode = where.stat().st_mode
+    except OSError as err:
+        raise ConfigError(f"{key} = {path!r}: the checkpoint secret cannot be read ({err}); "
+                          "allowed: a file readable by the coordinator only") from None
+    if len(secret) < SECRET_LEAST:
+        raise ConfigError(f"{key} = {path!r}: the checkpoint secret has {len(secret)} bytes; "
+                          f"allowed: a file of at least {SECRET_LEAST} (e.g. `head -c 32 "
+                          "/dev/urandom | base64 > secret`)")
+    if mode & 0o077:
+        raise ConfigError(f"{key} = {path!r}: the checkpoint secret can be read by other "
+                          f"accounts (mode {oct(mode & 0o777)}); allowed: a file of mode 0600")
+    return secret
+
+
+def seal(path: Path, secret: bytes | None) -> str:
+    """A checkpoint file's digest: its sha256, or, with a ``secret``, ``hmac-sha256:`` and the
+    HMAC of its name and bytes (a sealed file renamed to another round does not verify)."""
+    if secret is None:
+        return sha256_of(path)
+    mac = hmac.new(secret, path.name.encode() + b"\x00", hashlib.sha256)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            mac.update(block)
+    return SEALED + mac.hexdigest()
+
+
 class RunFolder:
     """The folder of one run, and the checks that keep its results.
 
@@ -131,6 +185,14 @@ class RunFolder:
                 i += 1
                 self.name = f"{base}-{i}"
         self.path = cfg.results_path(self.name)
+        self._secret: tuple[bytes | None] | None = None
+
+    @property
+    def secret(self) -> bytes | None:
+        """The coordinator's checkpoint secret (:func:`checkpoint_secret`), read once."""
+        if self._secret is None:
+            self._secret = (checkpoint_secret(self.cfg),)
+        return self._secret[0]
 
     @property
     def metrics_path(self) -> Path:
@@ -202,7 +264,7 @@ class RunFolder:
                                    f"values in {bad}; no checkpoint written")
         path = self.checkpoint_path.parent / f"round-{int(state['round']):06d}.pt"
         atomic_write(path, lambda f: torch.save({"format": CHECKPOINT_FORMAT, **state}, f))
-        digest = sha256_of(path)
+        digest = seal(path, self.secret)
         atomic_write(digest_path(path), lambda f: f.write(f"{digest}  {path.name}\n".encode()))
         for old in self.checkpoints()[max(self.cfg.checkpoint_keep, 1):]:
             digest_path(old).unlink(missing_ok=True)
@@ -223,7 +285,7 @@ class RunFolder:
         """
         refused: list[str] = []
         for path in self.checkpoints():
-            state, problem = _read_checkpoint(path)
+            state, problem = _read_checkpoint(path, self.secret)
             if problem is None:
                 problem = check(state) if check is not None else None
             if problem is None:
@@ -301,18 +363,33 @@ def nonfinite_tensor(value: Any, where: str = "state") -> str | None:
     return None
 
 
-def _read_checkpoint(path: Path) -> tuple[dict[str, Any], str | None]:
-    """A checkpoint file's state, or why it cannot be used (its digest, its contents)."""
+def _read_checkpoint(path: Path, secret: bytes | None = None
+                     ) -> tuple[dict[str, Any], str | None]:
+    """A checkpoint file's state, or why it cannot be used (its digest or seal, its
+    contents); with a ``secret`` only a checkpoint sealed with it is read."""
     legacy = path.name == "state.pt"
+    if legacy and secret is not None:
+        return {}, "not sealed (an older version wrote it, with no digest), and this run has a " \
+                   "checkpoint secret"
     if not legacy:
         try:
             recorded = digest_path(path).read_text().split()[0]
-        except (OSError, IndexError):
+        except (OSError, IndexError, UnicodeDecodeError):
             return {}, f"no digest beside it ({digest_path(path).name}): not completely written"
-        actual = sha256_of(path)
-        if actual != recorded:
-            return {}, (f"its sha256 {actual[:12]}... is not the recorded {recorded[:12]}...: "
-                        "the file was changed or damaged")
+        sealed = recorded.startswith(SEALED)
+        if secret is not None and not sealed:
+            return {}, ("not sealed (its digest is a plain sha256, which anyone who can write "
+                        "the file can recompute), and this run has a checkpoint secret")
+        if secret is None and sealed:
+            return {}, ("sealed with a coordinator secret that this run does not have; give it "
+                        f"(run config 'checkpoint-secret' or ${SECRET_ENV})")
+        actual = seal(path, secret)
+        if not hmac.compare_digest(actual, recorded):
+            what = "seal" if sealed else "sha256"
+            short = actual.removeprefix(SEALED)[:12], recorded.removeprefix(SEALED)[:12]
+            return {}, (f"its {what} {short[0]}... is not the recorded {short[1]}...: the file "
+                        "was changed or damaged" + (", or sealed with another secret"
+                                                    if sealed else ""))
     try:
         with open(path, "rb") as f:
             state = torch.load(io.BytesIO(f.read()), weights_only=True)

@@ -85,3 +85,82 @@ def test_a_state_with_non_finite_values_is_never_checkpointed(tmp_path):
     assert checkpoint_files(tmp_path / "run") == []
     with pytest.raises(ConfigError, match="'checkpoint-keep' = 0"):
         RunConfig.from_run_config({"checkpoint-keep": 0})
+
+
+def _edit(path: Path) -> None:
+    """A tampered checkpoint: a client's stored model x 1e6, the file written anew."""
+    state = torch.load(path, weights_only=True)
+    state["strategy"]["models"][0] *= 1e6
+    torch.save(state, path)
+
+
+def test_a_sealed_checkpoint_edited_with_its_digest_recomputed_is_refused(tmp_path, caplog):
+    """With a coordinator secret the digest is an HMAC of the file: a checkpoint edited and
+    given a new sha256 is refused like a flipped byte, and so is one given a seal made with
+    another secret; without a secret the digest detects damage, not such an edit."""
+    from fedamp_flwr.results import digest_path, seal
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s" * 40)
+    secret.chmod(0o600)
+    sealed = {"checkpoint-secret": str(secret)}
+    whole = _run(tmp_path, "whole", 4)
+    _run(tmp_path, "run", 3, **sealed)
+    newest = checkpoint_files(tmp_path / "run")[0]
+    assert digest_path(newest).read_text().startswith("hmac-sha256:")
+    _edit(newest)
+    digest_path(newest).write_text(f"{seal(newest, None)}  {newest.name}\n")  # a new sha256
+    with caplog.at_level(logging.WARNING):
+        resumed = _run(tmp_path, "run", 4, resume=True, **sealed)
+    assert f"Checkpoint {newest} refused: not sealed (its digest is a plain sha256" in caplog.text
+    assert [r["client_accuracy"] for r in resumed["rounds"]] == \
+        [r["client_accuracy"] for r in whole["rounds"]]  # resumed from round 2, intact
+    # sealed again, with another secret: refused too
+    _run(tmp_path, "again", 3, **sealed)
+    newest = checkpoint_files(tmp_path / "again")[0]
+    _edit(newest)
+    digest_path(newest).write_text(f"{seal(newest, b'x' * 40)}  {newest.name}\n")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        _run(tmp_path, "again", 4, resume=True, **sealed)
+    assert "is not the recorded" in caplog.text and "or sealed with another secret" in caplog.text
+    # a sealed checkpoint, resumed without the secret: refused, naming what to give
+    _run(tmp_path, "third", 2, **sealed)
+    cfg = RunConfig.from_run_config({"results-dir": str(tmp_path), "run-name": "third",
+                                     "resume": True})
+    with pytest.raises(ConfigError, match="sealed with a coordinator secret that this run does "
+                                          "not have; give it"):
+        RunFolder(cfg).load_checkpoint()
+    # without a secret the same edit with a recomputed sha256 resumes: damage, not tampering
+    _run(tmp_path, "open", 2)
+    newest = checkpoint_files(tmp_path / "open")[0]
+    _edit(newest)
+    digest_path(newest).write_text(f"{seal(newest, None)}  {newest.name}\n")
+    cfg = RunConfig.from_run_config({"results-dir": str(tmp_path), "run-name": "open",
+                                     "resume": True, "min-nodes": 3, "local-epochs": 1,
+                                     "save-models": "none", "server-device": "cpu"})
+    assert RunFolder(cfg).load_checkpoint()["round"] == 2
+
+
+def test_a_checkpoint_secret_is_checked_before_any_work(tmp_path, monkeypatch):
+    from fedamp_flwr.results import SECRET_ENV, checkpoint_secret
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"short")
+    secret.chmod(0o600)
+    cfg = RunConfig.from_run_config({"checkpoint-secret": str(secret)})
+    with pytest.raises(ConfigError, match=r"run config 'checkpoint-secret' = .*: the checkpoint "
+                                          r"secret has 5 bytes; allowed: a file of at least 32"):
+        checkpoint_secret(cfg)
+    secret.write_bytes(b"k" * 32)
+    secret.chmod(0o644)
+    with pytest.raises(ConfigError, match="can be read by other accounts"):
+        checkpoint_secret(cfg)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        checkpoint_secret(RunConfig.from_run_config({"checkpoint-secret": str(tmp_path / "no")}))
+    secret.chmod(0o600)
+    assert checkpoint_secret(cfg) == b"k" * 32
+    monkeypatch.setenv(SECRET_ENV, str(secret))
+    assert checkpoint_secret(RunConfig.from_run_config({})) == b"k" * 32
+    with pytest.raises(ConfigError, match=r"run config 'checkpoint-secret' = '.*no'"):
+        _run(tmp_path, "x", 1, **{"checkpoint-secret": str(tmp_path / "no")})
