@@ -35,7 +35,14 @@ from flwr.supercore import log
 
 from .core.base import PersonalizedStrategy
 from .core.registry import RunSetup, personal_kwargs, register_strategy
-from .core.settings import Settings, SettingsContext, bad, setting
+from .core.settings import (
+    MOST_ROUNDS,
+    Settings,
+    SettingsContext,
+    bad,
+    integer_in,
+    setting,
+)
 from .fedamp_math import (
     FLOAT32_RETRY_ROUNDS,
     RowsRescaledWarning,
@@ -344,7 +351,7 @@ class FedAMPSettings(Settings):
                                         "fedamp-alpha-decay-every rounds",
                                         ok=lambda v: 0 < v <= 1, allowed="a number in (0, 1]")
     fedamp_alpha_decay_every: int = setting(30, "rounds between two decays of alpha_k",
-                                            ok=lambda v: v >= 1, allowed="an integer >= 1")
+                                            **integer_in(1, MOST_ROUNDS))
     fedamp_lambda: float = setting(1.0, "lambda: clients train with the proximal term "
                                    "lambda / alpha_k", ok=lambda v: v >= 0, allowed="a number >= 0")
     fedamp_sigma: float | str = setting(
@@ -381,6 +388,13 @@ class FedAMPSettings(Settings):
                 raise bad(key, weight, f'a number in [0, 1): "paper" (1 / (N_i + 1), N_i the '
                           f"clients of i's group) needs a data setting with groups of clients "
                           f"of one distribution (practical, iid, blocks), not {run.data_label}")
+
+    SERVER_HOLDS = "every client's model, its cloud model and its reply"
+
+    def server_floats(self, num_params: int, num_clients: int) -> int:
+        """FedAMP's server: every client's stored model, its cloud model u_i and its reply
+        (3 n P), and the (n, n) distances and weights in float64."""
+        return 3 * num_clients * num_params + 4 * num_clients * num_clients
 
     def sigma(self, method: str, dataset: str, setting: str) -> float | None:
         """sigma of ``method`` ("fedamp"/"heurfedamp"); "auto" = the paper's for the data

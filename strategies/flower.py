@@ -24,7 +24,7 @@ from torch import nn
 from .core.base import FlowerStrategy
 from .core.client import ClientJob, ClientUpdate, register_client_update
 from .core.registry import RunSetup, flower_kwargs, register_strategy
-from .core.settings import EVALUATE, TRAIN, Settings, setting
+from .core.settings import EVALUATE, MOST_EPOCHS, TRAIN, Settings, integer_in, setting
 
 PROXIMAL = "proximal"
 PROXIMAL_MU = "proximal-mu"  # the key Flower's FedProx sends
@@ -46,8 +46,7 @@ class FineTuneSettings(Settings):
     """FedAvg-FT's key."""
 
     finetune_epochs: int = setting(1, "local epochs of fine-tuning before a client tests",
-                                   ok=lambda v: v >= 1, allowed="an integer >= 1",
-                                   sent=EVALUATE)
+                                   **integer_in(1, MOST_EPOCHS), sent=EVALUATE)
 
 
 @dataclass(frozen=True)

@@ -51,14 +51,19 @@ from tasks.graphs import cosine_knn_graph, edge_agreement
 from .core.base import PersonalizedStrategy
 from .core.client import ClientJob, ClientUpdate, register_client_update
 from .core.registry import RunSetup, personal_kwargs, register_strategy
-from .core.settings import TRAIN, ConfigError, Settings, setting
+from .core.settings import (
+    MOST_LAYERS,
+    MOST_STEPS,
+    MOST_WIDTH,
+    TRAIN,
+    ConfigError,
+    Settings,
+    integer_in,
+    setting,
+)
 from .hypernetwork import GraphHyperNetwork, normalized_adjacency, sample_pairs, server_step
 
 HYPERNETWORK = "hypernetwork"
-
-
-def _at_least_1(v: int) -> bool:
-    return v >= 1
 
 
 def _positive(v: float) -> bool:
@@ -89,19 +94,19 @@ class PanaceaSettings(Settings):
             "panacea-server-weight-decay": 0.0, "panacea-server-clip": 0.0}
 
     panacea_embed_dim: int = setting(100, "GH's client embedding size (the paper's 100)",
-                                     ok=_at_least_1, allowed="an integer >= 1")
+                                     **integer_in(1, MOST_WIDTH))
     panacea_gnn_layers: int = setting(3, "GH's GNN layers (the paper's 3)",
-                                      ok=_at_least_1, allowed="an integer >= 1")
+                                      **integer_in(1, MOST_LAYERS))
     panacea_hidden: int = setting(100, "GH's hidden width (the paper's 100)",
-                                  ok=_at_least_1, allowed="an integer >= 1")
+                                  **integer_in(1, MOST_WIDTH))
     panacea_mlp_layers: int = setting(3, "GH's MLP layers (the paper's 3)",
-                                      ok=_at_least_1, allowed="an integer >= 1")
+                                      **integer_in(1, MOST_LAYERS))
     panacea_server_lr: float | str = setting("auto", "the hypernetwork's SGD learning rate",
                                              ok=_positive, allowed="a number > 0")
     panacea_server_momentum: float = setting(0.9, "the hypernetwork's SGD momentum",
                                              ok=_momentum, allowed="a number in [0, 1)")
     panacea_server_steps: int | str = setting("auto", "K_s, the server's steps per round",
-                                              ok=_at_least_1, allowed="an integer >= 1")
+                                              **integer_in(1, MOST_STEPS))
     panacea_server_weight_decay: float | str = setting(
         "auto", "the hypernetwork's weight decay (0: none)", ok=_none_or_more,
         allowed="a finite number >= 0 (0: none)")
@@ -121,6 +126,20 @@ class PanaceaSettings(Settings):
     panacea_client_clip: float | str = setting(
         "auto", "the clients' gradient-norm clip (0: none)", ok=_none_or_more,
         allowed="a finite number >= 0 (0: none)", sent=TRAIN)
+
+    SERVER_HOLDS = "the hypernetwork"
+
+    def server_floats(self, num_params: int, num_clients: int) -> int:
+        """The server's hypernetwork GH (:class:`strategies.hypernetwork.GraphHyperNetwork`,
+        counted from its sizes: the client embeddings, the GCN layers, the MLP, the graph
+        generator and the heads, hidden x P) three times (weights, gradients, momentum), and
+        the round's replies and generated models (2 n P)."""
+        n, embed, hidden = num_clients, self.panacea_embed_dim, self.panacea_hidden
+        gnn = embed * hidden + hidden + (self.panacea_gnn_layers - 1) * (hidden * hidden + hidden)
+        mlp = hidden * hidden + hidden + (self.panacea_mlp_layers - 1) * (hidden * hidden + hidden)
+        generator = 2 * (hidden * hidden + hidden)
+        heads = hidden * num_params + num_params
+        return 3 * (n * embed + gnn + mlp + generator + heads) + 2 * n * num_params
 
 
 @register_client_update

@@ -29,7 +29,7 @@ from tasks.train import loss_for, run_batches
 
 from .core.client import ClientJob, ClientUpdate, register_client_update
 from .core.registry import OWN_LOOP, RunSetup, flower_kwargs, register_strategy
-from .core.settings import TRAIN, Settings, setting
+from .core.settings import MOST_STEPS, TRAIN, Settings, integer_in, setting
 from .flower import FedAvg
 
 PFEDME = "pfedme"
@@ -43,7 +43,7 @@ class PFedMeSettings(Settings):
     pfedme_lambda: float = setting(15.0, "lambda, the weight of the Moreau envelope's term",
                                    ok=lambda v: v > 0, allowed="a number > 0", sent=TRAIN)
     pfedme_inner_steps: int = setting(5, "K, the steps on the personalized problem per batch",
-                                      ok=lambda v: v >= 1, allowed="an integer >= 1", sent=TRAIN)
+                                      **integer_in(1, MOST_STEPS), sent=TRAIN)
     pfedme_personal_lr: float = setting(0.01, "the step size of those K steps",
                                         ok=lambda v: v > 0, allowed="a number > 0", sent=TRAIN)
     pfedme_beta: float = setting(1.0, "the server's mixing parameter (1: plain averaging)",

@@ -13,7 +13,11 @@
 
 Both are written atomically and readable by their owner only
 (:mod:`tasks.files`). :func:`load_model` refuses weights whose hash is not
-the card's, and a card that names no model this package can build.
+the card's, and a card that names no model this package can build. Both files
+are untrusted input: the card's model is first built on torch's meta device
+(nothing allocated) and compared, with :data:`MAX_PARAMETERS`, to the names and
+shapes of the weights file's header alone (:func:`read_header`); only then is
+the file hashed, read and the model built.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from torch import nn
 
 from .files import atomic_write, strict_json
 from .members import MemberSchema
-from .models import MODELS
+from .models import MODELS, model_problem
 
 FORMAT = "fedamp-flwr-model/1"
 WEIGHTS, CARD = ".safetensors", ".json"
@@ -50,8 +54,19 @@ PREPROCESSING = {
 
 
 #: the largest input and output sizes a card may state (a card is untrusted: no model of
-#: absurd size is built from it)
-MAX_INPUTS, MAX_OUTPUTS = 10**8, 10**6
+#: absurd size is built from it); also the largest a run's ``member-input-shape`` (the
+#: product of its dimensions) and ``member-outputs`` may be
+MAX_INPUTS, MAX_OUTPUTS = 10**8, 10**5
+#: the most values (parameters and buffers) the model a card describes may have: ResNet-18
+#: has 11 million, the MNIST CNN 1.7 million; a card of a larger model is refused before
+#: anything is built or read
+MAX_PARAMETERS = 10**8
+#: the longest safetensors header (the JSON of the tensors' names, dtypes and shapes, a few
+#: kB for this package's models) :func:`read_header` reads, and the longest model card
+MAX_HEADER = 10**7
+#: bytes per value of the safetensors dtypes a weights file may use
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+               "U8": 1, "BOOL": 1}
 
 
 class ModelFileError(ValueError):
@@ -109,7 +124,11 @@ def read_card(weights: Path) -> dict[str, Any]:
     """The card beside ``weights`` (``<stem>.json``), checked to be one of this format."""
     path = weights.with_suffix(CARD)
     try:
-        card = json.loads(path.read_text())
+        with open(path, "rb") as f:
+            text = f.read(MAX_HEADER + 1)
+        if len(text) > MAX_HEADER:
+            raise ValueError(f"longer than {MAX_HEADER} bytes (MAX_HEADER)")
+        card = json.loads(text)
     except FileNotFoundError:
         raise ModelFileError(f"{weights}: no model card {path.name} beside it") from None
     except (OSError, ValueError) as err:
@@ -149,11 +168,85 @@ def card_schema(card: dict[str, Any], where: Path) -> MemberSchema:
                              "sizes within reason)") from None
 
 
+def read_header(path: Path) -> tuple[dict[str, tuple[int, ...]], int]:
+    """The tensors of safetensors file ``path`` (name -> shape) and the file's size, from its
+    header alone (the first 8 bytes give the header's length, at most :data:`MAX_HEADER`),
+    checked against the file's size: no tensor's data is read."""
+    def refuse(why: str) -> ModelFileError:
+        return ModelFileError(f"{path}: not a safetensors file of this app ({why}); refused")
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            length = int.from_bytes(head, "little")
+            if len(head) < 8 or length > min(MAX_HEADER, size - 8):
+                raise refuse(f"a header of {length} bytes in a file of {size}; at most "
+                             f"{MAX_HEADER} (MAX_HEADER)")
+            text = f.read(length)
+    except OSError as err:
+        raise ModelFileError(f"{path}: cannot be read ({err})") from None
+    try:
+        header = json.loads(text)
+        assert isinstance(header, dict)
+    except (AssertionError, ValueError):
+        raise refuse("its header is not a JSON object") from None
+    shapes: dict[str, tuple[int, ...]] = {}
+    end = 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, stop) = entry["dtype"], entry["shape"], entry["data_offsets"]
+            assert dtype in DTYPE_BYTES and isinstance(shape, list)
+            assert all(type(v) is int and v >= 0 for v in (*shape, begin, stop))
+            assert stop - begin == math.prod(shape) * DTYPE_BYTES[dtype]
+        except (AssertionError, KeyError, TypeError, ValueError):
+            raise refuse(f"tensor {str(name)[:100]!r}: {str(entry)[:200]} is not a dtype of "
+                         f"{sorted(DTYPE_BYTES)}, a shape and the offsets of its data") from None
+        shapes[name] = tuple(shape)
+        end = max(end, stop)
+    if size != 8 + length + end:
+        raise refuse(f"{size} bytes, where its header describes {8 + length + end}")
+    return shapes, size
+
+
+def card_model_shapes(name: str, schema: MemberSchema, where: Path) -> dict[str, tuple[int, ...]]:
+    """The state dict's shapes of model ``name`` for ``schema``, from the model built on torch's
+    meta device (nothing allocated); a ModelFileError naming ``where`` (the card) if it cannot
+    be built here or has more than :data:`MAX_PARAMETERS` values."""
+    shape, outputs = schema.input_shape, schema.num_outputs
+    problem = model_problem(name, shape)
+    if problem is not None:
+        raise ModelFileError(f"{where}: the card's model {name!r} does not fit its schema "
+                             f"({problem})")
+    try:
+        with torch.device("meta"):
+            state = MODELS[name](shape, outputs).state_dict()
+    except Exception as err:  # e.g. ResNet-18 where torchvision does not load
+        raise ModelFileError(f"{where}: the card's model {name!r} cannot be built here "
+                             f"({type(err).__name__}: {str(err)[:200]})") from None
+    shapes = {k: tuple(v.shape) for k, v in state.items()}
+    count = sum(math.prod(s) for s in shapes.values())
+    if count > MAX_PARAMETERS:
+        raise ModelFileError(f"{where}: the card's model {name!r} for inputs of shape "
+                             f"{list(shape)} and {outputs} outputs would have {count:,} values, "
+                             f"more than {MAX_PARAMETERS:,} (MAX_PARAMETERS); refused, nothing "
+                             "built")
+    return shapes
+
+
 def load_model(weights: str | Path) -> LoadedModel:
     """The model in ``weights`` (a ``.safetensors`` file with its card beside it), rebuilt.
 
-    Raises :class:`ModelFileError` when the file's sha256 is not the card's, when the
-    card names no model this package builds, or when the weights do not fit it.
+    Nothing the files state is allocated before it is checked: the card's schema and
+    model (built on the meta device, at most :data:`MAX_PARAMETERS` values) against the
+    names and shapes of the weights file's header; then the file's sha256 (read in
+    blocks) against the card's; then the file is read and the model built.
+
+    Raises :class:`ModelFileError` when the card names no model this package builds (or
+    one too large), when the weights do not fit it, or when the file's sha256 is not
+    the card's.
     """
     from safetensors.torch import load
 
@@ -161,21 +254,36 @@ def load_model(weights: str | Path) -> LoadedModel:
     if path.suffix != WEIGHTS:
         raise ModelFileError(f"{path}: a model file ends with {WEIGHTS} (its card, .json, beside it)")
     card = read_card(path)
+    where = path.with_suffix(CARD)
+    schema = card_schema(card, where)
+    spec = card.get("model")
+    name = spec.get("name") if isinstance(spec, dict) else None
+    if name not in MODELS:
+        raise ModelFileError(f"{where}: the card's model {name!r} is not one of "
+                             f"{sorted(MODELS)}")
+    expected = card_model_shapes(name, schema, where)
+    stored, size = read_header(path)
+    if stored != expected:
+        diff = [f"{k}: the file's {list(stored[k]) if k in stored else 'none'}, the model's "
+                f"{list(expected[k]) if k in expected else 'none'}"
+                for k in sorted(set(stored) | set(expected)) if stored.get(k) != expected.get(k)]
+        raise ModelFileError(f"{path}: the weights do not fit the card's model {name!r} "
+                             f"({'; '.join(diff[:3])[:300]}); refused, nothing built")
     try:
-        data = path.read_bytes()
+        digest = sha256_of(path)
     except OSError as err:
         raise ModelFileError(f"{path}: cannot be read ({err})") from None
-    digest = hashlib.sha256(data).hexdigest()
     if digest != card.get("sha256"):
         raise ModelFileError(f"{path}: its sha256 {digest[:16]}... is not the card's "
                              f"{str(card.get('sha256'))[:16]}...: the file was changed or is not "
                              "the one the card describes; refused")
-    schema = card_schema(card, path.with_suffix(CARD))
-    spec = card.get("model")
-    name = spec.get("name") if isinstance(spec, dict) else None
-    if name not in MODELS:
-        raise ModelFileError(f"{path.with_suffix(CARD)}: the card's model {name!r} is not one of "
-                             f"{sorted(MODELS)}")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(size + 1)  # the size its header gives, checked above
+    except OSError as err:
+        raise ModelFileError(f"{path}: cannot be read ({err})") from None
+    if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
+        raise ModelFileError(f"{path}: the file changed while it was read; refused")
     model = MODELS[name](schema.input_shape, schema.num_outputs)
     try:
         state = load(data)

@@ -58,7 +58,8 @@ def test_a_message_builds_no_model_sends_the_data_once_and_reads_back_once(tmp_p
     built: Counter[str] = Counter()
     for name, builder in list(tasks.MODELS.items()):
         def counted(shape, out, _builder=builder, _name=name):
-            built[_name] += 1
+            if torch.get_default_device().type != "meta":  # the memory estimate's: no storage
+                built[_name] += 1
             return _builder(shape, out)
         monkeypatch.setitem(tasks.MODELS, name, counted)
     monkeypatch.setattr(loading, "_REUSED", {})

@@ -76,6 +76,26 @@ def test_any_value_of_any_key_is_allowed_or_names_its_key(key, value):
             assert named, message
 
 
+#: every integer key but seed (already in [0, 2^32)), and the timeouts: each has an upper bound
+BOUNDED = sorted({k for k, t in TYPES.items() if t in ("int", "int | str") and k != "seed"}
+                 | {"round-timeout", "node-wait-timeout"})
+
+
+def test_the_bounded_keys_are_found_from_the_declarations():
+    assert {"num-server-rounds", "batch-size", "local-steps", "member-outputs", "test-samples",
+            "panacea-hidden", "panacea-embed-dim", "panacea-server-steps", "finetune-epochs",
+            "pfedme-inner-steps", "round-timeout"} <= set(BOUNDED)
+
+
+@pytest.mark.parametrize("key", BOUNDED)
+def test_a_size_of_1e9_is_refused_with_one_line_naming_its_key(key):
+    message = _outcome(key, 10**9)
+    assert message is not None, f"{key} = 10**9 was accepted"
+    assert message.startswith(f"run config '{key}' = 1000000000"), message  # 1e9 as a float
+    assert " is invalid; allowed: " in message, message
+    assert "at most" in message and "\n" not in message, message
+
+
 def test_the_issues_examples_are_refused_by_their_key():
     for key in ("learning-rate", "fedamp-alpha-k", "fedamp-lambda", "fedprox-mu",
                 "dirichlet-alpha"):

@@ -46,7 +46,38 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from tasks.export import MAX_INPUTS, MAX_OUTPUTS
+
 S = TypeVar("S", bound="Settings")
+
+# The upper bounds of the run config's sizes, one place for the app's keys and the methods'
+# (docs/configuration.md, "Bounds"): every integer key but ``seed`` has one, and so do the
+# timeouts; a value above is refused before any work, and what passes is checked once more
+# against the machine's memory (fedamp_flwr/sizes.py).
+#: num-server-rounds, checkpoint-every, xi-every, max-failed-rounds, graph-warmup-rounds,
+#: fedamp-alpha-decay-every
+MOST_ROUNDS = 10**6
+#: min-nodes, min-clients-evaluated, graph-k
+MOST_CLIENTS = 10**5
+#: local-epochs, finetune-epochs
+MOST_EPOCHS = 10**4
+#: local-steps, panacea-server-steps, pfedme-inner-steps
+MOST_STEPS = 10**7
+#: batch-size
+MOST_BATCH = 10**6
+#: test-samples (per client)
+MOST_SAMPLES = 10**6
+#: checkpoint-keep
+MOST_CHECKPOINTS = 10**3
+#: panacea-hidden, panacea-embed-dim
+MOST_WIDTH = 10**5
+#: panacea-gnn-layers, panacea-mlp-layers
+MOST_LAYERS = 100
+#: round-timeout, node-wait-timeout: 7 days, in seconds
+MOST_TIMEOUT = 7 * 24 * 3600.0
+#: the product of member-input-shape's dimensions, member-outputs: what a model card may
+#: state (tasks.export, which cannot import this module)
+MOST_INPUTS, MOST_OUTPUTS = MAX_INPUTS, MAX_OUTPUTS
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -70,6 +101,17 @@ class ConfigError(ValueError):
 def bad(key: str, value: Any, allowed: str) -> ConfigError:
     """The ConfigError of run-config ``key`` = ``value``: ``allowed`` says what is."""
     return ConfigError(f"run config '{key}' = {value!r} is invalid; allowed: {allowed}")
+
+
+def integer_in(low: int, high: int, why: str = "") -> dict[str, Any]:
+    """The ``ok`` and ``allowed`` of a :func:`setting` that takes an integer in [low, high]:
+    ``setting(30, doc, **integer_in(1, MOST_ROUNDS))``; ``why`` is added to the words."""
+    return {"ok": lambda v: low <= v <= high, "allowed": integer_words(low, high, why)}
+
+
+def integer_words(low: int, high: int, why: str = "") -> str:
+    """What an integer key in [low, high] allows, in words: ``an integer >= 1, at most 100``."""
+    return f"an integer >= {low}, at most {high}" + (f" ({why})" if why else "")
 
 
 def key_of(field_name: str) -> str:
@@ -215,6 +257,8 @@ class Settings:
     #: run-config key -> the value of "auto" where neither the task nor the strategy says
     #: otherwise (see ``fedamp_flwr.config.auto_values``)
     AUTO: ClassVar[Mapping[str, Any]] = {}
+    #: what :meth:`server_floats` counts, in words (the memory check's message)
+    SERVER_HOLDS: ClassVar[str] = "the round's replies and a model per client"
 
     @classmethod
     def keys(cls) -> dict[str, dataclasses.Field]:
@@ -293,6 +337,14 @@ class Settings:
     def check(self, run: SettingsContext) -> None:
         """Raise :class:`ConfigError` on a value that only the keys together, or the run, rule
         out (none by default; each key's own range is its declaration's ``ok``)."""
+
+    def server_floats(self, num_params: int, num_clients: int) -> int:
+        """About how many numbers the server of this method holds at once, with
+        ``num_clients`` clients of a model of ``num_params`` parameters (the memory check
+        of ``fedamp_flwr/sizes.py``). By default the round's replies and a model per client
+        (a personalized method's store; Flower's strategies hold the replies), and a few
+        models; a method that holds more says so."""
+        return (2 * num_clients + 3) * num_params
 
     def record(self, run: SettingsContext) -> dict[str, Any]:
         """What ``metrics.json`` records of these settings beside the config (none by default)."""
