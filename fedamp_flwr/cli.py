@@ -22,8 +22,19 @@
     States what a member's replies have revealed so far: for each ledger in its
     ``privacy-dir`` (one per client id), the noised replies (runs,
     rounds, noise multipliers) and the epsilon they spent together at delta
-    (the runs' own by default), computed again with the accountant from the
-    ledger's history, not read from it.
+    (the member's own by default: its node config's ``dp-delta``, else 1e-5,
+    as its latest release records it), computed again with the accountant from
+    the ledger's history, not read from it.
+
+``fedamp-flwr identity --client-id NAME [--identity-dir DIR]``
+    Prints the member's public key as the line a coordinator's roster takes
+    (``NAME ed25519:<base64>``), making the key on first use where the member's
+    SuperNode keeps it (node config ``identity-dir``; default
+    ``$FEDAMP_STATE_DIR/identity``, :mod:`fedamp_flwr.identity`).
+``fedamp-flwr roster RUN_DIR``
+    Prints the names and keys a run bound (its metrics.json's ``member_keys``) as a
+    roster: what a coordinator gives the next run (``member-roster``) so that each
+    name keeps its key.
 
 ``fedamp-flwr verify-app APP_DIR --fab REVIEWED.fab``
     Checks the app a SuperNode installed (``$FLWR_HOME/apps/<publisher>.<name>.<version>.
@@ -187,7 +198,9 @@ def privacy_report(folder: str, delta: float | None) -> int:
         try:  # read and checked as the node reads it
             ledger = Ledger(path.parent, path.stem)
             releases = ledger.releases
-            at = delta if delta is not None else min(float(r["delta"]) for r in releases)
+            # at the member's own delta (its latest release's), unless asked for another
+            at = delta if delta is not None else float(releases[-1]["delta"]) if releases \
+                else 1e-5
             spent = ledger.spent(at)
         except (Declined, ValueError, KeyError, TypeError) as err:
             print(f"{path}: cannot be read ({err})")
@@ -199,6 +212,46 @@ def privacy_report(folder: str, delta: float | None) -> int:
               f"({', '.join(runs)}), trained on {sets} version(s) of its data; epsilon "
               f"{spent:.4g} at delta {at:g}")
     return status
+
+
+def show_identity(name: str, folder: str | None) -> int:
+    """Print the member ``name``'s roster line (its key made on first use)."""
+    from strategies.core.protocol import is_name
+
+    from .identity import IDENTITY_DIR, IdentityError, identity_dir, key_text, member_key, public_bytes
+
+    if not is_name(name):
+        print(f"error: --client-id {name!r} is invalid; allowed: letters, digits and - _ . @ "
+              "(at most 64), the node config's client-id", file=sys.stderr)
+        return 2
+    try:
+        where = identity_dir({IDENTITY_DIR: folder} if folder is not None else {})
+        key = member_key(where, name)
+    except (ConfigError, IdentityError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"{name} {key_text(public_bytes(key))}")
+    print(f"# the key of member {name!r}, kept in {where / (name + '.key')} (owner only); "
+          "give the coordinator the line above for its member-roster", file=sys.stderr)
+    return 0
+
+
+def roster_of(run_dir: str) -> int:
+    """Print the names and keys a run bound, as a roster."""
+    path = Path(run_dir).expanduser() / "metrics.json"
+    try:
+        keys = json.loads(path.read_text()).get("member_keys") or {}
+    except (OSError, ValueError) as err:
+        print(f"error: {path} cannot be read ({err})", file=sys.stderr)
+        return 1
+    lines = [f"{name} {key}" for name, key in sorted(keys.items())
+             if isinstance(key, str) and key.startswith("ed25519:")]
+    if not lines:
+        print(f"error: {path} binds no member name to a key (a run over members' data of "
+              "this version records them under member_keys)", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
+    return 0
 
 
 def verify_app(app_dir: str, fab: str) -> int:
@@ -266,13 +319,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     priv = sub.add_parser("privacy", help="what a member's noised replies have spent")
     priv.add_argument("folder", help="the node's privacy-dir")
     priv.add_argument("--delta", type=float, default=None, help="the delta to state epsilon "
-                      "at (default: the smallest its runs used)")
+                      "at (default: the member's own, as its ledger records it)")
+    ident = sub.add_parser("identity", help="this member's public key, as a roster line")
+    ident.add_argument("--client-id", required=True, help="the member's name (its node config's "
+                       "client-id)")
+    ident.add_argument("--identity-dir", default=None, help="where its key is kept (its node "
+                       "config's identity-dir; default $FEDAMP_STATE_DIR/identity)")
+    rost = sub.add_parser("roster", help="the names and keys a run bound, as a roster")
+    rost.add_argument("run", help="the run's folder (<results-dir>/<run name>)")
     verify = sub.add_parser("verify-app", help="the app a SuperNode installed, against the "
                             "FAB built from the reviewed source")
     verify.add_argument("app_dir", help="$FLWR_HOME/apps/<publisher>.<name>.<version>.<hash>")
     verify.add_argument("--fab", required=True, help="the FAB built with flwr build from the "
                         "reviewed source")
     args = parser.parse_args(argv)
+    if args.command == "identity":
+        return show_identity(args.client_id, args.identity_dir)
+    if args.command == "roster":
+        return roster_of(args.run)
     if args.command == "verify-app":
         return verify_app(args.app_dir, args.fab)
     if args.command == "privacy":

@@ -60,6 +60,7 @@ from strategies.core.protocol import (
     ACCURACY,
     ARRAYS,
     BATCH_SIZE,
+    CHALLENGE,
     CLIENT_ID,
     CLIENT_INDEX,
     CONFIG,
@@ -74,6 +75,7 @@ from strategies.core.protocol import (
     LOSS,
     LR,
     MEMBER,
+    MEMBER_KEY,
     METRICS,
     MSE,
     NUM_EXAMPLES,
@@ -82,6 +84,7 @@ from strategies.core.protocol import (
     NUM_TEST,
     NUM_TRAIN,
     OPTIMIZER,
+    PROOF,
     REFUSED,
     SERVER_ROUND,
     TASK_KIND,
@@ -95,8 +98,10 @@ from tasks.scenarios import flip_labels
 from tasks.train import evaluate as evaluate_model
 from tasks.train import num_steps
 
+from . import identity
 from .config import ConfigError, RunConfig
 from .delivery import keep_tested_model
+from .identity import IdentityError
 from .privacy import MAX_EPSILON, Declined, Ledger, NodePrivacy, data_digest
 
 app = ClientApp()
@@ -192,7 +197,7 @@ def _device() -> torch.device:
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Say who this client is (and, a member, what its data looks like), or why it cannot
-    take part."""
+    take part; a member proves its name with its key (:func:`_proof`)."""
     members = context.run_config.get("dataset") == tasks.MEMBERS
     try:
         setup = _setup(context)
@@ -211,7 +216,26 @@ def query(msg: Message, context: Context) -> Message:
         else:
             partition = context.node_config.get("partition-id", -1)
             info = {CLIENT_ID: partition if isinstance(partition, int) else -1, ERROR: reason}
+    if members and is_name(info[MEMBER]):
+        try:
+            info.update(_proof(msg, context, str(info[MEMBER])))
+        except (ConfigError, IdentityError, OSError, ValueError) as err:
+            reason = f"{type(err).__name__}: {err}"
+            log(logging.WARNING, "This node cannot prove its member name: %s", reason)
+            info[ERROR] = reason
     return Message(RecordDict({INFO: ConfigRecord(info)}), reply_to=msg)
+
+
+def _proof(msg: Message, context: Context, name: str) -> dict[str, bytes]:
+    """This member's public key and its signature over the server's challenge, its name and
+    its node id (the app's identity module); the key is made on the node's first run."""
+    challenge = msg.content.config_records[CONFIG].get(CHALLENGE)
+    if not isinstance(challenge, bytes) or len(challenge) != identity.CHALLENGE_BYTES:
+        raise ValueError(f"the query carries no challenge of {identity.CHALLENGE_BYTES} bytes "
+                         "(a server of another version of this app?)")
+    key = identity.member_key(identity.identity_dir(context.node_config), name)
+    return {MEMBER_KEY: identity.public_bytes(key),
+            PROOF: identity.sign(key, challenge, name, context.node_id)}
 
 
 def _data_schema(setup: Setup) -> dict:

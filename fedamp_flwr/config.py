@@ -24,17 +24,30 @@ import tasks
 from strategies.core.protocol import is_name
 from strategies.core.registry import method_keys, settings_classes, tuned_values
 from strategies.core.settings import (
+    MOST_BATCH,
+    MOST_CHECKPOINTS,
+    MOST_CLIENTS,
+    MOST_EPOCHS,
+    MOST_INPUTS,
+    MOST_OUTPUTS,
+    MOST_ROUNDS,
+    MOST_SAMPLES,
+    MOST_STEPS,
+    MOST_TIMEOUT,
     ConfigError,
     NoSettings,
     Settings,
     SettingsContext,
     bad,
     coerce,
+    integer_words,
     key_of,
 )
 from tasks.models import model_problem
 from tasks.partitioners import PARTITIONINGS
 from tasks.scenarios import Roles, scenario_roles
+
+from .sizes import check_client_memory
 
 GRAPHS = ("task", "file", "groups", "inferred", "none")
 #: the longest run-name (a folder name on the coordinator's and the members' machines)
@@ -141,6 +154,8 @@ class RunConfig:
     member_class_names: str = ""
     member_label_column: str = "label"
     member_feature_columns: str = ""
+    member_roster: str = ""
+    checkpoint_secret: str = ""
     #: the chosen strategy's own settings (its keys checked, "auto" resolved)
     settings: Settings = field(default_factory=NoSettings, metadata={"key": False})
     #: every method's key, checked and resolved (what to_dict records of them)
@@ -189,7 +204,9 @@ class RunConfig:
             method_values.update(own.to_dict())
             if settings_cls is chosen:
                 settings = own
-        return dataclasses.replace(cfg, settings=settings, method_values=method_values)
+        cfg = dataclasses.replace(cfg, settings=settings, method_values=method_values)
+        check_client_memory(cfg)  # every process builds the model (fedamp_flwr/sizes.py)
+        return cfg
 
     def resolved(self, auto: Mapping[str, Any]) -> RunConfig:
         """This config with every generic "auto" setting (:data:`GENERIC_AUTO`) given its
@@ -232,17 +249,20 @@ class RunConfig:
         choice("graph", self.graph, GRAPHS)
         choice("fl60-variant", self.fl60_variant, ["text", "grda"])
         choice("tpt48-split", self.tpt48_split, ["time", "random"])
-        check("checkpoint-every", self.checkpoint_every >= 0,
-              "an integer >= 0 (0: no checkpoints)")
+        def integer(key: str, low: int, high: int, why: str = "") -> None:
+            check(key, low <= getattr(self, key.replace("-", "_")) <= high,
+                  integer_words(low, high, why))
+
+        integer("checkpoint-every", 0, MOST_ROUNDS, "0: no checkpoints")
         check("seed", 0 <= self.seed < 2**32, "an integer in [0, 2^32) (numpy and torch seeds)")
-        check("checkpoint-keep", self.checkpoint_keep >= 1,
-              "an integer >= 1 (checkpoints kept: a damaged one falls back to the one before)")
-        check("xi-every", self.xi_every >= 0, "an integer >= 0 (0: not written)")
-        check("min-clients-evaluated", self.min_clients_evaluated >= 0,
-              "an integer >= 0 (0: any number; else a round whose evaluation covers fewer "
-              "clients fails, as max-failed-rounds counts)")
-        check("max-failed-rounds", self.max_failed_rounds >= 0,
-              "an integer >= 0 (rounds in a row without usable replies before the run stops)")
+        integer("checkpoint-keep", 1, MOST_CHECKPOINTS,
+                "checkpoints kept: a damaged one falls back to the one before")
+        integer("xi-every", 0, MOST_ROUNDS, "0: not written")
+        integer("min-clients-evaluated", 0, MOST_CLIENTS,
+                "0: any number; else a round whose evaluation covers fewer clients fails, as "
+                "max-failed-rounds counts")
+        integer("max-failed-rounds", 0, MOST_ROUNDS,
+                "rounds in a row without usable replies before the run stops")
         choice("xi-dtype", self.xi_dtype, ["float32", "float16"])
         choice("save-models", self.save_models, SAVE_MODES)
         choice("dp", self.dp, DP_MODES)
@@ -261,9 +281,10 @@ class RunConfig:
             raise _bad("save-models", self.save_models, "final, every-checkpoint or none; "
                        "best-validation needs validation-fraction > 0 (the model is chosen on "
                        "validation rows, never on test rows)")
-        for key in ("round-timeout", "node-wait-timeout", "max-update-ratio"):
-            v = getattr(self, key.replace("-", "_"))
-            check(key, 0 < v < math.inf, "a finite number > 0")
+        for key in ("round-timeout", "node-wait-timeout"):
+            check(key, 0 < getattr(self, key.replace("-", "_")) <= MOST_TIMEOUT,
+                  f"a number > 0, at most {MOST_TIMEOUT:g} (seconds: 7 days)")
+        check("max-update-ratio", 0 < self.max_update_ratio < math.inf, "a finite number > 0")
         if self.run_name and not is_name(self.run_name, RUN_NAME_MOST):
             raise _bad("run-name", self.run_name, f"letters, digits and - _ . @ (at most "
                        f"{RUN_NAME_MOST}; it names the run's folder, on members' nodes too), "
@@ -273,9 +294,10 @@ class RunConfig:
         if self.resume and self.overwrite:
             raise _bad("overwrite", True, "false when resume = true (resume continues a run, "
                        "overwrite replaces it)")
-        for key in ("num-server-rounds", "local-epochs", "batch-size", "test-samples",
-                    "min-nodes"):
-            check(key, getattr(self, key.replace("-", "_")) >= 1, "an integer >= 1")
+        for key, most in (("num-server-rounds", MOST_ROUNDS), ("local-epochs", MOST_EPOCHS),
+                          ("batch-size", MOST_BATCH), ("test-samples", MOST_SAMPLES),
+                          ("min-nodes", MOST_CLIENTS)):
+            integer(key, 1, most)
         lr, steps = self.learning_rate, self.local_steps  # numbers once "auto" is resolved
         assert not isinstance(lr, str) and not isinstance(steps, str), "resolve 'auto' first"
         check("learning-rate", lr > 0, "a number > 0")
@@ -283,15 +305,17 @@ class RunConfig:
         check("dirichlet-alpha", self.dirichlet_alpha > 0, "a number > 0")
         check("validation-fraction", 0 <= self.validation_fraction < 1,
               "a number in [0, 1) (0: evaluate on the test split)")
-        check("local-steps", steps >= 0, "an integer >= 0 (0: use local-epochs)")
+        integer("local-steps", 0, MOST_STEPS, "0: use local-epochs")
         check("fl60-noise-std", self.fl60_noise_std > 0, "a number > 0")
         check("novel-client-fraction", 0 <= self.novel_client_fraction < 1, "a number in [0, 1)")
         check("attack-ratio", 0 <= self.attack_ratio <= 0.5, "a number in [0, 0.5]")
         check("drop-rate", 0 <= self.drop_rate < 1, "a number in [0, 1)")
         if self.graph == "file" and not self.graph_file:
             raise _bad("graph-file", self.graph_file, 'the path of an edge-list CSV when graph = "file"')
-        check("graph-k", self.graph_k >= 1, "an integer >= 1 (and below the number of clients)")
-        check("graph-warmup-rounds", self.graph_warmup_rounds >= 1, "an integer >= 1")
+        integer("graph-k", 1, MOST_CLIENTS, "and below the number of clients")
+        integer("graph-warmup-rounds", 1, MOST_ROUNDS)
+        integer("member-outputs", 0, MOST_OUTPUTS, "the classes, or the regression outputs, "
+                'of dataset = "members"')
         if self.graph == "inferred" and strategies.STRATEGIES[self.strategy].uses_graph:
             check("graph-warmup-rounds", self.graph_warmup_rounds < self.num_server_rounds,
                   f"fewer than num-server-rounds ({self.num_server_rounds}): the graph is "
@@ -301,6 +325,9 @@ class RunConfig:
         choice("model", self.model, ["auto", *tasks.MODELS])
         if self.dataset == tasks.MEMBERS:
             self._validate_members()
+        elif self.member_roster:
+            raise _bad("member-roster", self.member_roster, '"" unless dataset = "members" (a '
+                       "roster names members, a partitioned run has none)")
         spec = tasks.get_task(self.dataset)
         problem = model_problem(tasks.model_name(self.data_config(2), self.model),
                                 tasks.data_info(self.data_config(2)).input_shape) \
@@ -316,16 +343,16 @@ class RunConfig:
     def _validate_members(self) -> None:
         """The schema keys of a run over members' own data (``dataset = "members"``)."""
         shape = parse_shape(self.member_input_shape)
-        if shape is None:
+        if shape is None or math.prod(shape) > MOST_INPUTS:
             raise _bad("member-input-shape", self.member_input_shape,
                        'the shape of one input: "F" (F features) or "C,H,W" (an image of C = 1 '
-                       "or 3 channels), positive integers")
+                       f"or 3 channels), positive integers, at most {MOST_INPUTS} values in all")
         if self.member_task not in (tasks.CLASSIFICATION, tasks.REGRESSION):
             raise _bad("member-task", self.member_task, "classification, regression")
         least = 2 if self.member_task == tasks.CLASSIFICATION else 1
-        if self.member_outputs < least:
-            raise _bad("member-outputs", self.member_outputs,
-                       f"an integer >= {least} (the classes, or the regression outputs)")
+        if not least <= self.member_outputs <= MOST_OUTPUTS:
+            raise _bad("member-outputs", self.member_outputs, integer_words(
+                least, MOST_OUTPUTS, "the classes, or the regression outputs"))
         names = self.class_names()
         if names and (len(names) != self.member_outputs or len(set(names)) != len(names)):
             raise _bad("member-class-names", self.member_class_names,

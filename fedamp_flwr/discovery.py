@@ -13,6 +13,7 @@ order of their names (members known from a checkpoint keep their numbers).
 
 from __future__ import annotations
 
+import secrets
 import time
 from logging import INFO, WARNING
 
@@ -28,16 +29,19 @@ except ImportError:  # another Flower: its own pulling
 
 from strategies.core.clients import ClientInfo
 from strategies.core.protocol import (
+    CHALLENGE,
     CLIENT_ID,
     CONFIG,
     ERROR,
     INPUT_SHAPE,
     MEMBER,
+    MEMBER_KEY,
     NO_REPLY,
     NUM_OUTPUTS,
     NUM_PARTITIONS,
     NUM_TEST,
     NUM_TRAIN,
+    PROOF,
     QUERY,
     QUERY_CLIENT_INFO,
     TASK_KIND,
@@ -46,7 +50,8 @@ from strategies.core.protocol import (
 from strategies.core.protocol import INFO as INFO_RECORD
 from tasks.members import MemberSchema
 
-from .membership import Membership, Refusal, number_members
+from . import identity
+from .membership import Impostor, Membership, Refusal, number_members
 
 #: Seconds between two pulls of replies from the SuperLink. Flower's deployed grid
 #: (``HttpGrid``) pulls every 3 s, its simulation grid every 0.1 s: a reply that comes in
@@ -122,10 +127,12 @@ def _text(value: object) -> str:
     return text[:1000]
 
 
-def _parse_info(node: int, reply: Message, schema: MemberSchema | None = None) -> ClientInfo | str:
+def _parse_info(node: int, reply: Message, members: Membership | None = None,
+                challenge: bytes = b"") -> ClientInfo | str:
     """A node's query answer as a ClientInfo, or why it cannot take part (an untrusted reply).
 
-    With ``schema`` (a run over members' own data) the answer must be a member's, and
+    With ``members`` (a run over members' own data) the answer must be a member's, proved
+    with the key bound to its name (``challenge``: what this node was asked to sign), and
     a member whose data does not fit is a :class:`Refusal`.
     """
     if reply.has_error():
@@ -133,8 +140,8 @@ def _parse_info(node: int, reply: Message, schema: MemberSchema | None = None) -
     cfg = reply.content.config_records.get(INFO_RECORD)
     if cfg is None:
         return f"node {node}: no '{INFO_RECORD}' record in the query answer"
-    if schema is not None:
-        return _parse_member(node, cfg, schema)
+    if members is not None and members.schema is not None:
+        return _parse_member(node, cfg, members, members.schema, challenge)
     if cfg.get(ERROR):
         return f"client {_text(cfg.get(CLIENT_ID, '?'))} (node {node}): {_text(cfg[ERROR])}"
     values = {}
@@ -150,21 +157,34 @@ def _parse_info(node: int, reply: Message, schema: MemberSchema | None = None) -
                       values[NUM_TEST])
 
 
-def _parse_member(node: int, cfg, schema: MemberSchema) -> ClientInfo | str:
+def _parse_member(node: int, cfg, members: Membership, schema: MemberSchema,
+                  challenge: bytes) -> ClientInfo | str:
     name = cfg.get(MEMBER)
     if not is_name(name):
         return f"node {node}: the query answer names no member ('{MEMBER}' = " \
                f"{_text(repr(name))[:80]}); is the fleet running this app with dataset = " \
                '"members" (client-id: letters, digits and - _ . @, at most 64)?'
     who = f"member '{name}' (node {node})"
+    # nothing a node says is believed before it proves the name it claims
+    key, proof = cfg.get(MEMBER_KEY), cfg.get(PROOF)
+    if not isinstance(key, bytes) or not isinstance(proof, bytes):
+        why = _text(cfg[ERROR]) if cfg.get(ERROR) else (
+            "no proof of the name in its answer (a node of another version of this app?)")
+        return Impostor(f"node {node} claims member '{name}' and cannot prove it: {why}")
+    if not identity.verify(key, proof, challenge, name, node):
+        return Impostor(f"node {node} claims member '{name}': its proof does not verify (it "
+                        f"does not hold the key {identity.fingerprint(key)} it names)")
+    problem = members.binding_problem(name, key)
+    if problem is not None:
+        return Impostor(f"node {node} claims member '{name}': {problem}")
     if cfg.get(ERROR):
         return Refusal(f"{who}: {_text(cfg[ERROR])}")
     values = {}
-    for key, low in ((NUM_TRAIN, 1), (NUM_TEST, 1), (NUM_OUTPUTS, 1)):
-        v = cfg.get(key)
+    for k, low in ((NUM_TRAIN, 1), (NUM_TEST, 1), (NUM_OUTPUTS, 1)):
+        v = cfg.get(k)
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            return Refusal(f"{who}: query answer '{key}' = {v!r} is not an integer >= {low}")
-        values[key] = v
+            return Refusal(f"{who}: query answer '{k}' = {v!r} is not an integer >= {low}")
+        values[k] = v
     shape = _text(cfg.get(INPUT_SHAPE, ""))[:60]
     want = ",".join(map(str, schema.input_shape))
     if shape != want:
@@ -178,14 +198,17 @@ def _parse_member(node: int, cfg, schema: MemberSchema) -> ClientInfo | str:
         what = "labels up to" if kind == "classification" else "outputs"
         return Refusal(f"{who}: its data has {what} {outputs}, the run has "
                        f"{schema.num_outputs} (member-outputs)")
-    return ClientInfo(node, -1, 0, values[NUM_TRAIN], values[NUM_TEST], name)
+    return ClientInfo(node, -1, 0, values[NUM_TRAIN], values[NUM_TEST], name, key)
 
 
-def query_nodes(grid: Grid, node_ids: list[int], timeout: float, schema: MemberSchema | None = None
-                ) -> tuple[dict[int, ClientInfo], dict[int, str]]:
+def query_nodes(grid: Grid, node_ids: list[int], timeout: float,
+                members: Membership | None = None) -> tuple[dict[int, ClientInfo], dict[int, str]]:
     """Ask ``node_ids`` who they are; return their infos and, for the others, why not
-    (``schema``: a run over members' own data, see :func:`_parse_info`)."""
-    messages = [Message(RecordDict({CONFIG: ConfigRecord({QUERY: QUERY_CLIENT_INFO})}),
+    (``members``: a run over members' own data, see :func:`_parse_info`). Each node is
+    sent a challenge of its own, fresh random bytes that a member signs."""
+    challenges = {n: secrets.token_bytes(identity.CHALLENGE_BYTES) for n in node_ids}
+    messages = [Message(RecordDict({CONFIG: ConfigRecord({QUERY: QUERY_CLIENT_INFO,
+                                                          CHALLENGE: challenges[n]})}),
                         message_type=MessageType.QUERY, dst_node_id=n) for n in node_ids]
     infos: dict[int, ClientInfo] = {}
     errors: dict[int, str] = {}
@@ -193,7 +216,7 @@ def query_nodes(grid: Grid, node_ids: list[int], timeout: float, schema: MemberS
         node = reply.metadata.src_node_id
         if node not in node_ids or node in infos or node in errors:
             continue  # not asked, or a second answer
-        parsed = _parse_info(node, reply, schema)
+        parsed = _parse_info(node, reply, members, challenges[node])
         if isinstance(parsed, ClientInfo):
             infos[node] = parsed
         else:
@@ -263,21 +286,23 @@ def discover_clients(
     return infos
 
 
-def discover_members(grid: Grid, min_nodes: int, schema: MemberSchema, timeout: float = 600.0,
+def discover_members(grid: Grid, min_nodes: int, members: Membership, timeout: float = 600.0,
                      poll: float = 1.0, known: list[str] | None = None
-                     ) -> tuple[dict[int, ClientInfo], Membership]:
+                     ) -> dict[int, ClientInfo]:
     """Query every connected node for its member name and data: the members (node id ->
-    info, with their client ids) and the run's :class:`Membership`.
+    info, with their client ids); ``members`` (the run's :class:`Membership`, with its
+    ``schema``, the keys a checkpoint bound and the roster) records the rest.
 
     Waits until at least ``min_nodes`` members have answered with data that fits
-    ``schema`` (asking each node once, as it connects). A member whose data does
-    not fit, or that could not load it, is left out with a WARNING line naming
-    it, and the others go on; so is a node that does not answer (the round loop
-    asks it again). Two nodes claiming one name are both held back until one of
-    them is gone (nothing tells the member from an impostor). ``known``: the
-    names of a checkpoint's members, which keep their client ids (those not
-    connected now get placeholder entries with negative node ids, offline
-    until they come back).
+    the schema (asking each node once, as it connects). A node that cannot prove
+    the name it claims with the key bound to it is refused, and its attempt
+    recorded (:meth:`Membership.refuse`). A member whose data does not fit, or that
+    could not load it, is left out with a WARNING line naming it, and the others go
+    on; so is a node that does not answer (the round loop asks it again). Two nodes
+    claiming one name not bound yet are both held back until one of them is gone.
+    ``known``: the names of a checkpoint's members, which keep their client ids
+    (those not connected now get placeholder entries with negative node ids,
+    offline until they come back).
 
     Raises
     ------
@@ -287,7 +312,6 @@ def discover_members(grid: Grid, min_nodes: int, schema: MemberSchema, timeout: 
     """
     deadline = time.monotonic() + timeout
     accepted: dict[int, ClientInfo] = {}
-    members = Membership(schema=schema)
     asked: set[int] = set()
     while True:
         node_ids = sorted(grid.get_node_ids())
@@ -297,11 +321,13 @@ def discover_members(grid: Grid, min_nodes: int, schema: MemberSchema, timeout: 
         found: dict[int, ClientInfo] = {}
         if new:
             asked.update(new)
-            found, errors = query_nodes(grid, new, max(deadline - time.monotonic(), 1.0), schema)
+            found, errors = query_nodes(grid, new, max(deadline - time.monotonic(), 1.0),
+                                        members)
             for node, reason in errors.items():
                 if isinstance(reason, Refusal):
-                    members.refused[node] = str(reason)
-                log(WARNING, "Left out: %s", reason)
+                    members.refuse(node, reason)
+                else:
+                    log(WARNING, "Left out: %s", reason)
         accepted.update(members.claim(found, {i.name: n for n, i in accepted.items()}, live,
                                       "Held back: %s"))
         if len(accepted) >= min_nodes:
@@ -324,4 +350,4 @@ def discover_members(grid: Grid, min_nodes: int, schema: MemberSchema, timeout: 
     sizes = [i.num_train for i in infos.values() if i.node_id >= 0]
     log(INFO, "Found %d members (%s), %d to %d training samples each", len(present),
         ", ".join(sorted(present)), min(sizes), max(sizes))
-    return infos, members
+    return infos

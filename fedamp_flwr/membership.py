@@ -4,14 +4,20 @@ used by the query round (:mod:`fedamp_flwr.discovery`) and the rounds
 (:func:`fedamp_flwr.rounds.refresh_clients`).
 
 A member is named by its node config's ``client-id`` and numbered in the order of the
-names (a checkpoint's members keep their numbers). A member whose data does not fit the
-run is left out for good (``refused``); a node that claims a name another connected node
-has is held back (``pending``) until only one of them is left: nothing tells the member
-from an impostor.
+names (a checkpoint's members keep their numbers). A name is bound to a key
+(:mod:`fedamp_flwr.identity`): the roster's (run config ``member-roster``) or, without
+one, the key the name was first accepted with, kept in the checkpoint (``keys``). A node
+that cannot prove the name it claims with that key is refused for good, and its attempt
+recorded (``attempts``, :class:`Impostor`): it gets nothing, changes nothing, and holds no
+one back. A member whose data does not fit the run is left out for good (``refused``); a
+node that proves a name another connected node has (a restarted SuperNode, whose old node
+counts as connected for a minute) is held back (``pending``) until that node is gone; two
+new nodes claiming a name not bound yet are both held back until only one is left.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from logging import WARNING
 
@@ -25,6 +31,10 @@ class Refusal(str):
     """Why a member cannot take part (a member may be left out; the others go on)."""
 
 
+class Impostor(Refusal):
+    """Why a node cannot speak for the member it names: it cannot prove the name's key."""
+
+
 def number_members(infos: dict[int, ClientInfo], known: list[str]) -> tuple[dict[int, ClientInfo],
                                                                            list[str]]:
     """Give every member its client id: members ``known`` (a checkpoint's, in its order) keep
@@ -32,7 +42,8 @@ def number_members(infos: dict[int, ClientInfo], known: list[str]) -> tuple[dict
     the names by id."""
     names = list(known) + sorted({i.name for i in infos.values()} - set(known))
     index = {name: i for i, name in enumerate(names)}
-    return ({node: ClientInfo(i.node_id, index[i.name], 0, i.num_train, i.num_test, i.name)
+    return ({node: ClientInfo(i.node_id, index[i.name], 0, i.num_train, i.num_test, i.name,
+                              i.key)
              for node, i in infos.items()}, names)
 
 
@@ -44,7 +55,9 @@ def accept_members(found: dict[int, ClientInfo], taken: dict[str, int]
     ``taken``: name -> node of the members the run has on connected nodes; a new node
     claiming one of those names is held back (a restarted SuperNode's old node may still
     count as connected for a minute). Two or more new nodes claiming one name are all
-    held back: nothing tells the member from an impostor, until only one of them is left.
+    held back until only one of them is left. (Every node here has proved its name with
+    the key bound to it, :meth:`Membership.binding_problem`; two new nodes with different
+    keys claim a name not bound yet: nothing tells which is the member's.)
     """
     claims: dict[str, list[int]] = {}
     for node in sorted(found):
@@ -85,12 +98,51 @@ class Membership:
         cannot join); not asked again.
     pending : dict[int, ClientInfo]
         Nodes held back: their member's name is another connected node's.
+    keys : dict[str, bytes]
+        Name -> the public key bound to it (the roster's, or pinned when the name was
+        first accepted; a checkpoint keeps them).
+    roster : dict[str, bytes] | None
+        The run's ``member-roster`` (None: none; names are pinned on first use).
+    attempts : list[dict]
+        Every node refused for a name it could not prove: node, member, why, when (UTC).
     """
 
     names: list[str] = field(default_factory=list)
     schema: MemberSchema | None = None
     refused: dict[int, str] = field(default_factory=dict)
     pending: dict[int, ClientInfo] = field(default_factory=dict)
+    keys: dict[str, bytes] = field(default_factory=dict)
+    roster: dict[str, bytes] | None = None
+    attempts: list[dict] = field(default_factory=list)
+
+    def bound_key(self, name: str) -> bytes | None:
+        """The key bound to ``name``: the roster's, else the one pinned (None: not bound)."""
+        return self.roster.get(name) if self.roster is not None else self.keys.get(name)
+
+    def binding_problem(self, name: str, key: bytes) -> str | None:
+        """Why the holder of ``key`` may not speak for ``name`` (None: it may)."""
+        from .identity import fingerprint
+
+        if self.roster is not None and name not in self.roster:
+            return f"'{name}' is not on the run's member-roster"
+        bound = self.bound_key(name)
+        if bound is not None and key != bound:
+            whose = "the roster's" if self.roster is not None else "the one it was first accepted with"
+            return (f"its key {fingerprint(key)} is not the key bound to '{name}' "
+                    f"({fingerprint(bound)}, {whose})")
+        return None
+
+    def refuse(self, node: int, reason: str, what: str = "Left out: %s") -> None:
+        """Leave node ``node`` out for good with ``reason`` (logged once with ``what``, a
+        format of one ``%s``); an :class:`Impostor` is recorded in :attr:`attempts` too."""
+        self.refused[node] = str(reason)
+        self.pending.pop(node, None)
+        if isinstance(reason, Impostor):
+            self.attempts.append({"node": node, "why": str(reason), "at": time.strftime(
+                "%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            log(WARNING, "Impostor refused: %s", reason)
+        else:
+            log(WARNING, what, reason)
 
     def id_of_name(self, name: str) -> int | None:
         """The client id of the member ``name`` (None if the run does not know it)."""
@@ -109,11 +161,18 @@ class Membership:
         forgotten."""
         self.pending = {n: i for n, i in self.pending.items() if n in live}
         candidates = {**self.pending, **found}
+        for node, info in list(candidates.items()):  # a key bound since it was held back
+            problem = self.binding_problem(info.name, info.key)
+            if problem is not None:
+                self.refuse(node, Impostor(f"node {node} claims member '{info.name}': {problem}"))
+                del candidates[node]
         accepted, conflicts = accept_members(candidates, taken)
         for node, reason in conflicts.items():
             if node not in self.pending:
                 log(WARNING, held_back, reason)
             self.pending[node] = candidates[node]
-        for node in accepted:
+        for node, info in accepted.items():
             self.pending.pop(node, None)
+            if info.key:  # the key in effect: the roster's, or pinned on first use
+                self.keys[info.name] = info.key
         return accepted

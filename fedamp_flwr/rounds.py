@@ -79,7 +79,9 @@ def refresh_clients(tracker: Tracker, members: Membership, grid: Grid, timeout: 
     connected node has is held back (``members.pending``) and takes its place once
     that node is gone, a restarted SuperNode's old node counting as connected for
     a minute; two new nodes claiming one name are both held back until one is left.
-    A member whose data does not fit is left out for good (``members.refused``);
+    A node that cannot prove the member name it claims is refused for good, its attempt
+    recorded (``members.attempts``). A member whose data does not fit is left out for
+    good (``members.refused``);
     a node that does not answer, or another error, is logged and asked again in
     the next round.
     """
@@ -90,7 +92,8 @@ def refresh_clients(tracker: Tracker, members: Membership, grid: Grid, timeout: 
     infos: dict[int, ClientInfo] = {}
     errors: dict[int, str] = {}
     if new:
-        infos, errors = query_nodes(grid, new, timeout, members.schema)
+        infos, errors = query_nodes(grid, new, timeout,
+                                    members if members.schema is not None else None)
     if members.schema is None:
         num_partitions = {i.num_partitions for i in tracker.clients.values()}
         for node, info in sorted(infos.items()):
@@ -111,9 +114,10 @@ def refresh_clients(tracker: Tracker, members: Membership, grid: Grid, timeout: 
             else:
                 errors[node] = Refusal(f"{info.label} (node {node}) is not a member of this run")
     for node, reason in errors.items():
-        if isinstance(reason, Refusal):  # a member's data that does not fit: for good
-            members.refused[node] = str(reason)
-        log(WARNING, "A node that joined cannot take part: %s", reason)
+        if isinstance(reason, Refusal):  # a member's data that does not fit, or an impostor
+            members.refuse(node, reason, "A node that joined cannot take part: %s")
+        else:
+            log(WARNING, "A node that joined cannot take part: %s", reason)
     tracker.set_online(node_ids)
 
 

@@ -30,9 +30,11 @@ from .discovery import (
     discover_members,
     send_and_receive,
 )
+from .identity import IdentityError, fingerprint, key_text, read_roster
 from .membership import Membership
 from .results import MODELS_FOLDER, RunFolder, UnsafeCheckpoint, Writer, XiFiles, snapshot
 from .rounds import OnlineClients, RoundsFailedError, run_rounds
+from .sizes import check_server_memory
 
 app = ServerApp()
 
@@ -105,16 +107,58 @@ def client_graph(cfg: RunConfig, dc: tasks.DataConfig,
     return torch.from_numpy(adj)
 
 
-def find_clients(cfg: RunConfig, grid: Grid, known: list[str]
+def find_clients(cfg: RunConfig, grid: Grid, known: list[str], keys: dict[str, bytes]
                  ) -> tuple[dict[int, ClientInfo], Membership]:
     """The clients of the run (node id -> info) and its members: partitions (every partition
-    id on one node; no members), or members (those whose data fits the run config's schema,
-    numbered by name; ``known``: a checkpoint's, which keep their ids)."""
+    id on one node; no members), or members (those who prove their names, :mod:`fedamp_flwr.identity`,
+    and whose data fits the run config's schema, numbered by name; ``known``: a
+    checkpoint's, which keep their ids)."""
     schema = cfg.member_schema()
     if schema is None:
         return discover_clients(grid, cfg.min_nodes, timeout=cfg.node_wait_timeout), Membership()
-    return discover_members(grid, cfg.min_nodes, schema, timeout=cfg.node_wait_timeout,
-                            known=known)
+    members = Membership(schema=schema, keys=dict(keys), roster=member_roster(cfg, keys))
+    if members.roster is None and keys:
+        log(INFO, "Member names bound to the keys they first proved (checkpoint): %s",
+            ", ".join(f"{n} {fingerprint(k)}" for n, k in sorted(keys.items())))
+    return discover_members(grid, cfg.min_nodes, members, timeout=cfg.node_wait_timeout,
+                            known=known), members
+
+
+def member_roster(cfg: RunConfig, pinned: dict[str, bytes]) -> dict[str, bytes] | None:
+    """The run's ``member-roster`` (None: none), read and checked; a key it changes from the
+    one a checkpoint bound is logged (a member's key rotated by the coordinator)."""
+    if not cfg.member_roster:
+        return None
+    try:
+        roster = read_roster(cfg.member_roster)
+    except IdentityError as err:
+        raise ConfigError(f"run config 'member-roster' = {cfg.member_roster!r}: {err}") from None
+    for name, key in sorted(pinned.items()):
+        if name in roster and roster[name] != key:
+            log(WARNING, "Member '%s': the roster binds its name to the key %s (the run had "
+                "%s): its key is rotated", name, fingerprint(roster[name]), fingerprint(key))
+        elif name not in roster:
+            log(WARNING, "Member '%s' of the run is not on the roster: it can no longer join",
+                name)
+    log(INFO, "Member roster %s: %d members, each with its own key", cfg.member_roster,
+        len(roster))
+    return roster
+
+
+def checkpoint_keys(checkpoint: dict | None) -> dict[str, bytes]:
+    """The name -> key bindings a checkpoint holds (hex); none in an older one (logged)."""
+    if not checkpoint or not checkpoint.get("client_names"):
+        return {}
+    held = checkpoint.get("member_keys")
+    if not isinstance(held, dict):
+        log(WARNING, "The checkpoint binds no member name to a key (an older version wrote "
+            "it): each name is bound to the key it proves first from now on")
+        return {}
+    try:
+        return {str(n): bytes.fromhex(str(k)) for n, k in held.items()}
+    except ValueError as err:
+        raise ConfigError(f"run config 'resume' = true: the checkpoint's member keys cannot be "
+                          f"read ({err})") from None
 
 
 def check_server_data(cfg: RunConfig) -> None:
@@ -164,7 +208,10 @@ def main(grid: Grid, context: Context) -> None:
 
 def _main(grid: Grid, context: Context) -> None:
     cfg = RunConfig.from_run_config(context.run_config)
+    check_server_memory(cfg, max(cfg.min_nodes, 2))  # before a client is waited for
     folder = RunFolder(cfg)
+    if cfg.checkpoint_every and folder.secret is not None:  # read (and checked) before any work
+        log(INFO, "Checkpoints are sealed with the coordinator's secret (HMAC-SHA256)")
     folder.claim()
     check_server_data(cfg)  # before a checkpoint's model is checked against the data's
     checkpoint = folder.load_checkpoint(check=model_fits(cfg)) if cfg.resume else None
@@ -177,13 +224,17 @@ def _main(grid: Grid, context: Context) -> None:
             cfg.validation_fraction)
 
     known = list(checkpoint.get("client_names", [])) if checkpoint else []
-    clients, members = find_clients(cfg, grid, known)
+    clients, members = find_clients(cfg, grid, known, checkpoint_keys(checkpoint))
+    if checkpoint:  # the attempts of the run so far, before this session's
+        members.attempts[:0] = [dict(a) for a in checkpoint.get("impostors", [])
+                                if isinstance(a, dict)]
     names = members.names
     # a checkpoint's members first: the strategy resumes with them, newer ones join after
     base = known if checkpoint and names else names
     n = len(base) if names else len(clients)
     joining = [i for i in clients.values() if i.client_id >= n]
     clients = {node: i for node, i in clients.items() if i.client_id < n}
+    check_server_memory(cfg, n, read_data=True)  # the clients found (npz: its file read)
     dc = cfg.data_config(n)
     adjacency = client_graph(cfg, dc, base or None)
     torch.manual_seed(cfg.seed)
@@ -268,6 +319,10 @@ def _main(grid: Grid, context: Context) -> None:
             # members whose data did not fit, or that could not join: by node, with why
             **({"left_out": {str(node): why for node, why in sorted(members.refused.items())}}
                if members.refused else {}),
+            # who may speak for each name (the public keys), and every node refused for one
+            **({"member_keys": {n: key_text(k) for n, k in sorted(members.keys.items())},
+                "member_roster": cfg.member_roster or None} if members.names else {}),
+            **({"impostors": list(members.attempts)} if members.attempts else {}),
             "seed": cfg.seed, "config": cfg.to_dict(),
             **cfg.settings.record(cfg.context()),
             "completed_rounds": completed, "finished": completed == cfg.num_server_rounds,
@@ -289,6 +344,8 @@ def _main(grid: Grid, context: Context) -> None:
             state = snapshot({
                 "round": server_round, "config": cfg.to_dict(),
                 "num_clients": len(members.names) or n, "client_names": list(members.names),
+                "member_keys": {name: key.hex() for name, key in members.keys.items()},
+                "impostors": list(members.attempts),
                 "arrays": arrays.to_torch_state_dict(), "random_state": random.getstate(),
                 "strategy": strategy.state_dict(), "run_token": token,
                 "wall_time_s": spent + time.time() - started,

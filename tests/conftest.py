@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # Clients' prepared data (tasks.cache) goes to a folder of this test session, never to the
 # user's ~/.cache; Flower processes started by the tests inherit it.
 os.environ.setdefault("FEDAMP_CACHE_DIR", tempfile.mkdtemp(prefix="fedamp-test-cache-"))
+# Members' keys (fedamp_flwr/identity.py) likewise: never in the user's ~/.local/state
+os.environ.setdefault("FEDAMP_STATE_DIR", tempfile.mkdtemp(prefix="fedamp-test-state-"))
 SHARED_DATA = Path(os.environ.get("FEDAMP_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 

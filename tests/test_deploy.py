@@ -55,9 +55,12 @@ def test_the_node_reads_its_data_only_and_writes_only_its_state(tmp_path):
     writable = d["ReadWritePaths"][0].split()
     assert d["ProtectSystem"] == ["strict"] and d["ProtectHome"] == ["yes"]
     assert _inside(node["data-path"], readable) and not _inside(node["data-path"], writable)
-    for path in (node["model-dir"], node["privacy-dir"], env["FLWR_HOME"],
-                 env["FEDAMP_CACHE_DIR"]):
+    for path in (node["model-dir"], node["privacy-dir"], node["identity-dir"],
+                 env["FLWR_HOME"], env["FEDAMP_CACHE_DIR"], env["FEDAMP_STATE_DIR"]):
         assert _inside(path, writable), path
+    from fedamp_flwr.identity import identity_dir
+
+    assert _inside(str(identity_dir(node)), writable)  # the member's key, where it may write
     assert d["IPAddressDeny"] == ["any"]
     assert d["IPAddressAllow"][0].split() == ["localhost", values["SUPERLINK_IP"]]
     assert d["NoNewPrivileges"] == ["yes"] and d["UMask"] == ["0077"]

@@ -4,7 +4,10 @@ TLS (certificates from ``deploy/make-certs.sh``), SuperNode authentication
 (``--enable-supernode-auth``, keys registered with ``flwr supernode register``),
 the SuperLink on an admin-only address and the public Fleet endpoint behind
 ``deploy/nginx-fleet.conf``, which forwards only the Fleet API. Each
-organisation's SuperNode reads only its own data file (``dataset = "members"``).
+organisation's SuperNode reads only its own data file (``dataset = "members"``) and
+proves its name with its own key, against the roster the coordinator made of the
+members' ``fedamp-flwr identity`` lines; a registered node that claims a member's
+name is refused at once, and the member trains.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import ssl
 import subprocess
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -51,7 +55,7 @@ def _wait_exit(proc, timeout: float) -> int | None:
 
 def test_tls_authentication_and_a_fleet_endpoint_without_the_control_api(processes):
     tmp = processes.tmp
-    subprocess.run([str(ROOT / "deploy" / "make-certs.sh"), str(tmp), "3", "localhost", "127.0.0.1"],
+    subprocess.run([str(ROOT / "deploy" / "make-certs.sh"), str(tmp), "4", "localhost", "127.0.0.1"],
                    check=True, capture_output=True)
     certs, keys = tmp / "certs", tmp / "keys"
     admin, fleet = free_port(), free_port()
@@ -74,20 +78,30 @@ def test_tls_authentication_and_a_fleet_endpoint_without_the_control_api(process
     processes.start(["nginx", "-c", str(tmp / "nginx.conf"), "-p", str(tmp), "-g", "daemon off;"],
                     "nginx")
     assert wait_for_port(admin, 60) and wait_for_port(fleet, 60), processes.log("superlink")
-    for i in (0, 1):  # register two of the three keys
+    for i in (0, 1, 3):  # register three of the four keys (3: a node that is no member)
         subprocess.run([FLWR, "supernode", "register", str(keys / f"client_{i}.pub"), "admin"],
                        env=processes.env, cwd=tmp, check=True, capture_output=True, timeout=60)
 
     data = {i: _member_file(tmp / f"org-{i}.npz", seed=i) for i in (0, 1)}
+    # each member's key, made on its machine; the coordinator's roster of their lines
+    tool = str(Path(FLWR).parent / "fedamp-flwr")
+    roster = tmp / "roster.txt"
+    roster.write_text("".join(subprocess.run(
+        [tool, "identity", "--client-id", f"org-{i}", "--identity-dir", str(tmp / f"id-{i}")],
+        capture_output=True, text=True, check=True, timeout=60).stdout for i in (0, 1)))
 
-    def supernode(name: str, org: int, *extra: str):
+    def supernode(name: str, org: int, *extra: str, keys_of: str = ""):
         return processes.start(
             ["flower-supernode", "--superlink", f"127.0.0.1:{fleet}", "--port", str(free_port()),
-             "--node-config", f"data-path='{data[org]}' client-id='org-{org}'", *extra], name)
+             "--node-config", f"data-path='{data[org]}' client-id='org-{org}' "
+             f"identity-dir='{tmp / (keys_of or f'id-{org}')}'", *extra], name)
 
     for i in (0, 1):
         supernode(f"supernode{i}", i, "--root-certificates", str(certs / "ca.crt"),
                   "--auth-supernode-private-key", str(keys / f"client_{i}"))
+    # a registered node that claims org-0's name, with a member key of its own
+    supernode("impostor", 0, "--root-certificates", str(certs / "ca.crt"),
+              "--auth-supernode-private-key", str(keys / "client_3"), keys_of="id-impostor")
     retry = ("--max-retries", "1", "--max-wait-time", "10")
     refused = {
         "unregistered": supernode("unregistered", 0, "--root-certificates", str(certs / "ca.crt"),
@@ -110,14 +124,18 @@ def test_tls_authentication_and_a_fleet_endpoint_without_the_control_api(process
     out = subprocess.run(
         [FLWR, "run", str(ROOT), "admin", "--stream", "--run-config",
          f"{SCHEMA} fedamp-sigma=10.0 num-server-rounds=2 min-nodes=2 "
-         f"results-dir='{results}' run-name='tls'"],
+         f"results-dir='{results}' run-name='tls' member-roster='{roster}'"],
         env=processes.env, cwd=tmp, capture_output=True, text=True, timeout=400)
     metrics_path = results / "tls" / "metrics.json"
     assert metrics_path.is_file(), out.stdout[-3000:] + out.stderr[-2000:]
     metrics = json.loads(metrics_path.read_text())
     assert metrics["finished"] and [r["trained_clients"] for r in metrics["rounds"]] == [[0, 1]] * 2
     assert metrics["client_names"] == ["org-0", "org-1"]
+    (attempt,) = metrics["impostors"]
+    assert "claims member 'org-0': its key SHA256:" in attempt["why"]
+    assert "the roster's" in attempt["why"]
+    assert "Impostor refused: node" in out.stdout + out.stderr
     listed = subprocess.run([FLWR, "supernode", "list", "admin", "--format", "json"],
                             env=processes.env, cwd=tmp, capture_output=True, text=True, timeout=60)
     online = [n for n in json.loads(listed.stdout)["nodes"] if n["status"] == "online"]
-    assert len(online) == 2
+    assert len(online) == 3

@@ -2,10 +2,14 @@
 SuperNode reading only its own file (node config ``data-path`` and ``client-id``).
 
 One fleet serves the whole story, in order: FedAMP with a misfit member left out
-by name; HeurFedAMP while a second node claims a member's client-id (both are
-left out, the others go on); every SuperNode restarted (new node ids, started
-in another order) and the FedAMP run resumed, every member keeping its client
-id and its personalized model; Panacea over a graph file that names members.
+by name; HeurFedAMP with the roster of the names and keys the FedAMP run bound, while
+another node claims a member's client-id with a key of its own (it is refused at once,
+the member trains); every SuperNode stopped, the FedAMP run resumed while an impostor
+claims an absent member's name (it gets nothing, and that member's stored model is
+kept to the byte), then every member restarted in another order (new node ids) and
+the run resumed again, every member keeping its client id and its personalized model;
+Panacea over a graph file that names members. No SuperNode authentication here (the
+hardened fleet, with it, is tests/test_fleet_e2e.py).
 """
 
 from __future__ import annotations
@@ -41,12 +45,24 @@ def _member_file(path: Path, seed: int, features: int = FEATURES) -> Path:
 
 
 def _supernode(processes, port: int, data: Path, name: str, log: str):
-    """A member's SuperNode: its own data, its own model-dir (``<tmp>/<name>-models``)."""
-    models = processes.tmp / f"{name}-models"
+    """A member's SuperNode: its own data, its own model-dir (``<tmp>/<log>-models``) and its
+    own key (``<tmp>/<log>-identity``)."""
+    home = log.removesuffix("-again")
+    models, keys = processes.tmp / f"{home}-models", processes.tmp / f"{home}-identity"
     return processes.start(
         ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
          "--port", str(free_port()), "--node-config",
-         f"data-path='{data}' client-id='{name}' model-dir='{models}'"], log)
+         f"data-path='{data}' client-id='{name}' model-dir='{models}' identity-dir='{keys}'"],
+        log)
+
+
+def _store(results: Path, run: str, server_round: int) -> list[bytes]:
+    """Each member's row of FedAMP's store in the run's checkpoint of ``server_round``."""
+    import torch
+
+    state = torch.load(results / run / "checkpoint" / f"round-{server_round:06d}.pt",
+                       weights_only=True)
+    return [row.numpy().tobytes() for row in state["strategy"]["models"]]
 
 
 def _member_models(processes, name: str, run: str) -> list[str]:
@@ -79,7 +95,7 @@ def _metrics(results: Path, name: str, log: str) -> dict:
     return json.loads(path.read_text())
 
 
-def test_members_fleet_fedamp_heurfedamp_panacea_misfit_duplicate_restart(processes):
+def test_members_fleet_fedamp_heurfedamp_panacea_misfit_impostors_restart(processes):
     tmp = processes.tmp
     port = _start_superlink(processes, simulation=False)
     names = ["site-a", "site-b", "site-c"]
@@ -116,34 +132,61 @@ def test_members_fleet_fedamp_heurfedamp_panacea_misfit_duplicate_restart(proces
         assert (card["member"], card["client_id"], card["round"]) == (name, cid, 2)
         assert _predict_test_rows(processes, name, "fedamp", files[name]) == \
             f"accuracy {last[str(cid)]!r}"
-    assert _member_models(processes, "site-misfit", "fedamp") == []
+    assert _member_models(processes, "misfit", "fedamp") == []  # its node wrote nothing
 
-    # 2. a second node claims site-b's client-id: both are left out, site-a and site-c go on
+    # 2. with the roster of the names and keys the FedAMP run bound, another node claims
+    #    site-b's client-id with a key of its own: refused at once, and site-b trains
+    roster = tmp / "roster.txt"
+    roster.write_text(subprocess.run([str(Path(FLWR).parent / "fedamp-flwr"), "roster",
+                                      str(results / "fedamp")], capture_output=True, text=True,
+                                     check=True, timeout=60).stdout)
+    assert roster.read_text().count("ed25519:") == 3
     impostor = _supernode(processes, port, files["site-c"], "site-b", "impostor")
-    log = _run(processes, f"{SCHEMA} results-dir='{results}' min-nodes=2 strategy='heurfedamp' "
-                          "heurfedamp-sigma=25.0 num-server-rounds=1 run-name='heurfedamp'")
+    log = _run(processes, f"{common} strategy='heurfedamp' heurfedamp-sigma=25.0 "
+                          f"num-server-rounds=1 run-name='heurfedamp' member-roster='{roster}'")
     heur = _metrics(results, "heurfedamp", log)
-    assert heur["client_names"] == ["site-a", "site-c"] and heur["finished"]
-    assert log.count("claim the same client-id 'site-b'") >= 2
-    stop_tree(impostor.pid, timeout=10)
+    assert heur["client_names"] == names and heur["finished"]
+    assert heur["rounds"][0]["trained_clients"] == [0, 1, 2]
+    (attempt,) = heur["impostors"]
+    assert "claims member 'site-b': its key SHA256:" in attempt["why"]
+    assert "Impostor refused" in log and "held back" not in log
 
-    # 3. every SuperNode restarts (new node ids, another order); the FedAMP run resumes:
-    #    each member keeps its client id, and its personalized model from the checkpoint
+    # 3. every SuperNode stops; the FedAMP run resumes while the impostor (restarted) claims
+    #    site-b's name: it gets no model and no record, site-b's stored model stays as it was
     for name in names:
+        stop_tree(nodes[name].pid, timeout=10)
+    stop_tree(impostor.pid, timeout=10)
+    impostor = _supernode(processes, port, files["site-c"], "site-b", "impostor-again")
+    for name in ("site-c", "site-a"):
+        nodes[name] = _supernode(processes, port, files[name], name, f"{name}-again")
+    log = _run(processes, f"{SCHEMA} results-dir='{results}' min-nodes=2 strategy='fedamp' "
+                          "fedamp-sigma=10.0 num-server-rounds=3 run-name='fedamp' resume=true")
+    attacked = _metrics(results, "fedamp", log)
+    assert attacked["rounds"][:2] == fedamp["rounds"]  # the first two rounds kept as they were
+    third = attacked["rounds"][2]
+    assert third["trained_clients"] == [0, 2] and "1" not in third["client_accuracy"]
+    assert third["absent_clients"]["1"] == "node not connected"
+    assert _store(results, "fedamp", 3)[1] == _store(results, "fedamp", 2)[1]
+    assert "claims member 'site-b': its key SHA256:" in attacked["impostors"][0]["why"]
+    assert _member_models(processes, "impostor", "fedamp") == []
+    stop_tree(impostor.pid, timeout=10)
+    #    then every member is back (new node ids, another order): each keeps its client id
+    #    and its personalized model, site-b the one the checkpoint kept for it
+    for name in ("site-a", "site-c"):
         stop_tree(nodes[name].pid, timeout=10)
     for name in reversed(names):
         nodes[name] = _supernode(processes, port, files[name], name, f"{name}-again")
-    log = _run(processes, f"{common} strategy='fedamp' fedamp-sigma=10.0 num-server-rounds=3 "
+    log = _run(processes, f"{common} strategy='fedamp' fedamp-sigma=10.0 num-server-rounds=4 "
                           "run-name='fedamp' resume=true")
     resumed = _metrics(results, "fedamp", log)
     assert resumed["client_names"] == names and resumed["finished"]
-    assert [r["round"] for r in resumed["rounds"]] == [1, 2, 3]
-    assert resumed["rounds"][:2] == fedamp["rounds"]  # the first two rounds kept as they were
-    assert resumed["rounds"][2]["trained_clients"] == [0, 1, 2]
-    for name in names:  # the same files, now of round 3
+    assert [r["round"] for r in resumed["rounds"]] == [1, 2, 3, 4]
+    assert resumed["rounds"][:3] == attacked["rounds"]
+    assert resumed["rounds"][3]["trained_clients"] == [0, 1, 2]
+    for name in names:  # the same files, now of round 4
         assert _member_models(processes, name, "fedamp") == [f"{name}.json", f"{name}.safetensors"]
         card = json.loads((tmp / f"{name}-models" / "fedamp" / f"{name}.json").read_text())
-        assert card["round"] == 3
+        assert card["round"] == 4
 
     # 4. Panacea over a graph file that names the members
     graph = tmp / "graph.csv"

@@ -13,7 +13,8 @@ class ClientInfo:
     number in the order of the members' names); ``name`` a member's name (its
     node config's ``client-id``), "" in a partitioned run. A negative
     ``node_id`` stands for a member known from a checkpoint whose node has not
-    connected (yet).
+    connected (yet). ``key``: the raw public key with which a member proved its name
+    (:mod:`fedamp_flwr.identity`), empty in a partitioned run.
     """
 
     node_id: int
@@ -22,6 +23,7 @@ class ClientInfo:
     num_train: int
     num_test: int
     name: str = ""
+    key: bytes = b""
 
     @property
     def label(self) -> str:

@@ -90,6 +90,11 @@ MEMBER = "member"
 INPUT_SHAPE = "input-shape"
 TASK_KIND = "task"
 NUM_OUTPUTS = "num-outputs"
+# A member proves its name (fedamp_flwr/identity.py): the query carries a fresh challenge,
+# the answer the member's public key and its signature
+CHALLENGE = "challenge"
+MEMBER_KEY = "member-key"
+PROOF = "proof"
 
 # Error code of a reply in which a client refuses a message it cannot carry
 # out (an unknown client update, keys of two methods in one message). Flower's
