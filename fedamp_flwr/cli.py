@@ -22,9 +22,9 @@
     States what a member's replies have revealed so far: for each ledger in its
     ``privacy-dir`` (one per client id), the noised replies (runs,
     rounds, noise multipliers) and the epsilon they spent together at delta
-    (the member's own by default: its node config's ``dp-delta``, else 1e-5,
-    as its latest release records it), computed again with the accountant from
-    the ledger's history, not read from it.
+    (by default the smallest its releases name: the member's own, its node
+    config's ``dp-delta`` or 1e-5, which each release records), computed again
+    with the accountant from the ledger's history, not read from it.
 
 ``fedamp-flwr identity --client-id NAME [--identity-dir DIR]``
     Prints the member's public key as the line a coordinator's roster takes
@@ -198,9 +198,10 @@ def privacy_report(folder: str, delta: float | None) -> int:
         try:  # read and checked as the node reads it
             ledger = Ledger(path.parent, path.stem)
             releases = ledger.releases
-            # at the member's own delta (its latest release's), unless asked for another
-            at = delta if delta is not None else float(releases[-1]["delta"]) if releases \
-                else 1e-5
+            # at the smallest delta its releases name (the member's own, which each release
+            # records; a ledger of an older version may name a run's), unless asked another
+            at = delta if delta is not None else min(
+                (float(r["delta"]) for r in releases), default=1e-5)
             spent = ledger.spent(at)
         except (Declined, ValueError, KeyError, TypeError) as err:
             print(f"{path}: cannot be read ({err})")
@@ -319,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     priv = sub.add_parser("privacy", help="what a member's noised replies have spent")
     priv.add_argument("folder", help="the node's privacy-dir")
     priv.add_argument("--delta", type=float, default=None, help="the delta to state epsilon "
-                      "at (default: the member's own, as its ledger records it)")
+                      "at (default: the smallest its releases name, the member's own)")
     ident = sub.add_parser("identity", help="this member's public key, as a roster line")
     ident.add_argument("--client-id", required=True, help="the member's name (its node config's "
                        "client-id)")

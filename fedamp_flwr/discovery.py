@@ -5,10 +5,12 @@ In a partitioned run a client's id is the ``partition-id`` of its node's
 ``node_config``: :func:`discover_clients` asks every node, once before round
 1, who it is and whether it could load its data. In a run over members' own
 data a client is a member, named by its node config's ``client-id``:
-:func:`discover_members` asks every node for its name and its data's schema,
-leaves out (with one line naming it) a member whose data does not fit the run
-or whose name another node already has, and numbers the members in the
-order of their names (members known from a checkpoint keep their numbers).
+:func:`discover_members` asks every node for its name, the proof of that name (its
+signature over a fresh challenge, :mod:`fedamp_flwr.identity`) and its data's schema,
+refuses a node that cannot prove the name (its attempt recorded), leaves out (with one
+line naming it) a member whose data does not fit the run or whose name another
+connected node has, and numbers the members in the order of their names (members
+known from a checkpoint keep their numbers).
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ def send_and_receive(grid: Grid, messages: list[Message], timeout: float | None
         replies = list(grid.send_and_receive(messages, timeout=timeout))
         return replies + unanswered(messages, replies, timeout, time.monotonic() - started)
     ids = list(grid.push_messages(messages))
+    if not ids:  # Flower's push failed as a whole (a message too large, say: its log says)
+        return [_reply(m, NO_REPLY, "the SuperLink took none of this phase's messages "
+                       "(Flower's push failed; the ServerApp's log says why)") for m in messages]
     # the order of the ids is the messages' (Flower's push_messages); None or "": not taken
     replies = [_reply(m, ErrorCode.NODE_UNAVAILABLE, f"the SuperLink took no message for "
                       f"node {m.metadata.dst_node_id}: the node has left the federation")
@@ -212,8 +217,11 @@ def query_nodes(grid: Grid, node_ids: list[int], timeout: float,
                         message_type=MessageType.QUERY, dst_node_id=n) for n in node_ids]
     infos: dict[int, ClientInfo] = {}
     errors: dict[int, str] = {}
+    sent = {m.metadata.message_id: m.metadata.dst_node_id for m in messages
+            if m.metadata.message_id}  # ids set as they were pushed (none in process)
     for reply in send_and_receive(grid, messages, timeout):
-        node = reply.metadata.src_node_id
+        # the node asked: an error reply of the SuperLink or the grid names another sender
+        node = sent.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
         if node not in node_ids or node in infos or node in errors:
             continue  # not asked, or a second answer
         parsed = _parse_info(node, reply, members, challenges[node])
@@ -343,6 +351,8 @@ def discover_members(grid: Grid, min_nodes: int, members: Membership, timeout: f
         log(INFO, "Waiting for members: %d ready, min-nodes %d", len(accepted), min_nodes)
         time.sleep(poll)
     infos, members.names = number_members(accepted, list(known or []))
+    for info in accepted.values():  # the members of the run: their names bound to their keys
+        members.pin(info)
     present = {i.name for i in infos.values()}
     for cid, name in enumerate(members.names):
         if name not in present:  # a checkpoint's member not connected now: offline

@@ -26,6 +26,7 @@ import base64
 import hashlib
 import os
 import secrets
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -81,6 +82,7 @@ def member_key(folder: Path, name: str) -> Ed25519PrivateKey:
     place, so that two processes starting at once end with one key. A key file that cannot
     be read is an :class:`IdentityError` (never replaced: it is the member's identity)."""
     path = folder / f"{name}.key"
+    _check_private(folder, folder=True)
     if not path.exists():
         private_folder(folder)
         key = Ed25519PrivateKey.generate()
@@ -102,6 +104,7 @@ def member_key(folder: Path, name: str) -> Ed25519PrivateKey:
         finally:
             tmp.unlink(missing_ok=True)
         fsync_folder(folder)
+    _check_private(path, folder=False)
     try:
         loaded = serialization.load_pem_private_key(path.read_bytes(), password=None)
     except (OSError, ValueError, TypeError) as err:
@@ -111,6 +114,25 @@ def member_key(folder: Path, name: str) -> Ed25519PrivateKey:
     if not isinstance(loaded, Ed25519PrivateKey):
         raise IdentityError(f"{path}: not an Ed25519 private key")
     return loaded
+
+
+def _check_private(path: Path, folder: bool) -> None:
+    """An :class:`IdentityError` where the key (or its folder, if it exists) is not this
+    account's alone: a link, another owner, a key others may read, a folder others may
+    write (where another account could plant a key it knows)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    problem = ("is a symbolic link" if stat.S_ISLNK(st.st_mode) else
+               f"belongs to another account (uid {st.st_uid})" if st.st_uid != os.getuid() else
+               f"can be written by other accounts (mode {oct(st.st_mode & 0o777)})"
+               if folder and st.st_mode & 0o022 else
+               f"can be read by other accounts (mode {oct(st.st_mode & 0o777)})"
+               if not folder and st.st_mode & 0o077 else "")
+    if problem:
+        raise IdentityError(f"{path}: this member's key {'folder ' if folder else ''}{problem};"
+                            " allowed: its owner's alone (a key folder 0700, the key 0600)")
 
 
 def public_bytes(key: Ed25519PrivateKey) -> bytes:

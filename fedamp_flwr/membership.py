@@ -26,6 +26,9 @@ from flwr.supercore import log
 from strategies.core.clients import ClientInfo
 from tasks.members import MemberSchema
 
+#: how many refused attempts a run keeps (the newest; their number is kept too)
+KEPT_ATTEMPTS = 100
+
 
 class Refusal(str):
     """Why a member cannot take part (a member may be left out; the others go on)."""
@@ -104,7 +107,8 @@ class Membership:
     roster : dict[str, bytes] | None
         The run's ``member-roster`` (None: none; names are pinned on first use).
     attempts : list[dict]
-        Every node refused for a name it could not prove: node, member, why, when (UTC).
+        The newest :data:`KEPT_ATTEMPTS` nodes refused for a name they could not prove:
+        ``node``, ``why`` (which names the member), ``at`` (UTC); ``impostors`` counts all.
     """
 
     names: list[str] = field(default_factory=list)
@@ -114,6 +118,7 @@ class Membership:
     keys: dict[str, bytes] = field(default_factory=dict)
     roster: dict[str, bytes] | None = None
     attempts: list[dict] = field(default_factory=list)
+    impostors: int = 0
 
     def bound_key(self, name: str) -> bytes | None:
         """The key bound to ``name``: the roster's, else the one pinned (None: not bound)."""
@@ -138,8 +143,10 @@ class Membership:
         self.refused[node] = str(reason)
         self.pending.pop(node, None)
         if isinstance(reason, Impostor):
+            self.impostors += 1
             self.attempts.append({"node": node, "why": str(reason), "at": time.strftime(
                 "%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            del self.attempts[:-KEPT_ATTEMPTS]  # the newest: a node may come back for ever
             log(WARNING, "Impostor refused: %s", reason)
         else:
             log(WARNING, what, reason)
@@ -149,9 +156,10 @@ class Membership:
         return self.names.index(name) if name in self.names else None
 
     def joined(self, info: ClientInfo) -> None:
-        """Take the name of a member that joined with the next client id."""
+        """Take the name (and bind the key) of a member that joined with the next client id."""
         if info.name and info.client_id == len(self.names):
             self.names.append(info.name)
+            self.pin(info)
 
     def claim(self, found: dict[int, ClientInfo], taken: dict[str, int], live: set[int],
               held_back: str) -> dict[int, ClientInfo]:
@@ -171,8 +179,12 @@ class Membership:
             if node not in self.pending:
                 log(WARNING, held_back, reason)
             self.pending[node] = candidates[node]
-        for node, info in accepted.items():
+        for node in accepted:
             self.pending.pop(node, None)
-            if info.key:  # the key in effect: the roster's, or pinned on first use
-                self.keys[info.name] = info.key
         return accepted
+
+    def pin(self, info: ClientInfo) -> None:
+        """Bind ``info``'s name to the key it proved, once it is a member of the run (the
+        roster's key, or its first; a name that never joins binds nothing)."""
+        if info.key and info.name:
+            self.keys[info.name] = info.key

@@ -150,15 +150,20 @@ def checkpoint_secret(cfg: RunConfig) -> bytes | None:
     return secret
 
 
-def seal(path: Path, secret: bytes | None) -> str:
+def seal(path: Path, secret: bytes | None, run: str, data: bytes | None = None) -> str:
     """A checkpoint file's digest: its sha256, or, with a ``secret``, ``hmac-sha256:`` and the
-    HMAC of its name and bytes (a sealed file renamed to another round does not verify)."""
+    HMAC of the run's name, the file's name and its bytes (a sealed file moved to another
+    run or round does not verify). ``data``: the file's bytes, read already."""
     if secret is None:
-        return sha256_of(path)
-    mac = hmac.new(secret, path.name.encode() + b"\x00", hashlib.sha256)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            mac.update(block)
+        return sha256_of(path) if data is None else hashlib.sha256(data).hexdigest()
+    mac = hmac.new(secret, run.encode() + b"\x00" + path.name.encode() + b"\x00",
+                   hashlib.sha256)
+    if data is not None:
+        mac.update(data)
+    else:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                mac.update(block)
     return SEALED + mac.hexdigest()
 
 
@@ -264,7 +269,7 @@ class RunFolder:
                                    f"values in {bad}; no checkpoint written")
         path = self.checkpoint_path.parent / f"round-{int(state['round']):06d}.pt"
         atomic_write(path, lambda f: torch.save({"format": CHECKPOINT_FORMAT, **state}, f))
-        digest = seal(path, self.secret)
+        digest = seal(path, self.secret, self.name)
         atomic_write(digest_path(path), lambda f: f.write(f"{digest}  {path.name}\n".encode()))
         for old in self.checkpoints()[max(self.cfg.checkpoint_keep, 1):]:
             digest_path(old).unlink(missing_ok=True)
@@ -283,22 +288,32 @@ class RunFolder:
         Raises ConfigError when none is intact, or naming the keys that differ from the
         run being resumed (only ``num-server-rounds`` and operational keys may change).
         """
-        refused: list[str] = []
+        if self.secret is None and any(_is_sealed(p) for p in self.checkpoints()):
+            raise ConfigError(f"run config 'checkpoint-secret' = '': the checkpoints of "
+                              f"{self.path} are sealed with a coordinator secret; allowed: the "
+                              f"file of that secret (run config 'checkpoint-secret' or "
+                              f"${SECRET_ENV})")
+        refused: list[tuple[Path, str]] = []
         for path in self.checkpoints():
-            state, problem = _read_checkpoint(path, self.secret)
+            state, problem = _read_checkpoint(path, self.secret, self.name)
             if problem is None:
                 problem = check(state) if check is not None else None
             if problem is None:
                 if refused:
                     log(WARNING, "Resuming from %s (round %d), the newest intact checkpoint",
                         path.name, state["round"])
-                return self._same_run(state)
-            refused.append(f"{path.name}: {problem}")
+                state = self._same_run(state)
+                for bad, _ in refused:  # kept for a look, out of the checkpoints' count
+                    if bad.name != "state.pt":
+                        for f in (bad, digest_path(bad)):
+                            if f.exists():
+                                f.replace(f.with_name(f.name + ".refused"))
+                return state
+            refused.append((path, problem))
             log(WARNING, "Checkpoint %s refused: %s; trying the one before", path, problem)
-            if path.name != "state.pt":  # kept for a look, out of the checkpoints' count
-                path.replace(path.with_name(path.name + ".refused"))
-                digest_path(path).unlink(missing_ok=True)
-        why = "; ".join(refused) if refused else "no checkpoint in it"
+        # none intact: every file stays as it is (a wrong or missing secret, say, is mended
+        # by giving the right one, not by starting over)
+        why = "; ".join(f"{p.name}: {w}" for p, w in refused) if refused else "no checkpoint in it"
         raise ConfigError(f"run config 'resume' = true: {self.checkpoint_path.parent} holds no "
                           f"intact checkpoint ({why}); allowed: overwrite = true to start over")
 
@@ -363,10 +378,19 @@ def nonfinite_tensor(value: Any, where: str = "state") -> str | None:
     return None
 
 
-def _read_checkpoint(path: Path, secret: bytes | None = None
+def _is_sealed(path: Path) -> bool:
+    """Whether a checkpoint's digest is a seal (:func:`seal` with a secret)."""
+    try:
+        return digest_path(path).read_text().startswith(SEALED)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _read_checkpoint(path: Path, secret: bytes | None = None, run: str = ""
                      ) -> tuple[dict[str, Any], str | None]:
     """A checkpoint file's state, or why it cannot be used (its digest or seal, its
-    contents); with a ``secret`` only a checkpoint sealed with it is read."""
+    contents); with a ``secret`` only a checkpoint of run ``run`` sealed with it is read.
+    The file is read once: the bytes checked are the bytes loaded."""
     legacy = path.name == "state.pt"
     if legacy and secret is not None:
         return {}, "not sealed (an older version wrote it, with no digest), and this run has a " \
@@ -383,16 +407,20 @@ def _read_checkpoint(path: Path, secret: bytes | None = None
         if secret is None and sealed:
             return {}, ("sealed with a coordinator secret that this run does not have; give it "
                         f"(run config 'checkpoint-secret' or ${SECRET_ENV})")
-        actual = seal(path, secret)
-        if not hmac.compare_digest(actual, recorded):
-            what = "seal" if sealed else "sha256"
-            short = actual.removeprefix(SEALED)[:12], recorded.removeprefix(SEALED)[:12]
-            return {}, (f"its {what} {short[0]}... is not the recorded {short[1]}...: the file "
-                        "was changed or damaged" + (", or sealed with another secret"
-                                                    if sealed else ""))
     try:
-        with open(path, "rb") as f:
-            state = torch.load(io.BytesIO(f.read()), weights_only=True)
+        data = path.read_bytes()
+    except OSError as err:
+        return {}, f"cannot be read ({err})"
+    if not legacy:
+        actual = seal(path, secret, run, data)
+        if not hmac.compare_digest(actual.encode(), recorded.encode()):
+            if sealed:  # never a prefix of the right seal in a log line
+                return {}, ("its seal does not verify: the file was changed or damaged, or "
+                            "sealed with another secret or for another run or round")
+            return {}, (f"its sha256 {actual[:12]}... is not the recorded {recorded[:12]}...: "
+                        "the file was changed or damaged")
+    try:
+        state = torch.load(io.BytesIO(data), weights_only=True)
     except Exception as err:
         return {}, f"cannot be read ({type(err).__name__}: {err})"
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:

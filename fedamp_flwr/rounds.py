@@ -109,6 +109,7 @@ def refresh_clients(tracker: Tracker, members: Membership, grid: Grid, timeout: 
             cid = members.id_of_name(info.name)
             if cid is not None:
                 tracker.rejoin(dataclasses.replace(info, client_id=cid))
+                members.pin(info)
             elif on_join is not None:
                 on_join(dataclasses.replace(info, client_id=len(members.names)))
             else:

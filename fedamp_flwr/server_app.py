@@ -19,6 +19,7 @@ from strategies.core.clients import ClientInfo
 from strategies.core.layout import dtypes_of, with_dtypes
 from strategies.core.protocol import BATCH_SIZE, DP_RUN, LOCAL_EPOCHS, LOCAL_STEPS, LR, OPTIMIZER
 from strategies.core.replies import array_spec
+from strategies.core.settings import MOST_CLIENTS
 from tasks.graphs import GraphError, build_graph, group_graph
 from tasks.privacy import has_batch_statistics, noise_allowance
 
@@ -31,7 +32,7 @@ from .discovery import (
     send_and_receive,
 )
 from .identity import IdentityError, fingerprint, key_text, read_roster
-from .membership import Membership
+from .membership import KEPT_ATTEMPTS, Membership
 from .results import MODELS_FOLDER, RunFolder, UnsafeCheckpoint, Writer, XiFiles, snapshot
 from .rounds import OnlineClients, RoundsFailedError, run_rounds
 from .sizes import check_server_memory
@@ -116,8 +117,11 @@ def find_clients(cfg: RunConfig, grid: Grid, known: list[str], keys: dict[str, b
     schema = cfg.member_schema()
     if schema is None:
         return discover_clients(grid, cfg.min_nodes, timeout=cfg.node_wait_timeout), Membership()
-    members = Membership(schema=schema, keys=dict(keys), roster=member_roster(cfg, keys))
-    if members.roster is None and keys:
+    roster = member_roster(cfg, keys)
+    # the keys in effect: the roster's where there is one (a key it revokes is gone)
+    members = Membership(schema=schema, keys=dict(roster if roster is not None else keys),
+                         roster=roster)
+    if roster is None and keys:
         log(INFO, "Member names bound to the keys they first proved (checkpoint): %s",
             ", ".join(f"{n} {fingerprint(k)}" for n, k in sorted(keys.items())))
     return discover_members(grid, cfg.min_nodes, members, timeout=cfg.node_wait_timeout,
@@ -145,14 +149,20 @@ def member_roster(cfg: RunConfig, pinned: dict[str, bytes]) -> dict[str, bytes] 
     return roster
 
 
-def checkpoint_keys(checkpoint: dict | None) -> dict[str, bytes]:
-    """The name -> key bindings a checkpoint holds (hex); none in an older one (logged)."""
+def checkpoint_keys(checkpoint: dict | None, cfg: RunConfig) -> dict[str, bytes]:
+    """The name -> key bindings a checkpoint holds (hex). A members' checkpoint of an older
+    version binds no name: it is resumed only with a roster (else the first node to claim
+    a member's name would get that member's stored model)."""
     if not checkpoint or not checkpoint.get("client_names"):
         return {}
     held = checkpoint.get("member_keys")
     if not isinstance(held, dict):
-        log(WARNING, "The checkpoint binds no member name to a key (an older version wrote "
-            "it): each name is bound to the key it proves first from now on")
+        if not cfg.member_roster:
+            raise ConfigError("run config 'member-roster' = '': the checkpoint binds no member "
+                              "name to a key (an older version wrote it), so any node could "
+                              "take a member's stored model by its name; allowed: a roster "
+                              "of the members' keys (fedamp-flwr identity on each member's "
+                              "machine) to resume it")
         return {}
     try:
         return {str(n): bytes.fromhex(str(k)) for n, k in held.items()}
@@ -224,10 +234,12 @@ def _main(grid: Grid, context: Context) -> None:
             cfg.validation_fraction)
 
     known = list(checkpoint.get("client_names", [])) if checkpoint else []
-    clients, members = find_clients(cfg, grid, known, checkpoint_keys(checkpoint))
+    clients, members = find_clients(cfg, grid, known, checkpoint_keys(checkpoint, cfg))
     if checkpoint:  # the attempts of the run so far, before this session's
-        members.attempts[:0] = [dict(a) for a in checkpoint.get("impostors", [])
-                                if isinstance(a, dict)]
+        before = [dict(a) for a in checkpoint.get("impostors", []) if isinstance(a, dict)]
+        members.attempts[:0] = before
+        del members.attempts[:-KEPT_ATTEMPTS]
+        members.impostors += max(int(checkpoint.get("impostor_count", 0)), len(before))
     names = members.names
     # a checkpoint's members first: the strategy resumes with them, newer ones join after
     base = known if checkpoint and names else names
@@ -295,6 +307,11 @@ def _main(grid: Grid, context: Context) -> None:
                 members.refused[info.node_id] = f"{info.label} cannot join: the client graph: {err}"
                 log(WARNING, "%s", members.refused[info.node_id])
                 return
+        if len(members.names) >= MOST_CLIENTS:
+            members.refused[info.node_id] = (f"{info.label} cannot join: the run has "
+                                              f"{MOST_CLIENTS} members, the most it takes")
+            log(WARNING, "%s", members.refused[info.node_id])
+            return
         strategy.add_client(info, graph)
         members.joined(info)
 
@@ -322,7 +339,8 @@ def _main(grid: Grid, context: Context) -> None:
             # who may speak for each name (the public keys), and every node refused for one
             **({"member_keys": {n: key_text(k) for n, k in sorted(members.keys.items())},
                 "member_roster": cfg.member_roster or None} if members.names else {}),
-            **({"impostors": list(members.attempts)} if members.attempts else {}),
+            **({"impostors": list(members.attempts), "impostor_count": members.impostors}
+               if members.attempts else {}),
             "seed": cfg.seed, "config": cfg.to_dict(),
             **cfg.settings.record(cfg.context()),
             "completed_rounds": completed, "finished": completed == cfg.num_server_rounds,
@@ -345,7 +363,7 @@ def _main(grid: Grid, context: Context) -> None:
                 "round": server_round, "config": cfg.to_dict(),
                 "num_clients": len(members.names) or n, "client_names": list(members.names),
                 "member_keys": {name: key.hex() for name, key in members.keys.items()},
-                "impostors": list(members.attempts),
+                "impostors": list(members.attempts), "impostor_count": members.impostors,
                 "arrays": arrays.to_torch_state_dict(), "random_state": random.getstate(),
                 "strategy": strategy.state_dict(), "run_token": token,
                 "wall_time_s": spent + time.time() - started,

@@ -131,11 +131,19 @@ def read_card(weights: Path) -> dict[str, Any]:
         card = json.loads(text)
     except FileNotFoundError:
         raise ModelFileError(f"{weights}: no model card {path.name} beside it") from None
-    except (OSError, ValueError) as err:
-        raise ModelFileError(f"{path}: not a readable model card ({err})") from None
+    except (OSError, ValueError, RecursionError) as err:
+        raise ModelFileError(f"{path}: not a readable model card ({type(err).__name__})"
+                             if isinstance(err, RecursionError) else
+                             f"{path}: not a readable model card ({err})") from None
     if not isinstance(card, dict) or card.get("format") != FORMAT:
         raise ModelFileError(f"{path}: not a model card of this app (format {FORMAT})")
     return card
+
+
+def _require(condition: object) -> None:
+    """A check of untrusted input that holds under ``python -O`` too (unlike ``assert``)."""
+    if not condition:
+        raise ValueError("not as required")
 
 
 @dataclass(frozen=True)
@@ -151,18 +159,19 @@ def card_schema(card: dict[str, Any], where: Path) -> MemberSchema:
     """The schema a card states, checked (a card is untrusted input)."""
     s = card.get("schema")
     try:
-        assert isinstance(s, dict)
+        if not isinstance(s, dict):
+            raise ValueError("not a mapping")
         shape = tuple(int(v) for v in s["input_shape"])
-        assert shape and min(shape) >= 1 and all(float(v) == int(v) for v in s["input_shape"])
+        _require(shape and min(shape) >= 1 and all(float(v) == int(v) for v in s["input_shape"]))
         kind, outputs = str(s["task"]), int(s["num_outputs"])
-        assert kind in ("classification", "regression") and outputs >= 1
-        assert math.prod(shape) <= MAX_INPUTS and outputs <= MAX_OUTPUTS
+        _require(kind in ("classification", "regression") and outputs >= 1)
+        _require(math.prod(shape) <= MAX_INPUTS and outputs <= MAX_OUTPUTS)
         names = tuple(str(v) for v in s.get("class_names", []))
-        assert not names or len(names) == outputs
+        _require(not names or len(names) == outputs)
         columns = tuple(str(v) for v in s.get("feature_columns", []))
         return MemberSchema(shape, kind, outputs, names, str(s.get("label_column", "label")),
                             columns)
-    except (AssertionError, KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError):
         raise ModelFileError(f"{where}: the card's 'schema' = {str(s)[:300]} is not a schema "
                              "(input_shape, task, num_outputs, class names as many as outputs, "
                              "sizes within reason)") from None
@@ -188,8 +197,8 @@ def read_header(path: Path) -> tuple[dict[str, tuple[int, ...]], int]:
         raise ModelFileError(f"{path}: cannot be read ({err})") from None
     try:
         header = json.loads(text)
-        assert isinstance(header, dict)
-    except (AssertionError, ValueError):
+        _require(isinstance(header, dict))
+    except (RecursionError, ValueError):
         raise refuse("its header is not a JSON object") from None
     shapes: dict[str, tuple[int, ...]] = {}
     end = 0
@@ -198,10 +207,10 @@ def read_header(path: Path) -> tuple[dict[str, tuple[int, ...]], int]:
             continue
         try:
             dtype, shape, (begin, stop) = entry["dtype"], entry["shape"], entry["data_offsets"]
-            assert dtype in DTYPE_BYTES and isinstance(shape, list)
-            assert all(type(v) is int and v >= 0 for v in (*shape, begin, stop))
-            assert stop - begin == math.prod(shape) * DTYPE_BYTES[dtype]
-        except (AssertionError, KeyError, TypeError, ValueError):
+            _require(dtype in DTYPE_BYTES and isinstance(shape, list))
+            _require(all(type(v) is int and v >= 0 for v in (*shape, begin, stop)))
+            _require(stop - begin == math.prod(shape) * DTYPE_BYTES[dtype])
+        except (KeyError, TypeError, ValueError):
             raise refuse(f"tensor {str(name)[:100]!r}: {str(entry)[:200]} is not a dtype of "
                          f"{sorted(DTYPE_BYTES)}, a shape and the offsets of its data") from None
         shapes[name] = tuple(shape)

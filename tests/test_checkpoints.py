@@ -109,7 +109,7 @@ def test_a_sealed_checkpoint_edited_with_its_digest_recomputed_is_refused(tmp_pa
     newest = checkpoint_files(tmp_path / "run")[0]
     assert digest_path(newest).read_text().startswith("hmac-sha256:")
     _edit(newest)
-    digest_path(newest).write_text(f"{seal(newest, None)}  {newest.name}\n")  # a new sha256
+    digest_path(newest).write_text(f"{seal(newest, None, 'run')}  {newest.name}\n")  # new sha256
     with caplog.at_level(logging.WARNING):
         resumed = _run(tmp_path, "run", 4, resume=True, **sealed)
     assert f"Checkpoint {newest} refused: not sealed (its digest is a plain sha256" in caplog.text
@@ -119,23 +119,47 @@ def test_a_sealed_checkpoint_edited_with_its_digest_recomputed_is_refused(tmp_pa
     _run(tmp_path, "again", 3, **sealed)
     newest = checkpoint_files(tmp_path / "again")[0]
     _edit(newest)
-    digest_path(newest).write_text(f"{seal(newest, b'x' * 40)}  {newest.name}\n")
+    digest_path(newest).write_text(f"{seal(newest, b'x' * 40, 'again')}  {newest.name}\n")
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         _run(tmp_path, "again", 4, resume=True, **sealed)
-    assert "is not the recorded" in caplog.text and "or sealed with another secret" in caplog.text
+    assert "its seal does not verify: the file was changed or damaged, or sealed with another " \
+        "secret or for another run or round" in caplog.text
+    kept = sorted(p.name for p in (tmp_path / "again" / "checkpoint").iterdir())
+    assert "round-000003.pt.refused" in kept and "round-000003.pt.sha256.refused" in kept
+    # a run's sealed checkpoints copied into another run's folder do not verify there
+    import shutil
+
+    shutil.copytree(tmp_path / "run" / "checkpoint", tmp_path / "moved" / "checkpoint")
+    cfg = RunConfig.from_run_config({"results-dir": str(tmp_path), "run-name": "moved",
+                                     "resume": True, "checkpoint-secret": str(secret)})
+    with pytest.raises(ConfigError, match="holds no intact checkpoint .*its seal does not "
+                                          "verify"):
+        RunFolder(cfg).load_checkpoint()
     # a sealed checkpoint, resumed without the secret: refused, naming what to give
     _run(tmp_path, "third", 2, **sealed)
     cfg = RunConfig.from_run_config({"results-dir": str(tmp_path), "run-name": "third",
                                      "resume": True})
-    with pytest.raises(ConfigError, match="sealed with a coordinator secret that this run does "
-                                          "not have; give it"):
+    before = sorted(p.name for p in (tmp_path / "third" / "checkpoint").iterdir())
+    with pytest.raises(ConfigError, match="'checkpoint-secret' = '': the checkpoints of .* are "
+                                          "sealed with a coordinator secret; allowed: the file"):
         RunFolder(cfg).load_checkpoint()
+    assert sorted(p.name for p in (tmp_path / "third" / "checkpoint").iterdir()) == before
+    # nor with another secret: none verifies, and every file stays as it was
+    wrong = tmp_path / "wrong"
+    wrong.write_bytes(b"w" * 40)
+    wrong.chmod(0o600)
+    cfg = RunConfig.from_run_config({"results-dir": str(tmp_path), "run-name": "third",
+                                     "resume": True, "checkpoint-secret": str(wrong)})
+    with pytest.raises(ConfigError, match="holds no intact checkpoint .*its seal does not "
+                                          "verify"):
+        RunFolder(cfg).load_checkpoint()
+    assert sorted(p.name for p in (tmp_path / "third" / "checkpoint").iterdir()) == before
     # without a secret the same edit with a recomputed sha256 resumes: damage, not tampering
     _run(tmp_path, "open", 2)
     newest = checkpoint_files(tmp_path / "open")[0]
     _edit(newest)
-    digest_path(newest).write_text(f"{seal(newest, None)}  {newest.name}\n")
+    digest_path(newest).write_text(f"{seal(newest, None, 'open')}  {newest.name}\n")
     cfg = RunConfig.from_run_config({"results-dir": str(tmp_path), "run-name": "open",
                                      "resume": True, "min-nodes": 3, "local-epochs": 1,
                                      "save-models": "none", "server-device": "cpu"})

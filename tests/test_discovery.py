@@ -139,3 +139,23 @@ def test_every_message_gets_one_reply_with_its_true_reason(monkeypatch):
     early = discovery.unanswered(msgs[1:], [by_node[8]], timeout=300, waited=12.0)
     assert [m.metadata.src_node_id for m in early] == [9]
     assert "timeout" not in error_reason(early[0]).replace("before the round timeout", "")
+
+
+def test_a_push_that_fails_as_a_whole_is_said_for_every_message():
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    from fedamp_flwr import discovery
+    from strategies.core.tracking import error_reason
+
+    class Refusing(HttpGrid):
+        def __init__(self):
+            pass
+
+        def push_messages(self, messages):
+            return []  # what Flower returns when the SuperLink refuses the push (too large)
+
+    msgs = [Message(RD(), message_type=MessageType.TRAIN, dst_node_id=n) for n in (4, 5)]
+    replies = discovery.send_and_receive(Refusing(), msgs, timeout=300)
+    assert [r.metadata.src_node_id for r in replies] == [4, 5]
+    assert all(error_reason(r).startswith("the SuperLink took none of this phase's messages")
+               for r in replies)

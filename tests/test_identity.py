@@ -62,8 +62,27 @@ def test_processes_starting_at_once_end_with_one_key(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["site-1.key"]
 
 
+def test_a_key_others_could_read_or_plant_is_refused(tmp_path):
+    folder = tmp_path / "keys"
+    identity.member_key(folder, "site-1")
+    (folder / "site-1.key").chmod(0o644)
+    with pytest.raises(identity.IdentityError, match=r"site-1.key: this member's key can be "
+                                                     r"read by other accounts \(mode 0o644\)"):
+        identity.member_key(folder, "site-1")
+    (folder / "site-1.key").chmod(0o600)
+    folder.chmod(0o777)
+    with pytest.raises(identity.IdentityError, match="key folder can be written by other "
+                                                     "accounts"):
+        identity.member_key(folder, "site-1")
+    folder.chmod(0o700)
+    (folder / "site-2.key").symlink_to(folder / "site-1.key")
+    with pytest.raises(identity.IdentityError, match="is a symbolic link"):
+        identity.member_key(folder, "site-2")
+
+
 def test_a_damaged_key_is_never_replaced(tmp_path):
     (tmp_path / "site-1.key").write_text("not a key")
+    (tmp_path / "site-1.key").chmod(0o600)
     with pytest.raises(identity.IdentityError, match="site-1.key: this member's key cannot be "
                                                      "read"):
         identity.member_key(tmp_path, "site-1")
@@ -264,3 +283,45 @@ def test_a_member_answers_with_its_proof_or_says_why_it_cannot(tmp_path, caplog)
     (tmp_path / "file").write_text("")
     bad = _query({**node, "identity-dir": str(tmp_path / "file")}, run_config, b"\x05" * 32)
     assert "proof" not in bad and bad["error"]
+
+
+def test_a_roster_on_resume_rotates_and_revokes_keys_and_an_old_checkpoint_needs_one(tmp_path,
+                                                                                    caplog):
+    """Resumed with a roster that gives client-0 a new key and drops client-2: the keys in
+    effect are the roster's (client-0's old key and client-2's are gone from the run's
+    records and checkpoint), and client-0's node with its old key is refused. A members'
+    checkpoint that binds no name (an older version's) resumes only with a roster."""
+    run_config, nodes = _sites(tmp_path, 3)
+    cfg = _config(tmp_path, run_config, "run", 1)
+    first = _app(InProcessGrid(cfg, node_configs=nodes), cfg)
+    old = identity.parse_key(first["member_keys"]["client-0"])
+    moved = {**nodes[0], "identity-dir": str(tmp_path / "new-keys")}  # client-0's new key
+    new = identity.public_bytes(identity.member_key(tmp_path / "new-keys", "client-0"))
+    roster = tmp_path / "roster.txt"
+    roster.write_text(f"client-0 {identity.key_text(new)}\n"
+                      f"client-1 {first['member_keys']['client-1']}\n")
+    cfg = {**cfg, "num-server-rounds": 2, "resume": True, "member-roster": str(roster),
+           "min-nodes": 2}
+    with caplog.at_level(logging.WARNING):
+        resumed = _app(InProcessGrid(cfg, node_configs=[nodes[0], moved, nodes[1], nodes[2]]),
+                       cfg)
+    assert "Member 'client-0': the roster binds its name to the key" in caplog.text
+    assert "Member 'client-2' of the run is not on the roster" in caplog.text
+    assert sorted(resumed["member_keys"]) == ["client-0", "client-1"]
+    assert identity.parse_key(resumed["member_keys"]["client-0"]) == new != old
+    assert resumed["rounds"][1]["trained_clients"] == [0, 1]
+    why = " ".join(a["why"] for a in resumed["impostors"])
+    assert "node 100 claims member 'client-0'" in why and "not on the run's member-roster" in why
+    state = torch.load(checkpoint_files(tmp_path / "run")[0], weights_only=True)
+    assert sorted(state["member_keys"]) == ["client-0", "client-1"]
+    # a checkpoint of an older version binds no name: refused without a roster
+    path = checkpoint_files(tmp_path / "run")[0]
+    del state["member_keys"]
+    from fedamp_flwr.results import digest_path, seal
+
+    torch.save(state, path)
+    digest_path(path).write_text(f"{seal(path, None, 'run')}  {path.name}\n")
+    cfg = {k: v for k, v in {**cfg, "num-server-rounds": 3}.items() if k != "member-roster"}
+    with pytest.raises(ConfigError, match="'member-roster' = '': the checkpoint binds no member "
+                                          "name to a key"):
+        _app(InProcessGrid(cfg, node_configs=nodes), cfg)
