@@ -153,7 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"(round-timeout {args.round_timeout:g} s)")
     for rec in metrics["rounds"]:
         absent = {k: rec.get(k, {}) for k in ("absent_clients", "absent_evaluation")}
-        said = "; ".join(f"{k.split('_')[1]} {c}: {why[:70]}" for k, v in absent.items()
+        phase = {"absent_clients": "train", "absent_evaluation": "evaluate"}
+        said = "; ".join(f"{phase[k]} {c}: {why[:60]}" for k, v in absent.items()
                          for c, why in sorted(v.items(), key=lambda i: int(i[0]))) or "none"
         print(f"round {rec['round']}: trained {len(rec['trained_clients'])}, absent: {said}")
     found = problems(metrics, killed, restarted, args.round_timeout,

@@ -343,7 +343,8 @@ def discover_members(grid: Grid, min_nodes: int, members: Membership, timeout: f
         if time.monotonic() > deadline:
             left = list(members.refused.values()) + [
                 f"member '{i.name}' (node {n}): its name is claimed twice"
-                for n, i in members.pending.items()]
+                for n, i in members.pending.items()] + [
+                a["why"] for a in members.attempts if a["node"] in members.blocked]
             why = ("; left out: " + "; ".join(left)) if left else ""
             raise ClientSetupError(f"only {len(accepted)} member(s) with fitting data after "
                                    f"{timeout:.0f}s (node-wait-timeout); min-nodes is "

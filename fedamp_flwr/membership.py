@@ -99,6 +99,9 @@ class Membership:
     refused : dict[int, str]
         Node id -> why its member is left out for good (its data does not fit, or it
         cannot join); not asked again.
+    blocked : set[int]
+        The connected nodes refused for a name they could not prove (in :attr:`attempts`);
+        not asked again while they are connected.
     pending : dict[int, ClientInfo]
         Nodes held back: their member's name is another connected node's.
     keys : dict[str, bytes]
@@ -119,6 +122,7 @@ class Membership:
     roster: dict[str, bytes] | None = None
     attempts: list[dict] = field(default_factory=list)
     impostors: int = 0
+    blocked: set[int] = field(default_factory=set)
 
     def bound_key(self, name: str) -> bytes | None:
         """The key bound to ``name``: the roster's, else the one pinned (None: not bound)."""
@@ -140,15 +144,16 @@ class Membership:
     def refuse(self, node: int, reason: str, what: str = "Left out: %s") -> None:
         """Leave node ``node`` out for good with ``reason`` (logged once with ``what``, a
         format of one ``%s``); an :class:`Impostor` is recorded in :attr:`attempts` too."""
-        self.refused[node] = str(reason)
         self.pending.pop(node, None)
-        if isinstance(reason, Impostor):
+        if isinstance(reason, Impostor):  # not asked again while it is connected
+            self.blocked.add(node)
             self.impostors += 1
             self.attempts.append({"node": node, "why": str(reason), "at": time.strftime(
                 "%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
             del self.attempts[:-KEPT_ATTEMPTS]  # the newest: a node may come back for ever
             log(WARNING, "Impostor refused: %s", reason)
         else:
+            self.refused[node] = str(reason)
             log(WARNING, what, reason)
 
     def id_of_name(self, name: str) -> int | None:
@@ -168,6 +173,7 @@ class Membership:
         once with ``held_back`` (a format of one ``%s``: why). Nodes gone from ``live`` are
         forgotten."""
         self.pending = {n: i for n, i in self.pending.items() if n in live}
+        self.blocked &= live  # a node that comes back with a new id proves itself again
         candidates = {**self.pending, **found}
         for node, info in list(candidates.items()):  # a key bound since it was held back
             problem = self.binding_problem(info.name, info.key)

@@ -88,6 +88,7 @@ def refresh_clients(tracker: Tracker, members: Membership, grid: Grid, timeout: 
     node_ids = list(grid.get_node_ids())
     live = set(node_ids)
     new = [n for n in node_ids if n not in tracker.clients and n not in members.refused
+           and n not in members.blocked
            and n not in members.pending]
     infos: dict[int, ClientInfo] = {}
     errors: dict[int, str] = {}
