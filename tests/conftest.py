@@ -12,8 +12,10 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -29,9 +31,13 @@ from fedamp_flwr.inprocess import task_identity as inprocess_task_identity
 ROOT = Path(__file__).resolve().parents[1]
 # Clients' prepared data (tasks.cache) goes to a folder of this test session, never to the
 # user's ~/.cache; Flower processes started by the tests inherit it.
-os.environ.setdefault("FEDAMP_CACHE_DIR", tempfile.mkdtemp(prefix="fedamp-test-cache-"))
-# Members' keys (fedamp_flwr/identity.py) likewise: never in the user's ~/.local/state
-os.environ.setdefault("FEDAMP_STATE_DIR", tempfile.mkdtemp(prefix="fedamp-test-state-"))
+# Members' keys (fedamp_flwr/identity.py) likewise: never in the user's ~/.local/state.
+# Folders this session made are removed when it ends.
+for _env, _prefix in (("FEDAMP_CACHE_DIR", "fedamp-test-cache-"),
+                      ("FEDAMP_STATE_DIR", "fedamp-test-state-")):
+    if not os.environ.get(_env):
+        os.environ[_env] = tempfile.mkdtemp(prefix=_prefix)
+        atexit.register(shutil.rmtree, os.environ[_env], True)
 SHARED_DATA = Path(os.environ.get("FEDAMP_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
