@@ -340,12 +340,19 @@ def discover_members(grid: Grid, min_nodes: int, members: Membership, timeout: f
                                       "Held back: %s"))
         if len(accepted) >= min_nodes:
             break
+        left = list(members.refused.values()) + [
+            f"member '{i.name}' (node {n}): its name is claimed twice"
+            for n, i in members.pending.items()] + [
+            a["why"] for a in members.attempts if a["node"] in members.blocked]
+        why = ("; left out: " + "; ".join(left)) if left else ""
+        # the fleet min-nodes asks for is there and not one node of it can take part
+        # (every one left out for good): no wait can change that, say so now
+        all_out = len(live) >= min_nodes and not accepted and not members.pending and all(
+            n in members.refused or n in members.blocked for n in live)
+        if all_out:
+            raise ClientSetupError(f"every one of the {len(live)} connected node(s) is left "
+                                   f"out, none can take part (min-nodes is {min_nodes}){why}")
         if time.monotonic() > deadline:
-            left = list(members.refused.values()) + [
-                f"member '{i.name}' (node {n}): its name is claimed twice"
-                for n, i in members.pending.items()] + [
-                a["why"] for a in members.attempts if a["node"] in members.blocked]
-            why = ("; left out: " + "; ".join(left)) if left else ""
             raise ClientSetupError(f"only {len(accepted)} member(s) with fitting data after "
                                    f"{timeout:.0f}s (node-wait-timeout); min-nodes is "
                                    f"{min_nodes}{why}")

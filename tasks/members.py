@@ -312,10 +312,16 @@ def read_table(path: Path, schema: MemberSchema, labels: bool = True) -> Rows:
     if len(schema.input_shape) != 1:
         found.add(f"a table gives one feature vector per row; the run expects inputs of shape "
                   f"{schema.input_shape}")
-    found.raise_any()
+    elif len(features) != schema.input_shape[0]:
+        shown = ", ".join(features[:10]) + (f" and {len(features) - 10} more"
+                                              if len(features) > 10 else "")
+        found.add(f"it has {len(features)} feature column(s) ({shown}); the run expects "
+                  f"{schema.input_shape[0]} (member-input-shape)")
     if len(frame) == 0:
-        raise _fail(path, "has no rows")
-    for c in features:  # every cell that is no number, by column and row
+        found.add("it has no rows")
+        found.raise_any()
+    # the columns it has are checked too: every problem of the file in one go
+    for c in (c for c in features if c in columns):  # every cell that is no number
         values = frame[c]
         numbers = pd.to_numeric(values, errors="coerce")
         empty = np.flatnonzero(values.isna().to_numpy())

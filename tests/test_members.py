@@ -155,10 +155,24 @@ def test_too_few_fitting_members_stop_the_run_naming_the_refused(tmp_path):
     bad = tmp_path / "bad.npz"
     np.savez(bad, x=rng.normal(size=(20, 3)).astype(np.float32), y=rng.integers(0, 9, 20))
     cfg = {"dataset": "members", "member-input-shape": "3", "member-outputs": 2,
-           "strategy": "fedavg", "node-wait-timeout": 1.0}
+           "strategy": "fedavg", "node-wait-timeout": 1.0, "min-nodes": 2}
     with pytest.raises(ClientSetupError, match=r"only 0 member\(s\) with fitting data .* "
                                                r"member 'lab-7' \(node 100\): .*labels \[2, 3"):
         run_named(tmp_path, "few", cfg, 1, [{"data-path": str(bad), "client-id": "lab-7"}])
+    # the fleet min-nodes asks for is there, and every node of it is left out: at once,
+    # not after node-wait-timeout
+    import time
+
+    cfg = {**cfg, "node-wait-timeout": 600.0, "min-nodes": 2}
+    two = [{"data-path": str(bad), "client-id": "lab-7"},
+           {"data-path": str(tmp_path / "none.csv"), "client-id": "lab-8"}]
+    started = time.monotonic()
+    with pytest.raises(ClientSetupError, match=r"every one of the 2 connected node\(s\) is left "
+                                               r"out, none can take part \(min-nodes is 2\); "
+                                               r"left out: member 'lab-7' .*member 'lab-8' "
+                                               r"\(node 101\): .*none.csv: does not exist"):
+        run_named(tmp_path, "none-fit", cfg, 2, two)
+    assert time.monotonic() - started < 60
 
 
 def test_members_run_config_is_checked_before_anything_runs():
@@ -309,3 +323,66 @@ def test_a_resumed_run_takes_a_new_member_after_the_checkpoints_ones(tmp_path):
     assert resumed["client_names"] == ["client-0", "client-1", "client-2", "client-3"]
     assert resumed["rounds"][:2] == first["rounds"]
     assert resumed["rounds"][2]["trained_clients"] == [0, 1, 2, 3]
+
+
+def _bad_files(folder: Path) -> dict[str, Path]:
+    """Files the run refuses, one problem (or several) each, in every format."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame(rng.normal(size=(30, 3)), columns=["a", "b", "c"])
+    frame["label"] = rng.choice(["no", "yes"], 30)
+    files = {}
+    frame[["a", "b", "label"]].to_csv(files.setdefault("two columns", folder / "two.csv"),
+                                      index=False)
+    odd = frame.astype({"b": object})
+    odd.loc[3, "b"], odd.loc[4, "label"] = "x", "maybe"
+    odd.rename(columns={"a": "A"}).to_csv(files.setdefault("renamed", folder / "renamed.csv"),
+                                          index=False)
+    frame.assign(split="later").to_parquet(files.setdefault("split", folder / "split.parquet"))
+    np.savez(files.setdefault("npz shape", folder / "shape.npz"),
+             x=rng.normal(size=(20, 4)).astype(np.float32), y=rng.integers(0, 2, 20))
+    np.savez(files.setdefault("npz labels", folder / "labels.npz"),
+             x=rng.normal(size=(20, 3)).astype(np.float32), y=rng.integers(0, 5, 20))
+    frame.to_csv(files.setdefault("good", folder / "good.csv"), index=False)
+    return files
+
+
+def test_check_data_refuses_every_file_the_run_refuses_with_the_same_words(tmp_path, capsys):
+    """One checker: what ``fedamp-flwr check-data`` says of a file with the run's config is
+    what the run says when it leaves the member out (the wrong column count included), and
+    a file that "fits" is one the server accepts."""
+    from fedamp_flwr import cli
+    from fedamp_flwr.discovery import query_nodes
+    from fedamp_flwr.membership import Membership
+
+    config = "member-input-shape='3' member-outputs=2 member-class-names='no,yes'"
+    run_config = {"dataset": "members", "member-input-shape": "3", "member-outputs": 2,
+                  "member-class-names": "no,yes", "strategy": "fedavg"}
+    schema = RunConfig.from_run_config(run_config).member_schema()
+    for case, path in _bad_files(tmp_path).items():
+        status = cli.main(["check-data", str(path), "--run-config", config,
+                           "--client-id", "site-1"])
+        said = capsys.readouterr().out.strip()
+        grid = InProcessGrid(run_config, node_configs=[{"data-path": str(path),
+                                                         "client-id": "site-1"}])
+        with task_identity():
+            infos, errors = query_nodes(grid, list(grid.contexts), 60, Membership(schema=schema))
+        if case == "good":
+            assert status == 0 and said.startswith("fits: ") and list(infos) == [100], said
+            continue
+        assert status == 1 and said.startswith("does not fit: "), (case, said)
+        (refusal,) = errors.values()
+        assert said.removeprefix("does not fit: ") in refusal, (case, said, refusal)
+        if case == "two columns":
+            assert said.endswith("it has 2 feature column(s) (a, b); the run expects 3 "
+                                 "(member-input-shape)"), said
+        if case == "renamed":
+            assert "2 problems: column 'b' holds non-numeric values such as 'x'" in said, said
+    # a column the run names and the file lacks: said with the file's other problems
+    named = tasks.MemberSchema((3,), "classification", 2, ("no", "yes"), "label",
+                               ("a", "b", "c"))
+    with pytest.raises(MemberDataError, match=r"3 problems: it lacks the feature column\(s\) "
+                                              r"\['a'\] .*column 'b' holds non-numeric .*"
+                                              r"labels \['maybe'\]"):
+        load_member_data(tmp_path / "renamed.csv", named, 0, "s")
