@@ -5,13 +5,15 @@
     and checks the run itself uses (:mod:`tasks.members`), and lists every
     problem found. Exit status 0 only when the file fits, 1 when it does not, 2
     when the run config is invalid.
-``fedamp-flwr predict MODEL DATA [--out predictions.csv]``
+``fedamp-flwr predict MODEL DATA [--out predictions.csv] [--rows all|train|test]``
     Rebuilds the model of a ``.safetensors`` file from its card (the weights'
     sha256 checked), reads DATA (``.npz``, CSV, Parquet or an image folder)
     through the same reader and the card's schema, and writes one row per sample
     of DATA, in file order: ``prediction`` (the class, by name where the card
     names them; or the regression outputs), then the class probabilities. Where
-    DATA has labels it prints the accuracy (or MSE) as the run measures it.
+    DATA has labels it prints the accuracy (or MSE) as the run measures it. With
+    ``--rows test`` (``train``) only the rows the run tested (trained) on, chosen
+    as the run chose them: on the member's own file the score is the card's.
 
 ``fedamp-flwr xi-graph RUN [--round R] [--k K] [--out graph.csv]``
     Turns a FedAMP run's weights xi of one round into a client graph file that
@@ -111,17 +113,50 @@ def _classes(train: Split, test: Split, schema: tasks.MemberSchema) -> str:
     return f"; classes present: {', '.join(names)}"
 
 
-def predict_file(model_path: str, data: str, out: str | None) -> int:
+def run_rows(card: dict, data: str, schema: tasks.MemberSchema, which: str) -> Split:
+    """The rows of ``data`` that the run ``card`` describes used to train (``which`` =
+    "train") or to test ("test": the rows its score is on), as the run chose them: the rows
+    the file marks, else the seeded 80/20 split of the member's name and the run's seed;
+    with validation-fraction, the held-out share of the training rows
+    (``tasks.loading.hold_out``). ModelFileError where the card does not say."""
+    from tasks.loading import ClientData, hold_out
+
+    spec = card.get("rows")
+    try:
+        if not isinstance(spec, dict):
+            raise TypeError("no 'rows'")
+        seed, fraction = int(spec["seed"]), float(spec["validation_fraction"])
+        member, index = str(spec.get("member") or ""), int(spec["validation_index"])
+    except (KeyError, TypeError, ValueError):
+        raise ModelFileError(f"the card does not say which rows its run used ({str(spec)[:100]}; "
+                             "a card of an older version); predict on all rows instead") from None
+    train, test = load_member_data(data, schema, seed, member)
+    if fraction > 0:
+        (xa, ya), (xb, yb) = to_tensors(train), to_tensors(test)
+        held = hold_out(ClientData(xa, ya, xb, yb), fraction, seed, index)
+        # to_tensors has scaled images already: the rows are given back as the run saw them
+        return Split(held.x_train.numpy(), held.y_train.numpy()) if which == "train" else \
+            Split(held.x_test.numpy(), held.y_test.numpy())
+    return train if which == "train" else test
+
+
+def predict_file(model_path: str, data: str, out: str | None, which: str = "all") -> int:
     import pandas as pd
 
     try:
         loaded = load_model(model_path)
-        rows = read_member_rows(data, loaded.schema, labels=False)
+        if which == "all":
+            rows = read_member_rows(data, loaded.schema, labels=False)
+            x, _ = to_tensors(Split(rows.x, np.zeros(len(rows.x), dtype=np.int64)))
+            labelled = None if rows.y is None else Split(rows.x, rows.y)
+        else:
+            chosen = run_rows(loaded.card, data, loaded.schema, which)
+            x, _ = to_tensors(Split(chosen.x, np.zeros(len(chosen.x), dtype=np.int64)))
+            labelled = chosen
     except (ModelFileError, tasks.MemberDataError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     schema = loaded.schema
-    x, _ = to_tensors(Split(rows.x, np.zeros(len(rows.x), dtype=np.int64)))
     outputs = predict(loaded.model, x)
     table: dict[str, object] = {}
     if schema.kind == tasks.CLASSIFICATION:
@@ -141,12 +176,18 @@ def predict_file(model_path: str, data: str, out: str | None) -> int:
     who = card.get("member") or f"client {card.get('client_id')}"
     print(f"{len(x)} predictions of {who}'s model "
           f"(run {card.get('run')}, round {card.get('round')}) written to {path}")
-    if rows.y is not None:
-        _, y = to_tensors(Split(rows.x, rows.y))
+    if labelled is not None:
+        _, y = to_tensors(labelled)
         result = evaluate(loaded.model, x, y)
         score = (f"accuracy {result.accuracy!r}" if result.accuracy is not None
                  else f"mse {result.mse!r}")
-        print(f"{score} on {len(y)} labelled rows of {data}")
+        what = {"all": "labelled rows", "train": "training rows the run used",
+                "test": "rows the run tested on"}[which]
+        recorded = card.get("score")
+        recorded = recorded if isinstance(recorded, dict) else {}
+        said = (f" (the card: {recorded.get('accuracy', recorded.get('mse'))!r})"
+                if which == "test" else "")
+        print(f"{score} on {len(y)} {what} of {data}{said}")
     return 0
 
 
@@ -311,6 +352,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     pred.add_argument("model", help="the model's .safetensors file (its card .json beside it)")
     pred.add_argument("data", help="the data file (.npz, .csv, .parquet) or image folder")
     pred.add_argument("--out", default=None, help="the CSV to write (default predictions.csv)")
+    pred.add_argument("--rows", choices=("all", "train", "test"), default="all",
+                      help="all rows of DATA, in file order (default); or the rows the run "
+                           "trained on, or tested on (its score's rows: the card's score), as "
+                           "the run chose them")
     graph = sub.add_parser("xi-graph", help="a FedAMP run's weights as a client graph file")
     graph.add_argument("run", help="the FedAMP run's folder (<results-dir>/<run name>)")
     graph.add_argument("--round", type=int, default=None, help="the round (default: the last "
@@ -348,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return xi_graph(args.run, args.round, args.k, args.out)
     if args.command == "check-data":
         return check_data(args.data, args.run_config, args.client_id)
-    return predict_file(args.model, args.data, args.out)
+    return predict_file(args.model, args.data, args.out, args.rows)
 
 
 if __name__ == "__main__":

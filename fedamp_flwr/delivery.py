@@ -112,6 +112,12 @@ def model_card(cfg: RunConfig, dc: tasks.DataConfig, *, run: str, token: str, cl
                   "on": ("validation rows (validation-fraction = "
                          f"{cfg.validation_fraction:g})" if cfg.validation_fraction > 0
                          else "test rows")},
+        # which of the member's rows the run trained and tested on (fedamp-flwr predict
+        # --rows): the rows its file marks, else the seeded 80/20 split of its name and
+        # seed; with validation-fraction, the held-out share of the training rows
+        "rows": {"seed": cfg.seed, "member": member,
+                 "validation_fraction": cfg.validation_fraction,
+                 "validation_index": 0 if member is not None else client_id},
         "dataset": cfg.data_label, "schema": schema_record(schema),
         "preprocessing": PREPROCESSING,
         "model": {"name": tasks.model_name(dc, cfg.model),

@@ -216,14 +216,21 @@ def load_from_hub(hub_name: str, image_key: str, label_key: str,
     return convert("train"), convert("test")
 
 
+def _writable(values: np.ndarray) -> np.ndarray:
+    """``values`` as an array torch may share: a read-only one (pandas', a memory map) is
+    copied, where torch would warn that it cannot write it."""
+    array = np.asarray(values)
+    return array if array.flags.writeable else array.copy()
+
+
 def to_tensors(split: Split) -> tuple[torch.Tensor, torch.Tensor]:
     """Convert a split to float inputs and long (classes) or float (regression) targets.
 
     ``uint8`` images are scaled to [-1, 1] ((x / 255 - 0.5) / 0.5); float
     features are kept as they are.
     """
-    x = torch.from_numpy(np.asarray(split.x))
+    x = torch.from_numpy(_writable(split.x))
     if x.dtype == torch.uint8:
         x = (x.float() / 255.0 - 0.5) / 0.5
-    y = torch.from_numpy(np.asarray(split.y))
+    y = torch.from_numpy(_writable(split.y))
     return x.float(), (y.long() if not torch.is_floating_point(y) else y.float())

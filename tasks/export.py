@@ -41,8 +41,8 @@ FORMAT = "fedamp-flwr-model/1"
 WEIGHTS, CARD = ".safetensors", ".json"
 #: the keys every card has
 CARD_KEYS = ("format", "member", "client_id", "run", "run_token", "strategy", "settings",
-             "training", "round", "why", "score", "dataset", "schema", "preprocessing", "model",
-             "package", "weights", "sha256", "written_at")
+             "training", "round", "why", "score", "rows", "dataset", "schema", "preprocessing",
+             "model", "package", "weights", "sha256", "written_at")
 
 #: how the app turns a file's inputs into the model's (tasks.data.to_tensors)
 PREPROCESSING = {

@@ -282,3 +282,59 @@ def test_a_hostile_save_request_never_writes_outside_the_model_dir(tmp_path, cap
         assert records == {} and said == {MODEL_KEPT: 0}, run
     assert not list(tmp_path.rglob("*.safetensors")) and not (tmp_path / "escape").exists()
     assert "is not a run name" in caplog.text
+
+
+@pytest.mark.parametrize("validation", [0.0, 0.25])
+def test_predict_on_the_rows_the_run_used_prints_the_cards_score(tmp_path, capsys, validation):
+    """Members with a CSV without a split column (the seeded 80/20 split), a CSV with one,
+    a Parquet table and an npz with its own test rows: ``predict --rows test`` on each
+    member's own file selects the rows the run tested on and prints the card's score to
+    the last digit (with validation-fraction: the validation rows the score is on), with
+    no warning."""
+    import warnings
+
+    import pandas as pd
+
+    from experiments.make_sites import member_name, write_sites
+
+    n = 4
+    run_config = write_sites(tasks.DataConfig(dataset="synthetic", data_dir="", num_clients=n,
+                                              seed=0), tmp_path / "sites")
+    nodes = []
+    for i in range(n):
+        name = member_name(i, n)
+        with np.load(tmp_path / "sites" / f"{name}.npz") as f:
+            x, y, xt, yt = f["x"], f["y"], f["x_test"], f["y_test"]
+        frame = pd.DataFrame(np.concatenate([x, xt]), columns=[f"f{j}" for j in
+                                                                range(x.shape[1])])
+        frame["label"] = np.concatenate([y, yt])
+        path = tmp_path / "sites" / f"{name}.npz"
+        if i == 1:
+            path = path.with_suffix(".csv")
+            frame.to_csv(path, index=False)
+        elif i == 2:
+            path = path.with_suffix(".csv")
+            frame.assign(split=["train"] * len(y) + ["test"] * len(yt)).to_csv(path, index=False)
+        elif i == 3:
+            path = path.with_suffix(".parquet")
+            frame.to_parquet(path)
+        nodes.append({"data-path": str(path), "client-id": name,
+                      "model-dir": str(tmp_path / f"models-{i}")})
+    metrics = run_named(tmp_path, "run", {**run_config, "strategy": "fedamp", "local-epochs": 1,
+                                          "validation-fraction": validation}, n, nodes)
+    last = metrics["rounds"][-1]["client_accuracy"]
+    for i, node in enumerate(nodes):
+        model = tmp_path / f"models-{i}" / "run" / f"{node['client-id']}.safetensors"
+        card = json.loads(model.with_suffix(".json").read_text())
+        assert card["score"]["accuracy"] == last[str(i)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no warning on a normal call
+            assert cli.main(["predict", str(model), node["data-path"], "--rows", "test",
+                             "--out", str(tmp_path / "p.csv")]) == 0
+        said = capsys.readouterr().out.strip().splitlines()[-1]
+        assert said.startswith(f"accuracy {last[str(i)]!r} on {card['score']['num_examples']} "
+                               f"rows the run tested on"), (node, said)
+        assert said.endswith(f"(the card: {last[str(i)]!r})")
+    assert cli.main(["predict", str(model), node["data-path"], "--rows", "train", "--out",
+                     str(tmp_path / "p.csv")]) == 0
+    assert "training rows the run used" in capsys.readouterr().out
