@@ -31,6 +31,7 @@ import fcntl
 import hashlib
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 from flwr.app import Context
 
-from tasks.files import atomic_write, private_folder, strict_json
+from tasks.files import FILE_MODE, atomic_write, private_folder, strict_json
 from tasks.privacy import epsilon
 
 from .config import ConfigError, RunConfig
@@ -196,7 +197,11 @@ class Ledger:
         the reply states); :class:`Declined` where it would pass the member's limit. The
         ledger is read again under the lock: a release another process wrote since counts."""
         private_folder(self.path.parent)
-        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        fd = os.open(lock_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND
+                     | getattr(os, "O_NOFOLLOW", 0), FILE_MODE)
+        os.fchmod(fd, FILE_MODE)  # O_CREAT's mode passes through the umask
+        with os.fdopen(fd, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             self.releases = self._read()
             after = self.would_spend(privacy, steps, sample_rate)

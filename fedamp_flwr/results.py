@@ -70,9 +70,10 @@ RESUMABLE_CHANGES = ("num-server-rounds", "resume", "overwrite", "max-failed-rou
 
 
 def write_json(path: Path, record: dict[str, Any]) -> None:
-    """Write ``record`` as strict JSON (NaN and infinities become null), atomically."""
+    """Write ``record`` as strict JSON (NaN and infinities become null), atomically, readable
+    by its owner only (a run's records hold every member's scores)."""
     text = json.dumps(strict_json(record), indent=1, allow_nan=False)
-    atomic_write(path, lambda f: f.write(text.encode()))
+    atomic_write(path, lambda f: f.write(text.encode()), private=True)
 
 
 XI_FOLDER = "xi"
@@ -111,9 +112,10 @@ class XiFiles:
         ids = np.asarray(client_ids, dtype=np.int64)
         path = self.folder / "client_ids.npy"
         if not path.is_file() or not np.array_equal(np.load(path, allow_pickle=False), ids):
-            atomic_write(path, lambda f: np.save(f, ids))
+            atomic_write(path, lambda f: np.save(f, ids), private=True)
         matrix = xi.detach().cpu().numpy().astype(self.dtype)
-        atomic_write(self.folder / f"round-{server_round:04d}.npy", lambda f: np.save(f, matrix))
+        atomic_write(self.folder / f"round-{server_round:04d}.npy",
+                     lambda f: np.save(f, matrix), private=True)
         return True
 
 
@@ -268,9 +270,11 @@ class RunFolder:
             raise UnsafeCheckpoint(f"round {state['round']}: the server's state holds non-finite "
                                    f"values in {bad}; no checkpoint written")
         path = self.checkpoint_path.parent / f"round-{int(state['round']):06d}.pt"
-        atomic_write(path, lambda f: torch.save({"format": CHECKPOINT_FORMAT, **state}, f))
+        atomic_write(path, lambda f: torch.save({"format": CHECKPOINT_FORMAT, **state}, f),
+                     private=True)
         digest = seal(path, self.secret, self.name)
-        atomic_write(digest_path(path), lambda f: f.write(f"{digest}  {path.name}\n".encode()))
+        atomic_write(digest_path(path), lambda f: f.write(f"{digest}  {path.name}\n".encode()),
+                     private=True)
         for old in self.checkpoints()[max(self.cfg.checkpoint_keep, 1):]:
             digest_path(old).unlink(missing_ok=True)
             old.unlink(missing_ok=True)
@@ -342,7 +346,7 @@ class RunFolder:
             label = (lambda i: names[i]) if names else str
             rows = ["u,v"] + [f"{label(u)},{label(v)}" for u, v in graph["edges"]]
             text = ("\n".join(rows) + "\n").encode()
-            atomic_write(self.path / "graph-inferred.csv", lambda f: f.write(text))
+            atomic_write(self.path / "graph-inferred.csv", lambda f: f.write(text), private=True)
 
 
 class UnsafeCheckpoint(RuntimeError):

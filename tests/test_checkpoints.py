@@ -188,3 +188,24 @@ def test_a_checkpoint_secret_is_checked_before_any_work(tmp_path, monkeypatch):
     assert checkpoint_secret(RunConfig.from_run_config({})) == b"k" * 32
     with pytest.raises(ConfigError, match=r"run config 'checkpoint-secret' = '.*no'"):
         _run(tmp_path, "x", 1, **{"checkpoint-secret": str(tmp_path / "no")})
+
+
+def test_a_runs_records_are_its_owners_alone(tmp_path):
+    """metrics.json (every member's scores), the checkpoints (every member's model), their
+    digests and FedAMP's weights: files 0600 in folders 0700, whatever the umask."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        _run(tmp_path, "run", 2, **{"save-models": "final"})
+    finally:
+        os.umask(old)
+    run = tmp_path / "run"
+    files = [p for p in run.rglob("*") if p.is_file()]
+    assert {p.name for p in files} >= {"metrics.json", "round-000002.pt",
+                                       "round-000002.pt.sha256", "round-0002.npy"}
+    for p in files:
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+    for p in [run, *(p for p in run.rglob("*") if p.is_dir())]:
+        assert stat.S_IMODE(p.stat().st_mode) == 0o700, p

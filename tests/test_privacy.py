@@ -105,6 +105,8 @@ def test_the_ledger_continues_across_processes_and_declines_past_the_limit(tmp_p
     assert len(releases) == 5  # a declined one: not spent
     assert [r["data_sha256"][:2] for r in releases[:3]] == ["ab", "ab", "cd"]
     assert oct(again.path.stat().st_mode & 0o777) == "0o600"
+    lock = again.path.with_name(again.path.name + ".lock")
+    assert oct(lock.stat().st_mode & 0o777) == "0o600"  # the lock file too
     again.path.write_text("{not json")
     with pytest.raises(Declined, match="cannot be read"):
         Ledger(tmp_path, "site-1")  # never a budget started again from zero
