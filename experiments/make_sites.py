@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 import tasks
+from fedamp_flwr.config import GENERIC_AUTO
 from tasks.models import MODEL_OF_TASK
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +55,11 @@ def write_sites(dc: tasks.DataConfig, out: Path) -> dict[str, object]:
         "member-input-shape": ",".join(map(str, info.input_shape)),
         "member-task": info.kind, "member-outputs": info.num_outputs,
         "model": MODEL_OF_TASK.get(dc.dataset, "auto"),
+        # the partitioned task's inputs as they are (a members run standardizes vectors by
+        # default, which the simulation does not): the same numbers as the simulation
+        "member-scaling": "none",
+        # the partitioned task's batch size (a members table's "auto" is another)
+        "batch-size": GENERIC_AUTO["batch-size"],
         # the task's own values of settings left at "auto" (a strategy's own tuned values
         # for this task, TaskSpec.auto[<strategy>], are not carried: set them explicitly)
         **tasks.get_task(dc.dataset).auto,

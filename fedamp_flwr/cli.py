@@ -140,6 +140,26 @@ def run_rows(card: dict, data: str, schema: tasks.MemberSchema, which: str) -> S
     return train if which == "train" else test
 
 
+def card_standardize(card: dict, x: torch.Tensor, where: str) -> torch.Tensor:
+    """``x`` standardized as the card's model saw its inputs (its ``preprocessing``'s
+    ``standardize``: each column's mean and standard deviation), or as it is where the card
+    has none; ModelFileError where the card's values cannot be used."""
+    from tasks.tabular import scaling_problem, standardize
+
+    spec = card.get("preprocessing", {})
+    spec = spec.get("standardize") if isinstance(spec, dict) else None
+    if spec is None:
+        return x
+    mean = spec.get("mean") if isinstance(spec, dict) else None
+    std = spec.get("std") if isinstance(spec, dict) else None
+    problem = scaling_problem(mean, std, int(x[0].numel()) if len(x) else 0) if x.dim() == 2 \
+        else "the inputs are not vectors"
+    if problem is not None:
+        raise ModelFileError(f"{where}: the card's standardize cannot be applied: {problem}")
+    assert isinstance(mean, list) and isinstance(std, list)
+    return standardize(x, mean, std)
+
+
 def predict_file(model_path: str, data: str, out: str | None, which: str = "all") -> int:
     import pandas as pd
 
@@ -153,6 +173,7 @@ def predict_file(model_path: str, data: str, out: str | None, which: str = "all"
             chosen = run_rows(loaded.card, data, loaded.schema, which)
             x, _ = to_tensors(Split(chosen.x, np.zeros(len(chosen.x), dtype=np.int64)))
             labelled = chosen
+        x = card_standardize(loaded.card, x, model_path)
     except (ModelFileError, tasks.MemberDataError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

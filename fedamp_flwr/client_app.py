@@ -38,9 +38,11 @@ naming the keys; the server stops the run on it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
@@ -58,6 +60,8 @@ from strategies.core.client import (
 )
 from strategies.core.protocol import (
     ACCURACY,
+    ALONE_LINEAR,
+    ALONE_MODEL,
     ARRAYS,
     BATCH_SIZE,
     CHALLENGE,
@@ -68,6 +72,11 @@ from strategies.core.protocol import (
     DP_EPSILON,
     DP_RUN,
     ERROR,
+    FEATURE_COUNT,
+    FEATURE_MEAN,
+    FEATURE_STD,
+    FEATURE_SUM,
+    FEATURE_SUMSQ,
     INFO,
     INPUT_SHAPE,
     LOCAL_EPOCHS,
@@ -86,6 +95,7 @@ from strategies.core.protocol import (
     OPTIMIZER,
     PROOF,
     REFUSED,
+    SAVE_MODEL,
     SERVER_ROUND,
     TASK_KIND,
     TRAIN_LOSS,
@@ -95,8 +105,11 @@ from strategies.core.protocol import (
 )
 from tasks.privacy import DPSGD, os_generator, privatize_update
 from tasks.scenarios import flip_labels
+from tasks.tabular import column_stats, fit_linear, scaling_problem, standardize
+from tasks.tabular import own as own_stats
 from tasks.train import evaluate as evaluate_model
 from tasks.train import num_steps
+from tasks.train import train as train_model
 
 from . import identity
 from .config import ConfigError, RunConfig
@@ -152,6 +165,8 @@ class Setup:
     dc: tasks.DataConfig
     data: tasks.ClientData
     name: str
+    #: a member's standardizing statistics (its vector inputs are standardized by them)
+    scaling: dict | None = None
 
 
 def _setup(context: Context) -> Setup:
@@ -203,7 +218,8 @@ def query(msg: Message, context: Context) -> Message:
         setup = _setup(context)
         counts = {NUM_TRAIN: len(setup.data.y_train), NUM_TEST: len(setup.data.y_test)}
         if members:
-            info = {MEMBER: setup.name, **counts, **_data_schema(setup)}
+            info = {MEMBER: setup.name, **counts, **_data_schema(setup),
+                    **_column_stats(setup)}
         else:
             info = {CLIENT_ID: setup.partition_id, NUM_PARTITIONS: setup.dc.num_clients, **counts}
     except Exception as err:  # reported to the server, which leaves the client out or stops
@@ -238,6 +254,50 @@ def _proof(msg: Message, context: Context, name: str) -> dict[str, bytes]:
             PROOF: identity.sign(key, challenge, name, context.node_id)}
 
 
+def _vector_member(setup: Setup) -> bool:
+    """Whether this node is a member whose inputs are vectors (a table, an .npz of vectors):
+    the inputs that are standardized (tasks/tabular.py)."""
+    return setup.partition_id < 0 and setup.data.x_train.dim() == 2
+
+
+def _column_stats(setup: Setup) -> dict:
+    """What a member tells the server of its training rows for the pooled standardizing
+    statistics: their count and per-column sums and sums of squares (member-scaling =
+    "pooled"; nothing under dp, where each member uses its own statistics)."""
+    cfg = setup.cfg
+    if not _vector_member(setup) or cfg.member_scaling != "pooled" or cfg.dp != "none":
+        return {}
+    n, sums, squares = column_stats(setup.data.x_train)
+    return {FEATURE_COUNT: n, FEATURE_SUM: sums, FEATURE_SUMSQ: squares}
+
+
+def _scaled(setup: Setup, config: ConfigRecord) -> tuple[Setup, dict | None]:
+    """A member's vector data standardized as the run says (member-scaling): by the pooled
+    statistics its messages carry, else by its own training rows'; and the statistics (for
+    its model's card). Other data as they are (None)."""
+    cfg = setup.cfg
+    if not _vector_member(setup) or cfg.member_scaling == "none":
+        return setup, None
+    features = setup.data.x_train.shape[1]
+    mean, std = config.get(FEATURE_MEAN), config.get(FEATURE_STD)
+    if cfg.member_scaling == "pooled" and mean is not None:
+        problem = scaling_problem(mean, std, features)
+        if problem is not None:
+            raise ConfigError(f"message config '{FEATURE_MEAN}'/'{FEATURE_STD}': {problem}")
+        source = "pooled over the members' training rows"
+    else:
+        mean, std = own_stats(setup.data.x_train)
+        source = "this member's own training rows"
+    assert isinstance(mean, list) and isinstance(std, list)
+    means, stds = [float(v) for v in mean], [float(v) for v in std]
+    d = setup.data
+    data = tasks.ClientData(standardize(d.x_train, means, stds), d.y_train,
+                            standardize(d.x_test, means, stds), d.y_test)
+    return (dataclasses.replace(setup, data=data),
+            {"mean": means, "std": stds, "from": source,
+             "columns": list(setup.dc.schema.feature_columns) if setup.dc.schema else []})
+
+
 def _data_schema(setup: Setup) -> dict:
     """What a member's data looks like (the server checks it against the run's schema)."""
     d = setup.data
@@ -253,7 +313,7 @@ def _job(msg: Message, context: Context,
          train: bool) -> tuple[ClientUpdate, ClientJob, int, Setup]:
     """The client update the message names (checked: :func:`instruction_problem`) and its job."""
     c = msg.content.config_records[CONFIG]
-    setup = _setup(context)
+    setup, scaling = _scaled(_setup(context), c)
     cfg, dc, data = setup.cfg, setup.dc, setup.data
     client_id = _client_index(c, setup)
     server_round = as_int(c.get(SERVER_ROUND, 0), SERVER_ROUND)
@@ -274,7 +334,7 @@ def _job(msg: Message, context: Context,
                     epochs=as_int(c.get(LOCAL_EPOCHS, cfg.local_epochs), LOCAL_EPOCHS),
                     steps=as_int(c.get(LOCAL_STEPS, cfg.local_steps), LOCAL_STEPS), optim=optim,
                     settings=update.settings.from_message(c))
-    return update, job, client_id, setup
+    return update, job, client_id, dataclasses.replace(setup, scaling=scaling)
 
 
 def _client_index(config: ConfigRecord, setup: Setup) -> int:
@@ -386,6 +446,59 @@ def _private(context: Context, setup: Setup, job: ClientJob
     return privacy, ledger
 
 
+_ALONE = "member-alone"
+
+
+def _alone(context: Context, setup: Setup, job: ClientJob, scores: dict) -> dict:
+    """What this member scores alone on the same test rows, with the same inputs: the
+    standardized linear model (tasks/tabular.py) and the run's own model trained alone for
+    the run's whole budget (num-server-rounds times its local work, from the run's initial
+    model), each fitted once per run on its training rows (kept in ``context.state``);
+    said in the member's own log beside its federated score. Empty where it does not apply
+    (member-alone = false, a partitioned run's client, image inputs)."""
+    cfg = setup.cfg
+    if not cfg.member_alone or not _vector_member(setup):
+        return {}
+    held = context.state.config_records.get(_ALONE)
+    if held is None:
+        data, kind = job.data, setup.dc.schema.kind if setup.dc.schema else ""
+        classes = setup.dc.schema.num_outputs if setup.dc.schema else 1
+        linear = fit_linear(data.x_train, data.y_train, classes)
+        with torch.random.fork_rng(devices=[]):  # nobody else's random state is touched
+            torch.manual_seed(cfg.seed)  # the run's initial model, as the server builds it
+            model = tasks.build_model(setup.dc, cfg.model)
+        per_round = num_steps(len(data.y_train), job.optim.batch_size, job.epochs, job.steps)
+        train_model(model, data.x_train, data.y_train, epochs=0, steps=per_round *
+                    cfg.num_server_rounds, batch_size=job.optim.batch_size, lr=job.optim.lr,
+                    optimizer=job.optim.optimizer, device=_device(), seed=job.seed)
+        main = ACCURACY if kind != tasks.REGRESSION else MSE
+        values: dict[str, float] = {}
+        for name, fitted in (("linear", linear), ("model", model)):
+            result = evaluate_model(fitted, data.x_test, data.y_test, device=_device())
+            values[name] = float(result.accuracy if main == ACCURACY else result.mse)  # type: ignore[arg-type]
+        held = ConfigRecord({**values, "metric": main,
+                             "budget": per_round * cfg.num_server_rounds})
+        context.state[_ALONE] = held
+    main = str(held["metric"])
+    mine = float(scores[main])
+    linear_score, model_score = as_float(held["linear"], "linear"), as_float(held["model"],
+                                                                              "model")
+    accuracy = main == ACCURACY
+    better = max(linear_score, model_score) if accuracy else min(linear_score, model_score)
+    gain = (mine - better) if accuracy else (better - mine)
+    alone: dict[str, Any] = {"linear": linear_score, "model": model_score, "metric": main,
+                             "steps": as_int(held["budget"], "budget"), "gain": gain}
+    scale, unit = (100.0, " points") if accuracy else (1.0, "")
+    taken_home = SAVE_MODEL in job.config  # the model this member keeps: said loudly if worse
+    log(logging.WARNING if gain < 0 and taken_home else logging.INFO,
+        "Round %d: this member's model %s %.4g on its %d test rows; alone, the linear model "
+        "%.4g and the run's model %.4g (%d steps): %+.3g%s%s", job.server_round, main,
+        scale * mine, len(job.data.y_test), scale * linear_score, scale * model_score,
+        alone["steps"], scale * gain, unit, "" if gain >= 0 else
+        ": federation does worse for this member than its better model alone")
+    return alone
+
+
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Test the model that the named client update makes of the received one."""
@@ -398,7 +511,11 @@ def evaluate(msg: Message, context: Context) -> Message:
     scores = {LOSS: result.loss, **({ACCURACY: result.accuracy} if result.accuracy is not None
                                      else {MSE: result.mse})}
     scores[NUM_EXAMPLES] = len(job.data.y_test)
+    alone = _alone(context, setup, job, scores)
     kept, said = keep_tested_model(context, setup.cfg, setup.dc, job.config, tested, client_id,
-                                   setup.name if setup.partition_id < 0 else None, scores)
-    metrics = _metrics(job, client_id, **scores, **said)
+                                   setup.name if setup.partition_id < 0 else None, scores,
+                                   standardize=setup.scaling, alone=alone)
+    alone_said = {k: v for k, v in ((ALONE_LINEAR, alone.get("linear")),
+                                    (ALONE_MODEL, alone.get("model"))) if v is not None}
+    metrics = _metrics(job, client_id, **scores, **said, **alone_said)
     return Message(RecordDict({METRICS: metrics, **kept}), reply_to=msg)

@@ -54,6 +54,8 @@ GRAPHS = ("task", "file", "groups", "inferred", "none")
 RUN_NAME_MOST = 200
 #: which models a run keeps (fedamp_flwr/delivery.py)
 SAVE_MODES = ("final", "every-checkpoint", "best-validation", "none")
+#: how members' vector inputs are standardized (tasks/tabular.py)
+SCALINGS = ("pooled", "own", "none")
 #: differential privacy on the members' machines (fedamp_flwr/privacy.py)
 DP_MODES = ("none", "update", "dp-sgd")
 
@@ -67,13 +69,24 @@ _bad = bad  # the shared ConfigError of a key (strategies.core.settings)
 __all__ = ["ConfigError", "RunConfig", "auto_values", "parse_shape"]
 
 
-def auto_values(dataset: str, strategy: str, setting: str = "") -> dict[str, Any]:
+#: The "auto" local training of members' tables (vector inputs): a batch of 16 rows, so that
+#: a member of a few dozen to a few hundred rows takes a few steps an epoch, not one.
+#: Chosen on validation rows (validation-fraction 0.25) among batch sizes 100 (the generic
+#: value), 32 and 16 for FedAMP, HeurFedAMP and Separate on the wine table's three members
+#: (docs/federation.md, python -m experiments.tabular ... --set batch-size=B
+#: validation-fraction=0.25): 16 was best or equal best for each.
+TABLE_AUTO: dict[str, Any] = {"batch-size": 16}
+
+
+def auto_values(dataset: str, strategy: str, setting: str = "",
+                table: bool = False) -> dict[str, Any]:
     """The values of the "auto" settings for ``strategy`` on ``dataset`` (in the data setting
     ``setting``, ``<dataset>/<variant>``: :attr:`RunConfig.tuning_key`).
 
     From the most general to the most specific, each overriding the last:
     :data:`GENERIC_AUTO` and every method's ``Settings.AUTO``, the task's own
-    (``TaskSpec.auto``, for every strategy), the strategy's own
+    (``TaskSpec.auto``, for every strategy), :data:`TABLE_AUTO` for members' tables
+    (``table``), the strategy's own
     (``register_strategy(auto=...)``, e.g. pFedHN's reference trainer), the
     strategy's for this task (``register_strategy(task_auto=...)``), and the values a
     tuning run chose for this strategy in this data setting (``strategies/tuned.json``,
@@ -84,6 +97,8 @@ def auto_values(dataset: str, strategy: str, setting: str = "") -> dict[str, Any
     for cls in settings_classes():
         values.update(cls.AUTO)
     values.update(tasks.get_task(dataset).auto)
+    if table:  # members' tables (vector inputs): TABLE_AUTO
+        values.update(TABLE_AUTO)
     values.update(entry.auto)
     values.update(entry.task_auto.get(dataset, {}))
     values.update(tuned_values(strategy, setting) if setting else {})
@@ -155,6 +170,8 @@ class RunConfig:
     member_label_column: str = "label"
     member_feature_columns: str = ""
     member_roster: str = ""
+    member_scaling: str = "pooled"
+    member_alone: bool = True
     checkpoint_secret: str = ""
     #: the chosen strategy's own settings (its keys checked, "auto" resolved)
     settings: Settings = field(default_factory=NoSettings, metadata={"key": False})
@@ -192,7 +209,9 @@ class RunConfig:
             raise _bad("strategy", cfg.strategy, ", ".join(sorted(strategies.STRATEGIES)))
         if cfg.dataset not in tasks.TASKS:
             raise _bad("dataset", cfg.dataset, ", ".join(tasks.TASKS))
-        auto = auto_values(cfg.dataset, cfg.strategy, cfg.tuning_key)
+        table = cfg.dataset == tasks.MEMBERS and len(parse_shape(cfg.member_input_shape) or
+                                                      ()) == 1
+        auto = auto_values(cfg.dataset, cfg.strategy, cfg.tuning_key, table)
         cfg = cfg.resolved(auto)
         cfg.validate()
         context, chosen = cfg.context(), strategies.STRATEGIES[cfg.strategy].settings
@@ -360,6 +379,8 @@ class RunConfig:
                        "or empty")
         if not self.member_label_column:
             raise _bad("member-label-column", self.member_label_column, "a column name")
+        if self.member_scaling not in SCALINGS:
+            raise _bad("member-scaling", self.member_scaling, ", ".join(SCALINGS))
         if self.attack_ratio > 0:
             raise _bad("attack-ratio", self.attack_ratio, "0 with dataset = \"members\" (label "
                        "flipping is a simulation scenario of the partitioned tasks)")

@@ -97,8 +97,11 @@ def data_schema(cfg: RunConfig, dc: tasks.DataConfig) -> tasks.MemberSchema:
 
 def model_card(cfg: RunConfig, dc: tasks.DataConfig, *, run: str, token: str, client_id: int,
                member: str | None, server_round: int, why: str,
-               scores: dict[str, Any]) -> dict[str, Any]:
-    """A model's card (:mod:`tasks.export`), but for the weights' name and hash."""
+               scores: dict[str, Any], standardize: dict[str, Any] | None = None,
+               alone: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A model's card (:mod:`tasks.export`), but for the weights' name and hash;
+    ``standardize``: the inputs' standardizing statistics (the model works on raw rows
+    only with them: ``predict`` applies them); ``alone``: what the member scores alone."""
     schema = data_schema(cfg, dc)
     main = ACCURACY if ACCURACY in scores else MSE
     return {
@@ -119,7 +122,9 @@ def model_card(cfg: RunConfig, dc: tasks.DataConfig, *, run: str, token: str, cl
                  "validation_fraction": cfg.validation_fraction,
                  "validation_index": 0 if member is not None else client_id},
         "dataset": cfg.data_label, "schema": schema_record(schema),
-        "preprocessing": PREPROCESSING,
+        "preprocessing": {**PREPROCESSING, **({"standardize": standardize} if standardize
+                                              else {})},
+        **({"alone": alone} if alone else {}),
         "model": {"name": tasks.model_name(dc, cfg.model),
                   "input_shape": list(schema.input_shape), "num_outputs": schema.num_outputs},
         "package": {"name": "fedamp-flwr", "version": package_version()},
@@ -166,11 +171,13 @@ _TOLD = "fedamp-no-model-dir"
 
 def keep_tested_model(context: Context, cfg: RunConfig, dc: tasks.DataConfig, config: ConfigRecord,
                       model: nn.Module, client_id: int, member: str | None,
-                      scores: dict[str, Any]) -> tuple[dict[str, ArrayRecord], dict[str, int]]:
+                      scores: dict[str, Any], **card: Any
+                      ) -> tuple[dict[str, ArrayRecord], dict[str, int]]:
     """Keep the model a client just tested, as the message asks: write it to the node's
     ``model-dir``, or return it as a reply record (a partitioned run's node without one).
     A member's node without a ``model-dir`` writes nothing and says so once. Returns the
-    reply's extra records and metrics (``model-kept``: whether the node wrote it)."""
+    reply's extra records and metrics (``model-kept``: whether the node wrote it). ``card``:
+    more for its card (:func:`model_card`'s ``standardize`` and ``alone``)."""
     try:
         request = SaveRequest.of(config)
     except (ConfigError, ValueError) as err:  # a message this node will not follow: said
@@ -189,7 +196,7 @@ def keep_tested_model(context: Context, cfg: RunConfig, dc: tasks.DataConfig, co
         written = _write_on_node(where, stem, model, model_card(
             cfg, dc, run=request.run, token=request.token, client_id=client_id, member=member,
             server_round=as_int(config.get(SERVER_ROUND, 0), SERVER_ROUND), why=request.why,
-            scores=scores))
+            scores=scores, **card))
         return {}, {MODEL_KEPT: int(written)}
     if cfg.dataset != tasks.MEMBERS:
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}

@@ -15,6 +15,7 @@ known from a checkpoint keep their numbers).
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from logging import INFO, WARNING
@@ -35,6 +36,9 @@ from strategies.core.protocol import (
     CLIENT_ID,
     CONFIG,
     ERROR,
+    FEATURE_COUNT,
+    FEATURE_SUM,
+    FEATURE_SUMSQ,
     INPUT_SHAPE,
     MEMBER,
     MEMBER_KEY,
@@ -203,7 +207,29 @@ def _parse_member(node: int, cfg, members: Membership, schema: MemberSchema,
         what = "labels up to" if kind == "classification" else "outputs"
         return Refusal(f"{who}: its data has {what} {outputs}, the run has "
                        f"{schema.num_outputs} (member-outputs)")
-    return ClientInfo(node, -1, 0, values[NUM_TRAIN], values[NUM_TEST], name, key)
+    stats = _column_stats(cfg, values[NUM_TRAIN], schema)
+    if isinstance(stats, str):
+        return Refusal(f"{who}: {stats}")
+    return ClientInfo(node, -1, 0, values[NUM_TRAIN], values[NUM_TEST], name, key, stats)
+
+
+def _column_stats(cfg, num_train: int, schema: MemberSchema) -> tuple | str:
+    """A member's training rows' count and per-column sums and sums of squares, checked
+    (an untrusted answer); () where it gave none, or why they cannot be used."""
+    if FEATURE_COUNT not in cfg:
+        return ()
+    count, sums, squares = cfg.get(FEATURE_COUNT), cfg.get(FEATURE_SUM), cfg.get(FEATURE_SUMSQ)
+    features = schema.input_shape[0] if len(schema.input_shape) == 1 else -1
+    ok = (count == num_train and not isinstance(count, bool)
+          and all(isinstance(v, list) and len(v) == features
+                  and all(isinstance(x, float) and math.isfinite(x) for x in v)
+                  for v in (sums, squares))
+          and all(q >= 0 for q in squares))
+    if not ok:
+        return (f"its column statistics ('{FEATURE_COUNT}', '{FEATURE_SUM}', "
+                f"'{FEATURE_SUMSQ}') are not its {num_train} training rows' count and "
+                f"{features} finite sums and sums of squares")
+    return (count, tuple(sums), tuple(squares))
 
 
 def query_nodes(grid: Grid, node_ids: list[int], timeout: float,

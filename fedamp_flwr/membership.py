@@ -46,7 +46,7 @@ def number_members(infos: dict[int, ClientInfo], known: list[str]) -> tuple[dict
     names = list(known) + sorted({i.name for i in infos.values()} - set(known))
     index = {name: i for i, name in enumerate(names)}
     return ({node: ClientInfo(i.node_id, index[i.name], 0, i.num_train, i.num_test, i.name,
-                              i.key)
+                              i.key, i.stats)
              for node, i in infos.items()}, names)
 
 

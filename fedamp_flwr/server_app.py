@@ -17,11 +17,21 @@ import strategies
 import tasks
 from strategies.core.clients import ClientInfo
 from strategies.core.layout import dtypes_of, with_dtypes
-from strategies.core.protocol import BATCH_SIZE, DP_RUN, LOCAL_EPOCHS, LOCAL_STEPS, LR, OPTIMIZER
+from strategies.core.protocol import (
+    BATCH_SIZE,
+    DP_RUN,
+    FEATURE_MEAN,
+    FEATURE_STD,
+    LOCAL_EPOCHS,
+    LOCAL_STEPS,
+    LR,
+    OPTIMIZER,
+)
 from strategies.core.replies import array_spec
 from strategies.core.settings import MOST_CLIENTS
 from tasks.graphs import GraphError, build_graph, group_graph
 from tasks.privacy import has_batch_statistics, noise_allowance
+from tasks.tabular import pooled
 
 from .config import ConfigError, RunConfig
 from .delivery import ModelDelivery, new_token
@@ -149,6 +159,54 @@ def member_roster(cfg: RunConfig, pinned: dict[str, bytes]) -> dict[str, bytes] 
     return roster
 
 
+def member_scaling(cfg: RunConfig, clients: dict[int, ClientInfo],
+                   checkpoint: dict | None) -> dict | None:
+    """The run's standardizing statistics for members' vector inputs (member-scaling =
+    "pooled"): pooled from the column sums the members found now gave (a resumed run keeps
+    its checkpoint's: the models were trained on them); None where there are none (another
+    member-scaling, image inputs, or no member gave sums: under dp each uses its own)."""
+    schema = cfg.member_schema()
+    if schema is None or len(schema.input_shape) != 1 or cfg.member_scaling != "pooled":
+        return None
+    held = checkpoint.get("member_scaling") if checkpoint else None
+    if isinstance(held, dict):
+        return held
+    stats = [i.stats for i in clients.values() if i.stats]
+    if not stats:
+        log(INFO, "No member gave its column sums (dp): each member standardizes its inputs by "
+            "its own training rows")
+        return None
+    mean, std = pooled(stats)
+    rows = sum(int(s[0]) for s in stats)
+    log(INFO, "Inputs standardized by each column's mean and standard deviation pooled over "
+        "%d members' %d training rows (their counts, sums and sums of squares)", len(stats),
+        rows)
+    return {"mean": mean, "std": std, "members": len(stats), "rows": rows}
+
+
+def alone_lines(result: dict, names: list[str]) -> list[str]:
+    """Each member's last score beside what it scores alone (metrics.json's ``alone``): the
+    coordinator's table of what federation gave each member, by name."""
+    alone = result.get("alone") or {}
+    last = result["rounds"][-1] if result.get("rounds") else {}
+    main = "accuracy" if "client_accuracy" in last else "mse"
+    scores = last.get(f"client_{main}", {})
+    lines = []
+    for cid, own in sorted(alone.items(), key=lambda kv: int(kv[0])):
+        if cid not in scores and int(cid) not in scores:
+            continue
+        mine = float(scores.get(cid, scores.get(int(cid), 0.0)))
+        better = (max if main == "accuracy" else min)(own.values())
+        gain = (mine - better) if main == "accuracy" else (better - mine)
+        scale = 100.0 if main == "accuracy" else 1.0
+        who = names[int(cid)] if int(cid) < len(names) else f"client {cid}"
+        lines.append(f"{who}: {main} {scale * mine:.4g} in round {last.get('round')}; alone "
+                     f"{scale * own.get('linear', float('nan')):.4g} (linear), "
+                     f"{scale * own.get('model', float('nan')):.4g} (the run's model): "
+                     f"{scale * gain:+.3g}" + ("" if gain >= 0 else " (federation does worse)"))
+    return lines
+
+
 def checkpoint_keys(checkpoint: dict | None, cfg: RunConfig) -> dict[str, bytes]:
     """The name -> key bindings a checkpoint holds (hex). A members' checkpoint of an older
     version binds no name: it is resumed only with a roster (else the first node to claim
@@ -240,6 +298,7 @@ def _main(grid: Grid, context: Context) -> None:
         members.attempts[:0] = before
         del members.attempts[:-KEPT_ATTEMPTS]
         members.impostors += max(int(checkpoint.get("impostor_count", 0)), len(before))
+    scaling = member_scaling(cfg, clients, checkpoint)
     names = members.names
     # a checkpoint's members first: the strategy resumes with them, newer ones join after
     base = known if checkpoint and names else names
@@ -341,6 +400,7 @@ def _main(grid: Grid, context: Context) -> None:
                 "member_roster": cfg.member_roster or None} if members.names else {}),
             **({"impostors": list(members.attempts), "impostor_count": members.impostors}
                if members.attempts else {}),
+            **({"member_scaling": scaling} if scaling else {}),
             "seed": cfg.seed, "config": cfg.to_dict(),
             **cfg.settings.record(cfg.context()),
             "completed_rounds": completed, "finished": completed == cfg.num_server_rounds,
@@ -364,6 +424,7 @@ def _main(grid: Grid, context: Context) -> None:
                 "num_clients": len(members.names) or n, "client_names": list(members.names),
                 "member_keys": {name: key.hex() for name, key in members.keys.items()},
                 "impostors": list(members.attempts), "impostor_count": members.impostors,
+                **({"member_scaling": scaling} if scaling else {}),
                 "arrays": arrays.to_torch_state_dict(), "random_state": random.getstate(),
                 "strategy": strategy.state_dict(), "run_token": token,
                 "wall_time_s": spent + time.time() - started,
@@ -386,12 +447,14 @@ def _main(grid: Grid, context: Context) -> None:
             metrics = copy.deepcopy(record(server_round))  # the next round adds to the records
             writer.submit(lambda: folder.write_metrics(metrics))
 
+    scaled = ({FEATURE_MEAN: list(scaling["mean"]), FEATURE_STD: list(scaling["std"])}
+              if scaling else {})
     train_config = ConfigRecord({
         LOCAL_EPOCHS: cfg.local_epochs, LOCAL_STEPS: cfg.local_steps,
         BATCH_SIZE: cfg.batch_size, LR: cfg.learning_rate, OPTIMIZER: cfg.optimizer,
-        **({DP_RUN: str(folder.path.resolve())} if cfg.dp != "none" else {}),
+        **({DP_RUN: str(folder.path.resolve())} if cfg.dp != "none" else {}), **scaled,
     })
-    evaluate_config = ConfigRecord({BATCH_SIZE: cfg.batch_size})
+    evaluate_config = ConfigRecord({BATCH_SIZE: cfg.batch_size, **scaled})
     try:
         if done < cfg.num_server_rounds:
             arrays = run_rounds(strategy, grid, arrays, first_round=done + 1,
@@ -424,6 +487,8 @@ def _main(grid: Grid, context: Context) -> None:
             cfg.num_server_rounds, over)
     for cid, why in cover["never_evaluated"].items():
         log(WARNING, "Client %s never produced a result in this run: %s", cid, why)
+    for line in alone_lines(result, members.names):
+        log(INFO, "%s", line)
     log(INFO, "Wrote %s", folder.metrics_path)
     if delivery is not None:
         kept = [c for c, k in delivery.kept.items() if k["kept"]]

@@ -133,6 +133,11 @@ def test_members_fleet_fedamp_heurfedamp_panacea_misfit_impostors_restart(proces
         assert _predict_test_rows(processes, name, "fedamp", files[name]) == \
             f"accuracy {last[str(cid)]!r}"
     assert _member_models(processes, "misfit", "fedamp") == []  # its node wrote nothing
+    # each member's inputs standardized by the pooled statistics, and its score alone beside
+    # its own in its log, its card and the run's records
+    assert fedamp["member_scaling"]["members"] == 3 and sorted(fedamp["alone"]) == ["0", "1", "2"]
+    assert "this member's model accuracy" in processes.log("site-a")
+    assert "site-a: accuracy" in log and "(the run's model)" in log
 
     # 2. with the roster of the names and keys the FedAMP run bound, another node claims
     #    site-b's client-id with a key of its own: refused at once, and site-b trains
@@ -192,7 +197,7 @@ def test_members_fleet_fedamp_heurfedamp_panacea_misfit_impostors_restart(proces
     graph = tmp / "graph.csv"
     graph.write_text("u,v\nsite-a,site-b\nsite-b,site-c\nsite-a,site-unknown\n")
     log = _run(processes, f"{common} strategy='panacea' graph='file' graph-file='{graph}' "
-                          "panacea-server-lr=0.01 local-steps=5 num-server-rounds=2 "
+                          "panacea-server-lr=0.01 local-steps=5 num-server-rounds=1 "
                           "run-name='panacea'")
     panacea = _metrics(results, "panacea", log)
     assert panacea["client_names"] == names and panacea["finished"]
@@ -209,6 +214,6 @@ def test_members_fleet_fedamp_heurfedamp_panacea_misfit_impostors_restart(proces
     assert "client graph inferred from the warm-up updates" in log
     edges = (results / "inferred" / "graph-inferred.csv").read_text().splitlines()[1:]
     assert edges and all(set(e.split(",")) <= set(names) for e in edges)
-    log = _run(processes, f"{common} strategy='fedamp' num-server-rounds=2 run-name='auto-sigma'")
+    log = _run(processes, f"{common} strategy='fedamp' num-server-rounds=1 run-name='auto-sigma'")
     auto = _metrics(results, "auto-sigma", log)
     assert auto["finished"] and auto["fedamp_sigma"]["value"] > 0

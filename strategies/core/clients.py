@@ -24,6 +24,9 @@ class ClientInfo:
     num_test: int
     name: str = ""
     key: bytes = b""
+    #: a member's training rows' count, per-column sums and sums of squares (the pooled
+    #: standardizing statistics, tasks/tabular.py); empty where it gave none
+    stats: tuple = ()
 
     @property
     def label(self) -> str:

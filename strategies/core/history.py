@@ -12,7 +12,7 @@ import torch
 from flwr.app import Message
 from flwr.supercore import log
 
-from .protocol import ACCURACY, DP_EPSILON, LOSS, MSE, TRAIN_LOSS
+from .protocol import ACCURACY, ALONE_LINEAR, ALONE_MODEL, DP_EPSILON, LOSS, MSE, TRAIN_LOSS
 from .replies import metrics_of
 
 METRICS = (ACCURACY, MSE, LOSS)
@@ -155,6 +155,11 @@ class RunHistory:
             for m in METRICS:
                 if m in metrics:
                     values[m][cid] = float(metrics[m])
+            alone = {name: float(metrics[key]) for name, key in (("linear", ALONE_LINEAR),
+                                                                  ("model", ALONE_MODEL))
+                     if key in metrics}
+            if alone:  # a member's scores alone: once per run, the latest said
+                self.notes.setdefault("alone", {})[str(cid)] = alone
         rec = self._round(server_round)
         means: dict[str, float] = {}
         for m, by_client in values.items():

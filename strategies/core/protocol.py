@@ -67,9 +67,17 @@ DP_RUN = "dp-run"
 # Train reply metric under dp: the epsilon the member has spent, this reply included, over
 # every run its ledger holds (at the run's dp-delta, or its node's stricter one).
 DP_EPSILON = "dp-epsilon"
+# A member's vector inputs, standardized (tasks/tabular.py): its query answer gives its
+# training rows' count and per-column sums and sums of squares; train and evaluate messages
+# carry the run's pooled mean and standard deviation per column.
+FEATURE_COUNT, FEATURE_SUM, FEATURE_SUMSQ = "feature-count", "feature-sum", "feature-sumsq"
+FEATURE_MEAN, FEATURE_STD = "feature-mean", "feature-std"
+# Evaluate reply metrics of a member: what it scores alone on the same test rows (the
+# standardized linear model, the run's model trained alone for the run's budget).
+ALONE_LINEAR, ALONE_MODEL = "alone-linear", "alone-model"
 GENERIC_KEYS = frozenset({SERVER_ROUND, CLIENT_UPDATE, LOCAL_EPOCHS, LOCAL_STEPS, BATCH_SIZE,
                           LR, OPTIMIZER, TRAINED_ROUNDS, CLIENT_INDEX, SAVE_MODEL, SAVE_TOKEN,
-                          SAVE_REASON, SAVE_IF_BETTER, DP_RUN})
+                          SAVE_REASON, SAVE_IF_BETTER, DP_RUN, FEATURE_MEAN, FEATURE_STD})
 
 # Reply metrics
 CLIENT_ID = "client-id"

@@ -29,6 +29,8 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from .protocol import (
     ACCURACY,
+    ALONE_LINEAR,
+    ALONE_MODEL,
     ARRAYS,
     CLIENT_ID,
     DP_EPSILON,
@@ -158,7 +160,10 @@ def evaluate_reply_problem(msg: Message, most_examples: int | None = None,
         return problem
     if (ACCURACY in metrics) == (MSE in metrics):
         return f"expected exactly one of the metrics '{ACCURACY}' and '{MSE}'"
-    for key, low, high in ((ACCURACY, 0.0, 1.0), (MSE, 0.0, math.inf), (LOSS, 0.0, math.inf)):
+    # what a member scores alone is on its main metric's scale
+    main_high = 1.0 if ACCURACY in metrics else math.inf
+    for key, low, high in ((ACCURACY, 0.0, 1.0), (MSE, 0.0, math.inf), (LOSS, 0.0, math.inf),
+                           (ALONE_LINEAR, 0.0, main_high), (ALONE_MODEL, 0.0, main_high)):
         if key in metrics and not (finite_number(metrics[key]) and low <= metrics[key] <= high):
             allowed = f"in [{low:g}, {high:g}]" if high < math.inf else f">= {low:g}"
             return f"metric '{key}' = {metrics[key]!r} is not a finite number {allowed}"

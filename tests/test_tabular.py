@@ -1,0 +1,167 @@
+"""A member's table as its model sees it (pooled standardizing statistics) and the linear
+model it would fit alone (tasks/tabular.py), checked against values worked by hand and
+against scikit-learn's own fits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tasks.tabular import column_stats, fit_linear, own, pooled, scaling_problem, standardize
+
+
+def test_pooled_statistics_are_those_of_all_rows_together():
+    a = torch.tensor([[1.0, 10.0], [3.0, 10.0]])
+    b = torch.tensor([[5.0, 10.0]])
+    mean, std = pooled([column_stats(a), column_stats(b)])
+    assert mean == pytest.approx([3.0, 10.0])
+    # population std of 1, 3, 5: sqrt(8/3); a constant column: 1 (left as it is)
+    assert std == pytest.approx([(8 / 3) ** 0.5, 1.0])
+    assert column_stats(a) == (2, [4.0, 20.0], [10.0, 200.0])
+    both = torch.cat([a, b])
+    assert own(both) == (mean, std)
+    z = standardize(both, mean, std)
+    assert z[:, 0].tolist() == pytest.approx([-(1.5 ** 0.5), 0.0, 1.5 ** 0.5])
+    assert z[:, 1].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_scaling_values_from_a_message_are_checked():
+    assert scaling_problem([0.0, 1.0], [1.0, 2.0], 2) is None
+    assert "not a list of 3" in scaling_problem([0.0], [1.0], 3)
+    assert "finite" in scaling_problem([0.0, float("nan")], [1.0, 1.0], 2)
+    assert "<= 0" in scaling_problem([0.0, 0.0], [1.0, 0.0], 2)
+    assert "not a list" in scaling_problem("x", [1.0], 1)
+
+
+def test_the_linear_model_alone_is_scikit_learns():
+    pytest.importorskip("sklearn")
+    from sklearn.datasets import load_wine
+    from sklearn.linear_model import LogisticRegression, Ridge
+
+    x, y = load_wine(return_X_y=True)
+    x = torch.from_numpy(x).float()
+    z = standardize(x, *own(x))
+    model = fit_linear(z, torch.from_numpy(y).long(), 3)
+    reference = LogisticRegression(C=1.0, max_iter=5000, tol=1e-10).fit(z.numpy(), y)
+    with torch.no_grad():
+        ours = torch.softmax(model(z).double(), 1).numpy()
+    assert np.abs(ours - reference.predict_proba(z.numpy())).max() < 1e-3
+    assert (ours.argmax(1) == reference.predict(z.numpy())).all()
+    target = z[:, 0].clone()
+    ridge = fit_linear(z[:, 1:], target, 1)
+    with torch.no_grad():
+        mine = ridge(z[:, 1:]).reshape(-1).double().numpy()
+    theirs = Ridge(alpha=1.0).fit(z[:, 1:].numpy(), target.numpy()).predict(z[:, 1:].numpy())
+    assert np.abs(mine - theirs).max() < 1e-3
+
+
+def _tables(folder, n: int = 3, rows: int = 60, seed: int = 0) -> list[dict]:
+    """Members' CSV tables whose columns are of very different scales (0.1 to 1,000), a
+    text label, a split column; each member its own class mix."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    scale = np.array([0.1, 1.0, 30.0, 1000.0])
+    nodes = []
+    for m in range(n):
+        y = rng.choice(3, size=rows, p=np.roll([0.6, 0.3, 0.1], m))
+        x = (rng.normal(size=(rows, 4)) + y[:, None] * np.array([1.0, -1.0, 0.5, 2.0])) * scale
+        frame = pd.DataFrame(x, columns=["a", "b", "c", "d"])
+        frame["label"] = np.array(["low", "mid", "high"])[y]
+        frame["split"] = ["train"] * (rows * 3 // 4) + ["test"] * (rows - rows * 3 // 4)
+        path = folder / f"site-{m}.csv"
+        frame.to_csv(path, index=False)
+        nodes.append({"data-path": str(path), "client-id": f"site-{m}",
+                      "model-dir": str(folder / f"models-{m}")})
+    return nodes
+
+
+TABLE = {"dataset": "members", "member-input-shape": "4", "member-outputs": 3,
+         "member-class-names": "low,mid,high", "strategy": "fedamp", "local-epochs": 2}
+
+
+def test_members_tables_are_standardized_by_pooled_statistics_and_their_cards_say_how(
+        tmp_path, capsys):
+    """The server pools the members' column sums into one mean and std per column, every
+    member's inputs are standardized by them, each card carries them (and what the member
+    scores alone), and predict on the raw table gives the card's score."""
+    import json
+
+    import pandas as pd
+
+    from fedamp_flwr import cli
+
+    from .conftest import run_named
+
+    nodes = _tables(tmp_path)
+    metrics = run_named(tmp_path, "run", TABLE, 3, nodes)
+    train = pd.concat([pd.read_csv(n["data-path"]).query("split == 'train'") for n in nodes])
+    want_mean = train[["a", "b", "c", "d"]].mean().to_numpy()
+    want_std = train[["a", "b", "c", "d"]].std(ddof=0).to_numpy()
+    scaling = metrics["member_scaling"]
+    assert np.allclose(scaling["mean"], want_mean) and np.allclose(scaling["std"], want_std)
+    assert scaling["members"] == 3 and scaling["rows"] == len(train)
+    last = metrics["rounds"][-1]["client_accuracy"]
+    assert sorted(metrics["alone"]) == ["0", "1", "2"]
+    for i, node in enumerate(nodes):
+        model = tmp_path / f"models-{i}" / "run" / f"site-{i}.safetensors"
+        card = json.loads(model.with_suffix(".json").read_text())
+        spec = card["preprocessing"]["standardize"]
+        assert spec["mean"] == pytest.approx(scaling["mean"]) and spec["from"].startswith(
+            "pooled")
+        alone = card["alone"]
+        assert alone == {**alone, **metrics["alone"][str(i)]}
+        assert alone["gain"] == pytest.approx(last[str(i)] - max(alone["linear"],
+                                                                  alone["model"]))
+        assert cli.main(["predict", str(model), node["data-path"], "--rows", "test",
+                         "--out", str(tmp_path / "p.csv")]) == 0
+        said = capsys.readouterr().out.strip().splitlines()[-1]
+        assert said.startswith(f"accuracy {last[str(i)]!r} on ") and said.endswith(
+            f"(the card: {last[str(i)]!r})"), said
+
+
+def test_under_dp_no_member_gives_its_sums_and_each_standardizes_by_its_own(tmp_path, caplog):
+    import json
+    import logging
+
+    from .conftest import run_named
+
+    nodes = _tables(tmp_path)
+    for i, node in enumerate(nodes):
+        node["privacy-dir"] = str(tmp_path / f"ledger-{i}")
+    with caplog.at_level(logging.INFO):
+        metrics = run_named(tmp_path, "dp", {**TABLE, "dp": "update"}, 3, nodes)
+    assert "member_scaling" not in metrics
+    assert "No member gave its column sums (dp)" in caplog.text
+    card = json.loads((tmp_path / "models-0" / "dp" / "site-0.json").read_text())
+    assert card["preprocessing"]["standardize"]["from"] == "this member's own training rows"
+
+
+def test_scaling_none_leaves_the_inputs_and_a_bad_message_is_refused(tmp_path):
+    import json
+
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+
+    import tasks
+    from fedamp_flwr import client_app
+    from fedamp_flwr.inprocess import task_identity
+
+    from .conftest import run_named
+
+    nodes = _tables(tmp_path)
+    run_named(tmp_path, "plain", {**TABLE, "member-scaling": "none", "member-alone": False}, 3,
+              nodes)
+    card = json.loads((tmp_path / "models-0" / "plain" / "site-0.json").read_text())
+    assert "standardize" not in card["preprocessing"] and "alone" not in card
+    config = {**TABLE, "member-scaling": "pooled"}
+    model = tasks.build_model(tasks.DataConfig("members", "", 2, 0, schema=tasks.MemberSchema(
+        (4,), "classification", 3)), "auto")
+    msg = Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord(
+        {"server-round": 1, "client-index": 0, "feature-mean": [0.0, 1.0],
+         "feature-std": [1.0, 1.0]})}), message_type=MessageType.EVALUATE, dst_node_id=100)
+    ctx = Context(run_id=1, node_id=100, node_config=nodes[0], state=RecordDict(),
+                  run_config=config)
+    with task_identity(), pytest.raises(Exception, match="'feature-mean'/'feature-std': mean "
+                                                         "is not a list of 4 numbers"):
+        client_app.evaluate(msg, ctx)
