@@ -130,6 +130,10 @@ def run_rows(card: dict, data: str, schema: tasks.MemberSchema, which: str) -> S
     except (KeyError, TypeError, ValueError):
         raise ModelFileError(f"the card does not say which rows its run used ({str(spec)[:100]}; "
                              "a card of an older version); predict on all rows instead") from None
+    if not member and read_member_rows(data, schema).test is None:
+        raise ModelFileError("the card is a simulated client's: its rows were its partition's, "
+                             "not a split of this file (which marks no test rows); predict on "
+                             "all rows instead")
     train, test = load_member_data(data, schema, seed, member)
     if fraction > 0:
         (xa, ya), (xb, yb) = to_tensors(train), to_tensors(test)
@@ -148,7 +152,7 @@ def card_standardize(card: dict, x: torch.Tensor, where: str) -> torch.Tensor:
 
     spec = card.get("preprocessing", {})
     spec = spec.get("standardize") if isinstance(spec, dict) else None
-    if spec is None:
+    if spec is None or len(x) == 0:
         return x
     mean = spec.get("mean") if isinstance(spec, dict) else None
     std = spec.get("std") if isinstance(spec, dict) else None

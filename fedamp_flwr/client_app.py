@@ -73,10 +73,10 @@ from strategies.core.protocol import (
     DP_RUN,
     ERROR,
     FEATURE_COUNT,
+    FEATURE_M2,
     FEATURE_MEAN,
+    FEATURE_ROW_MEAN,
     FEATURE_STD,
-    FEATURE_SUM,
-    FEATURE_SUMSQ,
     INFO,
     INPUT_SHAPE,
     LOCAL_EPOCHS,
@@ -105,7 +105,7 @@ from strategies.core.protocol import (
 )
 from tasks.privacy import DPSGD, os_generator, privatize_update
 from tasks.scenarios import flip_labels
-from tasks.tabular import column_stats, fit_linear, scaling_problem, standardize
+from tasks.tabular import LEAST_ROWS, column_stats, fit_linear, scaling_problem, standardize
 from tasks.tabular import own as own_stats
 from tasks.train import evaluate as evaluate_model
 from tasks.train import num_steps
@@ -174,6 +174,7 @@ def _setup(context: Context) -> Setup:
     cfg = RunConfig.from_run_config(context.run_config)
     if cfg.dataset == tasks.MEMBERS:
         name, path = member_identity(context)
+        keeps_better(context)  # its node config's keep checked before anything runs
         dc = cfg.data_config(0, member=name, data_path=path)
         try:
             data = tasks.load_client_data(dc, 0)
@@ -262,13 +263,15 @@ def _vector_member(setup: Setup) -> bool:
 
 def _column_stats(setup: Setup) -> dict:
     """What a member tells the server of its training rows for the pooled standardizing
-    statistics: their count and per-column sums and sums of squares (member-scaling =
-    "pooled"; nothing under dp, where each member uses its own statistics)."""
+    statistics: their count and per-column means and centred sums of squares
+    (member-scaling = "pooled"; nothing under dp, or with fewer than LEAST_ROWS rows,
+    where the member uses the others' pooled statistics, or its own if none are)."""
     cfg = setup.cfg
-    if not _vector_member(setup) or cfg.member_scaling != "pooled" or cfg.dp != "none":
+    if (not _vector_member(setup) or cfg.member_scaling != "pooled" or cfg.dp != "none"
+            or len(setup.data.x_train) < LEAST_ROWS):
         return {}
-    n, sums, squares = column_stats(setup.data.x_train)
-    return {FEATURE_COUNT: n, FEATURE_SUM: sums, FEATURE_SUMSQ: squares}
+    n, means, m2 = column_stats(setup.data.x_train)
+    return {FEATURE_COUNT: n, FEATURE_ROW_MEAN: means, FEATURE_M2: m2}
 
 
 def _scaled(setup: Setup, config: ConfigRecord) -> tuple[Setup, dict | None]:
@@ -446,7 +449,21 @@ def _private(context: Context, setup: Setup, job: ClientJob
     return privacy, ledger
 
 
-_ALONE = "member-alone"
+_ALONE, _ALONE_MODEL = "member-alone", "member-alone-model"
+#: node config: which model a member keeps, "federated" (the run's, the default) or "better"
+#: (the run's model trained alone instead, where it scores better on the same test rows)
+KEEP = "keep"
+
+
+def keeps_better(context: Context) -> bool:
+    """Whether this member's node config asks to keep the better of its federated model and
+    the run's model trained alone (``keep = "better"``); a ConfigError names a bad value."""
+    value = context.node_config.get(KEEP, "federated")
+    if value not in ("federated", "better"):
+        raise ConfigError(f"node config '{KEEP}' = {value!r} is invalid; allowed: federated "
+                          "(the run's model), better (the better of it and the run's model "
+                          "trained alone)")
+    return value == "better"
 
 
 def _alone(context: Context, setup: Setup, job: ClientJob, scores: dict) -> dict:
@@ -463,18 +480,26 @@ def _alone(context: Context, setup: Setup, job: ClientJob, scores: dict) -> dict
     if held is None:
         data, kind = job.data, setup.dc.schema.kind if setup.dc.schema else ""
         classes = setup.dc.schema.num_outputs if setup.dc.schema else 1
-        linear = fit_linear(data.x_train, data.y_train, classes)
+        # the standardized linear model a member fits by itself: its own statistics
+        mean, std = own_stats(data.x_train)
+        linear = fit_linear(standardize(data.x_train, mean, std), data.y_train, classes)
+        x_test_linear = standardize(data.x_test, mean, std)
         with torch.random.fork_rng(devices=[]):  # nobody else's random state is touched
-            torch.manual_seed(cfg.seed)  # the run's initial model, as the server builds it
-            model = tasks.build_model(setup.dc, cfg.model)
+            torch.default_generator.manual_seed(cfg.seed)  # the run's initial model, as the
+            model = tasks.build_model(setup.dc, cfg.model)  # server builds it (on the CPU)
         per_round = num_steps(len(data.y_train), job.optim.batch_size, job.epochs, job.steps)
         train_model(model, data.x_train, data.y_train, epochs=0, steps=per_round *
                     cfg.num_server_rounds, batch_size=job.optim.batch_size, lr=job.optim.lr,
-                    optimizer=job.optim.optimizer, device=_device(), seed=job.seed)
+                    optimizer=job.optim.optimizer, device=_device(),
+                    seed=_seed(cfg, 0, 0))  # the same whichever round computes it
+        if keeps_better(context):  # the member may take this one home instead
+            context.state[_ALONE_MODEL] = ArrayRecord(
+                OrderedDict((k, v.detach().cpu()) for k, v in model.state_dict().items()))
         main = ACCURACY if kind != tasks.REGRESSION else MSE
         values: dict[str, float] = {}
-        for name, fitted in (("linear", linear), ("model", model)):
-            result = evaluate_model(fitted, data.x_test, data.y_test, device=_device())
+        for name, fitted, x_test in (("linear", linear, x_test_linear),
+                                     ("model", model, data.x_test)):
+            result = evaluate_model(fitted, x_test, data.y_test, device=_device())
             values[name] = float(result.accuracy if main == ACCURACY else result.mse)  # type: ignore[arg-type]
         held = ConfigRecord({**values, "metric": main,
                              "budget": per_round * cfg.num_server_rounds})
@@ -512,9 +537,26 @@ def evaluate(msg: Message, context: Context) -> Message:
                                      else {MSE: result.mse})}
     scores[NUM_EXAMPLES] = len(job.data.y_test)
     alone = _alone(context, setup, job, scores)
-    kept, said = keep_tested_model(context, setup.cfg, setup.dc, job.config, tested, client_id,
-                                   setup.name if setup.partition_id < 0 else None, scores,
-                                   standardize=setup.scaling, alone=alone)
+    kept_model, kept_scores = tested, scores
+    held = context.state.array_records.get(_ALONE_MODEL)
+    federated = float(scores[alone["metric"]] or 0.0) if alone else 0.0
+    alone_better = bool(alone) and (alone["model"] > federated if alone["metric"] == ACCURACY
+                                    else alone["model"] < federated)
+    if alone_better and held is not None and keeps_better(context):  # as the member asked
+        kept_model = tasks.build_model(setup.dc, setup.cfg.model)
+        kept_model.load_state_dict(held.to_torch_state_dict())
+        result = evaluate_model(kept_model, job.data.x_test, job.data.y_test, device=_device())
+        kept_scores = {LOSS: result.loss, NUM_EXAMPLES: len(job.data.y_test),
+                       **({ACCURACY: result.accuracy} if result.accuracy is not None
+                          else {MSE: result.mse})}
+        log(logging.INFO, "keep = better: the run's model trained alone on this member's rows "
+            "is kept (%s %.4g against the federated %.4g)", alone["metric"],
+            alone["model"], scores[alone["metric"]])
+    kept, said = keep_tested_model(context, setup.cfg, setup.dc, job.config, kept_model,
+                                   client_id, setup.name if setup.partition_id < 0 else None,
+                                   kept_scores, standardize=setup.scaling,
+                                   alone={**alone, "kept": "alone" if kept_model is not tested
+                                          else "federated"} if alone else None)
     alone_said = {k: v for k, v in ((ALONE_LINEAR, alone.get("linear")),
                                     (ALONE_MODEL, alone.get("model"))) if v is not None}
     metrics = _metrics(job, client_id, **scores, **said, **alone_said)

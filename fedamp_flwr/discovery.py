@@ -15,7 +15,6 @@ known from a checkpoint keep their numbers).
 
 from __future__ import annotations
 
-import math
 import secrets
 import time
 from logging import INFO, WARNING
@@ -37,8 +36,8 @@ from strategies.core.protocol import (
     CONFIG,
     ERROR,
     FEATURE_COUNT,
-    FEATURE_SUM,
-    FEATURE_SUMSQ,
+    FEATURE_M2,
+    FEATURE_ROW_MEAN,
     INPUT_SHAPE,
     MEMBER,
     MEMBER_KEY,
@@ -55,6 +54,7 @@ from strategies.core.protocol import (
 )
 from strategies.core.protocol import INFO as INFO_RECORD
 from tasks.members import MemberSchema
+from tasks.tabular import stats_problem
 
 from . import identity
 from .membership import Impostor, Membership, Refusal, number_members
@@ -214,22 +214,17 @@ def _parse_member(node: int, cfg, members: Membership, schema: MemberSchema,
 
 
 def _column_stats(cfg, num_train: int, schema: MemberSchema) -> tuple | str:
-    """A member's training rows' count and per-column sums and sums of squares, checked
-    (an untrusted answer); () where it gave none, or why they cannot be used."""
+    """A member's training rows' count and per-column means and centred sums of squares,
+    checked (an untrusted answer: :func:`tasks.tabular.stats_problem`); () where it gave
+    none, or why they cannot be used."""
     if FEATURE_COUNT not in cfg:
         return ()
-    count, sums, squares = cfg.get(FEATURE_COUNT), cfg.get(FEATURE_SUM), cfg.get(FEATURE_SUMSQ)
+    count, means, m2 = cfg.get(FEATURE_COUNT), cfg.get(FEATURE_ROW_MEAN), cfg.get(FEATURE_M2)
     features = schema.input_shape[0] if len(schema.input_shape) == 1 else -1
-    ok = (count == num_train and not isinstance(count, bool)
-          and all(isinstance(v, list) and len(v) == features
-                  and all(isinstance(x, float) and math.isfinite(x) for x in v)
-                  for v in (sums, squares))
-          and all(q >= 0 for q in squares))
-    if not ok:
-        return (f"its column statistics ('{FEATURE_COUNT}', '{FEATURE_SUM}', "
-                f"'{FEATURE_SUMSQ}') are not its {num_train} training rows' count and "
-                f"{features} finite sums and sums of squares")
-    return (count, tuple(sums), tuple(squares))
+    problem = stats_problem(count, means, m2, num_train, features)
+    if problem is not None:
+        return f"its column statistics cannot be pooled: {problem}"
+    return (count, tuple(means), tuple(m2))
 
 
 def query_nodes(grid: Grid, node_ids: list[int], timeout: float,
@@ -373,10 +368,13 @@ def discover_members(grid: Grid, min_nodes: int, members: Membership, timeout: f
         why = ("; left out: " + "; ".join(left)) if left else ""
         # the fleet min-nodes asks for is there and not one node of it can take part
         # (every one left out for good): no wait can change that, say so now
-        all_out = len(live) >= min_nodes and not accepted and not members.pending and all(
-            n in members.refused or n in members.blocked for n in live)
+        # (impostors do not count: no one stops a run by opening connections with names it
+        # cannot prove)
+        fleet = live - members.blocked
+        all_out = len(fleet) >= min_nodes and not accepted and not members.pending and all(
+            n in members.refused for n in fleet)
         if all_out:
-            raise ClientSetupError(f"every one of the {len(live)} connected node(s) is left "
+            raise ClientSetupError(f"every one of the {len(fleet)} connected node(s) is left "
                                    f"out, none can take part (min-nodes is {min_nodes}){why}")
         if time.monotonic() > deadline:
             raise ClientSetupError(f"only {len(accepted)} member(s) with fitting data after "

@@ -162,25 +162,37 @@ def member_roster(cfg: RunConfig, pinned: dict[str, bytes]) -> dict[str, bytes] 
 def member_scaling(cfg: RunConfig, clients: dict[int, ClientInfo],
                    checkpoint: dict | None) -> dict | None:
     """The run's standardizing statistics for members' vector inputs (member-scaling =
-    "pooled"): pooled from the column sums the members found now gave (a resumed run keeps
+    "pooled"): pooled from the column statistics the members found now gave (a resumed run keeps
     its checkpoint's: the models were trained on them); None where there are none (another
     member-scaling, image inputs, or no member gave sums: under dp each uses its own)."""
     schema = cfg.member_schema()
-    if schema is None or len(schema.input_shape) != 1 or cfg.member_scaling != "pooled":
+    if schema is None or len(schema.input_shape) != 1:
+        return None
+    if checkpoint is not None and "member-scaling" not in checkpoint.get("config", {}) \
+            and cfg.member_scaling != "none":  # its models were trained on raw inputs
+        raise ConfigError(f"run config 'member-scaling' = {cfg.member_scaling!r}: the run being "
+                          "resumed (an older version's) did not standardize its members' "
+                          "inputs; allowed: none, to resume it")
+    if cfg.member_scaling != "pooled":
         return None
     held = checkpoint.get("member_scaling") if checkpoint else None
     if isinstance(held, dict):
         return held
     stats = [i.stats for i in clients.values() if i.stats]
     if not stats:
-        log(INFO, "No member gave its column sums (dp): each member standardizes its inputs by "
-            "its own training rows")
+        log(INFO, "No member gave its column statistics (dp, or too few rows): each member "
+            "standardizes its inputs by its own training rows")
         return None
-    mean, std = pooled(stats)
+    try:
+        mean, std = pooled(stats)
+    except ValueError as err:
+        log(WARNING, "The members' column statistics cannot be pooled (%s): each member "
+            "standardizes its inputs by its own training rows", err)
+        return None
     rows = sum(int(s[0]) for s in stats)
     log(INFO, "Inputs standardized by each column's mean and standard deviation pooled over "
-        "%d members' %d training rows (their counts, sums and sums of squares)", len(stats),
-        rows)
+        "%d members' %d training rows (their counts, means and centred sums of squares)",
+        len(stats), rows)
     return {"mean": mean, "std": std, "members": len(stats), "rows": rows}
 
 

@@ -2,16 +2,18 @@
 
 **Standardizing** (:func:`column_stats`, :func:`pooled`, :func:`standardize`): every
 input column of a vector task (a table, an ``.npz`` of float vectors) is standardized,
-``(x - mean) / std``, by statistics that never reveal a member's rows: each member tells
-the server only its training rows' count and, per column, their sum and sum of squares
-(a few numbers per column); the server pools them into one mean and one standard
-deviation per column, the same for every member, and every model of the run sees its
-inputs on that common scale. Measured on the wine table cut into three members with
-different class mixes (docs/federation.md, ``python -m experiments.tabular``), pooled
-statistics beat each member's own (FedAMP 97.9 against 89.0 at seed 0): a member's own
-mean shifts with its class mix, so the same weight means different things at different
-members, and a model mixed from theirs fits none. A member's own statistics stay the
-fallback where it shares no sums (under ``dp``).
+``(x - mean) / std``, by statistics of the members' rows, not the rows: each member
+tells the server its training rows' count and, per column, their mean and their centred
+sum of squares (three numbers a column, nothing when it has fewer than
+:data:`LEAST_ROWS` rows); the server pools them (Chan, Golub and LeVeque's parallel
+combination, numerically stable where a column's values are large beside their spread)
+into one mean and one standard deviation per column, the same for every member, so that
+every model of the run sees its inputs on one common scale. Measured on the wine table
+cut into three members with different class mixes (docs/federation.md,
+``python -m experiments.tabular``), pooled statistics did better than each member's own:
+a member's own mean shifts with its class mix, so the same weight means different things
+at different members. A member's own statistics stay the fallback where no member gives
+any (under ``dp``, or members of too few rows).
 
 **Alone** (:func:`fit_linear`): the standardized linear model a member could fit on its
 own rows in a second, multinomial logistic regression for classes (ridge regression for
@@ -30,28 +32,62 @@ from torch import nn
 
 #: a column whose standard deviation is below this is left unscaled (a constant column)
 TINY_STD = 1e-12
+#: a member with fewer training rows gives no statistics (a row or two could be solved for)
+LEAST_ROWS = 10
+#: the largest magnitude a statistic may have (inputs are float32)
+LARGEST = 1e30
 
 
 def column_stats(x: torch.Tensor) -> tuple[int, list[float], list[float]]:
-    """The count of rows of ``x`` (N x F) and, per column, their sum and sum of squares
-    (in float64): what a member's node tells the server of its training rows."""
+    """The count of rows of ``x`` (N x F) and, per column, their mean and centred sum of
+    squares ``sum (x - mean)^2`` (in float64): what a member's node tells the server of
+    its training rows."""
     x = x.detach().reshape(len(x), -1).double()
-    return len(x), x.sum(0).tolist(), (x * x).sum(0).tolist()
+    mean = x.mean(0)
+    return len(x), mean.tolist(), ((x - mean) ** 2).sum(0).tolist()
+
+
+def stats_problem(count: object, mean: object, m2: object, rows: int,
+                  features: int) -> str | None:
+    """Why a member's statistics (untrusted: a query answer) cannot be pooled, or None:
+    its count must be its ``rows`` training rows, at least :data:`LEAST_ROWS`, the means
+    and centred sums of squares ``features`` finite numbers within :data:`LARGEST`, the
+    sums of squares >= 0."""
+    if isinstance(count, bool) or count != rows or rows < LEAST_ROWS:
+        return f"a count of {count!r} rows, not its {rows} training rows (at least {LEAST_ROWS})"
+    for name, values in (("means", mean), ("centred sums of squares", m2)):
+        if not (isinstance(values, list) and len(values) == features and all(
+                isinstance(v, float) and math.isfinite(v) and abs(v) <= LARGEST
+                for v in values)):
+            return f"its {name} are not {features} finite numbers within {LARGEST:g}"
+    assert isinstance(m2, list)
+    if min(m2) < 0:
+        return "a centred sum of squares below 0"
+    return None
 
 
 def pooled(stats: Sequence[tuple[int, Sequence[float], Sequence[float]]]
            ) -> tuple[list[float], list[float]]:
     """The mean and (population) standard deviation of every column over all the members'
-    rows, from their counts, sums and sums of squares; a constant column gets std 1."""
-    n = sum(int(s[0]) for s in stats)
-    if n < 1 or len({len(s[1]) for s in stats} | {len(s[2]) for s in stats}) != 1:
-        raise ValueError("no rows, or members of different column counts")
-    sums = torch.tensor([list(s[1]) for s in stats], dtype=torch.float64).sum(0)
-    squares = torch.tensor([list(s[2]) for s in stats], dtype=torch.float64).sum(0)
-    mean = sums / n
-    var = (squares / n - mean * mean).clamp_min(0.0)
-    std = var.sqrt()
+    rows, from their counts, means and centred sums of squares (Chan et al.'s pairwise
+    combination); a constant column gets std 1."""
+    if not stats or len({len(s[1]) for s in stats} | {len(s[2]) for s in stats}) != 1:
+        raise ValueError("no statistics, or members of different column counts")
+    n = 0
+    mean = m2 = torch.zeros(len(stats[0][1]), dtype=torch.float64)
+    for count, means, squares in stats:
+        b_n = int(count)
+        b_mean = torch.tensor(list(means), dtype=torch.float64)
+        b_m2 = torch.tensor(list(squares), dtype=torch.float64)
+        total = n + b_n
+        delta = b_mean - mean
+        mean = mean + delta * (b_n / total)
+        m2 = m2 + b_m2 + delta * delta * (n * b_n / total)
+        n = total
+    std = (m2.clamp_min(0.0) / n).sqrt()
     std = torch.where(std > TINY_STD, std, torch.ones_like(std))
+    if not bool(torch.isfinite(mean).all() and torch.isfinite(std).all()):
+        raise ValueError("the pooled statistics are not finite")
     return mean.tolist(), std.tolist()
 
 
@@ -69,9 +105,11 @@ def scaling_problem(mean: object, std: object, features: int) -> str | None:
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                    and math.isfinite(v) for v in values):
             return f"{name} holds a value that is not a finite number"
-    assert isinstance(std, list)
-    if min(std) <= 0:
-        return "std holds a value <= 0"
+    assert isinstance(std, list) and isinstance(mean, list)
+    if min(std) < TINY_STD:
+        return f"std holds a value below {TINY_STD:g}"
+    if max(abs(v) for v in mean + std) > LARGEST:
+        return f"a value beyond {LARGEST:g}"
     return None
 
 

@@ -18,7 +18,7 @@ def test_pooled_statistics_are_those_of_all_rows_together():
     assert mean == pytest.approx([3.0, 10.0])
     # population std of 1, 3, 5: sqrt(8/3); a constant column: 1 (left as it is)
     assert std == pytest.approx([(8 / 3) ** 0.5, 1.0])
-    assert column_stats(a) == (2, [4.0, 20.0], [10.0, 200.0])
+    assert column_stats(a) == (2, [2.0, 10.0], [2.0, 0.0])  # count, means, centred squares
     both = torch.cat([a, b])
     assert own(both) == (mean, std)
     z = standardize(both, mean, std)
@@ -30,8 +30,30 @@ def test_scaling_values_from_a_message_are_checked():
     assert scaling_problem([0.0, 1.0], [1.0, 2.0], 2) is None
     assert "not a list of 3" in scaling_problem([0.0], [1.0], 3)
     assert "finite" in scaling_problem([0.0, float("nan")], [1.0, 1.0], 2)
-    assert "<= 0" in scaling_problem([0.0, 0.0], [1.0, 0.0], 2)
+    assert "below 1e-12" in scaling_problem([0.0, 0.0], [1.0, 0.0], 2)
+    assert "below 1e-12" in scaling_problem([0.0], [1e-300], 1)
+    assert "beyond 1e+30" in scaling_problem([1e200], [1.0], 1)
     assert "not a list" in scaling_problem("x", [1.0], 1)
+
+
+def test_a_members_statistics_are_checked_and_pooled_stably():
+    """A member's statistics are untrusted (no count other than its rows, none from fewer
+    than LEAST_ROWS rows, finite and bounded values); pooling them is stable where a column's
+    values are large beside their spread (a timestamp: 1.7e9 + 0..4, std 1.414)."""
+    from tasks.tabular import LEAST_ROWS, stats_problem
+
+    assert stats_problem(12, [0.0], [1.0], 12, 1) is None
+    assert "at least 10" in stats_problem(3, [0.0], [1.0], 3, 1)
+    assert LEAST_ROWS == 10
+    assert "not its 12 training rows" in stats_problem(13, [0.0], [1.0], 12, 1)
+    assert "within 1e+30" in stats_problem(12, [1e200], [1.0], 12, 1)
+    assert "below 0" in stats_problem(12, [0.0], [-1.0], 12, 1)
+    assert "finite" in stats_problem(12, [float("nan")], [1.0], 12, 1)
+    assert "not 2 finite" in stats_problem(12, [0.0], [1.0], 12, 2)
+    stamps = torch.tensor([[1.7e9 + i] for i in range(5)], dtype=torch.float64)
+    parts = [column_stats(stamps[:2]), column_stats(stamps[2:])]
+    mean, std = pooled(parts)
+    assert mean == pytest.approx([1.7e9 + 2]) and std == pytest.approx([2 ** 0.5], rel=1e-9)
 
 
 def test_the_linear_model_alone_is_scikit_learns():
@@ -133,7 +155,7 @@ def test_under_dp_no_member_gives_its_sums_and_each_standardizes_by_its_own(tmp_
     with caplog.at_level(logging.INFO):
         metrics = run_named(tmp_path, "dp", {**TABLE, "dp": "update"}, 3, nodes)
     assert "member_scaling" not in metrics
-    assert "No member gave its column sums (dp)" in caplog.text
+    assert "No member gave its column statistics (dp, or too few rows)" in caplog.text
     card = json.loads((tmp_path / "models-0" / "dp" / "site-0.json").read_text())
     assert card["preprocessing"]["standardize"]["from"] == "this member's own training rows"
 
@@ -165,3 +187,48 @@ def test_scaling_none_leaves_the_inputs_and_a_bad_message_is_refused(tmp_path):
     with task_identity(), pytest.raises(Exception, match="'feature-mean'/'feature-std': mean "
                                                          "is not a list of 4 numbers"):
         client_app.evaluate(msg, ctx)
+
+
+def test_a_member_that_asks_keeps_the_better_of_its_federated_model_and_its_model_alone(
+        tmp_path):
+    """keep = "better": where the run's model trained alone scores better on the member's
+    test rows, the member takes that one home (its card says so, and predict gives its
+    score); the run's records keep the federated score. Without it, the federated model."""
+    import json
+
+    from fedamp_flwr import cli
+
+    from .conftest import run_named
+
+    nodes = _tables(tmp_path)
+    for node in nodes:
+        node["keep"] = "better"
+    # FedAvg's one global model over three class mixes: alone does better for some members
+    metrics = run_named(tmp_path, "run", {**TABLE, "strategy": "fedavg", "num-server-rounds": 3,
+                                          "local-steps": 5}, 3, nodes)
+    kept_alone = 0
+    for i, node in enumerate(nodes):
+        model = tmp_path / f"models-{i}" / "run" / f"site-{i}.safetensors"
+        card = json.loads(model.with_suffix(".json").read_text())
+        federated = metrics["rounds"][-1]["client_accuracy"][str(i)]
+        alone = card["alone"]
+        if alone["model"] > federated:
+            kept_alone += 1
+            assert alone["kept"] == "alone" and card["score"]["accuracy"] == alone["model"]
+        else:
+            assert alone["kept"] == "federated" and card["score"]["accuracy"] == federated
+        assert cli.main(["predict", str(model), node["data-path"], "--rows", "test",
+                         "--out", str(tmp_path / "p.csv")]) == 0
+    assert kept_alone >= 1
+    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+
+    from fedamp_flwr import client_app
+    from fedamp_flwr.inprocess import task_identity
+
+    ctx = Context(run_id=1, node_id=7, node_config={**nodes[0], "keep": "sometimes"},
+                  state=RecordDict(), run_config=TABLE)
+    with task_identity():
+        info = client_app.query(Message(RecordDict({"config": ConfigRecord(
+            {"query": "client-info", "challenge": b"\x01" * 32})}),
+            message_type=MessageType.QUERY, dst_node_id=7), ctx).content["info"]
+    assert "node config 'keep' = 'sometimes' is invalid; allowed: federated" in info["error"]

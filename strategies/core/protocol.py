@@ -68,9 +68,9 @@ DP_RUN = "dp-run"
 # every run its ledger holds (at the run's dp-delta, or its node's stricter one).
 DP_EPSILON = "dp-epsilon"
 # A member's vector inputs, standardized (tasks/tabular.py): its query answer gives its
-# training rows' count and per-column sums and sums of squares; train and evaluate messages
-# carry the run's pooled mean and standard deviation per column.
-FEATURE_COUNT, FEATURE_SUM, FEATURE_SUMSQ = "feature-count", "feature-sum", "feature-sumsq"
+# training rows' count and per-column means and centred sums of squares; train and
+# evaluate messages carry the run's pooled mean and standard deviation per column.
+FEATURE_COUNT, FEATURE_ROW_MEAN, FEATURE_M2 = "feature-count", "feature-row-mean", "feature-m2"
 FEATURE_MEAN, FEATURE_STD = "feature-mean", "feature-std"
 # Evaluate reply metrics of a member: what it scores alone on the same test rows (the
 # standardized linear model, the run's model trained alone for the run's budget).
