@@ -1,15 +1,16 @@
 """Members bring their own data, on a real loopback fleet: a SuperLink and SuperNodes, each
 SuperNode reading only its own file (node config ``data-path`` and ``client-id``).
 
-One fleet serves the whole story, in order: FedAMP (every key of its own at its
-default: sigma from the data) with a misfit member left out by name; HeurFedAMP with the roster of the names and keys the FedAMP run bound, while
-another node claims a member's client-id with a key of its own (it is refused at once,
-the member trains); every SuperNode stopped, the FedAMP run resumed while an impostor
-claims an absent member's name (it gets nothing, and that member's stored model is
-kept to the byte), then every member restarted in another order (new node ids) and
-the run resumed again, every member keeping its client id and its personalized model;
-Panacea over a graph file that names members. No SuperNode authentication here (the
-hardened fleet, with it, is tests/test_fleet_e2e.py).
+One fleet serves the whole story, in order: FedAMP (every key of its own at its default:
+sigma from the data) with a misfit member left out by name; HeurFedAMP with the roster
+of the names and keys the FedAMP run bound, while another node claims a member's
+client-id with a key of its own (it is refused at once, the member trains); every
+SuperNode stopped, the FedAMP run resumed while an impostor claims an absent member's
+name (it gets nothing, and that member's stored model is kept to the byte), then every
+member restarted in another order (new node ids) and the run resumed again, every member
+keeping its client id and its personalized model; Panacea over a graph file that names
+members. No SuperNode authentication here (the hardened fleet, with it, is
+tests/test_fleet_e2e.py).
 """
 
 from __future__ import annotations
