@@ -298,7 +298,8 @@ def _scaled(setup: Setup, config: ConfigRecord) -> tuple[Setup, dict | None]:
                             standardize(d.x_test, means, stds), d.y_test)
     return (dataclasses.replace(setup, data=data),
             {"mean": means, "std": stds, "from": source,
-             "columns": list(setup.dc.schema.feature_columns) if setup.dc.schema else []})
+             "columns": (setup.dc.schema.input_names(setup.dc.schema.feature_columns)
+                         if setup.dc.schema else [])})
 
 
 def _data_schema(setup: Setup) -> dict:

@@ -117,6 +117,20 @@ def parse_shape(text: str) -> tuple[int, ...] | None:
     return shape
 
 
+def parse_categories(text: str) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
+    """``"sex: female, male; smoker: no, yes"`` as ((column, categories), ...): columns
+    separated by ``;``, each ``column: category, category, ...``, names stripped, distinct,
+    non-empty; ``""`` gives (); None if ``text`` is not of that form."""
+    out: list[tuple[str, tuple[str, ...]]] = []
+    for part in (p for p in text.split(";") if p.strip()):
+        column, colon, rest = part.partition(":")
+        names = tuple(n.strip() for n in rest.split(","))
+        if not colon or not column.strip() or not all(names) or len(set(names)) != len(names):
+            return None
+        out.append((column.strip(), names))
+    return tuple(out) if len({c for c, _ in out}) == len(out) else None
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """The run config of this app, validated: its generic keys, and the chosen strategy's
@@ -169,6 +183,7 @@ class RunConfig:
     member_class_names: str = ""
     member_label_column: str = "label"
     member_feature_columns: str = ""
+    member_categories: str = ""
     member_roster: str = ""
     member_scaling: str = "pooled"
     member_alone: bool = True
@@ -379,6 +394,23 @@ class RunConfig:
                        "or empty")
         if not self.member_label_column:
             raise _bad("member-label-column", self.member_label_column, "a column name")
+        categories = parse_categories(self.member_categories)
+        named = [c for c, _ in categories or ()]
+        features = self.feature_columns()
+        if categories is None or {self.member_label_column, "split"} & set(named) or (
+                features and not set(named) <= set(features)):
+            raise _bad("member-categories", self.member_categories,
+                       "the categorical feature columns, each with its categories: "
+                       "'column: category, category; column: ...' (distinct names; neither "
+                       "the label column nor split"
+                       + ("; among member-feature-columns)" if features else ")"))
+        schema = self.member_schema()
+        assert schema is not None
+        if features and len(shape) == 1 and schema.width(features) != shape[0]:
+            raise _bad("member-input-shape", self.member_input_shape,
+                       f'"{schema.width(features)}": member-feature-columns give '
+                       f"{schema.width(features)} inputs, one per numeric column and one per "
+                       "category of a categorical column (member-categories)")
         if self.member_scaling not in SCALINGS:
             raise _bad("member-scaling", self.member_scaling, ", ".join(SCALINGS))
         if self.attack_ratio > 0:
@@ -399,9 +431,12 @@ class RunConfig:
         return tasks.MemberSchema(
             input_shape=parse_shape(self.member_input_shape) or (), kind=self.member_task,
             num_outputs=self.member_outputs, class_names=self.class_names(),
-            label_column=self.member_label_column,
-            feature_columns=tuple(c.strip() for c in self.member_feature_columns.split(",")
-                                  if c.strip()))
+            label_column=self.member_label_column, feature_columns=self.feature_columns(),
+            categories=parse_categories(self.member_categories) or ())
+
+    def feature_columns(self) -> tuple[str, ...]:
+        """``member-feature-columns`` as a tuple (empty if not given)."""
+        return tuple(c.strip() for c in self.member_feature_columns.split(",") if c.strip())
 
     def data_config(self, num_clients: int, member: str = "",
                     data_path: str = "") -> tasks.DataConfig:

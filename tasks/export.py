@@ -85,7 +85,8 @@ def schema_record(schema: MemberSchema) -> dict[str, Any]:
     """A schema as the card holds it."""
     return {"input_shape": list(schema.input_shape), "task": schema.kind,
             "num_outputs": schema.num_outputs, "class_names": list(schema.class_names),
-            "label_column": schema.label_column, "feature_columns": list(schema.feature_columns)}
+            "label_column": schema.label_column, "feature_columns": list(schema.feature_columns),
+            "categories": [[c, list(v)] for c, v in schema.categories]}
 
 
 def sha256_of(path: Path) -> str:
@@ -169,12 +170,18 @@ def card_schema(card: dict[str, Any], where: Path) -> MemberSchema:
         names = tuple(str(v) for v in s.get("class_names", []))
         _require(not names or len(names) == outputs)
         columns = tuple(str(v) for v in s.get("feature_columns", []))
+        _require(isinstance(s.get("categories", []), list))
+        categories = tuple((str(c), tuple(str(v) for v in values))
+                           for c, values in s.get("categories", []))
+        _require(sum(len(v) for _, v in categories) <= MAX_INPUTS
+                 and all(v and len(set(v)) == len(v) for _, v in categories)
+                 and len({c for c, _ in categories}) == len(categories))
         return MemberSchema(shape, kind, outputs, names, str(s.get("label_column", "label")),
-                            columns)
+                            columns, categories)
     except (KeyError, TypeError, ValueError):
         raise ModelFileError(f"{where}: the card's 'schema' = {str(s)[:300]} is not a schema "
                              "(input_shape, task, num_outputs, class names as many as outputs, "
-                             "sizes within reason)") from None
+                             "categories distinct, sizes within reason)") from None
 
 
 def read_header(path: Path) -> tuple[dict[str, tuple[int, ...]], int]:

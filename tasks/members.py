@@ -64,6 +64,10 @@ class MemberSchema:
         Tables: the label's column.
     feature_columns : tuple[str, ...]
         Tables: the features' columns (empty: every column but the label and ``split``).
+    categories : tuple[tuple[str, tuple[str, ...]], ...]
+        Tables: the categorical feature columns and each one's categories, in the order
+        their one-hot inputs take (run config ``member-categories``); every other feature
+        column holds numbers.
     """
 
     input_shape: tuple[int, ...]
@@ -72,6 +76,20 @@ class MemberSchema:
     class_names: tuple[str, ...] = ()
     label_column: str = "label"
     feature_columns: tuple[str, ...] = ()
+    categories: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def width(self, features: list[str] | tuple[str, ...]) -> int:
+        """The model inputs that table columns ``features`` give: one per numeric column,
+        one per category of a categorical column (one-hot)."""
+        sizes = {c: len(v) for c, v in self.categories}
+        return sum(sizes.get(c, 1) for c in features)
+
+    def input_names(self, features: list[str] | tuple[str, ...]) -> list[str]:
+        """The model's inputs by name, in order: a numeric column's name, a categorical
+        column's ``column=category`` for each of its categories."""
+        cats = dict(self.categories)
+        return [n for c in features for n in ([f"{c}={v}" for v in cats[c]] if c in cats
+                                               else [c])]
 
     def describe(self) -> str:
         """The schema in words (for error messages)."""
@@ -292,7 +310,8 @@ def read_table(path: Path, schema: MemberSchema, labels: bool = True) -> Rows:
     import pandas as pd
 
     try:
-        frame = pd.read_csv(path) if path.suffix.lower() == ".csv" else pd.read_parquet(path)
+        frame = (pd.read_csv(path, dtype={c: str for c, _ in schema.categories})
+                 if path.suffix.lower() == ".csv" else pd.read_parquet(path))
     except Exception as err:
         raise _fail(path, f"cannot be read as a {path.suffix} table ({type(err).__name__}: "
                           f"{err})") from None
@@ -306,22 +325,46 @@ def read_table(path: Path, schema: MemberSchema, labels: bool = True) -> Rows:
                   f"columns are {columns[:20]}")
     features = list(schema.feature_columns) or [
         c for c in columns if c not in (schema.label_column, SPLIT_COLUMN)]
+    cats = dict(schema.categories)
     missing = [c for c in features if c not in columns]
     if missing:
-        found.add(f"it lacks the feature column(s) {missing} (member-feature-columns)")
+        close = {c: [o for o in columns if o.strip().lower() == c.strip().lower()]
+                 for c in missing}
+        hints = "; ".join(f"'{c}' differs from the file's '{close[c][0]}' in case or spaces"
+                          for c in missing if close[c])
+        found.add(f"it lacks the feature column(s) {missing} (member-feature-columns"
+                  f"{', member-categories' if set(missing) & set(cats) else ''}); its "
+                  f"columns are {columns[:20]}" + (f" ({hints})" if hints else ""))
+    absent = [c for c in cats if c not in features]
+    if absent and not missing:
+        found.add(f"the categorical column(s) {absent} (member-categories) are not among its "
+                  f"feature columns {features[:20]}")
     if len(schema.input_shape) != 1:
         found.add(f"a table gives one feature vector per row; the run expects inputs of shape "
                   f"{schema.input_shape}")
-    elif len(features) != schema.input_shape[0]:
+    elif schema.width(features) != schema.input_shape[0]:
         shown = ", ".join(features[:10]) + (f" and {len(features) - 10} more"
                                               if len(features) > 10 else "")
-        found.add(f"it has {len(features)} feature column(s) ({shown}); the run expects "
+        onehot = [f"{c}: {len(cats[c])}" for c in features if c in cats]
+        gives = (f", which give {schema.width(features)} inputs (one-hot categories "
+                 f"{', '.join(onehot)})" if onehot else "")
+        found.add(f"it has {len(features)} feature column(s) ({shown}){gives}; the run expects "
                   f"{schema.input_shape[0]} (member-input-shape)")
     if len(frame) == 0:
         found.add("it has no rows")
         found.raise_any()
     # the columns it has are checked too: every problem of the file in one go
-    for c in (c for c in features if c in columns):  # every cell that is no number
+    for c in (c for c in features if c in columns and c in cats):  # categories, as declared
+        text = category_text(frame[c])
+        empty = np.flatnonzero(text == "")
+        if len(empty):
+            found.add(f"column '{c}' is missing (empty or n/a) at {_rows(empty, where)}")
+        other = np.flatnonzero(~np.isin(text, list(cats[c])) & (text != ""))
+        if len(other):
+            found.add(f"column '{c}' holds {sorted(set(text[other].tolist()))[:5]} at "
+                      f"{_rows(other, where)}; its categories are {list(cats[c])} "
+                      "(member-categories)")
+    for c in (c for c in features if c in columns and c not in cats):  # cells not numbers
         values = frame[c]
         numbers = pd.to_numeric(values, errors="coerce")
         empty = np.flatnonzero(values.isna().to_numpy())
@@ -348,8 +391,38 @@ def read_table(path: Path, schema: MemberSchema, labels: bool = True) -> Rows:
                       f"{_rows(other, where)}; allowed: train, test")
         test = split == "test"
     found.raise_any()
-    x = frame[features].apply(pd.to_numeric).to_numpy(dtype=np.float32)
+    parts = [one_hot(category_text(frame[c]), cats[c]) if c in cats
+             else pd.to_numeric(frame[c]).to_numpy(dtype=np.float32).reshape(-1, 1)
+             for c in features]
+    x = np.concatenate(parts, axis=1) if parts else np.zeros((len(frame), 0), np.float32)
     return Rows(x, y, test)
+
+
+def category_text(values: object) -> np.ndarray:
+    """A categorical column's cells as text, stripped, "" where missing; numbers as written
+    (a float column's whole values without ``.0``: a Parquet or a CSV with gaps stores the
+    categories 1, 2, 3 as floats)."""
+    import pandas as pd
+
+    column = pd.Series(values)
+    missing = column.isna().to_numpy()
+    if column.dtype.kind == "f":
+        shown = [("" if m else f"{v:g}" if float(v).is_integer() else str(v))
+                 for v, m in zip(column.tolist(), missing)]
+    else:
+        shown = ["" if m else str(v).strip() for v, m in zip(column.tolist(), missing)]
+    text = np.array(shown, dtype=object)
+    text[np.isin(text, ["nan", "n/a", "NaN", "NA", "<NA>", "None"])] = ""
+    return text
+
+
+def one_hot(text: np.ndarray, categories: tuple[str, ...]) -> np.ndarray:
+    """Rows of ``text`` (each one of ``categories``) as one-hot float32 columns, in the
+    order of ``categories``."""
+    index = {c: i for i, c in enumerate(categories)}
+    out = np.zeros((len(text), len(categories)), dtype=np.float32)
+    out[np.arange(len(text)), [index[v] for v in text.tolist()]] = 1.0
+    return out
 
 
 def _read_images(folder: Path, schema: MemberSchema, labelled: bool = True

@@ -338,3 +338,53 @@ def test_predict_on_the_rows_the_run_used_prints_the_cards_score(tmp_path, capsy
     assert cli.main(["predict", str(model), node["data-path"], "--rows", "train", "--out",
                      str(tmp_path / "p.csv")]) == 0
     assert "training rows the run used" in capsys.readouterr().out
+
+
+def test_a_table_with_a_categorical_column_trains_and_predict_one_hots_it_as_the_run(
+        tmp_path, capsys):
+    """member-categories end to end: three members' CSVs whose label depends on a
+    categorical column (text) and a numeric one; every card records the categories, and
+    ``predict --rows test`` on a member's own file one-hots them as the run did, printing
+    the card's score."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    nodes = []
+    for i in range(3):
+        kind = rng.choice(["clinic", "ward", "lab"], size=60)
+        dose = rng.normal(100.0 * (i + 1), 30.0, size=60)
+        label = np.where((kind == "lab") | (dose > 100.0 * (i + 1)), "yes", "no")
+        path = tmp_path / f"site-{i}.csv"
+        pd.DataFrame({"kind": kind, "dose": dose, "label": label}).to_csv(path, index=False)
+        nodes.append({"data-path": str(path), "client-id": f"site-{i}",
+                      "model-dir": str(tmp_path / f"models-{i}")})
+    run_config = {"dataset": "members", "member-input-shape": "4", "member-outputs": 2,
+                  "member-class-names": "no,yes", "member-categories": "kind: clinic, ward, lab",
+                  "strategy": "fedamp", "local-epochs": 1}
+    metrics = run_named(tmp_path, "run", run_config, 3, nodes)
+    last = metrics["rounds"][-1]["client_accuracy"]
+    for i, node in enumerate(nodes):
+        model = tmp_path / f"models-{i}" / "run" / f"site-{i}.safetensors"
+        card = json.loads(model.with_suffix(".json").read_text())
+        assert card["schema"]["categories"] == [["kind", ["clinic", "ward", "lab"]]]
+        assert len(card["preprocessing"]["standardize"]["mean"]) == 4
+        assert cli.main(["predict", str(model), node["data-path"], "--rows", "test",
+                         "--out", str(tmp_path / "p.csv")]) == 0
+        said = capsys.readouterr().out.strip().splitlines()[-1]
+        assert said.startswith(f"accuracy {last[str(i)]!r} on"), said
+    # the docs' plain-PyTorch snippet gives predict's classes on the whole file
+    import re
+
+    doc = (Path(__file__).parents[1] / "docs" / "federation.md").read_text()
+    (snippet,) = [b for b in re.findall(r"```python\n(.*?)```", doc, flags=re.DOTALL)
+                  if "safetensors.torch.load_file" in b]
+    snippet = snippet.replace('"site-3.json"', repr(str(model.with_suffix(".json")))).replace(
+        '"site-3.safetensors"', repr(str(model)))
+    scope: dict = {}
+    exec(snippet, scope)  # the docs' own code
+    frame = pd.read_csv(nodes[-1]["data-path"])
+    classes = scope["model"](scope["inputs"](scope["table"](frame[["kind", "dose"]]))).argmax(1)
+    assert cli.main(["predict", str(model), nodes[-1]["data-path"], "--out",
+                     str(tmp_path / "all.csv")]) == 0
+    predicted = pd.read_csv(tmp_path / "all.csv")["prediction"].tolist()
+    assert [["no", "yes"][int(c)] for c in classes] == predicted

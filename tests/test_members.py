@@ -223,6 +223,59 @@ def test_csv_and_parquet_tables_with_names_and_a_split_column(tmp_path):
         load_member_data(tmp_path / "odd.csv", SCHEMA, 0, "site")
 
 
+def test_categorical_columns_one_hot_against_the_runs_categories(tmp_path):
+    """member-categories: a categorical column becomes one input per declared category, in
+    the declared order, at the column's place among the features; a value outside them, an
+    empty cell, a width that is not member-input-shape, are each named."""
+    import pandas as pd
+
+    cfg = RunConfig.from_run_config({
+        "dataset": "members", "member-input-shape": "5", "member-outputs": 2,
+        "member-class-names": "no,yes", "strategy": "fedavg",
+        "member-categories": "sex: male, female; grade: 1, 2"})
+    schema = cfg.member_schema()
+    assert schema is not None and schema.categories == (("sex", ("male", "female")),
+                                                        ("grade", ("1", "2")))
+    frame = pd.DataFrame({"sex": ["female", " male", "female"], "age": [30.5, 41.0, 52.0],
+                          "grade": [2, 1, 1], "label": ["no", "yes", "no"],
+                          "split": ["train", "train", "test"]})
+    for path in (tmp_path / "t.csv", tmp_path / "t.parquet"):
+        (frame.to_csv(path, index=False) if path.suffix == ".csv" else frame.to_parquet(path))
+        train, test = load_member_data(path, schema, 0, "site")
+        # sex=male, sex=female, age, grade=1, grade=2
+        assert train.x.tolist() == [[0, 1, 30.5, 0, 1], [1, 0, 41.0, 1, 0]], path
+        assert test.x.tolist() == [[0, 1, 52.0, 1, 0]]
+    assert schema.input_names(["sex", "age", "grade"]) == [
+        "sex=male", "sex=female", "age", "grade=1", "grade=2"]
+    # grade stored as floats with a gap (a Parquet of a column with missing values)
+    frame.assign(grade=[2.0, None, 1.0]).to_parquet(tmp_path / "gap.parquet")
+    frame.assign(sex=["female", "F", "x"]).to_csv(tmp_path / "odd.csv", index=False)
+    with pytest.raises(MemberDataError, match=r"column 'grade' is missing \(empty or n/a\) at "
+                                              r"row 2"):
+        load_member_data(tmp_path / "gap.parquet", schema, 0, "site")
+    with pytest.raises(MemberDataError, match=r"column 'sex' holds \['F', 'x'\] at lines 3, 4; "
+                                              r"its categories are \['male', 'female'\]"):
+        load_member_data(tmp_path / "odd.csv", schema, 0, "site")
+    frame.drop(columns=["grade"]).to_csv(tmp_path / "nograde.csv", index=False)
+    with pytest.raises(MemberDataError, match=r"categorical column\(s\) \['grade'\] .* not "
+                                              r"among .*2 feature column\(s\) \(sex, age\), "
+                                              r"which give 3 inputs .*the run expects 5"):
+        load_member_data(tmp_path / "nograde.csv", schema, 0, "site")
+    # the run config itself: a width the feature columns cannot give, or a bad declaration
+    base = {"dataset": "members", "member-outputs": 2, "strategy": "fedavg"}
+    with pytest.raises(ConfigError, match=r"'member-input-shape' = '4'.*\"5\": "
+                                          "member-feature-columns give 5 inputs"):
+        RunConfig.from_run_config({**base, "member-input-shape": "4",
+                                   "member-feature-columns": "sex,age,grade",
+                                   "member-categories": "sex: m, f; grade: 1, 2"})
+    for bad in ("sex", "sex: m, m", "sex: m,; age: 1", "label: a, b", "sex: a; sex: b",
+                "other: a, b"):
+        with pytest.raises(ConfigError, match="'member-categories'"):
+            RunConfig.from_run_config({**base, "member-input-shape": "3",
+                                       "member-feature-columns": "sex,age",
+                                       "member-categories": bad})
+
+
 def test_an_image_folder_one_subfolder_per_class(tmp_path):
     from PIL import Image
 
