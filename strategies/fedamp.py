@@ -269,9 +269,11 @@ class FedAMP(PersonalizedStrategy):
         for w in caught:
             if issubclass(w.category, RowsRescaledWarning):
                 rescaled = True
-                if not self._rescaling:
-                    log(WARNING, "Round %d: %s (said once: the round in which it stops is "
-                        "logged)", server_round, w.message)
+                if not self._rescaling:  # Eq. 6 at alpha_k >> sigma, as designed: no alarm
+                    log(INFO, "Round %d: %s: those clients' cloud models mix the others in "
+                        "Eq. 6's proportions, as fedamp-self-weight = 0 would (docs/methods.md; "
+                        "said once: the round in which it stops is logged)", server_round,
+                        w.message)
                 continue
             if issubclass(w.category, WeightsUnderflowWarning):
                 if self._underflow_warned:

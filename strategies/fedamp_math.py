@@ -28,7 +28,8 @@ import torch
 
 
 class RowsRescaledWarning(UserWarning):
-    """Some rows' off-diagonal FedAMP weights summed above 1 and were rescaled."""
+    """Some rows' off-diagonal FedAMP weights summed above 1 and were rescaled (the strategy
+    logs it as INFO: with the paper's alpha_k it is the rule, not a fault)."""
 
 
 class WeightsUnderflowWarning(UserWarning):
