@@ -94,6 +94,8 @@ from strategies.core.protocol import (
     NUM_TRAIN,
     OPTIMIZER,
     PROOF,
+    QUERY,
+    QUERY_LEFT_OUT,
     REFUSED,
     SAVE_MODEL,
     SERVER_ROUND,
@@ -215,6 +217,13 @@ def query(msg: Message, context: Context) -> Message:
     """Say who this client is (and, a member, what its data looks like), or why it cannot
     take part; a member proves its name with its key (:func:`_proof`)."""
     members = context.run_config.get("dataset") == tasks.MEMBERS
+    asked = msg.content.config_records.get(CONFIG)
+    if asked is not None and asked.get(QUERY) == QUERY_LEFT_OUT:  # the server's word, in our log
+        said = asked.get(ERROR)
+        log(logging.WARNING, "The run leaves this node out: %s",
+            said[:2000].encode("ascii", "backslashreplace").decode() if isinstance(said, str)
+            else "(no reason given)")
+        return Message(RecordDict({INFO: ConfigRecord({})}), reply_to=msg)
     try:
         setup = _setup(context)
         counts = {NUM_TRAIN: len(setup.data.y_train), NUM_TEST: len(setup.data.y_test)}

@@ -49,6 +49,7 @@ from strategies.core.protocol import (
     PROOF,
     QUERY,
     QUERY_CLIENT_INFO,
+    QUERY_LEFT_OUT,
     TASK_KIND,
     is_name,
 )
@@ -227,6 +228,30 @@ def _column_stats(cfg, num_train: int, schema: MemberSchema) -> tuple | str:
     return (count, tuple(means), tuple(m2))
 
 
+#: the longest reason a node is told (a reason names a few nodes and one problem)
+MOST_TOLD = 2000
+#: seconds to wait for nodes told why they are left out to take the word
+TELL_WAIT = 10.0
+
+
+def tell_left_out(grid: Grid, reasons: dict[int, str]) -> None:
+    """Tell each node of ``reasons`` why the run leaves it out (or holds it back), so that the
+    member reads it in its own node's log (:func:`fedamp_flwr.client_app.query` logs it as a
+    WARNING): one query message each, their answers waited for at most :data:`TELL_WAIT`
+    seconds (a node that does not answer delays its discovery step by that, once: a node
+    refused for good is not asked again while it stays connected)."""
+    if not reasons:
+        return
+    messages = [Message(RecordDict({CONFIG: ConfigRecord({
+        QUERY: QUERY_LEFT_OUT, ERROR: str(reason)[:MOST_TOLD]})}),
+        message_type=MessageType.QUERY, dst_node_id=node) for node, reason in reasons.items()]
+    try:
+        send_and_receive(grid, messages, TELL_WAIT)
+    except Exception as err:  # a word to a node left out never stops the run
+        log(WARNING, "Could not tell node(s) %s why they are left out (%s: %s)",
+            sorted(reasons), type(err).__name__, err)
+
+
 def query_nodes(grid: Grid, node_ids: list[int], timeout: float,
                 members: Membership | None = None) -> tuple[dict[int, ClientInfo], dict[int, str]]:
     """Ask ``node_ids`` who they are; return their infos and, for the others, why not
@@ -315,6 +340,28 @@ def discover_clients(
     return infos
 
 
+def tell_new_nodes(grid: Grid, members: Membership, new: list[int], taken: set[int],
+                   errors: dict[int, str]) -> None:
+    """Tell each node of ``new`` (asked who it is just now) that the run did not take (not in
+    ``taken``) why, in its own log (:func:`tell_left_out`): left out for good, held back
+    while another node claims its name, or not taken this time (``errors``: no answer,
+    say; asked again later)."""
+    said: dict[int, str] = {}
+    for node in new:
+        why = next((a["why"] for a in reversed(members.attempts) if a["node"] == node), None)
+        if node in taken:
+            continue
+        if node in members.pending:
+            said[node] = (f"held back: another node claims member "
+                          f"'{members.pending[node].name}' (every member needs its own "
+                          "client-id); asked again once only one is left")
+        elif why or node in members.refused:
+            said[node] = f"left out: {why or members.refused[node]}"
+        elif node in errors:
+            said[node] = f"not taken this time: {errors[node]}; asked again later"
+    tell_left_out(grid, said)
+
+
 def discover_members(grid: Grid, min_nodes: int, members: Membership, timeout: float = 600.0,
                      poll: float = 1.0, known: list[str] | None = None
                      ) -> dict[int, ClientInfo]:
@@ -359,6 +406,8 @@ def discover_members(grid: Grid, min_nodes: int, members: Membership, timeout: f
                     log(WARNING, "Left out: %s", reason)
         accepted.update(members.claim(found, {i.name: n for n, i in accepted.items()}, live,
                                       "Held back: %s"))
+        if new:  # each node left out or held back now hears why, in its own log
+            tell_new_nodes(grid, members, new, set(accepted), errors)
         if len(accepted) >= min_nodes:
             break
         left = list(members.refused.values()) + [

@@ -41,7 +41,7 @@ from flwr.supercore import log
 from strategies.core.tracking import Tracker
 
 from .delivery import ModelDelivery
-from .discovery import ClientInfo, query_nodes, send_and_receive
+from .discovery import ClientInfo, query_nodes, send_and_receive, tell_new_nodes
 from .membership import Membership, Refusal
 
 
@@ -120,6 +120,8 @@ def refresh_clients(tracker: Tracker, members: Membership, grid: Grid, timeout: 
             members.refuse(node, reason, "A node that joined cannot take part: %s")
         else:
             log(WARNING, "A node that joined cannot take part: %s", reason)
+    if members.schema is not None and new:  # each member not taken hears why, in its log
+        tell_new_nodes(grid, members, new, set(tracker.clients), errors)
     tracker.set_online(node_ids)
 
 

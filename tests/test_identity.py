@@ -164,7 +164,8 @@ def test_an_impostor_of_a_connected_member_gets_nothing_and_the_member_trains(tm
                                                                             caplog):
     """Node 103 claims client-0's name in round 2, with a key of its own, while client-0's node
     is connected: refused at once (not held back), its attempt recorded; it is sent nothing
-    but the query, and the run's numbers are those of the run without it."""
+    but the query and then why it is refused (which its node logs), and the run's numbers
+    are those of the run without it."""
     run_config, nodes = _sites(tmp_path, 3)
     alone = _app(ArrivingGrid(_config(tmp_path, run_config, "alone", 3), nodes),
                  _config(tmp_path, run_config, "alone", 3))
@@ -174,7 +175,9 @@ def test_an_impostor_of_a_connected_member_gets_nothing_and_the_member_trains(tm
         attacked = _app(grid, _config(tmp_path, run_config, "attacked", 3))
     assert attacked["client_names"] == ["client-0", "client-1", "client-2"]
     assert attacked["rounds"] == alone["rounds"]
-    assert grid.sent_to(103) == [MessageType.QUERY]
+    assert grid.sent_to(103) == [MessageType.QUERY, MessageType.QUERY]
+    assert "The run leaves this node out: left out: node 103 claims member 'client-0'" in \
+        caplog.text
     (attempt,) = attacked["impostors"]
     assert attempt["node"] == 103 and "node 103 claims member 'client-0': its key SHA256:" in \
         attempt["why"] and "is not the key bound to 'client-0'" in attempt["why"]

@@ -86,6 +86,10 @@ def test_a_misfit_member_is_left_out_by_name_and_the_others_go_on(tmp_path, capl
     assert len(left_out) == 1 and "member 'site-bad'" in left_out[0]
     features = tasks.data_info(dc).input_shape[0]
     assert f"x has 5 feature(s) per row; the run expects {features}" in left_out[0]
+    # and the server's words reach the member's own node, which logs them
+    told = [r.getMessage() for r in caplog.records if "The run leaves this node out" in
+            r.getMessage()]
+    assert told == [f"The run leaves this node out: left out: {left_out[0][len('Left out: '):]}"]
 
 
 def test_two_nodes_claiming_one_client_id_are_both_refused(tmp_path, caplog):
@@ -100,6 +104,9 @@ def test_two_nodes_claiming_one_client_id_are_both_refused(tmp_path, caplog):
     assert metrics["client_names"] == ["client-0", "client-2"]
     assert "member 'client-1' (node 101): node(s) 103 claim the same client-id" in caplog.text
     assert "member 'client-1' (node 103): node(s) 101 claim the same client-id" in caplog.text
+    # each of the two nodes hears why, once, in its own log
+    assert caplog.text.count("The run leaves this node out: held back: another node claims "
+                             "member 'client-1'") == 2
 
 
 class MovingGrid(InProcessGrid):

@@ -90,6 +90,9 @@ LOSS = "loss"
 # The query round
 QUERY = "query"
 QUERY_CLIENT_INFO = "client-info"
+#: a query that tells a node why the run leaves it out (under ``error``); its ClientApp logs
+#: it in the node's own log and answers with an empty ``info``
+QUERY_LEFT_OUT = "left-out"
 NUM_PARTITIONS = "num-partitions"
 NUM_TRAIN = "num-train"
 NUM_TEST = "num-test"

@@ -1,0 +1,200 @@
+"""A member's node under load: how many ClientApp processes does it keep, and why?
+
+    python -m experiments.node_load --load 8 --out /tmp/node-load
+
+Flower 1.41 runs every message a SuperNode receives in a fresh ``flwr-clientapp`` process
+that its SuperExec starts once it claims the message's task; the claim holds for 30 s
+(``HEARTBEAT_DEFAULT_INTERVAL``), within which the process must send its first heartbeat,
+or the task goes back to pending and the SuperExec starts another process for it (the
+first one is not stopped: it fails later with ``Runtime task-token authentication
+failed``). This drill measures, on this machine with ``--load`` CPU-bound neighbours
+(``python -c "while True: pass"``, at ``--load-nice``):
+
+1. the start of a ClientApp process: Python and Flower's imports up to its first heartbeat
+   (``flwr.supernode.runtime.run_clientapp``), and this app's imports after it
+   (``fedamp_flwr.client_app``), each the median wall time of ``--repeats`` fresh processes;
+2. a loopback fleet (a SuperLink and three members' SuperNodes, each with its own file): a
+   FedAMP run of ``--rounds`` rounds, then resumed to twice as many rounds while a fourth
+   member joins; every 0.25 s it counts each SuperNode's ``flwr-clientapp`` processes, and
+   at the end the processes each node started against the messages it handled, and the
+   token failures in its log.
+
+Prints one line per measure and exits 1 where a node kept more than ``--most`` ClientApp
+processes at once or a run did not finish. The measured numbers: docs/federation.md
+("A node under load").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from .processes import SuperLink, free_port, stop_tree
+
+ROOT = Path(__file__).resolve().parents[1]
+FLOWER_START = "import flwr.supernode.cli, flwr.supernode.runtime.run_clientapp"
+APP_START = FLOWER_START + "; import fedamp_flwr.client_app"
+TOKEN_FAILED = "task-token authentication failed"
+
+
+def start_seconds(code: str, repeats: int, env: dict[str, str]) -> float:
+    """The median wall time of ``python -c code`` in a fresh process."""
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, check=True,
+                       capture_output=True)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def member_file(path: Path, seed: int) -> Path:
+    """A member's own data: 3 classes around centres of its own, 6 features."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(scale=2.0, size=(3, 6))
+    y = rng.integers(0, 3, size=150)
+    x = (centres[y] + rng.normal(size=(150, 6))).astype(np.float32)
+    np.savez(path, x=x[:120], y=y[:120], x_test=x[120:], y_test=y[120:])
+    return path
+
+
+class Watch:
+    """Every 0.25 s, the ``flwr-clientapp`` processes under each SuperNode: the most at once
+    and every process id seen."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, psutil.Process] = {}
+        self.most: dict[str, int] = {}
+        self.seen: dict[str, set[int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def add(self, name: str, pid: int) -> None:
+        self.nodes[name] = psutil.Process(pid)
+        self.most.setdefault(name, 0)
+        self.seen.setdefault(name, set())
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            for name, node in list(self.nodes.items()):
+                try:
+                    apps = [p.pid for p in node.children(recursive=True)
+                            if "flwr-clientapp" in " ".join(p.cmdline())]
+                except psutil.Error:
+                    continue
+                self.most[name] = max(self.most[name], len(apps))
+                self.seen[name].update(apps)
+
+    def __enter__(self) -> Watch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.node_load",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--load", type=int, default=8, help="CPU-bound neighbours")
+    parser.add_argument("--load-nice", type=int, default=0, help="their nice value")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--most", type=int, default=3,
+                        help="the most ClientApp processes a node may keep at once")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    link = SuperLink(out / "flwr-home", simulation=False)
+    env = link.env
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                preexec_fn=lambda: os.nice(args.load_nice))
+               for _ in range(args.load)]
+    found: list[str] = []
+    logs = []
+    nodes: dict[str, subprocess.Popen] = {}
+    try:
+        flower = start_seconds(FLOWER_START, args.repeats, env)
+        app = start_seconds(APP_START, args.repeats, env) - flower
+        print(f"load {args.load} (nice {args.load_nice}) on {os.cpu_count()} cores, load "
+              f"average {os.getloadavg()[0]:.1f}: a ClientApp process reaches its first "
+              f"heartbeat after {flower:.2f} s (Python and Flower's imports); this app's "
+              f"imports take {app:.2f} s more")
+        link.__enter__()
+
+        def supernode(name: str) -> subprocess.Popen:
+            log = open(out / f"{name}.log", "w")
+            logs.append(log)
+            data = member_file(out / f"{name}.npz", len(nodes))
+            proc = subprocess.Popen(
+                ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link.port}",
+                 "--port", str(free_port()), "--node-config",
+                 f"data-path='{data}' client-id='{name}' identity-dir='{out / name}-id'"],
+                env=env, cwd=out, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+            nodes[name] = proc
+            return proc
+
+        results = out / "results"
+        common = (f"dataset='members' member-input-shape='6' member-outputs=3 local-epochs=1 "
+                  f"results-dir='{results}' run-name='load' round-timeout=600")
+        with Watch() as watch:
+            for name in ("site-a", "site-b", "site-c"):
+                watch.add(name, supernode(name).pid)
+            for step, config in (
+                    ("first", f"{common} min-nodes=3 num-server-rounds={args.rounds} "
+                              "overwrite=true"),
+                    ("resumed", f"{common} min-nodes=4 num-server-rounds={2 * args.rounds} "
+                                "resume=true")):
+                if step == "resumed":
+                    watch.add("site-d", supernode("site-d").pid)
+                started = time.monotonic()
+                run = subprocess.run(["flwr", "run", str(ROOT), "--stream", "--run-config",
+                                      config], env=env, cwd=out, capture_output=True,
+                                     text=True, timeout=3000)
+                (out / f"run-{step}.log").write_text(run.stdout + run.stderr)
+                metrics = json.loads((results / "load" / "metrics.json").read_text())
+                done = metrics.get("finished") and metrics.get("completed_rounds") == (
+                    args.rounds if step == "first" else 2 * args.rounds)
+                print(f"{step} run: {'finished' if done else 'NOT finished'} in "
+                      f"{time.monotonic() - started:.0f} s")
+                if not done:
+                    found.append(f"the {step} run did not finish (see {out}/run-{step}.log)")
+        for log in logs:
+            log.flush()
+        for name in nodes:
+            text = (out / f"{name}.log").read_text()
+            failed = text.count(TOKEN_FAILED)
+            print(f"{name}: {len(watch.seen[name])} ClientApp processes started, at most "
+                  f"{watch.most[name]} at once; {failed} token failure(s) in its log")
+            if watch.most[name] > args.most:
+                found.append(f"{name} kept {watch.most[name]} ClientApp processes at once")
+    finally:
+        for proc in nodes.values():
+            stop_tree(proc.pid, timeout=10)
+        link.__exit__(None, None, None)
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+        for log in logs:
+            log.close()
+    for problem in found:
+        print(f"NOT SO: {problem}")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
