@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 import tasks
-from fedamp_flwr.config import GENERIC_AUTO
+from fedamp_flwr.config import GENERIC_AUTO, TABLE_AUTO
 from tasks.models import MODEL_OF_TASK
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,8 +58,9 @@ def write_sites(dc: tasks.DataConfig, out: Path) -> dict[str, object]:
         # the partitioned task's inputs as they are (a members run standardizes vectors by
         # default, which the simulation does not): the same numbers as the simulation
         "member-scaling": "none",
-        # the partitioned task's batch size (a members table's "auto" is another)
-        "batch-size": GENERIC_AUTO["batch-size"],
+        # the partitioned task's batch size and learning rate (a members table's "auto"
+        # values are others: TABLE_AUTO)
+        **{key: GENERIC_AUTO[key] for key in TABLE_AUTO},
         # the task's own values of settings left at "auto" (a strategy's own tuned values
         # for this task, TaskSpec.auto[<strategy>], are not carried: set them explicitly)
         **tasks.get_task(dc.dataset).auto,
