@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOWER_START = "import flwr.supernode.cli, flwr.supernode.runtime.run_clientapp"
 APP_START = FLOWER_START + "; import fedamp_flwr.client_app"
 TOKEN_FAILED = "task-token authentication failed"
+RECEIVED = "Received successfully"  # a SuperNode's log line for each message it pulls
 
 
 def start_seconds(code: str, repeats: int, env: dict[str, str]) -> float:
@@ -69,6 +71,10 @@ def member_file(path: Path, seed: int) -> Path:
     return path
 
 
+def _clientapp(process: psutil.Process) -> bool:
+    return "flwr-clientapp" in " ".join(process.cmdline())
+
+
 class Watch:
     """Every 0.25 s, the ``flwr-clientapp`` processes under each SuperNode: the most at once
     and every process id seen."""
@@ -89,8 +95,9 @@ class Watch:
         while not self._stop.wait(0.25):
             for name, node in list(self.nodes.items()):
                 try:
-                    apps = [p.pid for p in node.children(recursive=True)
-                            if "flwr-clientapp" in " ".join(p.cmdline())]
+                    tree = {p.pid: p for p in node.children(recursive=True)}
+                    apps = [pid for pid, p in tree.items() if _clientapp(p) and not (
+                        p.ppid() in tree and _clientapp(tree[p.ppid()]))]  # not its forks
                 except psutil.Error:
                     continue
                 self.most[name] = max(self.most[name], len(apps))
@@ -112,10 +119,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--load-nice", type=int, default=0, help="their nice value")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--run-timeout", type=float, default=900.0,
+                        help="seconds a run may take before the drill calls it stalled")
     parser.add_argument("--most", type=int, default=3,
                         help="the most ClientApp processes a node may keep at once")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    # stopped (SIGTERM): the neighbours and the fleet are stopped too (the finally below)
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     link = SuperLink(out / "flwr-home", simulation=False)
@@ -162,11 +173,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if step == "resumed":
                     watch.add("site-d", supernode("site-d").pid)
                 started = time.monotonic()
-                run = subprocess.run(["flwr", "run", str(ROOT), "--stream", "--run-config",
-                                      config], env=env, cwd=out, capture_output=True,
-                                     text=True, timeout=3000)
-                (out / f"run-{step}.log").write_text(run.stdout + run.stderr)
-                metrics = json.loads((results / "load" / "metrics.json").read_text())
+                with open(out / f"run-{step}.log", "w") as log:
+                    run = subprocess.Popen(["flwr", "run", str(ROOT), "--stream",
+                                            "--run-config", config], env=env, cwd=out,
+                                           stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True)
+                    try:
+                        run.wait(timeout=args.run_timeout)
+                    except subprocess.TimeoutExpired:
+                        print(f"{step} run: stalled for {args.run_timeout:.0f} s; "
+                              f"ClientApp processes started so far "
+                              f"{ {n: len(s) for n, s in watch.seen.items()} }")
+                    stop_tree(run.pid, timeout=10)
+                path = results / "load" / "metrics.json"
+                metrics = json.loads(path.read_text()) if path.is_file() else {}
                 done = metrics.get("finished") and metrics.get("completed_rounds") == (
                     args.rounds if step == "first" else 2 * args.rounds)
                 print(f"{step} run: {'finished' if done else 'NOT finished'} in "
@@ -178,8 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in nodes:
             text = (out / f"{name}.log").read_text()
             failed = text.count(TOKEN_FAILED)
-            print(f"{name}: {len(watch.seen[name])} ClientApp processes started, at most "
-                  f"{watch.most[name]} at once; {failed} token failure(s) in its log")
+            received = text.count(RECEIVED)
+            print(f"{name}: {received} messages received, {len(watch.seen[name])} ClientApp "
+                  f"processes started, at most {watch.most[name]} at once; {failed} token "
+                  "failure(s) in its log")
             if watch.most[name] > args.most:
                 found.append(f"{name} kept {watch.most[name]} ClientApp processes at once")
     finally:
@@ -191,6 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             burner.wait()
         for log in logs:
             log.close()
+        signal.signal(signal.SIGTERM, previous)
     for problem in found:
         print(f"NOT SO: {problem}")
     return 1 if found else 0
