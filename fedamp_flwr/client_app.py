@@ -220,8 +220,8 @@ def query(msg: Message, context: Context) -> Message:
     asked = msg.content.config_records.get(CONFIG)
     if asked is not None and asked.get(QUERY) == QUERY_LEFT_OUT:  # the server's word, in our log
         said = asked.get(ERROR)
-        log(logging.WARNING, "The run leaves this node out: %s",
-            said[:2000].encode("ascii", "backslashreplace").decode() if isinstance(said, str)
+        log(logging.WARNING, "The run leaves this node out: %s",  # one line, printable
+            said[:2000].encode("unicode_escape").decode("ascii") if isinstance(said, str)
             else "(no reason given)")
         return Message(RecordDict({INFO: ConfigRecord({})}), reply_to=msg)
     try:

@@ -400,12 +400,13 @@ class RunConfig:
         named = [c for c, _ in categories or ()]
         features = self.feature_columns()
         if categories is None or {self.member_label_column, "split"} & set(named) or (
-                features and not set(named) <= set(features)):
+                features and not set(named) <= set(features)) or (named and len(shape) != 1):
             raise _bad("member-categories", self.member_categories,
                        "the categorical feature columns, each with its categories: "
                        "'column: category, category; column: ...' (distinct names; neither "
                        "the label column nor split"
-                       + ("; among member-feature-columns)" if features else ")"))
+                       + ("; among member-feature-columns" if features else "")
+                       + "), only with vector inputs (a table's)")
         schema = self.member_schema()
         assert schema is not None
         if features and len(shape) == 1 and schema.width(features) != shape[0]:

@@ -340,25 +340,29 @@ def discover_clients(
     return infos
 
 
-def tell_new_nodes(grid: Grid, members: Membership, new: list[int], taken: set[int],
-                   errors: dict[int, str]) -> None:
+def tell_new_nodes(grid: Grid, members: Membership, new: list[int], taken: set[int]) -> None:
     """Tell each node of ``new`` (asked who it is just now) that the run did not take (not in
-    ``taken``) why, in its own log (:func:`tell_left_out`): left out for good, held back
-    while another node claims its name, or not taken this time (``errors``: no answer,
-    say; asked again later)."""
+    ``taken``) why, in its own log (:func:`tell_left_out`), once per node id: its data does
+    not fit (the reason, as the coordinator's log has it), it is held back while another
+    connected node has or claims its name, or it could not prove the name it claims (no
+    more than that: a node that proved nothing learns nothing of the roster or the bound
+    keys). A node that did not answer is not told (it is asked again later)."""
     said: dict[int, str] = {}
     for node in new:
-        why = next((a["why"] for a in reversed(members.attempts) if a["node"] == node), None)
-        if node in taken:
+        if node in taken or node in members.told:
             continue
-        if node in members.pending:
-            said[node] = (f"held back: another node claims member "
-                          f"'{members.pending[node].name}' (every member needs its own "
-                          "client-id); asked again once only one is left")
-        elif why or node in members.refused:
-            said[node] = f"left out: {why or members.refused[node]}"
-        elif node in errors:
-            said[node] = f"not taken this time: {errors[node]}; asked again later"
+        if node in members.blocked:
+            said[node] = ("left out: this node could not prove the member name it claims with "
+                          "the key the run binds to that name (the key in its identity-dir; "
+                          "the coordinator's log says more)")
+        elif node in members.pending:
+            said[node] = ("held back: another connected node has or claims the client-id "
+                          f"'{members.pending[node].name}' (a restarted SuperNode's old node "
+                          "counts as connected for about a minute); asked again once only one "
+                          "is left")
+        elif node in members.refused:
+            said[node] = f"left out: {members.refused[node]}"
+    members.told.update(said)
     tell_left_out(grid, said)
 
 
@@ -407,7 +411,7 @@ def discover_members(grid: Grid, min_nodes: int, members: Membership, timeout: f
         accepted.update(members.claim(found, {i.name: n for n, i in accepted.items()}, live,
                                       "Held back: %s"))
         if new:  # each node left out or held back now hears why, in its own log
-            tell_new_nodes(grid, members, new, set(accepted), errors)
+            tell_new_nodes(grid, members, new, set(accepted))
         if len(accepted) >= min_nodes:
             break
         left = list(members.refused.values()) + [

@@ -9,7 +9,8 @@ names (a checkpoint's members keep their numbers). A name is bound to a key
 one, the key the name was first accepted with, kept in the checkpoint (``keys``). A node
 that cannot prove the name it claims with that key is refused for good, and its attempt
 recorded (``attempts``, :class:`Impostor`): it gets nothing, changes nothing, and holds no
-one back. A member whose data does not fit the run is left out for good (``refused``); a
+one back (its node is told only that it could not prove the name). A member whose data
+does not fit the run is left out for good (``refused``); a
 node that proves a name another connected node has (a restarted SuperNode, whose old node
 counts as connected for a minute) is held back (``pending``) until that node is gone; two
 new nodes claiming a name not bound yet are both held back until only one is left.
@@ -102,6 +103,8 @@ class Membership:
     blocked : set[int]
         The connected nodes refused for a name they could not prove (in :attr:`attempts`);
         not asked again while they are connected.
+    told : set[int]
+        The nodes told why the run does not take them (once each).
     pending : dict[int, ClientInfo]
         Nodes held back: their member's name is another connected node's.
     keys : dict[str, bytes]
@@ -123,6 +126,8 @@ class Membership:
     attempts: list[dict] = field(default_factory=list)
     impostors: int = 0
     blocked: set[int] = field(default_factory=set)
+    #: the nodes told why the run does not take them (:func:`discovery.tell_new_nodes`)
+    told: set[int] = field(default_factory=set)
 
     def bound_key(self, name: str) -> bytes | None:
         """The key bound to ``name``: the roster's, else the one pinned (None: not bound)."""

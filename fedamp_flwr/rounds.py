@@ -121,7 +121,7 @@ def refresh_clients(tracker: Tracker, members: Membership, grid: Grid, timeout: 
         else:
             log(WARNING, "A node that joined cannot take part: %s", reason)
     if members.schema is not None and new:  # each member not taken hears why, in its log
-        tell_new_nodes(grid, members, new, set(tracker.clients), errors)
+        tell_new_nodes(grid, members, new, set(tracker.clients))
     tracker.set_online(node_ids)
 
 

@@ -28,6 +28,7 @@ leaves that member out.
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,8 +311,14 @@ def read_table(path: Path, schema: MemberSchema, labels: bool = True) -> Rows:
     import pandas as pd
 
     try:
-        frame = (pd.read_csv(path, dtype={c: str for c, _ in schema.categories})
-                 if path.suffix.lower() == ".csv" else pd.read_parquet(path))
+        csv = path.suffix.lower() == ".csv"
+        frame = pd.read_csv(path) if csv else pd.read_parquet(path)
+        if csv and schema.categories:  # categorical cells as written ("NA" is a category)
+            named = {c for c, _ in schema.categories}
+            raw = pd.read_csv(path, dtype=str, keep_default_na=False,
+                              usecols=lambda c: str(c) in named)
+            for c in raw.columns:
+                frame[c] = raw[c]
     except Exception as err:
         raise _fail(path, f"cannot be read as a {path.suffix} table ({type(err).__name__}: "
                           f"{err})") from None
@@ -355,7 +362,7 @@ def read_table(path: Path, schema: MemberSchema, labels: bool = True) -> Rows:
         found.raise_any()
     # the columns it has are checked too: every problem of the file in one go
     for c in (c for c in features if c in columns and c in cats):  # categories, as declared
-        text = category_text(frame[c])
+        text = category_text(frame[c], cats[c])
         empty = np.flatnonzero(text == "")
         if len(empty):
             found.add(f"column '{c}' is missing (empty or n/a) at {_rows(empty, where)}")
@@ -391,29 +398,33 @@ def read_table(path: Path, schema: MemberSchema, labels: bool = True) -> Rows:
                       f"{_rows(other, where)}; allowed: train, test")
         test = split == "test"
     found.raise_any()
-    parts = [one_hot(category_text(frame[c]), cats[c]) if c in cats
+    parts = [one_hot(category_text(frame[c], cats[c]), cats[c]) if c in cats
              else pd.to_numeric(frame[c]).to_numpy(dtype=np.float32).reshape(-1, 1)
              for c in features]
     x = np.concatenate(parts, axis=1) if parts else np.zeros((len(frame), 0), np.float32)
     return Rows(x, y, test)
 
 
-def category_text(values: object) -> np.ndarray:
-    """A categorical column's cells as text, stripped, "" where missing; numbers as written
-    (a float column's whole values without ``.0``: a Parquet or a CSV with gaps stores the
-    categories 1, 2, 3 as floats)."""
+def category_text(values: object, categories: tuple[str, ...]) -> np.ndarray:
+    """A categorical column's cells as text, stripped, "" where empty or null; a number that
+    is none of ``categories`` as written but a whole number that is (``2.0``, a float column
+    with gaps, for the category ``2``) as that one."""
     import pandas as pd
 
     column = pd.Series(values)
-    missing = column.isna().to_numpy()
-    if column.dtype.kind == "f":
-        shown = [("" if m else f"{v:g}" if float(v).is_integer() else str(v))
-                 for v, m in zip(column.tolist(), missing)]
-    else:
-        shown = ["" if m else str(v).strip() for v, m in zip(column.tolist(), missing)]
-    text = np.array(shown, dtype=object)
-    text[np.isin(text, ["nan", "n/a", "NaN", "NA", "<NA>", "None"])] = ""
-    return text
+    known = set(categories)
+    shown = []
+    for value, missing in zip(column.tolist(), column.isna().to_numpy()):
+        text = "" if missing else str(value).strip()
+        if text and text not in known:
+            try:
+                number = float(text)
+            except ValueError:
+                number = math.nan
+            if math.isfinite(number) and number.is_integer() and str(int(number)) in known:
+                text = str(int(number))
+        shown.append(text)
+    return np.array(shown, dtype=object)
 
 
 def one_hot(text: np.ndarray, categories: tuple[str, ...]) -> np.ndarray:

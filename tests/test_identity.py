@@ -176,8 +176,11 @@ def test_an_impostor_of_a_connected_member_gets_nothing_and_the_member_trains(tm
     assert attacked["client_names"] == ["client-0", "client-1", "client-2"]
     assert attacked["rounds"] == alone["rounds"]
     assert grid.sent_to(103) == [MessageType.QUERY, MessageType.QUERY]
-    assert "The run leaves this node out: left out: node 103 claims member 'client-0'" in \
-        caplog.text
+    # told that it could not prove the name, and nothing of the key it is bound to
+    told = [r.getMessage() for r in caplog.records if "leaves this node out" in r.getMessage()]
+    assert told == ["The run leaves this node out: left out: this node could not prove the "
+                    "member name it claims with the key the run binds to that name (the key in "
+                    "its identity-dir; the coordinator's log says more)"]
     (attempt,) = attacked["impostors"]
     assert attempt["node"] == 103 and "node 103 claims member 'client-0': its key SHA256:" in \
         attempt["why"] and "is not the key bound to 'client-0'" in attempt["why"]

@@ -105,8 +105,8 @@ def test_two_nodes_claiming_one_client_id_are_both_refused(tmp_path, caplog):
     assert "member 'client-1' (node 101): node(s) 103 claim the same client-id" in caplog.text
     assert "member 'client-1' (node 103): node(s) 101 claim the same client-id" in caplog.text
     # each of the two nodes hears why, once, in its own log
-    assert caplog.text.count("The run leaves this node out: held back: another node claims "
-                             "member 'client-1'") == 2
+    assert caplog.text.count("The run leaves this node out: held back: another connected node "
+                             "has or claims the client-id 'client-1'") == 2
 
 
 class MovingGrid(InProcessGrid):
@@ -281,6 +281,27 @@ def test_categorical_columns_one_hot_against_the_runs_categories(tmp_path):
             RunConfig.from_run_config({**base, "member-input-shape": "3",
                                        "member-feature-columns": "sex,age",
                                        "member-categories": bad})
+    with pytest.raises(ConfigError, match="'member-categories'.*only with vector inputs"):
+        RunConfig.from_run_config({**base, "member-input-shape": "1,8,8",
+                                   "member-categories": "sex: m, f"})
+    # a CSV written from a float column with gaps ("2.0"), and categories that read like
+    # missing values in pandas ("NA", "None"): the same inputs as the Parquet table
+    cfg = RunConfig.from_run_config({**base, "member-input-shape": "5",
+                                     "member-categories": "region: NA, None; grade: 1, 2"})
+    schema = cfg.member_schema()
+    assert schema is not None
+    table = pd.DataFrame({"region": ["NA", "None", "NA"], "age": [1.0, 2.0, 3.0],
+                          "grade": [2.0, 1.0, None], "label": [0, 1, 0]})
+    table.to_csv(tmp_path / "na.csv", index=False)
+    assert "2.0" in (tmp_path / "na.csv").read_text()
+    with pytest.raises(MemberDataError, match=r"^[^;]*column 'grade' is missing \(empty or "
+                                              r"n/a\) at line 4$"):
+        load_member_data(tmp_path / "na.csv", schema, 0, "site")
+    table.assign(grade=[2.0, 1.0, 1.0]).to_csv(tmp_path / "na.csv", index=False)
+    table.assign(grade=[2.0, 1.0, 1.0]).to_parquet(tmp_path / "na.parquet")
+    rows = [tasks.members.read_member_rows(tmp_path / f"na.{kind}", schema).x.tolist()
+            for kind in ("csv", "parquet")]
+    assert rows[0] == rows[1] == [[1, 0, 1, 0, 1], [0, 1, 2, 1, 0], [1, 0, 3, 1, 0]]
 
 
 def test_an_image_folder_one_subfolder_per_class(tmp_path):
