@@ -61,8 +61,8 @@ def _store(results: Path, run: str, server_round: int) -> list[bytes]:
     """Each member's row of FedAMP's store in the run's checkpoint of ``server_round``."""
     import torch
 
-    state = torch.load(results / run / "checkpoint" / f"round-{server_round:06d}.pt",
-                       weights_only=True)
+    path = results / run / "checkpoint" / f"round-{server_round:06d}.pt"
+    state = torch.load(path, weights_only=True)  # tensors only: no code from the file
     return [row.numpy().tobytes() for row in state["strategy"]["models"]]
 
 
