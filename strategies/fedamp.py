@@ -1,30 +1,19 @@
-"""FedAMP and HeurFedAMP (Huang et al., "Personalized Cross-Silo Federated
-Learning on Non-IID Data", AAAI 2021).
+"""FedAMP and HeurFedAMP (Huang et al., "Personalized Cross-Silo Federated Learning on
+Non-IID Data", AAAI 2021).
 
-The server keeps every client's latest personalized model w_i. In round k each
-sampled client i receives its cloud model
-
-    u_i = sum_j xi_ij w_j                                   (paper Eq. 6)
-
-a convex combination of all clients' models, and trains from u_i on
-F_i(w) + lambda / (2 alpha_k) ||w - u_i||^2               (paper Eq. 7)
-
-The weights are pure functions on a stacked (m, d) tensor of flattened models,
-tested on their own, in :mod:`strategies.fedamp_math`: :func:`fedamp_weights`
-(Eq. 6 with the attention-inducing function A(x) = 1 - exp(-x / sigma)) and
-:func:`heurfedamp_weights` (Eq. 8).
-
-Which tensors the distances use: the trainable parameters only (the first
-``layout.num_params`` entries of the flat vector, see
-:class:`strategies.core.layout.FlatLayout`); the mix u_i covers every floating-point
-tensor of the state dict, batch-norm running statistics included. Integer
-tensors (batch-norm counters) are taken from the initial model.
+The server keeps every client's latest personalized model w_i. In round k each sampled
+client i receives its cloud model u_i = sum_j xi_ij w_j (Eq. 6), a convex combination of
+all clients' models, and trains from u_i on F_i(w) + lambda / (2 alpha_k) ||w - u_i||^2
+(Eq. 7). The weights xi (Eq. 6, or Eq. 8 for HeurFedAMP) are the pure functions of
+:mod:`strategies.fedamp_math`. The distances use the trainable parameters only (the first
+``layout.num_params`` entries of the flat vector, :class:`strategies.core.layout.FlatLayout`);
+u_i mixes every floating-point tensor, batch-norm statistics included; integer tensors
+(batch-norm counters) are the initial model's.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -44,12 +33,9 @@ from .core.settings import (
     setting,
 )
 from .fedamp_math import (
-    FLOAT32_RETRY_ROUNDS,
-    RowsRescaledWarning,
-    WeightsUnderflowWarning,
+    Flags,
     cloud_models,
-    fedamp_sq_distances,
-    fedamp_weights_from_distances,
+    fedamp_weights,
     heurfedamp_weights,
     median_cosine_distance,
     median_sq_distance,
@@ -65,36 +51,19 @@ SIGMA_RULES = ("paper", "data")
 class FedAMP(PersonalizedStrategy):
     """FedAMP: attentive message passing between personalized models.
 
-    Client contract: train messages name ``proximal`` (the client half of
-    FedProx, :class:`strategies.flower.ProximalTraining`) and carry the cloud
-    model u_i and ``proximal-mu`` = lambda / alpha_k; the client trains from
-    u_i with that proximal term and replies its model w_i. Evaluate messages
-    carry the client's stored w_i, tested as received.
+    Client contract: train messages name ``proximal`` (the client half of FedProx,
+    :class:`strategies.flower.ProximalTraining`) and carry u_i and ``proximal-mu`` =
+    lambda / alpha_k; the client trains from u_i with that proximal term and replies w_i.
+    Evaluate messages carry the client's stored w_i, tested as received.
 
-    Parameters
-    ----------
-    settings : FedAMPSettings | None
-        The method's keys (alpha_k and its decay, lambda, ``fedamp-offline-clients``:
-        "exclude", only this round's training clients collaborate, "include", every
-        training client's latest model (see :meth:`collaboration`); the self weight
-        of :attr:`method`); None: their declared defaults.
-    sigma : float | None (default: None)
-        sigma of A'(x) = exp(-x / sigma) / sigma, resolved from the settings for
-        the run's task (paper: MNIST 100, FMNIST 10, EMNIST 10, CIFAR-100 1e6). None:
-        from the data, the median of the squared distances between the models the
-        clients trained in the first round with replies
-        (:func:`strategies.fedamp_math.median_sq_distance`), fixed for the run
-        (recorded in the history's ``notes``, checkpointed); until then every
-        stored model is the initial one and each client's cloud model is its own.
-        The self weight (``fedamp-self-weight``): None, Eq. 6's
-        xi_ii = 1 - sum_j xi_ij; a number in [0, 1): that xi_ii, the off-diagonal
-        weights scaled to 1 - xi_ii; "paper": the appendix's xi_ii = 1 / (N_i + 1),
-        N_i the other clients of i's group (``groups``) in the round's mix.
-    groups : Sequence[int] | None
-        Group of every client id (same-distribution clients), for "paper".
-    **kwargs
-        Passed to :class:`strategies.core.base.PersonalizedStrategy` (fraction_train,
-        param_keys, device, seed).
+    ``settings``: the method's keys (:class:`FedAMPSettings`; None: their defaults).
+    ``sigma``: of A'(x) = exp(-x / sigma) / sigma, resolved for the run's task; None: from
+    the data, the median of the squared distances between the models trained in the first
+    round with replies (:meth:`data_sigma`), then fixed (``notes``, checkpointed); until
+    then every stored model is the initial one and each cloud model is the client's own.
+    ``groups``: every client id's group of same-distribution clients, for the self weight
+    "paper" (the appendix's xi_ii = 1 / (N_i + 1), N_i the others of i's group in the mix).
+    ``kwargs``: :class:`strategies.core.base.PersonalizedStrategy`'s.
     """
 
     client_update = PROXIMAL
@@ -116,10 +85,8 @@ class FedAMP(PersonalizedStrategy):
         self.offline_clients = s.fedamp_offline_clients
         self._underflow_warned = False
         self._rescaled_rounds: list[int] = []  # rounds whose rows were rescaled
-        self._rescaling = False  # the last round's rows were rescaled
         self._round_xi: torch.Tensor | None = None
         self._clouds: torch.Tensor | None = None  # reused: a fresh one costs page faults
-        self._float32_from = 1  # the first round whose distances try float32 (weights())
 
     def summary(self) -> None:
         super().summary()
@@ -135,22 +102,11 @@ class FedAMP(PersonalizedStrategy):
         return self.alpha_k * self.alpha_decay ** ((server_round - 1) // self.alpha_decay_every)
 
     def weights(self, server_round: int, params: torch.Tensor,
-                self_weight: float | torch.Tensor | None) -> torch.Tensor:
-        """The (m, m) weights xi of this round from the clients' parameters.
-
-        Where float32 distances could not give exact weights (too many pairs to
-        recompute: sigma small against the distances), the next
-        :data:`FLOAT32_RETRY_ROUNDS` rounds go to float64 at once instead of
-        trying float32 first; the weights are exact either way.
-        """
+                self_weight: float | torch.Tensor | None) -> tuple[torch.Tensor, Flags]:
+        """The (m, m) weights xi of this round from the clients' parameters (Eq. 6)."""
         if self.sigma is None:  # no model trained yet: every client's is the initial one
-            return torch.eye(params.shape[0], dtype=torch.float64, device=params.device)
-        alpha = self.alpha_at(server_round)
-        dist = fedamp_sq_distances(params, alpha, self.sigma, softmax=self_weight is not None,
-                                   try_float32=server_round >= self._float32_from)
-        if dist.path == "float64" and dist.recomputed >= 0:  # float32 tried, not enough
-            self._float32_from = server_round + FLOAT32_RETRY_ROUNDS
-        return fedamp_weights_from_distances(dist.d2, alpha, self.sigma, self_weight)
+            return torch.eye(params.shape[0], dtype=torch.float64, device=params.device), Flags()
+        return fedamp_weights(params, self.alpha_at(server_round), self.sigma, self_weight)
 
     def self_weights(self, active: torch.Tensor) -> float | torch.Tensor | None:
         """xi_ii of the clients in rows ``active``: the fixed number, or "paper"'s
@@ -166,14 +122,11 @@ class FedAMP(PersonalizedStrategy):
     def personalize(self, server_round: int, rows: torch.Tensor, config: ConfigRecord
                     ) -> tuple[torch.Tensor, ConfigRecord]:
         """Cloud models u_i = sum_j xi_ij w_j of the sampled clients, and lambda / alpha_k."""
-        xi = self.collaboration(server_round, rows)
+        xi = self._round_xi = self.collaboration(server_round, rows)
         self.history.record_xi(server_round, self.client_ids, xi)
-        self._round_xi = xi
         self._clouds = cloud_models(xi[rows.to(xi.device)], self.store, self._clouds)
-        clouds = self._clouds
-        cfg = ConfigRecord(dict(config))
-        cfg[PROXIMAL_MU] = self.lam / self.alpha_at(server_round)
-        return clouds, cfg
+        return self._clouds, ConfigRecord({**config, PROXIMAL_MU: self.lam / self.alpha_at(
+            server_round)})
 
     def new_client_model(self) -> torch.Tensor:
         """A client that joins after the start (a new member) starts from the mean of the
@@ -183,13 +136,9 @@ class FedAMP(PersonalizedStrategy):
         return self.store[self.training_rows.to(self.store.device)].mean(dim=0)
 
     def sent_distances(self, rows: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
-        """``||w - u_i||`` from this round's xi and the store (the cloud models are not kept):
-        ``||w||^2 - 2 sum_j xi_ij <w, w_j> + ||u_i||^2``.
-
-        In the models' dtype (one matrix product; float32 for the CNN): the result only
-        feeds the update-norm bound (``max-update-ratio``, 100x by default), where a
-        relative error of 1e-3 in a small distance does not matter.
-        """
+        """``||w - u_i||`` = sqrt(||w||^2 - 2 sum_j xi_ij <w, w_j> + ||u_i||^2) from this
+        round's xi and the store, in the models' dtype: it only feeds the update-norm bound
+        (``max-update-ratio``, 100x by default), which a 1e-3 relative error does not move."""
         assert self._round_xi is not None, "personalize() sets this round's xi first"
         xi = self._round_xi[rows.to(self._round_xi.device)].to(vectors.device, vectors.dtype)
         wu = ((vectors @ self.store.T) * xi).sum(dim=1)
@@ -198,24 +147,16 @@ class FedAMP(PersonalizedStrategy):
         return (ww - 2.0 * wu + uu).clamp_min(0.0).sqrt()
 
     def collaboration(self, server_round: int, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """The (n, n) weights xi of this round over all clients.
-
-        With ``offline_clients`` = "exclude" only the clients that train in
-        this round (``rows``: sampled, connected, not dropped out) collaborate,
-        the paper's "collaborations among online clients" (its dropped-clients
-        experiment); with "include" every training client's latest model takes
-        part. Clients outside the mix (novel clients, which never train, and
-        excluded ones) have identity rows and zero columns in the other rows,
-        so their models never enter a cloud model.
-        """
+        """The (n, n) weights xi of this round over all clients: with ``offline_clients`` =
+        "exclude" only the clients training this round (``rows``) mix, the paper's
+        "collaborations among online clients"; with "include" every training client's latest
+        model. Clients outside the mix have identity rows and zero columns elsewhere."""
         n, p = len(self.client_ids), self.flat.num_params
         active = self.training_rows if self.offline_clients == "include" or rows is None else rows
         active = active.to(self.store.device)
         params = self.store[:, :p] if len(active) == n else self.store[active, :p]
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            xi_active = self.weights(server_round, params, self.self_weights(active))
-        self._log_warnings(server_round, caught)
+        xi_active, flags = self.weights(server_round, params, self.self_weights(active))
+        self._say(server_round, flags)
         if len(active) == n:
             return xi_active
         xi = torch.eye(n, dtype=xi_active.dtype, device=xi_active.device)
@@ -249,8 +190,7 @@ class FedAMP(PersonalizedStrategy):
     def state_dict(self) -> dict:
         return {**super().state_dict(), "sigma": self.sigma,
                 "underflow_warned": self._underflow_warned,
-                "rescaled_rounds": list(self._rescaled_rounds),
-                "rescaling": self._rescaling, "float32_from": self._float32_from}
+                "rescaled_rounds": list(self._rescaled_rounds)}
 
     def load_state_dict(self, state: dict, initial_arrays) -> None:
         super().load_state_dict(state, initial_arrays)
@@ -258,36 +198,28 @@ class FedAMP(PersonalizedStrategy):
         if self.sigma is None and state.get("sigma") is not None:  # chosen from the data
             self.sigma = float(state["sigma"])
         self._rescaled_rounds = [int(r) for r in state.get("rescaled_rounds", [])]
-        self._rescaling = bool(state.get("rescaling", False))
-        # a resumed run computes its distances the way the uninterrupted one would have
-        self._float32_from = int(state.get("float32_from", 1))
 
-    def _log_warnings(self, server_round: int, caught: Sequence[warnings.WarningMessage]) -> None:
-        """Log the weights' warnings: underflow once; rows rescaled when it starts (with the
-        count) and, in the round it stops, how many rounds it lasted."""
-        rescaled = False
-        for w in caught:
-            if issubclass(w.category, RowsRescaledWarning):
-                rescaled = True
-                if not self._rescaling:  # Eq. 6 at alpha_k >> sigma, as designed: no alarm
-                    log(INFO, "Round %d: %s: those clients' cloud models mix the others in "
-                        "Eq. 6's proportions, as fedamp-self-weight = 0 would (docs/methods.md; "
-                        "said once: the round in which it stops is logged)", server_round,
-                        w.message)
-                continue
-            if issubclass(w.category, WeightsUnderflowWarning):
-                if self._underflow_warned:
-                    continue
-                self._underflow_warned = True
-            log(WARNING, "Round %d: %s", server_round, w.message)
-        if rescaled:
-            self._rescaling = True
-            if server_round not in self._rescaled_rounds:
-                self._rescaled_rounds.append(server_round)
-        elif self._rescaling and server_round not in self._rescaled_rounds:
-            self._rescaling = False
+    def _say(self, server_round: int, flags: Flags) -> None:
+        """Log what the weights' safeguards did: rows rescaled in the round it starts (INFO:
+        Eq. 6 at alpha_k >> sigma, as designed) and in the round it stops; underflow once."""
+        before = self._rescaled_rounds[-1] if self._rescaled_rounds else None
+        if flags.rescaled_rows and server_round != before:
+            if before != server_round - 1:
+                log(INFO, "Round %d: %d of %d rows had off-diagonal weights summing above 1 "
+                    "(max %.3g); rescaled to 1 with xi_ii = 0: those clients' cloud models mix "
+                    "the others in Eq. 6's proportions, as fedamp-self-weight = 0 would "
+                    "(docs/methods.md; said once: the round in which it stops is logged)",
+                    server_round, flags.rescaled_rows, flags.rows, flags.largest_row_sum)
+            self._rescaled_rounds.append(server_round)
+        elif not flags.rescaled_rows and before == server_round - 1:
             log(INFO, "Round %d: no rows rescaled any more (rescaled in %d round(s) before)",
                 server_round, len(self._rescaled_rounds))
+        if flags.underflow and not self._underflow_warned:
+            self._underflow_warned = True
+            log(WARNING, "Round %d: all off-diagonal FedAMP weights underflowed to 0: squared "
+                "distances %.4g..%.4g with sigma=%g (exp(-d/sigma) = 0); every client trains "
+                "alone. Increase %s-sigma.", server_round, flags.smallest, flags.largest,
+                self.sigma, self.method)
 
 
 class HeurFedAMP(FedAMP):
@@ -309,12 +241,12 @@ class HeurFedAMP(FedAMP):
         return 1.0 / median if median > 0 else 0.0
 
     def weights(self, server_round: int, params: torch.Tensor,
-                self_weight: float | torch.Tensor | None) -> torch.Tensor:
+                self_weight: float | torch.Tensor | None) -> tuple[torch.Tensor, Flags]:
         """Eq. 8's weights (HeurFedAMP always has a self weight)."""
         assert self_weight is not None  # HeurFedAMP's is given
         if self.sigma is None:  # no model trained yet: every client's is the initial one
-            return torch.eye(params.shape[0], dtype=torch.float64, device=params.device)
-        return heurfedamp_weights(params, self.sigma, self_weight)
+            return torch.eye(params.shape[0], dtype=torch.float64, device=params.device), Flags()
+        return heurfedamp_weights(params, self.sigma, self_weight), Flags()
 
 
 #: The paper's sigma (Huang et al., Tables 4-6) per dataset, data setting and method: what
@@ -332,17 +264,7 @@ PAPER_SIGMA: dict[str, dict[str, dict[str, float]]] = {
 
 @dataclass(frozen=True)
 class FedAMPSettings(Settings):
-    """FedAMP's and HeurFedAMP's keys (the ``fedamp-`` and ``heurfedamp-`` run-config keys).
-
-    ``fedamp-alpha-k`` (alpha_k of round 1, paper 1e4), ``fedamp-alpha-decay`` and
-    ``-decay-every`` (alpha_k times the decay every so many rounds), ``fedamp-lambda``
-    (clients' proximal coefficient lambda / alpha_k), ``fedamp-sigma`` and
-    ``heurfedamp-sigma`` ("auto": the paper's, :data:`PAPER_SIGMA`, where it has the
-    setting and ``fedamp-sigma-rule`` = "paper", else from the data), the self weights
-    (``eq6``: Eq. 6's 1 - the others; ``paper``: the appendix's 1 / (N_i + 1); a
-    number in [0, 1)), ``fedamp-offline-clients`` (``exclude``: only this round's
-    training clients mix; ``include``: every training client's latest model).
-    """
+    """FedAMP's and HeurFedAMP's keys (``fedamp-`` and ``heurfedamp-``), each with its doc."""
 
     WORDS = {"fedamp-sigma": ("auto",), "heurfedamp-sigma": ("auto",),
              "fedamp-self-weight": ("eq6", "paper"), "heurfedamp-self-weight": ("paper",)}
@@ -379,17 +301,14 @@ class FedAMPSettings(Settings):
         allowed=", ".join(OFFLINE_CHOICES))
 
     def check(self, run: SettingsContext) -> None:
-        """What only the run can rule out: "paper" self weights without groups, HeurFedAMP
-        without the paper's sigma for the setting."""
-        for method in ("fedamp", "heurfedamp"):
-            key = f"{method}-self-weight"
-            weight = getattr(self, f"{method}_self_weight")
-            if run.strategy != method:
-                continue
-            if weight == "paper" and not run.has_groups:
-                raise bad(key, weight, f'a number in [0, 1): "paper" (1 / (N_i + 1), N_i the '
-                          f"clients of i's group) needs a data setting with groups of clients "
-                          f"of one distribution (practical, iid, blocks), not {run.data_label}")
+        """What only the run can rule out: "paper" self weights without groups."""
+        method = run.strategy
+        if method in ("fedamp", "heurfedamp") and self.self_weight(method) == "paper" \
+                and not run.has_groups:
+            raise bad(f"{method}-self-weight", "paper", f'a number in [0, 1): "paper" (1 / '
+                      f"(N_i + 1), N_i the clients of i's group) needs a data setting with "
+                      f"groups of clients of one distribution (practical, iid, blocks), not "
+                      f"{run.data_label}")
 
     SERVER_HOLDS = "every client's model, its cloud model and its reply"
 
@@ -420,17 +339,12 @@ class FedAMPSettings(Settings):
                           for m in ("fedamp", "heurfedamp")}}
 
 
-def _sigma(settings: FedAMPSettings, method: str, run: RunSetup) -> float | None:
-    return settings.sigma(method, run.dataset, run.data_setting)  # None: from the data
+def _factory(cls: type[FedAMP]):
+    def build(settings: FedAMPSettings, run: RunSetup) -> FedAMP:
+        sigma = settings.sigma(cls.method, run.dataset, run.data_setting)  # None: the data's
+        return cls(settings, sigma=sigma, groups=run.groups, **personal_kwargs(run))
+    return register_strategy(cls.method, settings=FedAMPSettings)(build)
 
 
-@register_strategy("fedamp", settings=FedAMPSettings)
-def _fedamp(settings: FedAMPSettings, run: RunSetup) -> FedAMP:
-    return FedAMP(settings, sigma=_sigma(settings, "fedamp", run), groups=run.groups,
-                  **personal_kwargs(run))
-
-
-@register_strategy("heurfedamp", settings=FedAMPSettings)
-def _heurfedamp(settings: FedAMPSettings, run: RunSetup) -> HeurFedAMP:
-    return HeurFedAMP(settings, sigma=_sigma(settings, "heurfedamp", run), groups=run.groups,
-                      **personal_kwargs(run))
+_factory(FedAMP)
+_factory(HeurFedAMP)

@@ -258,7 +258,7 @@ def test_fedamp_sends_cloud_models_and_lambda_over_alpha():
     messages = list(strategy.configure_train(31, init, ConfigRecord(), LocalGrid()))
     alpha = 0.01 * 0.1  # decayed once after 30 rounds
     params = strategy.models[:, : strategy.layout.num_params].double()
-    xi = fedamp_weights(params, alpha, 1.0)
+    xi, _ = fedamp_weights(params, alpha, 1.0)
     assert (xi.diagonal() > 0).all()
     expected = (xi.float() @ strategy.models)
     by_node = {m.metadata.dst_node_id: m for m in messages}
