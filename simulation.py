@@ -63,7 +63,7 @@ from typing import Any
 from experiments import report
 from experiments.budget import Budget, apply_budget
 from experiments.jobs import parse_jobs
-from experiments.presets import PRESETS, ConfigError, apply_overrides, expand
+from experiments.presets import PRESETS, ConfigError, Grid, Run, apply_overrides, expand
 from experiments.runner import run_grid
 from experiments.tuning import VALIDATION_FRACTION, apply_tuned, choose, tuning_runs
 from strategies.core.registry import budget_tuned
@@ -139,6 +139,40 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{', '.join(f'{s.dataset}/{s.partitioning}' for s in grid.settings)}; "
                   f"scenarios {list(grid.scenarios)}; seeds {list(grid.seeds)}")
         return 0
+    jobs = check_args(args)
+    default_out = f"tune-{args.preset}" if args.tune else args.preset
+    output = Path(args.output or ROOT / "results" / default_out).resolve()
+    try:
+        grid = apply_overrides(PRESETS[args.preset], args.strategies, args.seeds, args.rounds,
+                               args.set, args.num_supernodes, args.datasets)
+        runs = grid_runs(args, grid, output)
+    except (ConfigError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None
+    failed: list[str] = []
+    if not args.report_only:
+        failed = run_grid(runs, output, args.cpus_per_client, args.gpus_per_client,
+                          args.ray_address, args.timeout, args.engine, jobs)
+    if args.tune:
+        command = "python simulation.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+        result = choose(runs, output, command, budget=args.budget or "")
+        n = sum(map(len, result["strategies"].values()))
+        print(f"Wrote tuned.json and tuned.md to {output}: {n} method/setting choices"
+              + (f"; no finished trial: {', '.join(result['missing'])}" if result["missing"]
+                 else ""))
+        return 1 if failed else 0
+    folders = [output / "runs" / r.name for r in runs if (output / "runs" / r.name).is_dir()]
+    written = report.write_report(report.load_runs(folders), output,
+                                  strategy_order=grid.strategies)
+    print(f"Wrote {', '.join(p.name for p in written)} to {output}")
+    if failed:
+        print(f"{len(failed)} run(s) failed: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+def check_args(args: argparse.Namespace) -> int:
+    """The options that no run can check, checked together (SystemExit naming the option);
+    the number of jobs."""
     for key, value in (("--cpus-per-client", args.cpus_per_client),
                        ("--gpus-per-client", args.gpus_per_client)):
         if value < 0:
@@ -163,54 +197,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             s.partition("=")[0].strip() == "num-server-rounds" for s in args.set)):
         raise SystemExit("error: --rounds (or --set num-server-rounds) and --budget together are "
                          "invalid: a budget sets the rounds; allowed: one of them")
-    default_out = f"tune-{args.preset}" if args.tune else args.preset
-    output = Path(args.output or ROOT / "results" / default_out).resolve()
+    return jobs
+
+
+def grid_runs(args: argparse.Namespace, grid: Grid, output: Path) -> list[Run]:
+    """The grid's runs (a tuning grid's trials with ``--tune``), with the tuned values of
+    ``--tuned`` or of ``--budget`` (strategies/tuned.json's "budgets") and the budget applied;
+    ``--set`` and ``--rounds`` win over tuned values."""
     data_dir = args.data_dir or None
-    try:
-        grid = apply_overrides(PRESETS[args.preset], args.strategies, args.seeds, args.rounds,
-                               args.set, args.num_supernodes, args.datasets)
-        if args.tune:
-            runs = tuning_runs(grid, args.tune, data_dir, output, args.validation_fraction)
-        else:
-            runs = expand(grid, data_dir, output)
-        forced = [i.partition("=")[0].strip() for i in args.set] + (
-            ["num-server-rounds"] if args.rounds else [])
-        if args.budget and not args.tune and not args.tuned:
-            # the values a tuning chose under this budget (strategies/tuned.json's "budgets")
-            if tuned := budget_tuned(args.budget):
-                runs = apply_tuned(runs, tuned, forced)
-                print(f"--budget {args.budget}: the values tuned under it (strategies/tuned.json)"
-                      f" for {', '.join(sorted(tuned['strategies']))}")
-        if args.tuned:
-            tuned = read_tuned(args.tuned)
-            if tuned.get("budget") and tuned["budget"] != args.budget:
-                raise ConfigError(f"--tuned {str(args.tuned)!r} was chosen under --budget "
-                                  f"{tuned['budget']}; allowed: the same --budget "
-                                  "(its values spend that budget, not the preset's rounds)")
-            runs = apply_tuned(runs, tuned, forced)
-        runs = apply_budget(runs, Budget.parse(args.budget) if args.budget else None)
-    except (ConfigError, ValueError) as err:
-        raise SystemExit(f"error: {err}") from None
-    failed: list[str] = []
-    if not args.report_only:
-        failed = run_grid(runs, output, args.cpus_per_client, args.gpus_per_client,
-                          args.ray_address, args.timeout, args.engine, jobs)
     if args.tune:
-        command = "python simulation.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-        result = choose(runs, output, command, budget=args.budget or "")
-        n = sum(map(len, result["strategies"].values()))
-        print(f"Wrote tuned.json and tuned.md to {output}: {n} method/setting choices"
-              + (f"; no finished trial: {', '.join(result['missing'])}" if result["missing"]
-                 else ""))
-        return 1 if failed else 0
-    folders = [output / "runs" / r.name for r in runs if (output / "runs" / r.name).is_dir()]
-    written = report.write_report(report.load_runs(folders), output,
-                                  strategy_order=grid.strategies)
-    print(f"Wrote {', '.join(p.name for p in written)} to {output}")
-    if failed:
-        print(f"{len(failed)} run(s) failed: {', '.join(failed)}")
-        return 1
-    return 0
+        runs = tuning_runs(grid, args.tune, data_dir, output, args.validation_fraction)
+    else:
+        runs = expand(grid, data_dir, output)
+    forced = [i.partition("=")[0].strip() for i in args.set] + (
+        ["num-server-rounds"] if args.rounds else [])
+    if args.budget and not args.tune and not args.tuned:
+        if tuned := budget_tuned(args.budget):
+            runs = apply_tuned(runs, tuned, forced)
+            print(f"--budget {args.budget}: the values tuned under it (strategies/tuned.json)"
+                  f" for {', '.join(sorted(tuned['strategies']))}")
+    if args.tuned:
+        tuned = read_tuned(args.tuned)
+        if tuned.get("budget") and tuned["budget"] != args.budget:
+            raise ConfigError(f"--tuned {str(args.tuned)!r} was chosen under --budget "
+                              f"{tuned['budget']}; allowed: the same --budget "
+                              "(its values spend that budget, not the preset's rounds)")
+        runs = apply_tuned(runs, tuned, forced)
+    return apply_budget(runs, Budget.parse(args.budget) if args.budget else None)
 
 
 def read_tuned(path: Path) -> dict[str, Any]:

@@ -401,40 +401,57 @@ def discover_members(grid: Grid, min_nodes: int, members: Membership, timeout: f
         found: dict[int, ClientInfo] = {}
         if new:
             asked.update(new)
-            found, errors = query_nodes(grid, new, max(deadline - time.monotonic(), 1.0),
-                                        members)
-            for node, reason in errors.items():
-                if isinstance(reason, Refusal):
-                    members.refuse(node, reason)
-                else:
-                    log(WARNING, "Left out: %s", reason)
+            found = _ask_new(grid, new, max(deadline - time.monotonic(), 1.0), members)
         accepted.update(members.claim(found, {i.name: n for n, i in accepted.items()}, live,
                                       "Held back: %s"))
         if new:  # each node left out or held back now hears why, in its own log
             tell_new_nodes(grid, members, new, set(accepted))
         if len(accepted) >= min_nodes:
             break
-        left = list(members.refused.values()) + [
-            f"member '{i.name}' (node {n}): its name is claimed twice"
-            for n, i in members.pending.items()] + [
-            a["why"] for a in members.attempts if a["node"] in members.blocked]
-        why = ("; left out: " + "; ".join(left)) if left else ""
-        # the fleet min-nodes asks for is there and not one node of it can take part
-        # (every one left out for good): no wait can change that, say so now
-        # (impostors do not count: no one stops a run by opening connections with names it
-        # cannot prove)
-        fleet = live - members.blocked
-        all_out = len(fleet) >= min_nodes and not accepted and not members.pending and all(
-            n in members.refused for n in fleet)
-        if all_out:
-            raise ClientSetupError(f"every one of the {len(fleet)} connected node(s) is left "
-                                   f"out, none can take part (min-nodes is {min_nodes}){why}")
-        if time.monotonic() > deadline:
-            raise ClientSetupError(f"only {len(accepted)} member(s) with fitting data after "
-                                   f"{timeout:.0f}s (node-wait-timeout); min-nodes is "
-                                   f"{min_nodes}{why}")
+        _check_waiting(members, live, accepted, min_nodes, timeout, deadline)
         log(INFO, "Waiting for members: %d ready, min-nodes %d", len(accepted), min_nodes)
         time.sleep(poll)
+    return _numbered(members, accepted, known)
+
+
+def _ask_new(grid: Grid, new: list[int], timeout: float, members: Membership
+             ) -> dict[int, ClientInfo]:
+    """The new nodes' answers; impostors refused, nodes whose data does not fit logged."""
+    found, errors = query_nodes(grid, new, timeout, members)
+    for node, reason in errors.items():
+        if isinstance(reason, Refusal):
+            members.refuse(node, reason)
+        else:
+            log(WARNING, "Left out: %s", reason)
+    return found
+
+
+def _check_waiting(members: Membership, live: set[int], accepted: dict[int, ClientInfo],
+                   min_nodes: int, timeout: float, deadline: float) -> None:
+    """Raise :class:`ClientSetupError` when no wait can give ``min_nodes`` members: the
+    fleet ``min-nodes`` asks for is there and every node is left out for good (impostors do
+    not count: no one stops a run by opening connections with names it cannot prove), or
+    the time is up."""
+    left = list(members.refused.values()) + [
+        f"member '{i.name}' (node {n}): its name is claimed twice"
+        for n, i in members.pending.items()] + [
+        a["why"] for a in members.attempts if a["node"] in members.blocked]
+    why = ("; left out: " + "; ".join(left)) if left else ""
+    fleet = live - members.blocked
+    if len(fleet) >= min_nodes and not accepted and not members.pending and all(
+            n in members.refused for n in fleet):
+        raise ClientSetupError(f"every one of the {len(fleet)} connected node(s) is left "
+                               f"out, none can take part (min-nodes is {min_nodes}){why}")
+    if time.monotonic() > deadline:
+        raise ClientSetupError(f"only {len(accepted)} member(s) with fitting data after "
+                               f"{timeout:.0f}s (node-wait-timeout); min-nodes is "
+                               f"{min_nodes}{why}")
+
+
+def _numbered(members: Membership, accepted: dict[int, ClientInfo],
+              known: list[str] | None) -> dict[int, ClientInfo]:
+    """The accepted members with their client ids (a checkpoint's keep theirs; those not
+    connected get offline placeholders), their names bound to their keys."""
     infos, members.names = number_members(accepted, list(known or []))
     for info in accepted.values():  # the members of the run: their names bound to their keys
         members.pin(info)

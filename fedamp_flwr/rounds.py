@@ -170,6 +170,30 @@ def _first(reasons: dict) -> str:
     return f"client {cid}: {reasons[cid]}{more}"
 
 
+def play_round(strategy, grid: Grid, arrays: ArrayRecord, server_round: int,
+               train_config: ConfigRecord, evaluate_config: ConfigRecord,
+               round_timeout: float, delivery: ModelDelivery | None) -> ArrayRecord:
+    """One round's training and evaluation over the connected clients; the global arrays
+    after it (unchanged for strategies that keep their own models)."""
+    tracker: Tracker = strategy.tracker
+    view = OnlineClients(grid, tracker)
+    messages = list(strategy.configure_train(server_round, arrays, train_config, view))
+    replies = send_and_receive(grid, messages, round_timeout)
+    new_arrays, _ = strategy.aggregate_train(server_round, replies)
+    if new_arrays is not None:
+        arrays = new_arrays
+        strategy.history.record_norm(server_round, model_norm(arrays))
+    messages = list(strategy.configure_evaluate(server_round, arrays, evaluate_config, view))
+    if delivery is not None:
+        messages = delivery.instruct(server_round, messages)
+    replies = send_and_receive(grid, messages, round_timeout)
+    replies, models = ModelDelivery.take(replies)  # a model record never reaches the strategy
+    strategy.aggregate_evaluate(server_round, replies)
+    if delivery is not None:
+        delivery.after_evaluation(server_round, replies, models, tracker.client_of_node)
+    return arrays
+
+
 def run_rounds(
     strategy,
     grid: Grid,
@@ -190,20 +214,14 @@ def run_rounds(
 ) -> ArrayRecord:
     """Run rounds ``first_round..last_round`` of ``strategy``; return the final global arrays.
 
-    ``arrays`` is the global model at the start (the initial model, or the
-    checkpoint's when resuming); strategies that keep their own models
-    (FedAMP, Panacea) return None from ``aggregate_train`` and it stays.
-    ``on_join``: how a member the run does not know yet joins (see
-    :func:`refresh_clients`); None: it is refused. ``members``: the run's members (none:
-    a partitioned run). ``delivery``: asks for the models
-    of the rounds that keep them, and writes those replied (:mod:`fedamp_flwr.delivery`).
-
-    Raises
-    ------
-    RoundsFailedError
-        When more than ``max_failed_rounds`` rounds in a row had no usable
-        training or evaluation (:func:`round_failure`), after that round's
-        ``after_round`` (its records are written).
+    ``arrays``: the global model at the start (the initial one, or the checkpoint's);
+    strategies that keep their own models (FedAMP, Panacea) leave it as it is. ``on_join``:
+    how a member the run does not know yet joins (:func:`refresh_clients`; None: refused).
+    ``members``: the run's (none: a partitioned run). ``delivery``: asks for the models of
+    the rounds that keep them, and writes those replied (:mod:`fedamp_flwr.delivery`).
+    Raises :class:`RoundsFailedError` when more than ``max_failed_rounds`` rounds in a row
+    had no usable training or evaluation (:func:`round_failure`), after that round's
+    ``after_round`` (its records are written).
     """
     tracker: Tracker = strategy.tracker
     tracker.round_timeout = round_timeout
@@ -217,21 +235,8 @@ def run_rounds(
         log(INFO, "")
         log(INFO, "[ROUND %d/%d]", server_round, last_round)
         refresh_clients(tracker, members, grid, query_timeout, on_join)
-        view = OnlineClients(grid, tracker)
-        messages = list(strategy.configure_train(server_round, arrays, train_config, view))
-        replies = send_and_receive(grid, messages, round_timeout)
-        new_arrays, _ = strategy.aggregate_train(server_round, replies)
-        if new_arrays is not None:
-            arrays = new_arrays
-            strategy.history.record_norm(server_round, model_norm(arrays))
-        messages = list(strategy.configure_evaluate(server_round, arrays, evaluate_config, view))
-        if delivery is not None:
-            messages = delivery.instruct(server_round, messages)
-        replies = send_and_receive(grid, messages, round_timeout)
-        replies, models = ModelDelivery.take(replies)  # a model record never reaches the strategy
-        strategy.aggregate_evaluate(server_round, replies)
-        if delivery is not None:
-            delivery.after_evaluation(server_round, replies, models, tracker.client_of_node)
+        arrays = play_round(strategy, grid, arrays, server_round, train_config,
+                            evaluate_config, round_timeout, delivery)
         failure = round_failure(strategy.history.rounds.get(server_round, {}),
                                 min_clients_evaluated)
         failed_in_a_row = failed_in_a_row + 1 if failure else 0

@@ -287,88 +287,135 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def _main(grid: Grid, context: Context) -> None:
-    cfg = RunConfig.from_run_config(context.run_config)
-    check_server_memory(cfg, max(cfg.min_nodes, 2))  # before a client is waited for
-    folder = RunFolder(cfg)
-    if cfg.checkpoint_every and folder.secret is not None:  # read (and checked) before any work
-        log(INFO, "Checkpoints are sealed with the coordinator's secret (HMAC-SHA256)")
-    folder.claim()
-    check_server_data(cfg)  # before a checkpoint's model is checked against the data's
-    checkpoint = folder.load_checkpoint(check=model_fits(cfg)) if cfg.resume else None
-    log(INFO, "Run '%s': strategy %s, data %s; results in %s%s",
-        folder.name, cfg.strategy, cfg.data_label, folder.path,
-        f"; resuming after round {checkpoint['round']}" if checkpoint else "")
-    if cfg.validation_fraction > 0:
-        log(INFO, "validation-fraction = %g: each client trains without that share of its "
-            "training data and every 'test' number of this run is on it (a tuning run)",
-            cfg.validation_fraction)
+    run = Run(grid, RunConfig.from_run_config(context.run_config))
+    run.setup()
+    run.restore()
+    run.report(run.execute())
 
-    known = list(checkpoint.get("client_names", [])) if checkpoint else []
-    clients, members = find_clients(cfg, grid, known, checkpoint_keys(checkpoint, cfg))
-    if checkpoint:  # the attempts of the run so far, before this session's
-        before = [dict(a) for a in checkpoint.get("impostors", []) if isinstance(a, dict)]
-        members.attempts[:0] = before
-        del members.attempts[:-KEPT_ATTEMPTS]
-        members.impostors += max(int(checkpoint.get("impostor_count", 0)), len(before))
-    scaling = member_scaling(cfg, clients, checkpoint)
-    names = members.names
-    # a checkpoint's members first: the strategy resumes with them, newer ones join after
-    base = known if checkpoint and names else names
-    n = len(base) if names else len(clients)
-    joining = [i for i in clients.values() if i.client_id >= n]
-    clients = {node: i for node, i in clients.items() if i.client_id < n}
-    check_server_memory(cfg, n, read_data=True)  # the clients found (npz: its file read)
-    dc = cfg.data_config(n)
-    adjacency = client_graph(cfg, dc, base or None)
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)  # Flower's strategies sample nodes with the random module
-    model = tasks.build_model(dc, cfg.model)
-    if cfg.dp == "dp-sgd" and has_batch_statistics(model):
-        raise ConfigError(f"run config 'dp' = 'dp-sgd' is invalid for the model "
-                          f"{type(model).__name__} of {cfg.data_label!r} (model = {cfg.model!r}):"
-                          " its BatchNorm mixes the examples of a batch, so per-example "
-                          "gradients are not defined; allowed: update, or a model without "
-                          "BatchNorm")
-    param_keys = [name for name, _ in model.named_parameters()]
-    strategy = strategies.build_strategy(cfg.strategy, cfg.settings,
-                                         run_setup(cfg, n, param_keys, adjacency))
-    roles = cfg.roles(n)
-    if roles.novel or roles.attackers or roles.drop_rate or roles.heterogeneous_epochs:
-        log(INFO, "Scenario: novel clients %s, attackers %s, drop-rate %.2f, heterogeneous "
-            "epochs %s", sorted(roles.novel), sorted(roles.attackers), roles.drop_rate,
-            roles.heterogeneous_epochs)
-    strategy.setup_tracking(clients, roles)
-    tracker = strategy.tracker
-    members.names = list(base)
-    tracker.refusals_are_absences = members.schema is not None
-    strategy.max_update_ratio = cfg.max_update_ratio
-    if cfg.dp == "update":  # a member's own noise is not a hostile update
-        strategy.update_noise = noise_allowance(cfg.dp_clip, cfg.dp_noise_multiplier, sum(
-            p.numel() for p in model.state_dict().values() if torch.is_floating_point(p)))
-    strategy.history.xi_sink = XiFiles(folder.path, cfg.xi_every, cfg.xi_dtype,
-                                       cfg.num_server_rounds)
 
-    initial = ArrayRecord(model.state_dict())
-    arrays, done, spent = initial, 0, 0.0
-    token = str(checkpoint.get("run_token", "")) if checkpoint else ""
-    token = token or new_token()
-    if checkpoint is not None:
-        if checkpoint["num_clients"] != n:
-            raise ConfigError(f"run config 'resume' = true: the run had {checkpoint['num_clients']} "
-                              f"clients, {n} are connected; allowed: the same clients")
-        try:
-            strategy.load_state_dict(checkpoint["strategy"], initial)
-        except (ValueError, KeyError, RuntimeError) as err:
-            raise ConfigError(f"run config 'resume' = true: the checkpoint's state does not fit "
-                              f"this run's strategy ({type(err).__name__}: {err})") from None
-        # in the model's dtypes (a checkpoint of an older version may hold float64 counters)
-        arrays = with_dtypes(ArrayRecord(checkpoint["arrays"]), dtypes_of(initial))
-        random.setstate(checkpoint["random_state"])
-        done, spent = checkpoint["round"], checkpoint["wall_time_s"]
+class Run:
+    """One run of the ServerApp, step by step: :meth:`setup` (the run folder, a checkpoint,
+    the clients and members, the model and the strategy), :meth:`restore` (a checkpoint's
+    state, then the members that join), :meth:`execute` (the rounds, each followed by
+    :meth:`after_round`'s checkpoint and metrics.json) and :meth:`report` (the log's
+    summary). Nothing of a step runs before the step before it has checked its inputs."""
 
-    def join(info: ClientInfo) -> None:
+    def __init__(self, grid: Grid, cfg: RunConfig) -> None:
+        self.grid, self.cfg = grid, cfg
+        check_server_memory(cfg, max(cfg.min_nodes, 2))  # before a client is waited for
+        self.folder = RunFolder(cfg)
+        self.writer = Writer()
+        self.delivery: ModelDelivery | None = None
+        self.arrays: ArrayRecord | None = None
+        self.done, self.spent, self.started = 0, 0.0, time.time()
+
+    def setup(self) -> None:
+        """The run folder claimed, the checkpoint read, the clients found, the strategy built."""
+        cfg, folder = self.cfg, self.folder
+        if cfg.checkpoint_every and folder.secret is not None:  # read (and checked) already
+            log(INFO, "Checkpoints are sealed with the coordinator's secret (HMAC-SHA256)")
+        folder.claim()
+        check_server_data(cfg)  # before a checkpoint's model is checked against the data's
+        self.checkpoint = folder.load_checkpoint(check=model_fits(cfg)) if cfg.resume else None
+        log(INFO, "Run '%s': strategy %s, data %s; results in %s%s", folder.name, cfg.strategy,
+            cfg.data_label, folder.path, f"; resuming after round {self.checkpoint['round']}"
+            if self.checkpoint else "")
+        if cfg.validation_fraction > 0:
+            log(INFO, "validation-fraction = %g: each client trains without that share of its "
+                "training data and every 'test' number of this run is on it (a tuning run)",
+                cfg.validation_fraction)
+        self.find()
+        self.build()
+
+    def find(self) -> None:
+        """The clients and members (a checkpoint's first, in their order; the others join)."""
+        cfg, checkpoint = self.cfg, self.checkpoint
+        known = list(checkpoint.get("client_names", [])) if checkpoint else []
+        clients, members = find_clients(cfg, self.grid, known, checkpoint_keys(checkpoint, cfg))
+        if checkpoint:  # the attempts of the run so far, before this session's
+            before = [dict(a) for a in checkpoint.get("impostors", []) if isinstance(a, dict)]
+            members.attempts[:0] = before
+            del members.attempts[:-KEPT_ATTEMPTS]
+            members.impostors += max(int(checkpoint.get("impostor_count", 0)), len(before))
+        self.members = members
+        self.scaling = member_scaling(cfg, clients, checkpoint)
+        self.has_members = bool(members.names)
+        # a checkpoint's members first: the strategy resumes with them, newer ones join after
+        self.base = known if checkpoint and members.names else list(members.names)
+        n = self.n = len(self.base) if members.names else len(clients)
+        self.joining = [i for i in clients.values() if i.client_id >= n]
+        self.clients = {node: i for node, i in clients.items() if i.client_id < n}
+        check_server_memory(cfg, n, read_data=True)  # the clients found (npz: its file read)
+        self.dc = cfg.data_config(n)
+
+    def build(self) -> None:
+        """The model and the strategy, with the clients, the scenario and the reply checks."""
+        cfg, n = self.cfg, self.n
+        adjacency = client_graph(cfg, self.dc, self.base or None)
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)  # Flower's strategies sample nodes with the random module
+        model = tasks.build_model(self.dc, cfg.model)
+        if cfg.dp == "dp-sgd" and has_batch_statistics(model):
+            raise ConfigError(f"run config 'dp' = 'dp-sgd' is invalid for the model "
+                              f"{type(model).__name__} of {cfg.data_label!r} (model = "
+                              f"{cfg.model!r}): its BatchNorm mixes the examples of a batch, so "
+                              "per-example gradients are not defined; allowed: update, or a "
+                              "model without BatchNorm")
+        self.initial = ArrayRecord(model.state_dict())
+        param_keys = [name for name, _ in model.named_parameters()]
+        self.strategy = strategy = strategies.build_strategy(
+            cfg.strategy, cfg.settings, run_setup(cfg, n, param_keys, adjacency))
+        roles = cfg.roles(n)
+        if roles.novel or roles.attackers or roles.drop_rate or roles.heterogeneous_epochs:
+            log(INFO, "Scenario: novel clients %s, attackers %s, drop-rate %.2f, heterogeneous "
+                "epochs %s", sorted(roles.novel), sorted(roles.attackers), roles.drop_rate,
+                roles.heterogeneous_epochs)
+        strategy.setup_tracking(self.clients, roles)
+        self.members.names = list(self.base)
+        strategy.tracker.refusals_are_absences = self.members.schema is not None
+        strategy.max_update_ratio = cfg.max_update_ratio
+        if cfg.dp == "update":  # a member's own noise is not a hostile update
+            strategy.update_noise = noise_allowance(cfg.dp_clip, cfg.dp_noise_multiplier, sum(
+                p.numel() for p in model.state_dict().values() if torch.is_floating_point(p)))
+        strategy.history.xi_sink = XiFiles(self.folder.path, cfg.xi_every, cfg.xi_dtype,
+                                           cfg.num_server_rounds)
+
+    def restore(self) -> None:
+        """Continue from the checkpoint (its strategy state, model, random state, rounds),
+        take the members that join, and open the models' delivery."""
+        cfg, checkpoint = self.cfg, self.checkpoint
+        self.arrays = self.initial
+        token = str(checkpoint.get("run_token", "")) if checkpoint else ""
+        self.token = token or new_token()
+        if checkpoint is not None:
+            if checkpoint["num_clients"] != self.n:
+                raise ConfigError(f"run config 'resume' = true: the run had "
+                                  f"{checkpoint['num_clients']} clients, {self.n} are "
+                                  "connected; allowed: the same clients")
+            try:
+                self.strategy.load_state_dict(checkpoint["strategy"], self.initial)
+            except (ValueError, KeyError, RuntimeError) as err:
+                raise ConfigError(f"run config 'resume' = true: the checkpoint's state does "
+                                  f"not fit this run's strategy ({type(err).__name__}: {err})"
+                                  ) from None
+            # in the model's dtypes (a checkpoint of an older version may hold float64 counters)
+            self.arrays = with_dtypes(ArrayRecord(checkpoint["arrays"]), dtypes_of(self.initial))
+            random.setstate(checkpoint["random_state"])
+            self.done, self.spent = checkpoint["round"], checkpoint["wall_time_s"]
+        for info in sorted(self.joining, key=lambda i: i.client_id):
+            self.join(info)
+        self.started = time.time()
+        self.kind = tasks.data_info(self.dc).kind
+        if cfg.save_models != "none":
+            self.delivery = ModelDelivery(
+                cfg, self.dc, self.folder.name, self.token, self.folder.path / MODELS_FOLDER,
+                array_spec(self.initial), self.strategy.history, lambda: self.members.names,
+                self.writer.submit)
+
+    def join(self, info: ClientInfo) -> None:
         """A member the run does not know yet joins with the next client id (a graph file
         that cannot place it leaves it out, with the reason, and the run goes on)."""
+        cfg, members = self.cfg, self.members
         graph = None
         if strategies.STRATEGIES[cfg.strategy].uses_graph and cfg.graph not in ("none", "inferred"):
             try:
@@ -383,26 +430,23 @@ def _main(grid: Grid, context: Context) -> None:
                                               f"{MOST_CLIENTS} members, the most it takes")
             log(WARNING, "%s", members.refused[info.node_id])
             return
-        strategy.add_client(info, graph)
+        self.strategy.add_client(info, graph)
         members.joined(info)
 
-    for info in sorted(joining, key=lambda i: i.client_id):
-        join(info)
+    @property
+    def num_clients(self) -> int:
+        return len(self.members.names) or self.n
 
-    started = time.time()
-    kind = tasks.data_info(dc).kind
-    writer = Writer()
-    delivery = None if cfg.save_models == "none" else ModelDelivery(
-        cfg, dc, folder.name, token, folder.path / MODELS_FOLDER, array_spec(initial),
-        strategy.history, lambda: members.names, writer.submit)
-
-    def record(completed: int) -> dict:
+    def record(self, completed: int) -> dict:
+        """metrics.json after ``completed`` rounds."""
+        cfg, members, scaling = self.cfg, self.members, self.scaling
         federated = tasks.get_task(cfg.dataset).federated
+        history = self.strategy.history
         return {
-            "run_name": folder.name, "strategy": cfg.strategy, "label": cfg.label,
-            "dataset": cfg.dataset, "task_kind": kind,
+            "run_name": self.folder.name, "strategy": cfg.strategy, "label": cfg.label,
+            "dataset": cfg.dataset, "task_kind": self.kind,
             **({} if federated else {"partitioning": cfg.partitioning}),
-            "num_clients": len(members.names) or n,
+            "num_clients": self.num_clients,
             **({"client_names": list(members.names)} if members.names else {}),
             # members whose data did not fit, or that could not join: by node, with why
             **({"left_out": {str(node): why for node, why in sorted(members.refused.items())}}
@@ -416,100 +460,126 @@ def _main(grid: Grid, context: Context) -> None:
             "seed": cfg.seed, "config": cfg.to_dict(),
             **cfg.settings.record(cfg.context()),
             "completed_rounds": completed, "finished": completed == cfg.num_server_rounds,
-            "coverage": strategy.history.coverage(len(members.names) or n),
-            **({"models": delivery.record()} if delivery is not None else {}),
-            "wall_time_s": round(spent + time.time() - started, 2),
-            **strategy.history.to_dict(),
+            "coverage": history.coverage(self.num_clients),
+            **({"models": self.delivery.record()} if self.delivery is not None else {}),
+            "wall_time_s": round(self.spent + time.time() - self.started, 2),
+            **history.to_dict(),
         }
 
-    def after_round(server_round: int, arrays: ArrayRecord, stopping: bool = False) -> None:
-        # the checkpoint first: metrics.json never claims more rounds than can be resumed.
-        # Both are taken now and written by the writer's thread, in that order, while the
-        # next round runs.
+    def after_round(self, server_round: int, arrays: ArrayRecord, stopping: bool = False) -> None:
+        """The checkpoint first (metrics.json never claims more rounds than can be resumed),
+        then metrics.json: both taken now and written by the writer's thread, in that order,
+        while the next round runs."""
+        cfg = self.cfg
         last = server_round == cfg.num_server_rounds or stopping  # the run's last round
         checkpoint = bool(cfg.checkpoint_every) and (server_round % cfg.checkpoint_every == 0
                                                      or last)
         if checkpoint:
-            copied = time.perf_counter()
-            state = snapshot({
-                "round": server_round, "config": cfg.to_dict(),
-                "num_clients": len(members.names) or n, "client_names": list(members.names),
-                "member_keys": {name: key.hex() for name, key in members.keys.items()},
-                "impostors": list(members.attempts), "impostor_count": members.impostors,
-                **({"member_scaling": scaling} if scaling else {}),
-                "arrays": arrays.to_torch_state_dict(), "random_state": random.getstate(),
-                "strategy": strategy.state_dict(), "run_token": token,
-                "wall_time_s": spent + time.time() - started,
-            })
-            copied = time.perf_counter() - copied
-
-            def write_checkpoint(r: int = server_round, state: dict = state,
-                                 copied: float = copied) -> None:
-                try:
-                    size, seconds = folder.save_checkpoint(state)
-                except UnsafeCheckpoint as err:
-                    log(ERROR, "Checkpoint not written: %s (a resume starts from the last "
-                        "checkpoint written)", err)
-                    return
-                log(INFO, "Round %d: checkpoint written (%.1f MB; %.2fs to copy in memory, "
-                    "%.2fs to write, in the background)", r, size / 1e6, copied, seconds)
-
-            writer.submit(write_checkpoint)
+            self.checkpoint_now(server_round, arrays)
         if checkpoint or not cfg.checkpoint_every:  # with its checkpoint, else every round
-            metrics = copy.deepcopy(record(server_round))  # the next round adds to the records
-            writer.submit(lambda: folder.write_metrics(metrics))
+            metrics = copy.deepcopy(self.record(server_round))  # the next round adds to them
+            self.writer.submit(lambda: self.folder.write_metrics(metrics))
 
-    scaled = ({FEATURE_MEAN: list(scaling["mean"]), FEATURE_STD: list(scaling["std"])}
-              if scaling else {})
-    train_config = ConfigRecord({
-        LOCAL_EPOCHS: cfg.local_epochs, LOCAL_STEPS: cfg.local_steps,
-        BATCH_SIZE: cfg.batch_size, LR: cfg.learning_rate, OPTIMIZER: cfg.optimizer,
-        **({DP_RUN: str(folder.path.resolve())} if cfg.dp != "none" else {}), **scaled,
-    })
-    evaluate_config = ConfigRecord({BATCH_SIZE: cfg.batch_size, **scaled})
-    try:
-        if done < cfg.num_server_rounds:
-            arrays = run_rounds(strategy, grid, arrays, first_round=done + 1,
-                                last_round=cfg.num_server_rounds, train_config=train_config,
-                                evaluate_config=evaluate_config, round_timeout=cfg.round_timeout,
-                                query_timeout=min(cfg.node_wait_timeout, cfg.round_timeout),
-                                after_round=after_round, max_failed_rounds=cfg.max_failed_rounds,
-                                on_join=join if names else None, members=members,
-                                delivery=delivery,
-                                min_clients_evaluated=cfg.min_clients_evaluated)
-            if delivery is not None:
-                delivery.deliver_rest(strategy, grid, OnlineClients(grid, tracker), arrays,
-                                      evaluate_config, cfg.round_timeout, send_and_receive)
-        else:
-            log(INFO, "The run has done its %d rounds already; raise num-server-rounds to go "
-                "on", done)
-            folder.write_metrics(record(done))
-    finally:
-        writer.close()  # every checkpoint and metrics.json written, whatever happened
-    result = record(cfg.num_server_rounds)
-    cover = result["coverage"]
-    who = "clients" if cover["benign_clients"] == cover["num_clients"] else \
-        "benign training clients"
-    over = (f", over {cover.get('clients_in_best_round', 0)} of {cover['benign_clients']} {who} "
-            f"(round {cover.get('best_round')})")
-    if "bmta" in result:
-        log(INFO, "BMTA %.2f%% over %d rounds%s", result["bmta"], cfg.num_server_rounds, over)
-    if "best_mean_mse" in result:
-        log(INFO, "Best mean test MSE %.4g over %d rounds%s", result["best_mean_mse"],
-            cfg.num_server_rounds, over)
-    for cid, why in cover["never_evaluated"].items():
-        log(WARNING, "Client %s never produced a result in this run: %s", cid, why)
-    for line in alone_lines(result, members.names):
-        log(INFO, "%s", line)
-    log(INFO, "Wrote %s", folder.metrics_path)
-    if delivery is not None:
-        kept = [c for c, k in delivery.kept.items() if k["kept"]]
+    def checkpoint_now(self, server_round: int, arrays: ArrayRecord) -> None:
+        """Copy the run's state now; the writer's thread writes it."""
+        members = self.members
+        copied = time.perf_counter()
+        state = snapshot({
+            "round": server_round, "config": self.cfg.to_dict(),
+            "num_clients": self.num_clients, "client_names": list(members.names),
+            "member_keys": {name: key.hex() for name, key in members.keys.items()},
+            "impostors": list(members.attempts), "impostor_count": members.impostors,
+            **({"member_scaling": self.scaling} if self.scaling else {}),
+            "arrays": arrays.to_torch_state_dict(), "random_state": random.getstate(),
+            "strategy": self.strategy.state_dict(), "run_token": self.token,
+            "wall_time_s": self.spent + time.time() - self.started,
+        })
+        copied = time.perf_counter() - copied
+
+        def write() -> None:
+            try:
+                size, seconds = self.folder.save_checkpoint(state)
+            except UnsafeCheckpoint as err:
+                log(ERROR, "Checkpoint not written: %s (a resume starts from the last "
+                    "checkpoint written)", err)
+                return
+            log(INFO, "Round %d: checkpoint written (%.1f MB; %.2fs to copy in memory, "
+                "%.2fs to write, in the background)", server_round, size / 1e6, copied, seconds)
+
+        self.writer.submit(write)
+
+    def configs(self) -> tuple[ConfigRecord, ConfigRecord]:
+        """What every training and every evaluation message carries."""
+        cfg, scaling = self.cfg, self.scaling
+        scaled = ({FEATURE_MEAN: list(scaling["mean"]), FEATURE_STD: list(scaling["std"])}
+                  if scaling else {})
+        train = ConfigRecord({
+            LOCAL_EPOCHS: cfg.local_epochs, LOCAL_STEPS: cfg.local_steps,
+            BATCH_SIZE: cfg.batch_size, LR: cfg.learning_rate, OPTIMIZER: cfg.optimizer,
+            **({DP_RUN: str(self.folder.path.resolve())} if cfg.dp != "none" else {}), **scaled,
+        })
+        return train, ConfigRecord({BATCH_SIZE: cfg.batch_size, **scaled})
+
+    def execute(self) -> dict:
+        """The rounds left, then the models still to deliver; the final metrics.json record."""
+        cfg, delivery = self.cfg, self.delivery
+        train_config, evaluate_config = self.configs()
+        assert self.arrays is not None, "restore() first"
+        try:
+            if self.done < cfg.num_server_rounds:
+                self.arrays = run_rounds(
+                    self.strategy, self.grid, self.arrays, first_round=self.done + 1,
+                    last_round=cfg.num_server_rounds, train_config=train_config,
+                    evaluate_config=evaluate_config, round_timeout=cfg.round_timeout,
+                    query_timeout=min(cfg.node_wait_timeout, cfg.round_timeout),
+                    after_round=self.after_round, max_failed_rounds=cfg.max_failed_rounds,
+                    on_join=self.join if self.has_members else None, members=self.members,
+                    delivery=delivery, min_clients_evaluated=cfg.min_clients_evaluated)
+                if delivery is not None:
+                    delivery.deliver_rest(self.strategy, self.grid,
+                                          OnlineClients(self.grid, self.strategy.tracker),
+                                          self.arrays, evaluate_config, cfg.round_timeout,
+                                          send_and_receive)
+            else:
+                log(INFO, "The run has done its %d rounds already; raise num-server-rounds to "
+                    "go on", self.done)
+                self.folder.write_metrics(self.record(self.done))
+        finally:
+            self.writer.close()  # every checkpoint and metrics.json written, whatever happened
+        return self.record(cfg.num_server_rounds)
+
+    def report(self, result: dict) -> None:
+        """The log's summary: the best round, who never gave a result, each member against
+        itself alone, where the models are."""
+        cfg, folder = self.cfg, self.folder
+        cover = result["coverage"]
+        who = "clients" if cover["benign_clients"] == cover["num_clients"] else \
+            "benign training clients"
+        over = (f", over {cover.get('clients_in_best_round', 0)} of {cover['benign_clients']} "
+                f"{who} (round {cover.get('best_round')})")
+        if "bmta" in result:
+            log(INFO, "BMTA %.2f%% over %d rounds%s", result["bmta"], cfg.num_server_rounds, over)
+        if "best_mean_mse" in result:
+            log(INFO, "Best mean test MSE %.4g over %d rounds%s", result["best_mean_mse"],
+                cfg.num_server_rounds, over)
+        for cid, why in cover["never_evaluated"].items():
+            log(WARNING, "Client %s never produced a result in this run: %s", cid, why)
+        for line in alone_lines(result, self.members.names):
+            log(INFO, "%s", line)
+        log(INFO, "Wrote %s", folder.metrics_path)
+        if self.delivery is not None:
+            self.report_models()
+
+    def report_models(self) -> None:
+        assert self.delivery is not None
+        cfg, folder = self.cfg, self.folder
+        kept = [c for c, k in self.delivery.kept.items() if k["kept"]]
         where = (f"{folder.path / MODELS_FOLDER}" if cfg.dataset != tasks.MEMBERS else
                  f"each member's node, in <model-dir>/{folder.name}/ (node config model-dir)")
         log(INFO, "Models kept (save-models = %s) for %d of %d clients, in %s; use one with: "
             "fedamp-flwr predict MODEL.safetensors DATA", cfg.save_models, len(kept),
-            len(members.names) or n, where)
-        missing = sorted(set(range(len(members.names) or n)) - set(kept))
+            self.num_clients, where)
+        missing = sorted(set(range(self.num_clients)) - set(kept))
         if missing:
             log(WARNING, "No model kept for client(s) %s (metrics.json: models; a member's own "
                 "log says why)", missing)

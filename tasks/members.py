@@ -153,52 +153,64 @@ def _seeded_split(x: np.ndarray, y: np.ndarray, seed: int, name: str) -> tuple[S
 
 
 def check_labels(found: Problems, y: np.ndarray, schema: MemberSchema, what: str,
-            where: str) -> np.ndarray | None:
+                 where: str) -> np.ndarray | None:
     """Targets checked against the schema: int64 classes in range, or float32 (N,) / (N, k);
     None (and the problems added) if they do not fit."""
-    if schema.kind == CLASSIFICATION:
-        if y.dtype.kind in "OSU":
-            text = np.array([str(v) for v in y.tolist()], dtype=object)
-            classes = set(schema.class_names)
-            missing = np.flatnonzero([v not in classes and v.strip().lower() in (
-                "", "nan", "n/a", "na", "none", "<na>") for v in text])
-            if len(missing):
-                found.add(f"{what} is missing (empty or n/a) at {_rows(missing, where)}")
-                return None
-            if not schema.class_names:
-                found.add(f"{what} holds text; name the classes in member-class-names, or use "
-                          "integer labels")
-                return None
-            index = {c: i for i, c in enumerate(schema.class_names)}
-            unknown = np.flatnonzero([v not in index for v in text])
-            if len(unknown):
-                names = sorted({str(text[i]) for i in unknown})
-                found.add(f"{what} has labels {names[:5]} that are not among the run's classes "
-                          f"{list(schema.class_names)} at {_rows(unknown, where)}")
-                return None
-            return np.array([index[v] for v in text], dtype=np.int64)
-        if y.ndim != 1:
-            found.add(f"{what} has shape {y.shape}; class labels need one value per row")
+    if schema.kind != CLASSIFICATION:
+        return _check_targets(found, y, schema, what, where)
+    if y.dtype.kind in "OSU":
+        return _class_names(found, y, schema, what, where)
+    if y.ndim != 1:
+        found.add(f"{what} has shape {y.shape}; class labels need one value per row")
+        return None
+    if y.dtype.kind == "f":
+        missing = np.flatnonzero(~np.isfinite(y))
+        if len(missing):
+            found.add(f"{what} is missing (empty, n/a or not finite) at {_rows(missing, where)}")
             return None
-        if y.dtype.kind == "f":
-            missing = np.flatnonzero(~np.isfinite(y))
-            if len(missing):
-                found.add(f"{what} is missing (empty, n/a or not finite) at {_rows(missing, where)}")
-                return None
-            if (y == np.round(y)).all():
-                y = y.astype(np.int64)
-        if y.dtype.kind not in "iu":
-            found.add(f"{what} holds {y.dtype} values; class labels must be integers in "
-                      f"[0, {schema.num_outputs})"
-                      + (" or the run's class names" if schema.class_names else ""))
-            return None
-        bad = np.flatnonzero((y < 0) | (y >= schema.num_outputs))
-        if len(bad):
-            found.add(f"{what} has labels {sorted(set(y[bad].tolist()))[:5]} outside "
-                      f"[0, {schema.num_outputs}) (the run has {schema.num_outputs} classes) at "
-                      f"{_rows(bad, where)}")
-            return None
-        return y.astype(np.int64)
+        if (y == np.round(y)).all():
+            y = y.astype(np.int64)
+    if y.dtype.kind not in "iu":
+        found.add(f"{what} holds {y.dtype} values; class labels must be integers in "
+                  f"[0, {schema.num_outputs})"
+                  + (" or the run's class names" if schema.class_names else ""))
+        return None
+    bad = np.flatnonzero((y < 0) | (y >= schema.num_outputs))
+    if len(bad):
+        found.add(f"{what} has labels {sorted(set(y[bad].tolist()))[:5]} outside "
+                  f"[0, {schema.num_outputs}) (the run has {schema.num_outputs} classes) at "
+                  f"{_rows(bad, where)}")
+        return None
+    return y.astype(np.int64)
+
+
+def _class_names(found: Problems, y: np.ndarray, schema: MemberSchema, what: str,
+                 where: str) -> np.ndarray | None:
+    """Text labels as the indices of the run's class names."""
+    text = np.array([str(v) for v in y.tolist()], dtype=object)
+    classes = set(schema.class_names)
+    missing = np.flatnonzero([v not in classes and v.strip().lower() in (
+        "", "nan", "n/a", "na", "none", "<na>") for v in text])
+    if len(missing):
+        found.add(f"{what} is missing (empty or n/a) at {_rows(missing, where)}")
+        return None
+    if not schema.class_names:
+        found.add(f"{what} holds text; name the classes in member-class-names, or use "
+                  "integer labels")
+        return None
+    index = {c: i for i, c in enumerate(schema.class_names)}
+    unknown = np.flatnonzero([v not in index for v in text])
+    if len(unknown):
+        names = sorted({str(text[i]) for i in unknown})
+        found.add(f"{what} has labels {names[:5]} that are not among the run's classes "
+                  f"{list(schema.class_names)} at {_rows(unknown, where)}")
+        return None
+    return np.array([index[v] for v in text], dtype=np.int64)
+
+
+def _check_targets(found: Problems, y: np.ndarray, schema: MemberSchema, what: str,
+                   where: str) -> np.ndarray | None:
+    """Regression targets: numbers, the run's count per row, finite; float32."""
     if y.dtype.kind not in "fiu":
         found.add(f"{what} holds {y.dtype} values; regression targets must be numbers")
         return None
@@ -307,21 +319,10 @@ def read_npz(path: Path, schema: MemberSchema, labels: bool = True) -> Rows:
 
 def read_table(path: Path, schema: MemberSchema, labels: bool = True) -> Rows:
     """A member's CSV or Parquet table (see the module docstring); without ``labels``, the
-    label column may be absent."""
+    label column may be absent. Every problem of the file is reported in one go."""
     import pandas as pd
 
-    try:
-        csv = path.suffix.lower() == ".csv"
-        frame = pd.read_csv(path) if csv else pd.read_parquet(path)
-        if csv and schema.categories:  # categorical cells as written ("NA" is a category)
-            named = {c for c, _ in schema.categories}
-            raw = pd.read_csv(path, dtype=str, keep_default_na=False,
-                              usecols=lambda c: str(c) in named)
-            for c in raw.columns:
-                frame[c] = raw[c]
-    except Exception as err:
-        raise _fail(path, f"cannot be read as a {path.suffix} table ({type(err).__name__}: "
-                          f"{err})") from None
+    frame = _load_frame(path, schema)
     where = "line" if path.suffix.lower() == ".csv" else "row"
     found = Problems(path)
     columns = [str(c) for c in frame.columns]
@@ -332,6 +333,58 @@ def read_table(path: Path, schema: MemberSchema, labels: bool = True) -> Rows:
                   f"columns are {columns[:20]}")
     features = list(schema.feature_columns) or [
         c for c in columns if c not in (schema.label_column, SPLIT_COLUMN)]
+    cats = dict(schema.categories)
+    _check_columns(found, schema, columns, features)
+    if len(frame) == 0:
+        found.add("it has no rows")
+        found.raise_any()
+    _check_cells(found, frame, [c for c in features if c in columns], cats, where)
+    y = None
+    if has_label:
+        raw = frame[schema.label_column]
+        y = raw.to_numpy(dtype=object) if raw.dtype == object or str(raw.dtype).startswith(
+            ("string", "str")) else raw.to_numpy()
+        if y.dtype == object and schema.kind == REGRESSION:
+            y = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
+        y = check_labels(found, y, schema, f"label column '{schema.label_column}'", where)
+    test = None
+    if SPLIT_COLUMN in columns:
+        split = frame[SPLIT_COLUMN].astype(str).str.strip().str.lower().to_numpy()
+        other = np.flatnonzero(~np.isin(split, ["train", "test"]))
+        if len(other):
+            found.add(f"column '{SPLIT_COLUMN}' holds {sorted(set(split[other].tolist()))[:5]} at "
+                      f"{_rows(other, where)}; allowed: train, test")
+        test = split == "test"
+    found.raise_any()
+    parts = [one_hot(category_text(frame[c], cats[c]), cats[c]) if c in cats
+             else pd.to_numeric(frame[c]).to_numpy(dtype=np.float32).reshape(-1, 1)
+             for c in features]
+    x = np.concatenate(parts, axis=1) if parts else np.zeros((len(frame), 0), np.float32)
+    return Rows(x, y, test)
+
+
+def _load_frame(path: Path, schema: MemberSchema):
+    """The table as a data frame, its categorical CSV columns as written ("NA" a category)."""
+    import pandas as pd
+
+    try:
+        csv = path.suffix.lower() == ".csv"
+        frame = pd.read_csv(path) if csv else pd.read_parquet(path)
+        if csv and schema.categories:
+            named = {c for c, _ in schema.categories}
+            raw = pd.read_csv(path, dtype=str, keep_default_na=False,
+                              usecols=lambda c: str(c) in named)
+            for c in raw.columns:
+                frame[c] = raw[c]
+    except Exception as err:
+        raise _fail(path, f"cannot be read as a {path.suffix} table ({type(err).__name__}: "
+                          f"{err})") from None
+    return frame
+
+
+def _check_columns(found: Problems, schema: MemberSchema, columns: list[str],
+                   features: list[str]) -> None:
+    """The feature columns the schema names are there, and give the inputs it expects."""
     cats = dict(schema.categories)
     missing = [c for c in features if c not in columns]
     if missing:
@@ -357,11 +410,14 @@ def read_table(path: Path, schema: MemberSchema, labels: bool = True) -> Rows:
                  f"{', '.join(onehot)})" if onehot else "")
         found.add(f"it has {len(features)} feature column(s) ({shown}){gives}; the run expects "
                   f"{schema.input_shape[0]} (member-input-shape)")
-    if len(frame) == 0:
-        found.add("it has no rows")
-        found.raise_any()
-    # the columns it has are checked too: every problem of the file in one go
-    for c in (c for c in features if c in columns and c in cats):  # categories, as declared
+
+
+def _check_cells(found: Problems, frame, present: list[str],
+                 cats: dict[str, tuple[str, ...]], where: str) -> None:
+    """Every cell of the feature columns the table has: a declared category, or a number."""
+    import pandas as pd
+
+    for c in (c for c in present if c in cats):  # categories, as declared
         text = category_text(frame[c], cats[c])
         empty = np.flatnonzero(text == "")
         if len(empty):
@@ -371,7 +427,7 @@ def read_table(path: Path, schema: MemberSchema, labels: bool = True) -> Rows:
             found.add(f"column '{c}' holds {sorted(set(text[other].tolist()))[:5]} at "
                       f"{_rows(other, where)}; its categories are {list(cats[c])} "
                       "(member-categories)")
-    for c in (c for c in features if c in columns and c not in cats):  # cells not numbers
+    for c in (c for c in present if c not in cats):  # cells not numbers
         values = frame[c]
         numbers = pd.to_numeric(values, errors="coerce")
         empty = np.flatnonzero(values.isna().to_numpy())
@@ -381,28 +437,6 @@ def read_table(path: Path, schema: MemberSchema, labels: bool = True) -> Rows:
         if len(text):
             found.add(f"column '{c}' holds non-numeric values such as "
                       f"{str(values.iloc[int(text[0])])!r} at {_rows(text, where)}")
-    y = None
-    if has_label:
-        raw = frame[schema.label_column]
-        y = raw.to_numpy(dtype=object) if raw.dtype == object or str(raw.dtype).startswith(
-            ("string", "str")) else raw.to_numpy()
-        if y.dtype == object and schema.kind == REGRESSION:
-            y = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
-        y = check_labels(found, y, schema, f"label column '{schema.label_column}'", where)
-    test = None
-    if SPLIT_COLUMN in columns:
-        split = frame[SPLIT_COLUMN].astype(str).str.strip().str.lower().to_numpy()
-        other = np.flatnonzero(~np.isin(split, ["train", "test"]))
-        if len(other):
-            found.add(f"column '{SPLIT_COLUMN}' holds {sorted(set(split[other].tolist()))[:5]} at "
-                      f"{_rows(other, where)}; allowed: train, test")
-        test = split == "test"
-    found.raise_any()
-    parts = [one_hot(category_text(frame[c], cats[c]), cats[c]) if c in cats
-             else pd.to_numeric(frame[c]).to_numpy(dtype=np.float32).reshape(-1, 1)
-             for c in features]
-    x = np.concatenate(parts, axis=1) if parts else np.zeros((len(frame), 0), np.float32)
-    return Rows(x, y, test)
 
 
 def category_text(values: object, categories: tuple[str, ...]) -> np.ndarray:

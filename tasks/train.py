@@ -74,6 +74,27 @@ def run_batches(
     return float(total) / max(count, 1)
 
 
+def _adjust_gradients(params: list[nn.Parameter], center: list[torch.Tensor] | None,
+                      proximal_mu: float, correction: list[torch.Tensor] | None,
+                      clip_norm: float) -> None:
+    """Add the proximal gradient mu (w - center) (the gradient of 0.5 mu ||w - center||^2,
+    without its graph) and the ``correction`` to the gradients; clip their norm."""
+    if center is not None:
+        with torch.no_grad():
+            grads = [(i, p.grad) for i, p in enumerate(params) if p.grad is not None]
+            used = [i for i, _ in grads]
+            torch._foreach_add_([g for _, g in grads],
+                                torch._foreach_sub([params[i] for i in used],
+                                                   [center[i] for i in used]),
+                                alpha=proximal_mu)
+    if correction is not None:
+        for p, c in zip(params, correction):
+            if p.grad is not None:
+                p.grad.add_(c)
+    if clip_norm > 0:
+        nn.utils.clip_grad_norm_(params, clip_norm)
+
+
 def train(
     model: nn.Module,
     x: torch.Tensor,
@@ -94,54 +115,25 @@ def train(
     seed: int = 0,
     dp_sgd: DPSGD | None = None,
 ) -> float:
-    """Train ``model`` in place on (x, y) and return the mean training loss.
+    """Train ``model`` in place on (x, y) (on the CPU; batches go to ``device``) and return
+    the mean training loss.
 
-    Minimizes ``loss_fn(model(x), y) + proximal_mu / 2 * ||w - w0||^2`` where
-    ``w0`` are the model's weights on entry (the proximal center: FedProx's
-    global model, FedAMP's cloud model u_i with ``proximal_mu = lambda /
-    alpha_k``). All trainable parameters enter the proximal term.
+    Minimizes ``loss_fn(model(x), y) + proximal_mu / 2 * ||w - w0||^2`` (``loss_fn``: default
+    :func:`loss_for` ``(y)``), ``w0`` the weights on entry (FedProx's global model, FedAMP's
+    cloud model u_i with ``proximal_mu = lambda / alpha_k``), over all trainable parameters.
+    The proximal gradient mu (w - w0) is added to each step's gradient directly (no autograd
+    graph), and the returned loss is the data loss alone.
 
-    Parameters
-    ----------
-    model : nn.Module
-        The model, holding the starting weights.
-    x, y : torch.Tensor
-        Training inputs and targets (on the CPU; batches are moved to ``device``).
-    epochs : int
-        Passes over the data (used when ``steps`` is 0).
-    batch_size : int
-        Mini-batch size.
-    lr : float
-        Learning rate.
-    optimizer : str
-        "adam" or "sgd".
-    proximal_mu : float
-        Coefficient of the proximal term (mu / 2) ||w - w_start||^2; 0 disables it.
-        Its gradient mu (w - w_start) is added to each step's gradient directly
-        (no autograd graph: a step costs about what one without the term costs);
-        the returned loss is the data loss alone.
-    grad_correction : list of torch.Tensor, optional
-        Added to each parameter's gradient before every step, one tensor per
-        parameter in ``model.parameters()`` order (SCAFFOLD's ``c - c_i``,
-        Karimireddy et al. 2020, Alg. 1 line 10).
-    steps : int
-        If > 0, train this many mini-batch steps instead of ``epochs`` epochs.
-    momentum, weight_decay : float
-        SGD's momentum (ignored by Adam) and the optimizer's weight decay.
-    clip_norm : float
-        If > 0, the gradients' total norm is clipped to this before every step.
-    loss_fn : callable, optional
-        Loss on (predictions, targets); default :func:`loss_for` ``(y)``.
-    device : torch.device or str
-        Where to train.
-    seed : int
-        Seed of the mini-batch order.
-    dp_sgd : DPSGD, optional
-        Per-example DP-SGD (:class:`tasks.privacy.DPSGD`): as many steps, each on a Poisson
-        sample of the examples drawn from the operating system's randomness (not ``seed``),
-        with clipped per-example gradients and Gaussian noise; no ``grad_correction`` then,
-        and its per-example clipping replaces ``clip_norm`` (the proximal term's gradient,
-        which reads no data, is added after the noise).
+    ``epochs`` passes of mini-batches of ``batch_size`` (or ``steps`` > 0 steps) of
+    ``optimizer`` ("adam" or "sgd", with ``momentum`` for SGD and ``weight_decay``) at
+    ``lr``, in an order seeded by ``seed``. ``grad_correction``: added to each parameter's
+    gradient before every step, in ``model.parameters()`` order (SCAFFOLD's ``c - c_i``,
+    Karimireddy et al. 2020, Alg. 1 line 10). ``clip_norm`` > 0: the gradients' total norm
+    clipped to it before every step. ``dp_sgd``: per-example DP-SGD
+    (:class:`tasks.privacy.DPSGD`): as many steps, each on a Poisson sample drawn from the
+    operating system's randomness (not ``seed``), with clipped per-example gradients and
+    Gaussian noise; no ``grad_correction`` then, and its clipping replaces ``clip_norm``
+    (the proximal gradient, which reads no data, is added after the noise).
     """
     loss_fn = loss_fn or loss_for(y)
     model.to(device).train()
@@ -159,22 +151,7 @@ def train(
         opt.zero_grad()
         loss = loss_fn(model(xb), yb)
         loss.backward()
-        if center is not None:
-            # the proximal term's gradient, mu (w - center), added to the gradient directly
-            # (the same gradient as backpropagating 0.5 mu ||w - center||^2, without its graph)
-            with torch.no_grad():
-                grads = [(i, p.grad) for i, p in enumerate(params) if p.grad is not None]
-                used = [i for i, _ in grads]
-                torch._foreach_add_([g for _, g in grads],
-                                    torch._foreach_sub([params[i] for i in used],
-                                                       [center[i] for i in used]),
-                                    alpha=proximal_mu)
-        if correction is not None:
-            for p, c in zip(params, correction):
-                if p.grad is not None:
-                    p.grad.add_(c)
-        if clip_norm > 0:
-            nn.utils.clip_grad_norm_(params, clip_norm)
+        _adjust_gradients(params, center, proximal_mu, correction, clip_norm)
         opt.step()
         return loss.detach()
 
