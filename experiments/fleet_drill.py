@@ -114,8 +114,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     killed = set(sorted(killed)[:args.kill])
     restarted = set(sorted(killed)[:args.restart])
     run_log = open(out / "run.log", "w")
-    run = None
     started = time.monotonic()
+    try:
+        metrics = _drill(args, out, link, supernode, nodes, killed, restarted, run_log)
+    finally:
+        for proc in nodes.values():
+            stop_tree(proc.pid, timeout=10)
+        link.__exit__(None, None, None)
+        for log in [*logs, run_log]:
+            log.close()
+    print(f"{args.nodes} SuperNodes, {args.rounds} rounds in {time.monotonic() - started:.0f} s "
+          f"(round-timeout {args.round_timeout:g} s)")
+    return _said(metrics, killed, restarted, args.round_timeout, out)
+
+
+def _drill(args: argparse.Namespace, out: Path, link: SuperLink, supernode, nodes: dict,
+           killed: set[int], restarted: set[int], run_log) -> dict:
+    """The run, with ``killed`` nodes killed after round ``--kill-after`` and ``restarted``
+    ones started again a round later; its final metrics.json."""
+    run = None
     try:
         for pid in range(args.nodes):
             nodes[pid] = supernode(pid, "")
@@ -141,24 +158,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"after round {args.kill_after + 1}: restarted clients {sorted(restarted)}")
         metrics = _wait(path, lambda m: m["finished"], budget, "the end of the run", run)
         run.wait(timeout=120)
+        return metrics
     finally:
         if run is not None:
             stop_tree(run.pid, timeout=10)
-        for proc in nodes.values():
-            stop_tree(proc.pid, timeout=10)
-        link.__exit__(None, None, None)
-        for log in [*logs, run_log]:
-            log.close()
-    print(f"{args.nodes} SuperNodes, {args.rounds} rounds in {time.monotonic() - started:.0f} s "
-          f"(round-timeout {args.round_timeout:g} s)")
+
+
+def _said(metrics: dict, killed: set[int], restarted: set[int], round_timeout: float,
+          out: Path) -> int:
+    """Each round's absences as recorded, and whether every reason is true (0) or not (1)."""
     for rec in metrics["rounds"]:
         absent = {k: rec.get(k, {}) for k in ("absent_clients", "absent_evaluation")}
         phase = {"absent_clients": "train", "absent_evaluation": "evaluate"}
         said = "; ".join(f"{phase[k]} {c}: {why[:60]}" for k, v in absent.items()
                          for c, why in sorted(v.items(), key=lambda i: int(i[0]))) or "none"
         print(f"round {rec['round']}: trained {len(rec['trained_clients'])}, absent: {said}")
-    found = problems(metrics, killed, restarted, args.round_timeout,
-                     (out / "run.log").read_text())
+    found = problems(metrics, killed, restarted, round_timeout, (out / "run.log").read_text())
     for p in found:
         print(f"NOT TRUE: {p}")
     print("every absence's reason is true" if not found else f"{len(found)} problem(s)")

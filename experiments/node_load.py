@@ -130,93 +130,111 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     link = SuperLink(out / "flwr-home", simulation=False)
-    env = link.env
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
                                 preexec_fn=lambda: os.nice(args.load_nice))
                for _ in range(args.load)]
+    fleet = Fleet(out, link)
     found: list[str] = []
-    logs = []
-    nodes: dict[str, subprocess.Popen] = {}
     try:
-        flower = start_seconds(FLOWER_START, args.repeats, env)
-        app = start_seconds(APP_START, args.repeats, env) - flower
+        flower = start_seconds(FLOWER_START, args.repeats, link.env)
+        app = start_seconds(APP_START, args.repeats, link.env) - flower
         print(f"load {args.load} (nice {args.load_nice}) on {os.cpu_count()} cores, load "
               f"average {os.getloadavg()[0]:.1f}: a ClientApp process reaches its first "
               f"heartbeat after {flower:.2f} s (Python and Flower's imports); this app's "
               f"imports take {app:.2f} s more")
         link.__enter__()
-
-        def supernode(name: str) -> subprocess.Popen:
-            log = open(out / f"{name}.log", "w")
-            logs.append(log)
-            data = member_file(out / f"{name}.npz", len(nodes))
-            proc = subprocess.Popen(
-                ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link.port}",
-                 "--port", str(free_port()), "--node-config",
-                 f"data-path='{data}' client-id='{name}' identity-dir='{out / name}-id'"],
-                env=env, cwd=out, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
-            nodes[name] = proc
-            return proc
-
-        results = out / "results"
-        common = (f"dataset='members' member-input-shape='6' member-outputs=3 local-epochs=1 "
-                  f"results-dir='{results}' run-name='load' round-timeout=600")
         with Watch() as watch:
-            for name in ("site-a", "site-b", "site-c"):
-                watch.add(name, supernode(name).pid)
-            for step, config in (
-                    ("first", f"{common} min-nodes=3 num-server-rounds={args.rounds} "
-                              "overwrite=true"),
-                    ("resumed", f"{common} min-nodes=4 num-server-rounds={2 * args.rounds} "
-                                "resume=true")):
-                if step == "resumed":
-                    watch.add("site-d", supernode("site-d").pid)
-                started = time.monotonic()
-                with open(out / f"run-{step}.log", "w") as log:
-                    run = subprocess.Popen(["flwr", "run", str(ROOT), "--stream",
-                                            "--run-config", config], env=env, cwd=out,
-                                           stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True)
-                    try:
-                        run.wait(timeout=args.run_timeout)
-                    except subprocess.TimeoutExpired:
-                        print(f"{step} run: stalled for {args.run_timeout:.0f} s; "
-                              f"ClientApp processes started so far "
-                              f"{ {n: len(s) for n, s in watch.seen.items()} }")
-                    stop_tree(run.pid, timeout=10)
-                path = results / "load" / "metrics.json"
-                metrics = json.loads(path.read_text()) if path.is_file() else {}
-                done = metrics.get("finished") and metrics.get("completed_rounds") == (
-                    args.rounds if step == "first" else 2 * args.rounds)
-                print(f"{step} run: {'finished' if done else 'NOT finished'} in "
-                      f"{time.monotonic() - started:.0f} s")
-                if not done:
-                    found.append(f"the {step} run did not finish (see {out}/run-{step}.log)")
-        for log in logs:
-            log.flush()
-        for name in nodes:
-            text = (out / f"{name}.log").read_text()
-            failed = text.count(TOKEN_FAILED)
-            received = text.count(RECEIVED)
-            print(f"{name}: {received} messages received, {len(watch.seen[name])} ClientApp "
-                  f"processes started, at most {watch.most[name]} at once; {failed} token "
-                  "failure(s) in its log")
-            if watch.most[name] > args.most:
-                found.append(f"{name} kept {watch.most[name]} ClientApp processes at once")
+            found += fleet.runs(args, watch)
+        found += fleet.counts(watch, args.most)
     finally:
-        for proc in nodes.values():
-            stop_tree(proc.pid, timeout=10)
+        fleet.stop()
         link.__exit__(None, None, None)
         for burner in burners:
             burner.kill()
             burner.wait()
-        for log in logs:
-            log.close()
         signal.signal(signal.SIGTERM, previous)
     for problem in found:
         print(f"NOT SO: {problem}")
     return 1 if found else 0
+
+
+class Fleet:
+    """The drill's member SuperNodes (their logs in ``out``) and its two runs."""
+
+    def __init__(self, out: Path, link: SuperLink) -> None:
+        self.out, self.link = out, link
+        self.nodes: dict[str, subprocess.Popen] = {}
+        self.logs: list = []
+
+    def supernode(self, name: str) -> subprocess.Popen:
+        log = open(self.out / f"{name}.log", "w")
+        self.logs.append(log)
+        data = member_file(self.out / f"{name}.npz", len(self.nodes))
+        proc = subprocess.Popen(
+            ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.link.port}",
+             "--port", str(free_port()), "--node-config",
+             f"data-path='{data}' client-id='{name}' identity-dir='{self.out / name}-id'"],
+            env=self.link.env, cwd=self.out, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        self.nodes[name] = proc
+        return proc
+
+    def runs(self, args: argparse.Namespace, watch: Watch) -> list[str]:
+        """Three members run ``--rounds`` rounds; then, with a fourth, the run resumes for as
+        many more. What did not finish."""
+        out, results = self.out, self.out / "results"
+        common = (f"dataset='members' member-input-shape='6' member-outputs=3 local-epochs=1 "
+                  f"results-dir='{results}' run-name='load' round-timeout=600")
+        for name in ("site-a", "site-b", "site-c"):
+            watch.add(name, self.supernode(name).pid)
+        found = []
+        for step, config, rounds in (
+                ("first", f"{common} min-nodes=3 num-server-rounds={args.rounds} "
+                          "overwrite=true", args.rounds),
+                ("resumed", f"{common} min-nodes=4 num-server-rounds={2 * args.rounds} "
+                            "resume=true", 2 * args.rounds)):
+            if step == "resumed":
+                watch.add("site-d", self.supernode("site-d").pid)
+            started = time.monotonic()
+            with open(out / f"run-{step}.log", "w") as log:
+                run = subprocess.Popen(["flwr", "run", str(ROOT), "--stream", "--run-config",
+                                        config], env=self.link.env, cwd=out, stdout=log,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+                try:
+                    run.wait(timeout=args.run_timeout)
+                except subprocess.TimeoutExpired:
+                    print(f"{step} run: stalled for {args.run_timeout:.0f} s; ClientApp "
+                          f"processes started so far { {n: len(s) for n, s in watch.seen.items()} }")
+                stop_tree(run.pid, timeout=10)
+            path = results / "load" / "metrics.json"
+            metrics = json.loads(path.read_text()) if path.is_file() else {}
+            done = metrics.get("finished") and metrics.get("completed_rounds") == rounds
+            print(f"{step} run: {'finished' if done else 'NOT finished'} in "
+                  f"{time.monotonic() - started:.0f} s")
+            if not done:
+                found.append(f"the {step} run did not finish (see {out}/run-{step}.log)")
+        return found
+
+    def counts(self, watch: Watch, most: int) -> list[str]:
+        """Each node's messages against its ClientApp processes; a node that kept more than
+        ``most`` at once."""
+        for log in self.logs:
+            log.flush()
+        found = []
+        for name in self.nodes:
+            text = (self.out / f"{name}.log").read_text()
+            print(f"{name}: {text.count(RECEIVED)} messages received, {len(watch.seen[name])} "
+                  f"ClientApp processes started, at most {watch.most[name]} at once; "
+                  f"{text.count(TOKEN_FAILED)} token failure(s) in its log")
+            if watch.most[name] > most:
+                found.append(f"{name} kept {watch.most[name]} ClientApp processes at once")
+        return found
+
+    def stop(self) -> None:
+        for proc in self.nodes.values():
+            stop_tree(proc.pid, timeout=10)
+        for log in self.logs:
+            log.close()
 
 
 if __name__ == "__main__":

@@ -126,6 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         values = [float(own[str(i)][key]) for i in range(3)]
                         alone[label].append(float(np.mean(values)))
                         per_member.setdefault(label, []).append(values)
+    print_tables(args, rows, alone, per_member)
+    return 0
+
+
+def print_tables(args: argparse.Namespace, rows: dict[tuple[str, str], list[float]],
+                 alone: dict[str, list[float]], per_member: dict[str, list[list[float]]]) -> None:
+    """The methods by member-scaling beside each member alone, then member by member."""
     print(f"{args.dataset}: 3 members, {args.rounds} rounds, seeds {args.seeds}"
           + (f", {' '.join(args.set)}" if args.set else "") + "; test accuracy "
           "in the last round (%), mean over the members, then over the seeds (min-max over "
@@ -147,7 +154,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     for label, by_seed in per_member.items():
         v = 100 * np.array(by_seed).mean(0)
         print(f"| {label} | " + " | ".join(f"{x:.1f}" for x in v) + " |")
-    return 0
 
 
 if __name__ == "__main__":

@@ -269,26 +269,36 @@ class RunConfig:
                                                               2) is not None)
 
     def validate(self) -> None:
-        """Check every value's range; raise :class:`ConfigError` on the first bad one."""
-        def choice(key: str, value: str, allowed) -> None:
-            if value not in allowed:
-                raise _bad(key, value, ", ".join(allowed))
+        """Check every value; raise :class:`ConfigError` on the first bad one: each key's own
+        range (:meth:`_check_values`), then the keys together and with the data
+        (:meth:`_check_together`)."""
+        self._check_values()
+        self._check_together()
 
-        def check(key: str, ok: bool, allowed: str) -> None:
-            if not ok:
-                raise _bad(key, getattr(self, key.replace("-", "_")), allowed)
+    def _choice(self, key: str, allowed) -> None:
+        value = getattr(self, key.replace("-", "_"))
+        if value not in allowed:
+            raise _bad(key, value, ", ".join(allowed))
 
-        choice("strategy", self.strategy, sorted(strategies.STRATEGIES))
-        choice("dataset", self.dataset, list(tasks.TASKS))
-        choice("partitioning", self.partitioning, PARTITIONINGS)
-        choice("optimizer", self.optimizer, ["adam", "sgd"])
-        choice("graph", self.graph, GRAPHS)
-        choice("fl60-variant", self.fl60_variant, ["text", "grda"])
-        choice("tpt48-split", self.tpt48_split, ["time", "random"])
-        def integer(key: str, low: int, high: int, why: str = "") -> None:
-            check(key, low <= getattr(self, key.replace("-", "_")) <= high,
-                  integer_words(low, high, why))
+    def _check(self, key: str, ok: bool, allowed: str) -> None:
+        if not ok:
+            raise _bad(key, getattr(self, key.replace("-", "_")), allowed)
 
+    def _integer(self, key: str, low: int, high: int, why: str = "") -> None:
+        self._check(key, low <= getattr(self, key.replace("-", "_")) <= high,
+                    integer_words(low, high, why))
+
+    def _check_values(self) -> None:
+        """Each key's own range."""
+        choice, check, integer = self._choice, self._check, self._integer
+        for key, allowed in (("strategy", sorted(strategies.STRATEGIES)),
+                             ("dataset", list(tasks.TASKS)), ("partitioning", PARTITIONINGS),
+                             ("optimizer", ["adam", "sgd"]), ("graph", GRAPHS),
+                             ("fl60-variant", ["text", "grda"]),
+                             ("tpt48-split", ["time", "random"]),
+                             ("xi-dtype", ["float32", "float16"]), ("save-models", SAVE_MODES),
+                             ("dp", DP_MODES), ("model", ["auto", *tasks.MODELS])):
+            choice(key, allowed)
         integer("checkpoint-every", 0, MOST_ROUNDS, "0: no checkpoints")
         check("seed", 0 <= self.seed < 2**32, "an integer in [0, 2^32) (numpy and torch seeds)")
         integer("checkpoint-keep", 1, MOST_CHECKPOINTS,
@@ -299,24 +309,11 @@ class RunConfig:
                 "max-failed-rounds counts")
         integer("max-failed-rounds", 0, MOST_ROUNDS,
                 "rounds in a row without usable replies before the run stops")
-        choice("xi-dtype", self.xi_dtype, ["float32", "float16"])
-        choice("save-models", self.save_models, SAVE_MODES)
-        choice("dp", self.dp, DP_MODES)
         check("dp-clip", 0 < self.dp_clip < math.inf, "a finite number > 0 (an L2 norm bound)")
         check("dp-noise-multiplier", 0 <= self.dp_noise_multiplier < math.inf
               and (self.dp == "none" or self.dp_noise_multiplier > 0),
               "a finite number > 0 with dp (no noise is no privacy), >= 0 without")
         check("dp-delta", 0 < self.dp_delta < 1, "a number in (0, 1), e.g. 1e-5")
-        why = strategies.STRATEGIES[self.strategy].not_private.get(self.dp)
-        if why:
-            other = [m for m in DP_MODES if m not in strategies.STRATEGIES[
-                self.strategy].not_private]
-            raise _bad("dp", self.dp, f"{' or '.join(other)} for strategy {self.strategy!r}: "
-                       f"{why}")
-        if self.save_models == "best-validation" and self.validation_fraction <= 0:
-            raise _bad("save-models", self.save_models, "final, every-checkpoint or none; "
-                       "best-validation needs validation-fraction > 0 (the model is chosen on "
-                       "validation rows, never on test rows)")
         for key in ("round-timeout", "node-wait-timeout"):
             check(key, 0 < getattr(self, key.replace("-", "_")) <= MOST_TIMEOUT,
                   f"a number > 0, at most {MOST_TIMEOUT:g} (seconds: 7 days)")
@@ -325,11 +322,6 @@ class RunConfig:
             raise _bad("run-name", self.run_name, f"letters, digits and - _ . @ (at most "
                        f"{RUN_NAME_MOST}; it names the run's folder, on members' nodes too), "
                        "or \"\" for a unique name")
-        if self.resume and not self.run_name:
-            raise _bad("run-name", self.run_name, "the name of the run to continue when resume = true")
-        if self.resume and self.overwrite:
-            raise _bad("overwrite", True, "false when resume = true (resume continues a run, "
-                       "overwrite replaces it)")
         for key, most in (("num-server-rounds", MOST_ROUNDS), ("local-epochs", MOST_EPOCHS),
                           ("batch-size", MOST_BATCH), ("test-samples", MOST_SAMPLES),
                           ("min-nodes", MOST_CLIENTS)):
@@ -346,24 +338,45 @@ class RunConfig:
         check("novel-client-fraction", 0 <= self.novel_client_fraction < 1, "a number in [0, 1)")
         check("attack-ratio", 0 <= self.attack_ratio <= 0.5, "a number in [0, 0.5]")
         check("drop-rate", 0 <= self.drop_rate < 1, "a number in [0, 1)")
-        if self.graph == "file" and not self.graph_file:
-            raise _bad("graph-file", self.graph_file, 'the path of an edge-list CSV when graph = "file"')
         integer("graph-k", 1, MOST_CLIENTS, "and below the number of clients")
         integer("graph-warmup-rounds", 1, MOST_ROUNDS)
         integer("member-outputs", 0, MOST_OUTPUTS, "the classes, or the regression outputs, "
                 'of dataset = "members"')
-        if self.graph == "inferred" and strategies.STRATEGIES[self.strategy].uses_graph:
-            check("graph-warmup-rounds", self.graph_warmup_rounds < self.num_server_rounds,
-                  f"fewer than num-server-rounds ({self.num_server_rounds}): the graph is "
-                  "inferred after the warm-up, and used in the rounds after it")
         check("server-device", self.server_device in ("auto", "cpu")
               or self.server_device.startswith("cuda"), '"auto", "cpu" or "cuda[:N]"')
-        choice("model", self.model, ["auto", *tasks.MODELS])
+
+    def _check_together(self) -> None:
+        """What the keys rule out together, and with the strategy and the data."""
+        why = strategies.STRATEGIES[self.strategy].not_private.get(self.dp)
+        if why:
+            other = [m for m in DP_MODES if m not in strategies.STRATEGIES[
+                self.strategy].not_private]
+            raise _bad("dp", self.dp, f"{' or '.join(other)} for strategy {self.strategy!r}: "
+                       f"{why}")
+        if self.save_models == "best-validation" and self.validation_fraction <= 0:
+            raise _bad("save-models", self.save_models, "final, every-checkpoint or none; "
+                       "best-validation needs validation-fraction > 0 (the model is chosen on "
+                       "validation rows, never on test rows)")
+        if self.resume and not self.run_name:
+            raise _bad("run-name", self.run_name, "the name of the run to continue when resume = true")
+        if self.resume and self.overwrite:
+            raise _bad("overwrite", True, "false when resume = true (resume continues a run, "
+                       "overwrite replaces it)")
+        if self.graph == "file" and not self.graph_file:
+            raise _bad("graph-file", self.graph_file, 'the path of an edge-list CSV when graph = "file"')
+        if self.graph == "inferred" and strategies.STRATEGIES[self.strategy].uses_graph:
+            self._check("graph-warmup-rounds", self.graph_warmup_rounds < self.num_server_rounds,
+                        f"fewer than num-server-rounds ({self.num_server_rounds}): the graph is "
+                        "inferred after the warm-up, and used in the rounds after it")
         if self.dataset == tasks.MEMBERS:
             self._validate_members()
         elif self.member_roster:
             raise _bad("member-roster", self.member_roster, '"" unless dataset = "members" (a '
                        "roster names members, a partitioned run has none)")
+        self._check_data()
+
+    def _check_data(self) -> None:
+        """The model fits the data, the data is where the task needs it, attacks have classes."""
         spec = tasks.get_task(self.dataset)
         problem = model_problem(tasks.model_name(self.data_config(2), self.model),
                                 tasks.data_info(self.data_config(2)).input_shape) \

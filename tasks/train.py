@@ -95,26 +95,12 @@ def _adjust_gradients(params: list[nn.Parameter], center: list[torch.Tensor] | N
         nn.utils.clip_grad_norm_(params, clip_norm)
 
 
-def train(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    epochs: int,
-    batch_size: int,
-    lr: float,
-    optimizer: str = "adam",
-    proximal_mu: float = 0.0,
-    grad_correction: list[torch.Tensor] | None = None,
-    steps: int = 0,
-    momentum: float = 0.0,
-    weight_decay: float = 0.0,
-    clip_norm: float = 0.0,
-    loss_fn: LossFn | None = None,
-    device: torch.device | str = "cpu",
-    seed: int = 0,
-    dp_sgd: DPSGD | None = None,
-) -> float:
+def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
+          lr: float, optimizer: str = "adam", proximal_mu: float = 0.0,
+          grad_correction: list[torch.Tensor] | None = None, steps: int = 0,
+          momentum: float = 0.0, weight_decay: float = 0.0, clip_norm: float = 0.0,
+          loss_fn: LossFn | None = None, device: torch.device | str = "cpu", seed: int = 0,
+          dp_sgd: DPSGD | None = None) -> float:
     """Train ``model`` in place on (x, y) (on the CPU; batches go to ``device``) and return
     the mean training loss.
 

@@ -7,6 +7,8 @@
   circles), lazy imports inside functions included.
 * ``pyproject.toml``'s ``[tool.flwr.app.config]`` and the code's defaults (the
   app's generic keys and every method's settings) agree, key by key.
+* A reader can hold each piece: no function of the product over 60 lines (docstring
+  included), FedAMP's strategy and its math 550 lines together.
 """
 
 from __future__ import annotations
@@ -100,6 +102,26 @@ def test_no_module_imports_itself_through_others():
 def test_no_strategy_module_imports_the_app():
     assert not [n for n in GRAPH if _layer(n) == "strategies"
                 and any(_layer(t) == "fedamp_flwr" for t in GRAPH[n])]
+
+
+#: the most lines of one function of the product (tests aside), docstring included
+MOST_FUNCTION_LINES = 60
+
+
+def test_no_function_of_the_product_is_longer_than_a_screen():
+    long = sorted(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: "
+                  f"{node.end_lineno - node.lineno + 1} lines"
+                  for path in _modules().values()
+                  for node in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                  and node.end_lineno - node.lineno + 1 > MOST_FUNCTION_LINES)
+    assert long == []
+
+
+def test_fedamp_is_as_short_as_its_idea():
+    lines = sum(len((ROOT / "strategies" / f).read_text().splitlines())
+                for f in ("fedamp.py", "fedamp_math.py"))
+    assert lines <= 550
 
 
 def test_pyproject_and_the_code_have_the_same_keys_and_defaults():
