@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from strategies.core.records import ACCURACY_SCORE, mean_score
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
@@ -64,7 +66,7 @@ def run(strategy: str, n: int, rounds: int) -> dict:
     cfg = {"strategy": strategy, "num-server-rounds": rounds, "local-epochs": 1,
            **({"graph": "groups"} if strategy == "panacea" else {})}
     row = run_child(cfg, n)
-    row["final_mean_accuracy"] = row.pop("metrics")["rounds"][-1].get("mean_accuracy")
+    row["final_mean_accuracy"] = mean_score(row.pop("metrics")["rounds"][-1], ACCURACY_SCORE)
     return row
 
 

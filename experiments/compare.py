@@ -28,6 +28,7 @@ from pathlib import Path
 
 from experiments.flower_cli import COMPLETED, FlowerCliError, FlowerRun
 from experiments.processes import SuperLink
+from strategies.core.records import mean_score, run_score
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,14 +36,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def table(out: Path, names: Sequence[str]) -> str:
     """A Markdown table of the runs' headline numbers and their per-round means."""
     runs = {s: json.loads((out / s / "metrics.json").read_text()) for s in names}
-    regression = "best_mean_mse" in next(iter(runs.values()))
-    key, col, scale = ("best_mean_mse", "best mean MSE", 1) if regression else \
-        ("bmta", "BMTA (%)", 100)
-    metric = "mean_mse" if regression else "mean_accuracy"
+    score = run_score(next(iter(runs.values())))
+    col = "BMTA (%)" if score.higher_is_better else "best mean MSE"
     lines = [f"| strategy | {col} | per round |", "|---|---:|---|"]
     for s, m in runs.items():
-        per = ", ".join(f"{scale * r[metric]:.4g}" for r in m["rounds"] if metric in r)
-        lines.append(f"| {s} | {m[key]:.4g} | {per} |")
+        per = ", ".join(f"{score.scale * v:.4g}" for r in m["rounds"]
+                        if (v := mean_score(r, score)) is not None)
+        lines.append(f"| {s} | {m[score.headline]:.4g} | {per} |")
     return "\n".join(lines)
 
 

@@ -29,6 +29,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from strategies.core.records import ABSENT, TRAINED
+
 from .processes import SuperLink, free_port, stop_tree
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +62,7 @@ def problems(metrics: dict, killed: set[int], restarted: set[int], timeout: floa
     found = []
     rounds = metrics.get("rounds", [])
     for rec in rounds:
-        for key in ("absent_clients", "absent_evaluation"):
+        for key in ABSENT.values():
             for cid, why in rec.get(key, {}).items():
                 if int(cid) not in killed:
                     found.append(f"round {rec['round']}: client {cid} in {key} but never "
@@ -70,7 +72,7 @@ def problems(metrics: dict, killed: set[int], restarted: set[int], timeout: floa
                                  f"(rounds are shorter than the timeout, {timeout:g} s)")
     last = rounds[-1] if rounds else {}
     for cid in sorted(restarted):
-        if cid not in last.get("trained_clients", []):
+        if cid not in last.get(TRAINED, []):
             found.append(f"client {cid} was restarted and did not train in the last round")
     if not metrics.get("finished"):
         found.append("the run did not finish")
@@ -168,11 +170,11 @@ def _said(metrics: dict, killed: set[int], restarted: set[int], round_timeout: f
           out: Path) -> int:
     """Each round's absences as recorded, and whether every reason is true (0) or not (1)."""
     for rec in metrics["rounds"]:
-        absent = {k: rec.get(k, {}) for k in ("absent_clients", "absent_evaluation")}
-        phase = {"absent_clients": "train", "absent_evaluation": "evaluate"}
+        absent = {k: rec.get(k, {}) for k in ABSENT.values()}
+        phase = {key: name for name, key in ABSENT.items()}
         said = "; ".join(f"{phase[k]} {c}: {why[:60]}" for k, v in absent.items()
                          for c, why in sorted(v.items(), key=lambda i: int(i[0]))) or "none"
-        print(f"round {rec['round']}: trained {len(rec['trained_clients'])}, absent: {said}")
+        print(f"round {rec['round']}: trained {len(rec[TRAINED])}, absent: {said}")
     found = problems(metrics, killed, restarted, round_timeout, (out / "run.log").read_text())
     for p in found:
         print(f"NOT TRUE: {p}")

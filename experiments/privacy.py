@@ -26,6 +26,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from strategies.core.records import DP_SPENT
+
 from .group_weight import group_shares
 from .plots import plot_xi
 from .scores import RunRecord, is_regression, load_runs, score
@@ -33,7 +35,7 @@ from .scores import RunRecord, is_regression, load_runs, score
 
 def spent(run: RunRecord) -> float:
     """The largest epsilon any member of ``run`` reported (inf: a run without DP)."""
-    values = [v for r in run.rounds for v in (r.get("client_dp_epsilon") or {}).values()]
+    values = [v for r in run.rounds for v in (r.get(DP_SPENT) or {}).values()]
     return max(values) if values else math.inf
 
 

@@ -35,6 +35,7 @@ from experiments.presets import Run
 from experiments.processes import SuperLink
 from fedamp_flwr.config import RunConfig, default_values
 from fedamp_flwr.results import checkpoint_files
+from strategies.core.records import headline
 
 ROOT = Path(__file__).resolve().parents[1]
 # Each run's outcome (Flower's run id and status), beside its metrics.json.
@@ -205,8 +206,10 @@ def _report(output: Path, run: Run, outcome: RunOutcome, prefix: str, started: f
     """Print how a run ended; whether it succeeded."""
     if succeeded(output, run, outcome):
         m = json.loads(metrics_path(output, run).read_text())
-        score = (f"BMTA {m['bmta']:.2f}%" if "bmta" in m
-                 else f"best mean MSE {m.get('best_mean_mse', float('nan')):.4g}")
+        kind, best = headline(m)
+        score = (f"BMTA {best if best is not None else float('nan'):.2f}%"
+                 if kind.higher_is_better else
+                 f"best mean MSE {best if best is not None else float('nan'):.4g}")
         print(f"{prefix}: {score} ({time.monotonic() - started:.0f}s)", flush=True)
         return True
     why = f"{outcome.status}{' (timed out)' if outcome.timed_out else ''}"

@@ -21,13 +21,20 @@ from typing import Any
 
 import numpy as np
 
-from strategies.core.history import best_of_rounds
+from strategies.core.records import (
+    HEADLINES,
+    best_of_rounds,
+    client_key,
+    mean_key,
+    run_score,
+    score_of,
+)
 
 logger = logging.getLogger(__name__)
 
 CLASSIFICATION, REGRESSION = "classification", "regression"
 #: The headline numbers a run records itself.
-RECORDED = ("bmta", "novel_bmta", "best_mean_mse", "novel_best_mean_mse")
+RECORDED = HEADLINES
 #: Scenario run-config keys: (label used in setting names, value when the key is missing).
 SCENARIOS: dict[str, tuple[str, Any]] = {
     "drop-rate": ("drop", 0.0),
@@ -87,9 +94,7 @@ class RunRecord:
         rounds = [r for r in data.get("rounds") or [] if isinstance(r, dict)]
         kind = data.get("task_kind")
         if kind not in (CLASSIFICATION, REGRESSION):  # an older metrics.json
-            regression = ("best_mean_mse" in data or "novel_best_mean_mse" in data or any(
-                "client_mse" in r or "mean_mse" in r for r in rounds)) and not (
-                "bmta" in data or "novel_bmta" in data)
+            regression = run_score({**data, "rounds": rounds}).metric != score_of(False).metric
             kind = REGRESSION if regression else CLASSIFICATION
         raw = data.get("config")
         config: dict[str, Any] = dict(raw) if isinstance(raw, dict) else {}
@@ -194,7 +199,7 @@ def round_means(run: RunRecord, novel: bool = False) -> tuple[np.ndarray, np.nda
         Round numbers and values, only for rounds that have the mean.
     """
     reg = is_regression(run)
-    key = ("novel_" if novel else "") + ("mean_mse" if reg else "mean_accuracy")
+    key = mean_key(score_of(reg).metric, novel)
     pairs = [(r.get("round", i + 1), r[key]) for i, r in enumerate(run.rounds)
              if isinstance(r.get(key), (int, float))]
     rounds = np.array([p[0] for p in pairs], dtype=float)
@@ -218,7 +223,7 @@ def score(run: RunRecord, novel: bool = False) -> float | None:
         The recorded value, else the one computed from the rounds, else None.
     """
     reg = is_regression(run)
-    key = ("novel_" if novel else "") + ("best_mean_mse" if reg else "bmta")
+    key = ("novel_" if novel else "") + score_of(reg).headline
     if isinstance(run.recorded.get(key), (int, float)):
         return float(run.recorded[key])
     return best_of_rounds(run.rounds, reg, novel)  # an older metrics.json: from its rounds
@@ -251,16 +256,16 @@ def best_round_clients(run: RunRecord) -> np.ndarray:
         One value per benign client; empty when no round has a mean.
     """
     reg = is_regression(run)
-    mean_key, client_key = ("mean_mse", "client_mse") if reg else ("mean_accuracy",
-                                                                   "client_accuracy")
+    metric = score_of(reg).metric
+    mean, clients = mean_key(metric), client_key(metric)
     rounds = [r for r in run.rounds
-              if isinstance(r.get(mean_key), (int, float)) and r.get(client_key)]
+              if isinstance(r.get(mean), (int, float)) and r.get(clients)]
     if not rounds:
         return np.array([])
-    means = np.array([r[mean_key] for r in rounds], dtype=float)
+    means = np.array([r[mean] for r in rounds], dtype=float)
     best = rounds[int(means.argmin() if reg else means.argmax())]
     left_out = {str(c) for c in [*run.novel_clients, *run.attackers]}
-    values = np.array([v for c, v in best[client_key].items()
+    values = np.array([v for c, v in best[clients].items()
                        if str(c) not in left_out and isinstance(v, (int, float))], dtype=float)
     return values if reg else 100.0 * values
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from strategies.core.records import HEADLINES
 from tasks.files import strict_json
 
 from .budget import budget_of, describe
@@ -31,7 +32,7 @@ from .scores import (
 
 #: The first columns of ``results.csv``; every other config key follows as ``config.<key>``.
 CSV_COLUMNS = ["run_name", "strategy", "dataset", "partitioning", "seed", "num_clients",
-               *SCENARIOS, "bmta", "novel_bmta", "best_mean_mse", "novel_best_mean_mse",
+               *SCENARIOS, *HEADLINES,
                "final_mean", "num_rounds", "local_steps", "steps_per_client", "sigma",
                "wall_time_s", "finished", "status", "timed_out", "flower_run_id"]
 MISSING = "–"
@@ -73,8 +74,7 @@ def csv_rows(runs: Sequence[RunRecord]) -> tuple[list[str], list[dict[str, Any]]
             "seed": run.seed if run.seed is not None else cfg.get("seed"),
             "num_clients": run.num_clients,
             **{k: scenario_value(run, k) for k in SCENARIOS},
-            **{k: run.recorded.get(k) for k in ("bmta", "novel_bmta", "best_mean_mse",
-                                       "novel_best_mean_mse")},
+            **{k: run.recorded.get(k) for k in HEADLINES},
             "final_mean": None if (last := final_mean(run)) is None else float(f"{last:.10g}"),
             "num_rounds": len(run.rounds),
             "local_steps": budget_of(cfg)["local_steps"] if cfg else None,

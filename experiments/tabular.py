@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from strategies.core.records import client_scores
+
 STRATEGIES = ("fedamp", "heurfedamp", "separate")
 SCALINGS = ("pooled", "own", "none")
 #: each member's class mix: member m draws a row of class c with probability MIX[m][c] / ...
@@ -115,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                "min-nodes": 3, "server-device": "cpu", **extra}, 3,
                               node_configs=nodes)
                 metrics = json.loads((folder / name / "metrics.json").read_text())
-                last = metrics["rounds"][-1]["client_accuracy"]
+                last = client_scores(metrics["rounds"][-1])
                 scores = [float(last[str(i)]) for i in range(3)]
                 rows.setdefault((strategy, scaling), []).append(float(np.mean(scores)))
                 per_member.setdefault(f"{strategy} ({scaling})", []).append(scores)

@@ -66,7 +66,7 @@ from tasks.export import ModelFileError, load_model, predict
 from tasks.members import load_member_data, read_member_rows
 from tasks.train import evaluate
 
-from .config import ConfigError, RunConfig, default_values
+from .config import ConfigError, RunConfig, default_values, explain
 
 
 def _run_config(text: str) -> RunConfig:
@@ -360,7 +360,25 @@ def verify_app(app_dir: str, fab: str) -> int:
     return 0 if not problems else 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def explain_key(key: str, run_config: str) -> int:
+    """Print where ``key``'s value comes from in a run of ``run_config``."""
+    from flwr.common.config import parse_config_args
+
+    try:
+        try:
+            values = parse_config_args([run_config]) if run_config.strip() else {}
+        except Exception as err:
+            raise ConfigError(f"--run-config {run_config!r} cannot be read ({err}); allowed: "
+                              "\"key=value key2='text'\" as flwr run takes it") from None
+        for line in explain(values, key):
+            print(line)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def parser_of() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedamp-flwr", description="Check a member's data before it joins a run, predict "
         "with a delivered model, turn a FedAMP run's weights into a client graph, state a "
@@ -403,7 +421,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     verify.add_argument("app_dir", help="$FLWR_HOME/apps/<publisher>.<name>.<version>.<hash>")
     verify.add_argument("--fab", required=True, help="the FAB built with flwr build from the "
                         "reviewed source")
+    explained = sub.add_parser("explain", help="where a run-config key's value comes from")
+    explained.add_argument("key", help="the run-config key, e.g. learning-rate")
+    explained.add_argument("--run-config", default="", help="the run's config as given to flwr "
+                           "run, e.g. \"strategy='pfedhn' dataset='tpt48'\"")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = parser_of()
     args = parser.parse_args(argv)
+    if args.command == "explain":
+        return explain_key(args.key, args.run_config)
     if args.command == "identity":
         return show_identity(args.client_id, args.identity_dir)
     if args.command == "roster":

@@ -22,7 +22,7 @@ from typing import Any
 import strategies
 import tasks
 from strategies.core.protocol import is_name
-from strategies.core.registry import method_keys, settings_classes, tuned_values
+from strategies.core.registry import key_rows, method_keys, settings_classes, tuned_values
 from strategies.core.settings import (
     MOST_BATCH,
     MOST_CHECKPOINTS,
@@ -39,9 +39,13 @@ from strategies.core.settings import (
     Settings,
     SettingsContext,
     bad,
+    check_value,
     coerce,
+    integer_in,
     integer_words,
     key_of,
+    one_of,
+    setting,
 )
 from tasks.models import model_problem
 from tasks.partitioners import PARTITIONINGS
@@ -66,7 +70,7 @@ GENERIC_AUTO: dict[str, Any] = {"local-epochs": 5, "local-steps": 0, "batch-size
                                 "learning-rate": 1e-3, "optimizer": "adam"}
 
 _bad = bad  # the shared ConfigError of a key (strategies.core.settings)
-__all__ = ["ConfigError", "RunConfig", "auto_values", "parse_shape"]
+__all__ = ["ConfigError", "RunConfig", "auto_layers", "auto_values", "explain", "parse_shape"]
 
 
 #: The "auto" local training of members' tables (vector inputs): a batch of 16 rows, so that
@@ -80,31 +84,65 @@ __all__ = ["ConfigError", "RunConfig", "auto_values", "parse_shape"]
 TABLE_AUTO: dict[str, Any] = {"batch-size": 16, "learning-rate": 3e-3}
 
 
-def auto_values(dataset: str, strategy: str, setting: str = "",
-                table: bool = False) -> dict[str, Any]:
-    """The values of the "auto" settings for ``strategy`` on ``dataset`` (in the data setting
-    ``setting``, ``<dataset>/<variant>``: :attr:`RunConfig.tuning_key`).
+def auto_layers(dataset: str, strategy: str, setting: str = "",
+                table: bool = False) -> list[tuple[str, dict[str, Any]]]:
+    """Where the values of "auto" settings come from, for ``strategy`` on ``dataset`` (in the
+    data setting ``setting``, ``<dataset>/<variant>``: :attr:`RunConfig.tuning_key`), most
+    general first, each overriding the ones before, in three layers:
 
-    From the most general to the most specific, each overriding the last:
-    :data:`GENERIC_AUTO` and every method's ``Settings.AUTO``, the task's own
-    (``TaskSpec.auto``, for every strategy), :data:`TABLE_AUTO` for members' tables
-    (``table``), the strategy's own
-    (``register_strategy(auto=...)``, e.g. pFedHN's reference trainer), the
-    strategy's for this task (``register_strategy(task_auto=...)``), and the values a
-    tuning run chose for this strategy in this data setting (``strategies/tuned.json``,
-    docs/tuning.md).
+    1. the key's declaration: :data:`GENERIC_AUTO` and each method's ``Settings.AUTO``;
+    2. the run's task and strategy: the task's (``TaskSpec.auto``), members' tables'
+       (:data:`TABLE_AUTO`, with ``table``), the strategy's (``register_strategy(auto=...)``,
+       e.g. pFedHN's reference trainer) and the strategy's on this task (``task_auto``);
+    3. what a tuning run chose for this strategy and data setting (``strategies/tuned.json``,
+       docs/tuning.md).
+
+    Each entry: (where, in words; its values). ``fedamp-flwr explain KEY`` shows them.
     """
     entry = strategies.STRATEGIES[strategy]
-    values = dict(GENERIC_AUTO)
+    declared = dict(GENERIC_AUTO)
     for cls in settings_classes():
-        values.update(cls.AUTO)
-    values.update(tasks.get_task(dataset).auto)
-    if table:  # members' tables (vector inputs): TABLE_AUTO
-        values.update(TABLE_AUTO)
-    values.update(entry.auto)
-    values.update(entry.task_auto.get(dataset, {}))
-    values.update(tuned_values(strategy, setting) if setting else {})
+        declared.update(cls.AUTO)
+    return [("the key's declaration", declared),
+            (f"the task {dataset!r}", dict(tasks.get_task(dataset).auto)),
+            ("members' tables (TABLE_AUTO)", dict(TABLE_AUTO) if table else {}),
+            (f"the strategy {strategy!r}", dict(entry.auto)),
+            (f"the strategy {strategy!r} on {dataset!r}", dict(entry.task_auto.get(dataset, {}))),
+            (f"strategies/tuned.json ({strategy} on {setting})",
+             tuned_values(strategy, setting) if setting else {})]
+
+
+def auto_values(dataset: str, strategy: str, setting: str = "",
+                table: bool = False) -> dict[str, Any]:
+    """The values of the "auto" settings for ``strategy`` on ``dataset`` (:func:`auto_layers`,
+    each layer overriding the ones before)."""
+    values: dict[str, Any] = {}
+    for _, layer in auto_layers(dataset, strategy, setting, table):
+        values.update(layer)
     return values
+
+
+def explain(run_config: Mapping[str, Any], key: str) -> list[str]:
+    """Where the value of ``key`` in a run of ``run_config`` comes from, in lines: the run
+    config, the key's declared default, or the layer of "auto" that gives it (and the ones
+    it overrides). Raises ConfigError for an unknown key or a bad run config."""
+    cfg = RunConfig.from_run_config(run_config)
+    values = cfg.to_dict()
+    if key not in values:
+        raise ConfigError(f"unknown run config key {key!r}; allowed: a key of "
+                          "docs/configuration.md (its generic keys and the methods')")
+    value = values[key]
+    if key in run_config and run_config[key] != "auto":
+        return [f"{key} = {value!r}: set in the run config"]
+    if default_values()[key] != "auto":
+        return [f"{key} = {value!r}: the key's declared default"]
+    layers = auto_layers(cfg.dataset, cfg.strategy, cfg.tuning_key, cfg.table_inputs)
+    found = [(where, layer[key]) for where, layer in layers if key in layer]
+    if not found:
+        doc = {**RunConfig.generic_fields(), **method_keys()}[key].metadata.get("doc", "")
+        return [f"{key} = {value!r}: resolved by the method when the run starts ({doc})"]
+    lines = [f"{key} = {value!r}: \"auto\", given by {found[-1][0]}"]
+    return lines + [f"  (overrides {where}: {v!r})" for where, v in reversed(found[:-1])]
 
 
 def parse_shape(text: str) -> tuple[int, ...] | None:
@@ -138,69 +176,132 @@ class RunConfig:
     """The run config of this app, validated: its generic keys, and the chosen strategy's
     own settings (``settings``). See pyproject.toml for the defaults."""
 
-    strategy: str = "fedamp"
-    dataset: str = "synthetic"
-    partitioning: str = "practical"
-    data_dir: str = ""
-    dirichlet_alpha: float = 0.5
-    test_samples: int = 100
-    validation_fraction: float = 0.0
-    seed: int = 42
-    results_dir: str = "results"
-    run_name: str = ""
-    label: str = ""
-    resume: bool = False
-    overwrite: bool = False
-    checkpoint_every: int = 1
-    checkpoint_keep: int = 2
-    xi_every: int = 1
-    xi_dtype: str = "float32"
-    num_server_rounds: int = 10
-    round_timeout: float = 3600.0
-    node_wait_timeout: float = 600.0
-    max_update_ratio: float = 100.0
-    max_failed_rounds: int = 0
-    min_clients_evaluated: int = 0
-    fraction_train: float = 1.0
-    min_nodes: int = 2
-    local_epochs: int | str = "auto"
-    batch_size: int | str = "auto"
-    learning_rate: float | str = "auto"
-    optimizer: str = "auto"
-    server_device: str = "auto"
-    local_steps: int | str = "auto"
-    graph: str = "task"
-    graph_file: str = ""
-    graph_k: int = 3
-    graph_warmup_rounds: int = 2
-    novel_client_fraction: float = 0.0
-    attack_ratio: float = 0.0
-    fl60_noise_std: float = 1.0
-    fl60_variant: str = "text"
-    tpt48_split: str = "time"
-    model: str = "auto"
-    member_input_shape: str = ""
-    member_task: str = "classification"
-    member_outputs: int = 0
-    member_class_names: str = ""
-    member_label_column: str = "label"
-    member_feature_columns: str = ""
-    member_categories: str = ""
-    member_roster: str = ""
-    member_scaling: str = "pooled"
-    member_alone: bool = True
-    checkpoint_secret: str = ""
+    # The data
+    strategy: str = setting("fedamp", "the method (docs/methods.md)",
+                            allowed="a registered strategy's name (above)")
+    dataset: str = setting("synthetic", "the task; members: every member brings its own file",
+                           allowed="a task's name (Data and tasks, above)")
+    partitioning: str = setting("practical", "how a pool dataset is split among the clients",
+                                **one_of(*PARTITIONINGS))
+    data_dir: str = setting("", 'the data\'s local folder (npz: the file); "": the hub')
+    dirichlet_alpha: float = setting(0.5, "partitioning = dirichlet: the concentration",
+                                     ok=lambda v: v > 0, allowed="a number > 0")
+    test_samples: int = setting(100, "test samples per client, from its own mixture",
+                                **integer_in(1, MOST_SAMPLES))
+    validation_fraction: float = setting(
+        0.0, "> 0: each client holds out this share of its training rows and is evaluated on "
+        "it instead of its test split (a tuning run)", ok=lambda v: 0 <= v < 1,
+        allowed="a number in [0, 1) (0: evaluate on the test split)")
+    seed: int = setting(42, "the run's seed (data, models, sampling, scenarios)",
+                        ok=lambda v: 0 <= v < 2**32,
+                        allowed="an integer in [0, 2^32) (numpy and torch seeds)")
+    # The run's folder
+    results_dir: str = setting("results", "where run folders are made")
+    run_name: str = setting(
+        "", 'the run\'s folder; "": a unique name with the start time',
+        ok=lambda v: v == "" or is_name(v, RUN_NAME_MOST),
+        allowed=f"letters, digits and - _ . @ (at most {RUN_NAME_MOST}; it names the run's "
+        "folder, on members' nodes too), or \"\" for a unique name")
+    label: str = setting("", "a name for the method in reports")
+    resume: bool = setting(False, "continue the run run-name from its checkpoint")
+    overwrite: bool = setting(False, "replace what the folder of run-name holds")
+    checkpoint_every: int = setting(1, "checkpoint and metrics.json every this many rounds",
+                                    **integer_in(0, MOST_ROUNDS, "0: no checkpoints"))
+    checkpoint_keep: int = setting(2, "checkpoints kept", **integer_in(
+        1, MOST_CHECKPOINTS, "checkpoints kept: a damaged one falls back to the one before"))
+    xi_every: int = setting(1, "FedAMP's weight matrices to xi/ every this many rounds and the "
+                            "last", **integer_in(0, MOST_ROUNDS, "0: not written"))
+    xi_dtype: str = setting("float32", "the weight matrices' dtype", **one_of("float32",
+                                                                            "float16"))
+    # The rounds
+    num_server_rounds: int = setting(10, "rounds", **integer_in(1, MOST_ROUNDS))
+    round_timeout: float = setting(
+        3600.0, "seconds to wait for a phase's replies", ok=lambda v: 0 < v <= MOST_TIMEOUT,
+        allowed=f"a number > 0, at most {MOST_TIMEOUT:g} (seconds: 7 days)")
+    node_wait_timeout: float = setting(
+        600.0, "seconds to wait for min-nodes", ok=lambda v: 0 < v <= MOST_TIMEOUT,
+        allowed=f"a number > 0, at most {MOST_TIMEOUT:g} (seconds: 7 days)")
+    max_update_ratio: float = setting(
+        100.0, "a reply is left out when its update's norm exceeds this x max(the sent "
+        "model's norm, 1)",
+        ok=lambda v: 0 < v < math.inf, allowed="a finite number > 0")
+    max_failed_rounds: int = setting(0, "rounds in a row without usable replies before the "
+                                     "run stops", **integer_in(0, MOST_ROUNDS, "rounds in a "
+                                     "row without usable replies before the run stops"))
+    min_clients_evaluated: int = setting(
+        0, "> 0: a round whose evaluation covers fewer clients fails", **integer_in(
+            0, MOST_CLIENTS, "0: any number; else a round whose evaluation covers fewer "
+            "clients fails, as max-failed-rounds counts"))
+    fraction_train: float = setting(1.0, "share of the clients trained each round",
+                                    ok=lambda v: 0 < v <= 1, allowed="a number in (0, 1]")
+    min_nodes: int = setting(2, "nodes to wait for", **integer_in(1, MOST_CLIENTS))
+    # Local training ("auto": auto_values)
+    local_epochs: int | str = setting("auto", "local epochs a round",
+                                      **integer_in(1, MOST_EPOCHS))
+    batch_size: int | str = setting("auto", "mini-batch size", **integer_in(1, MOST_BATCH))
+    learning_rate: float | str = setting("auto", "the clients' learning rate",
+                                         ok=lambda v: v > 0, allowed="a number > 0")
+    optimizer: str = setting("auto", "the clients' optimizer", **one_of("adam", "sgd"))
+    server_device: str = setting(
+        "auto", "where the server keeps and mixes models (auto: cuda if present)",
+        ok=lambda v: v in ("auto", "cpu") or v.startswith("cuda"),
+        allowed='"auto", "cpu" or "cuda[:N]"')
+    local_steps: int | str = setting("auto", "> 0: this many steps a round instead of epochs",
+                                     **integer_in(0, MOST_STEPS, "0: use local-epochs"))
+    # The client graph
+    graph: str = setting("task", "the client graph (Panacea)", **one_of(*GRAPHS))
+    graph_file: str = setting("", 'graph = "file": an edge-list CSV of client ids')
+    graph_k: int = setting(3, 'graph = "inferred": neighbours each client chooses',
+                           **integer_in(1, MOST_CLIENTS, "and below the number of clients"))
+    graph_warmup_rounds: int = setting(2, 'graph = "inferred": rounds before the graph is built',
+                                       **integer_in(1, MOST_ROUNDS))
+    # Scenarios and tasks
+    novel_client_fraction: float = setting(0.0, "share of clients that never train",
+                                           ok=lambda v: 0 <= v < 1, allowed="a number in [0, 1)")
+    attack_ratio: float = setting(0.0, "share of clients that flip their labels",
+                                  ok=lambda v: 0 <= v <= 0.5, allowed="a number in [0, 0.5]")
+    fl60_noise_std: float = setting(1.0, "FL-60's noise (paper: 1)", ok=lambda v: v > 0,
+                                    allowed="a number > 0")
+    fl60_variant: str = setting("text", "FL-60 as the text describes it, or GRDA's generator",
+                                **one_of("text", "grda"))
+    tpt48_split: str = setting("time", "TPT-48 split in time or at random (the paper's)",
+                               **one_of("time", "random"))
+    model: str = setting("auto", "the model (auto: the task's)",
+                         allowed="auto, mlp, mlp-16, cnn, resnet18 (one that fits the data)")
+    # Members' own data (dataset = "members")
+    member_input_shape: str = setting("", 'one input\'s shape: "F" or "C,H,W"')
+    member_task: str = setting("classification", "classification or regression",
+                               **one_of(tasks.CLASSIFICATION, tasks.REGRESSION))
+    member_outputs: int = setting(0, "the classes, or the regression outputs", **integer_in(
+        0, MOST_OUTPUTS, 'the classes, or the regression outputs, of dataset = "members"'))
+    member_class_names: str = setting("", "the classes' names, comma-separated")
+    member_label_column: str = setting("label", "a table's label column")
+    member_feature_columns: str = setting("", "a table's feature columns (\"\": all others)")
+    member_categories: str = setting("", "a table's categorical columns and their categories")
+    member_roster: str = setting("", "a file of the members' names and public keys")
+    member_scaling: str = setting("pooled", "how members' vector inputs are standardized",
+                                  **one_of(*SCALINGS))
+    member_alone: bool = setting(True, "each member also scores models trained alone")
+    checkpoint_secret: str = setting("", "a file of the coordinator's secret sealing checkpoints")
     #: the chosen strategy's own settings (its keys checked, "auto" resolved)
     settings: Settings = field(default_factory=NoSettings, metadata={"key": False})
     #: every method's key, checked and resolved (what to_dict records of them)
     method_values: Mapping[str, Any] = field(default_factory=dict, metadata={"key": False})
-    drop_rate: float = 0.0
-    heterogeneous_epochs: bool = False
-    save_models: str = "final"
-    dp: str = "none"
-    dp_clip: float = 1.0
-    dp_noise_multiplier: float = 1.0
-    dp_delta: float = 1e-5
+    drop_rate: float = setting(0.0, "chance that a sampled client drops out of a round",
+                               ok=lambda v: 0 <= v < 1, allowed="a number in [0, 1)")
+    heterogeneous_epochs: bool = setting(False, "clients train for different epochs")
+    save_models: str = setting("final", "which of each client's models it keeps",
+                               **one_of(*SAVE_MODES))
+    # Differential privacy (each member's own machine)
+    dp: str = setting("none", "differential privacy of the members' replies", **one_of(*DP_MODES))
+    dp_clip: float = setting(1.0, "the L2 bound C of an update or an example's gradient",
+                             ok=lambda v: 0 < v < math.inf,
+                             allowed="a finite number > 0 (an L2 norm bound)")
+    dp_noise_multiplier: float = setting(
+        1.0, "Gaussian noise of standard deviation this x C", ok=lambda v: 0 <= v < math.inf,
+        allowed="a finite number > 0 with dp (no noise is no privacy), >= 0 without")
+    dp_delta: float = setting(1e-5, "the delta members report epsilon at, where stricter",
+                              ok=lambda v: 0 < v < 1, allowed="a number in (0, 1), e.g. 1e-5")
 
     @classmethod
     def generic_fields(cls) -> dict[str, dataclasses.Field]:
@@ -226,9 +327,7 @@ class RunConfig:
             raise _bad("strategy", cfg.strategy, ", ".join(sorted(strategies.STRATEGIES)))
         if cfg.dataset not in tasks.TASKS:
             raise _bad("dataset", cfg.dataset, ", ".join(tasks.TASKS))
-        table = cfg.dataset == tasks.MEMBERS and len(parse_shape(cfg.member_input_shape) or
-                                                      ()) == 1
-        auto = auto_values(cfg.dataset, cfg.strategy, cfg.tuning_key, table)
+        auto = auto_values(cfg.dataset, cfg.strategy, cfg.tuning_key, cfg.table_inputs)
         cfg = cfg.resolved(auto)
         cfg.validate()
         context, chosen = cfg.context(), strategies.STRATEGIES[cfg.strategy].settings
@@ -275,78 +374,22 @@ class RunConfig:
         self._check_values()
         self._check_together()
 
-    def _choice(self, key: str, allowed) -> None:
-        value = getattr(self, key.replace("-", "_"))
-        if value not in allowed:
-            raise _bad(key, value, ", ".join(allowed))
-
-    def _check(self, key: str, ok: bool, allowed: str) -> None:
-        if not ok:
-            raise _bad(key, getattr(self, key.replace("-", "_")), allowed)
-
-    def _integer(self, key: str, low: int, high: int, why: str = "") -> None:
-        self._check(key, low <= getattr(self, key.replace("-", "_")) <= high,
-                    integer_words(low, high, why))
-
     def _check_values(self) -> None:
-        """Each key's own range."""
-        choice, check, integer = self._choice, self._check, self._integer
-        for key, allowed in (("strategy", sorted(strategies.STRATEGIES)),
-                             ("dataset", list(tasks.TASKS)), ("partitioning", PARTITIONINGS),
-                             ("optimizer", ["adam", "sgd"]), ("graph", GRAPHS),
-                             ("fl60-variant", ["text", "grda"]),
-                             ("tpt48-split", ["time", "random"]),
-                             ("xi-dtype", ["float32", "float16"]), ("save-models", SAVE_MODES),
-                             ("dp", DP_MODES), ("model", ["auto", *tasks.MODELS])):
-            choice(key, allowed)
-        integer("checkpoint-every", 0, MOST_ROUNDS, "0: no checkpoints")
-        check("seed", 0 <= self.seed < 2**32, "an integer in [0, 2^32) (numpy and torch seeds)")
-        integer("checkpoint-keep", 1, MOST_CHECKPOINTS,
-                "checkpoints kept: a damaged one falls back to the one before")
-        integer("xi-every", 0, MOST_ROUNDS, "0: not written")
-        integer("min-clients-evaluated", 0, MOST_CLIENTS,
-                "0: any number; else a round whose evaluation covers fewer clients fails, as "
-                "max-failed-rounds counts")
-        integer("max-failed-rounds", 0, MOST_ROUNDS,
-                "rounds in a row without usable replies before the run stops")
-        check("dp-clip", 0 < self.dp_clip < math.inf, "a finite number > 0 (an L2 norm bound)")
-        check("dp-noise-multiplier", 0 <= self.dp_noise_multiplier < math.inf
-              and (self.dp == "none" or self.dp_noise_multiplier > 0),
-              "a finite number > 0 with dp (no noise is no privacy), >= 0 without")
-        check("dp-delta", 0 < self.dp_delta < 1, "a number in (0, 1), e.g. 1e-5")
-        for key in ("round-timeout", "node-wait-timeout"):
-            check(key, 0 < getattr(self, key.replace("-", "_")) <= MOST_TIMEOUT,
-                  f"a number > 0, at most {MOST_TIMEOUT:g} (seconds: 7 days)")
-        check("max-update-ratio", 0 < self.max_update_ratio < math.inf, "a finite number > 0")
-        if self.run_name and not is_name(self.run_name, RUN_NAME_MOST):
-            raise _bad("run-name", self.run_name, f"letters, digits and - _ . @ (at most "
-                       f"{RUN_NAME_MOST}; it names the run's folder, on members' nodes too), "
-                       "or \"\" for a unique name")
-        for key, most in (("num-server-rounds", MOST_ROUNDS), ("local-epochs", MOST_EPOCHS),
-                          ("batch-size", MOST_BATCH), ("test-samples", MOST_SAMPLES),
-                          ("min-nodes", MOST_CLIENTS)):
-            integer(key, 1, most)
+        """Each key's own range, as its declaration says; the choices that registries hold."""
+        for key, f in self.generic_fields().items():
+            check_value(key, f, getattr(self, f.name))
         lr, steps = self.learning_rate, self.local_steps  # numbers once "auto" is resolved
         assert not isinstance(lr, str) and not isinstance(steps, str), "resolve 'auto' first"
-        check("learning-rate", lr > 0, "a number > 0")
-        check("fraction-train", 0 < self.fraction_train <= 1, "a number in (0, 1]")
-        check("dirichlet-alpha", self.dirichlet_alpha > 0, "a number > 0")
-        check("validation-fraction", 0 <= self.validation_fraction < 1,
-              "a number in [0, 1) (0: evaluate on the test split)")
-        integer("local-steps", 0, MOST_STEPS, "0: use local-epochs")
-        check("fl60-noise-std", self.fl60_noise_std > 0, "a number > 0")
-        check("novel-client-fraction", 0 <= self.novel_client_fraction < 1, "a number in [0, 1)")
-        check("attack-ratio", 0 <= self.attack_ratio <= 0.5, "a number in [0, 0.5]")
-        check("drop-rate", 0 <= self.drop_rate < 1, "a number in [0, 1)")
-        integer("graph-k", 1, MOST_CLIENTS, "and below the number of clients")
-        integer("graph-warmup-rounds", 1, MOST_ROUNDS)
-        integer("member-outputs", 0, MOST_OUTPUTS, "the classes, or the regression outputs, "
-                'of dataset = "members"')
-        check("server-device", self.server_device in ("auto", "cpu")
-              or self.server_device.startswith("cuda"), '"auto", "cpu" or "cuda[:N]"')
+        for key, allowed in (("strategy", sorted(strategies.STRATEGIES)),
+                             ("dataset", list(tasks.TASKS)), ("model", ["auto", *tasks.MODELS])):
+            if getattr(self, key) not in allowed:
+                raise _bad(key, getattr(self, key), ", ".join(allowed))
 
     def _check_together(self) -> None:
         """What the keys rule out together, and with the strategy and the data."""
+        if self.dp != "none" and self.dp_noise_multiplier == 0:
+            raise _bad("dp-noise-multiplier", 0.0, "a finite number > 0 with dp (no noise is "
+                       "no privacy), >= 0 without")
         why = strategies.STRATEGIES[self.strategy].not_private.get(self.dp)
         if why:
             other = [m for m in DP_MODES if m not in strategies.STRATEGIES[
@@ -364,10 +407,11 @@ class RunConfig:
                        "overwrite replaces it)")
         if self.graph == "file" and not self.graph_file:
             raise _bad("graph-file", self.graph_file, 'the path of an edge-list CSV when graph = "file"')
-        if self.graph == "inferred" and strategies.STRATEGIES[self.strategy].uses_graph:
-            self._check("graph-warmup-rounds", self.graph_warmup_rounds < self.num_server_rounds,
-                        f"fewer than num-server-rounds ({self.num_server_rounds}): the graph is "
-                        "inferred after the warm-up, and used in the rounds after it")
+        if self.graph == "inferred" and strategies.STRATEGIES[self.strategy].uses_graph and \
+                self.graph_warmup_rounds >= self.num_server_rounds:
+            raise _bad("graph-warmup-rounds", self.graph_warmup_rounds, f"fewer than "
+                       f"num-server-rounds ({self.num_server_rounds}): the graph is inferred "
+                       "after the warm-up, and used in the rounds after it")
         if self.dataset == tasks.MEMBERS:
             self._validate_members()
         elif self.member_roster:
@@ -481,6 +525,12 @@ class RunConfig:
         return "federated" if tasks.get_task(self.dataset).federated else self.partitioning
 
     @property
+    def table_inputs(self) -> bool:
+        """Whether the run is over members' tables (vector inputs): :data:`TABLE_AUTO`."""
+        return self.dataset == tasks.MEMBERS and len(parse_shape(self.member_input_shape)
+                                                     or ()) == 1
+
+    @property
     def tuning_key(self) -> str:
         """The data setting as tuned values name it: ``<dataset>/<variant>``, the variant
         being the partitioning of a pool dataset, FL-60's ``fl60-variant``, TPT-48's
@@ -534,6 +584,12 @@ class RunConfig:
         """Every key of the config (generic and every method's), with Flower's hyphens."""
         generic = {key: getattr(self, f.name) for key, f in self.generic_fields().items()}
         return {**generic, **self.method_values}
+
+
+def generic_reference() -> str:
+    """The configuration reference's table of the generic keys, from their declarations
+    (docs/configuration.md holds it; ``tests/test_structure.py`` checks it is current)."""
+    return "\n".join(key_rows(RunConfig.generic_fields(), auto=list(GENERIC_AUTO))) + "\n"
 
 
 def default_values() -> dict[str, Any]:

@@ -69,6 +69,7 @@ from strategies.core.protocol import (
     as_int,
     is_name,
 )
+from strategies.core.records import ABSENT, client_scores, score_of
 from strategies.core.replies import ArraySpec, arrays_problem, evaluate_reply_problem, metrics_of
 from tasks.export import CARD, PREPROCESSING, package_version, schema_record, write_model
 
@@ -290,13 +291,10 @@ class ModelDelivery:
         return None
 
     def _best_before(self, server_round: int, client_id: int) -> float | None:
-        key = "client_accuracy" if tasks.data_info(self.dc).kind == tasks.CLASSIFICATION \
-            else "client_mse"
-        values = [r[key][client_id] for k, r in self.history.rounds.items()
-                  if k < server_round and client_id in r.get(key, {})]
-        if not values:
-            return None
-        return max(values) if key == "client_accuracy" else min(values)
+        score = score_of(tasks.data_info(self.dc).kind != tasks.CLASSIFICATION)
+        values = [mine[client_id] for k, r in self.history.rounds.items()
+                  if k < server_round and client_id in (mine := client_scores(r, score))]
+        return score.best(values) if values else None
 
     def instruct(self, server_round: int, messages: Iterable[Message],
                  why: str | None = None) -> list[Message]:
@@ -351,7 +349,7 @@ class ModelDelivery:
             cid = client_of(node)
             if not isinstance(cid, int):
                 continue
-            recorded = any(cid in rec.get(f"client_{m}", {}) for m in (ACCURACY, MSE))
+            recorded = cid in client_scores(rec)
             if why is None and not recorded:
                 continue  # its evaluation was rejected: so is its model
             problem = arrays_problem(record, self.spec)
@@ -387,8 +385,8 @@ class ModelDelivery:
             return
         tracker = strategy.tracker
         rec = self.history.rounds.get(last, {})
-        done = set(rec.get("client_accuracy", {})) | set(rec.get("client_mse", {}))
-        rejected = {c for c, why in rec.get("absent_evaluation", {}).items()
+        done = set(client_scores(rec))
+        rejected = {c for c, why in rec.get(ABSENT["evaluate"], {}).items()
                     if str(why).startswith("rejected")}
         try:
             messages = [m for m in strategy.configure_evaluate(last, arrays, config, view)

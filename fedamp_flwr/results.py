@@ -205,12 +205,6 @@ class RunFolder:
     def metrics_path(self) -> Path:
         return self.path / "metrics.json"
 
-    @property
-    def checkpoint_path(self) -> Path:
-        """Where a checkpoint of an older version was (``checkpoint/state.pt``, no digest);
-        checkpoints are now ``checkpoint/round-NNNNNN.pt`` (:meth:`checkpoints`)."""
-        return self.path / "checkpoint" / "state.pt"
-
     def previous(self) -> dict[str, Any] | None:
         """The metrics.json a run left in this folder, if any."""
         try:
@@ -269,7 +263,7 @@ class RunFolder:
         if bad is not None:
             raise UnsafeCheckpoint(f"round {state['round']}: the server's state holds non-finite "
                                    f"values in {bad}; no checkpoint written")
-        path = self.checkpoint_path.parent / f"round-{int(state['round']):06d}.pt"
+        path = self.path / "checkpoint" / f"round-{int(state['round']):06d}.pt"
         atomic_write(path, lambda f: torch.save({"format": CHECKPOINT_FORMAT, **state}, f),
                      private=True)
         digest = seal(path, self.secret, self.name)
@@ -308,17 +302,16 @@ class RunFolder:
                         path.name, state["round"])
                 state = self._same_run(state)
                 for bad, _ in refused:  # kept for a look, out of the checkpoints' count
-                    if bad.name != "state.pt":
-                        for f in (bad, digest_path(bad)):
-                            if f.exists():
-                                f.replace(f.with_name(f.name + ".refused"))
+                    for f in (bad, digest_path(bad)):
+                        if f.exists():
+                            f.replace(f.with_name(f.name + ".refused"))
                 return state
             refused.append((path, problem))
             log(WARNING, "Checkpoint %s refused: %s; trying the one before", path, problem)
         # none intact: every file stays as it is (a wrong or missing secret, say, is mended
         # by giving the right one, not by starting over)
         why = "; ".join(f"{p.name}: {w}" for p, w in refused) if refused else "no checkpoint in it"
-        raise ConfigError(f"run config 'resume' = true: {self.checkpoint_path.parent} holds no "
+        raise ConfigError(f"run config 'resume' = true: {self.path / 'checkpoint'} holds no "
                           f"intact checkpoint ({why}); allowed: overwrite = true to start over")
 
     def _same_run(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -359,12 +352,8 @@ def digest_path(checkpoint: Path) -> Path:
 
 
 def checkpoint_files(run_dir: str | Path) -> list[Path]:
-    """A run folder's checkpoints, newest first: ``checkpoint/round-*.pt`` and, last, an older
-    version's ``checkpoint/state.pt``."""
-    folder = Path(run_dir) / "checkpoint"
-    files = sorted(folder.glob("round-*.pt"), reverse=True)
-    legacy = folder / "state.pt"
-    return files + ([legacy] if legacy.is_file() else [])
+    """A run folder's checkpoints, newest first: ``checkpoint/round-*.pt``."""
+    return sorted((Path(run_dir) / "checkpoint").glob("round-*.pt"), reverse=True)
 
 
 def nonfinite_tensor(value: Any, where: str = "state") -> str | None:
@@ -395,34 +384,28 @@ def _read_checkpoint(path: Path, secret: bytes | None = None, run: str = ""
     """A checkpoint file's state, or why it cannot be used (its digest or seal, its
     contents); with a ``secret`` only a checkpoint of run ``run`` sealed with it is read.
     The file is read once: the bytes checked are the bytes loaded."""
-    legacy = path.name == "state.pt"
-    if legacy and secret is not None:
-        return {}, "not sealed (an older version wrote it, with no digest), and this run has a " \
-                   "checkpoint secret"
-    if not legacy:
-        try:
-            recorded = digest_path(path).read_text().split()[0]
-        except (OSError, IndexError, UnicodeDecodeError):
-            return {}, f"no digest beside it ({digest_path(path).name}): not completely written"
-        sealed = recorded.startswith(SEALED)
-        if secret is not None and not sealed:
-            return {}, ("not sealed (its digest is a plain sha256, which anyone who can write "
-                        "the file can recompute), and this run has a checkpoint secret")
-        if secret is None and sealed:
-            return {}, ("sealed with a coordinator secret that this run does not have; give it "
-                        f"(run config 'checkpoint-secret' or ${SECRET_ENV})")
+    try:
+        recorded = digest_path(path).read_text().split()[0]
+    except (OSError, IndexError, UnicodeDecodeError):
+        return {}, f"no digest beside it ({digest_path(path).name}): not completely written"
+    sealed = recorded.startswith(SEALED)
+    if secret is not None and not sealed:
+        return {}, ("not sealed (its digest is a plain sha256, which anyone who can write "
+                    "the file can recompute), and this run has a checkpoint secret")
+    if secret is None and sealed:
+        return {}, ("sealed with a coordinator secret that this run does not have; give it "
+                    f"(run config 'checkpoint-secret' or ${SECRET_ENV})")
     try:
         data = path.read_bytes()
     except OSError as err:
         return {}, f"cannot be read ({err})"
-    if not legacy:
-        actual = seal(path, secret, run, data)
-        if not hmac.compare_digest(actual.encode(), recorded.encode()):
-            if sealed:  # never a prefix of the right seal in a log line
-                return {}, ("its seal does not verify: the file was changed or damaged, or "
-                            "sealed with another secret or for another run or round")
-            return {}, (f"its sha256 {actual[:12]}... is not the recorded {recorded[:12]}...: "
-                        "the file was changed or damaged")
+    actual = seal(path, secret, run, data)
+    if not hmac.compare_digest(actual.encode(), recorded.encode()):
+        if sealed:  # never a prefix of the right seal in a log line
+            return {}, ("its seal does not verify: the file was changed or damaged, or "
+                        "sealed with another secret or for another run or round")
+        return {}, (f"its sha256 {actual[:12]}... is not the recorded {recorded[:12]}...: "
+                    "the file was changed or damaged")
     try:
         state = torch.load(io.BytesIO(data), weights_only=True)
     except Exception as err:
@@ -432,9 +415,6 @@ def _read_checkpoint(path: Path, secret: bytes | None = None, run: str = ""
     bad = nonfinite_tensor(state)
     if bad is not None:
         return {}, f"non-finite values in {bad}"
-    if legacy:
-        log(WARNING, "Checkpoint %s has no digest (an older version wrote it): loaded without "
-            "that check", path)
     return state, None
 
 

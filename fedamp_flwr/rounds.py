@@ -38,6 +38,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from strategies.core.records import ABSENT, TRAINED, client_scores, evaluated_clients
 from strategies.core.tracking import Tracker
 
 from .delivery import ModelDelivery
@@ -140,9 +141,9 @@ def round_failure(record: dict[str, Any], min_evaluated: int = 0) -> str | None:
     common reason they were; or, with ``min_evaluated``, that fewer clients were
     evaluated.
     """
-    evaluated = any(k.startswith("client_") for k in record)
-    for phase, used, key in (("training", bool(record.get("trained_clients")), "absent_clients"),
-                             ("evaluation", evaluated, "absent_evaluation")):
+    evaluated = bool(evaluated_clients(record))
+    for phase, used, key in (("training", bool(record.get(TRAINED)), ABSENT["train"]),
+                             ("evaluation", evaluated, ABSENT["evaluate"])):
         if used:
             continue
         reasons = [str(r) for r in record.get(key, {}).values()]
@@ -154,10 +155,9 @@ def round_failure(record: dict[str, Any], min_evaluated: int = 0) -> str | None:
         example = next(r for r in reasons if _NUMBER.sub("#", r) == kind)
         return (f"no client's {phase} could be used: {len(reasons)} client(s) left out, "
                 f"{count} of them because {example}")
-    count = max((len(v) for k, v in record.items() if k in ("client_accuracy", "client_mse")),
-                default=0)
+    count = len(client_scores(record))
     if count < min_evaluated:
-        left = record.get("absent_evaluation", {})
+        left = record.get(ABSENT["evaluate"], {})
         why = f"; left out: {_first(left)}" if left else ""
         return (f"only {count} client(s) evaluated, min-clients-evaluated = {min_evaluated}"
                 f"{why}")

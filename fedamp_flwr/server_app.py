@@ -27,6 +27,7 @@ from strategies.core.protocol import (
     LR,
     OPTIMIZER,
 )
+from strategies.core.records import ACCURACY_SCORE, client_scores, headline, round_score
 from strategies.core.replies import array_spec
 from strategies.core.settings import MOST_CLIENTS
 from tasks.graphs import GraphError, build_graph, group_graph
@@ -201,16 +202,16 @@ def alone_lines(result: dict, names: list[str]) -> list[str]:
     coordinator's table of what federation gave each member, by name."""
     alone = result.get("alone") or {}
     last = result["rounds"][-1] if result.get("rounds") else {}
-    main = "accuracy" if "client_accuracy" in last else "mse"
-    scores = last.get(f"client_{main}", {})
+    score = round_score(last) or ACCURACY_SCORE
+    main, scores = score.metric, client_scores(last, score)
     lines = []
     for cid, own in sorted(alone.items(), key=lambda kv: int(kv[0])):
         if cid not in scores and int(cid) not in scores:
             continue
         mine = float(scores.get(cid, scores.get(int(cid), 0.0)))
-        better = (max if main == "accuracy" else min)(own.values())
-        gain = (mine - better) if main == "accuracy" else (better - mine)
-        scale = 100.0 if main == "accuracy" else 1.0
+        better = score.best(own.values())
+        gain = (mine - better) if score.higher_is_better else (better - mine)
+        scale = score.scale
         who = names[int(cid)] if int(cid) < len(names) else f"client {cid}"
         lines.append(f"{who}: {main} {scale * mine:.4g} in round {last.get('round')}; alone "
                      f"{scale * own.get('linear', float('nan')):.4g} (linear), "
@@ -557,11 +558,12 @@ class Run:
             "benign training clients"
         over = (f", over {cover.get('clients_in_best_round', 0)} of {cover['benign_clients']} "
                 f"{who} (round {cover.get('best_round')})")
-        if "bmta" in result:
-            log(INFO, "BMTA %.2f%% over %d rounds%s", result["bmta"], cfg.num_server_rounds, over)
-        if "best_mean_mse" in result:
-            log(INFO, "Best mean test MSE %.4g over %d rounds%s", result["best_mean_mse"],
-                cfg.num_server_rounds, over)
+        score, best = headline(result)
+        if best is not None and score.higher_is_better:
+            log(INFO, "BMTA %.2f%% over %d rounds%s", best, cfg.num_server_rounds, over)
+        elif best is not None:
+            log(INFO, "Best mean test MSE %.4g over %d rounds%s", best, cfg.num_server_rounds,
+                over)
         for cid, why in cover["never_evaluated"].items():
             log(WARNING, "Client %s never produced a result in this run: %s", cid, why)
         for line in alone_lines(result, self.members.names):

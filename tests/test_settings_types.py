@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from strategies.core.settings import ConfigError, Settings
+from strategies.core.settings import ConfigError, Settings, bad
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,8 @@ class PlainSettings(Settings):
     plain_on: bool = False
 
     def check(self, run) -> None:
-        self.require("plain-rate", self.plain_rate > 0, "a number > 0")
+        if not self.plain_rate > 0:
+            raise bad("plain-rate", self.plain_rate, "a number > 0")
 
 
 def test_settings_with_type_objects_coerce_check_and_resolve():

@@ -124,6 +124,24 @@ def test_fedamp_is_as_short_as_its_idea():
     assert lines <= 550
 
 
+def test_each_key_of_a_runs_records_is_spelled_in_one_module():
+    """metrics.json's round records and headline keys are built and read through
+    strategies/core/records.py: no other module of the product spells one, or a prefix of
+    one (an f-string's "client_")."""
+    from strategies.core import records
+
+    keys = {records.client_key(m) for m in records.METRICS} | {
+        records.mean_key(m, novel) for m in records.METRICS for novel in (False, True)} | set(
+        records.HEADLINES) | {records.TRAINED, records.MEAN_TRAIN_LOSS, records.DP_SPENT,
+                              records.GLOBAL_NORM, *records.ABSENT.values(),
+                              records.REJECTED["evaluate"]} | {"client_", "mean_", "novel_mean_"}
+    spelled = sorted(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}"
+                     for name, path in _modules().items() if name != "strategies.core.records"
+                     for node in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(node, ast.Constant) and node.value in keys)
+    assert spelled == []
+
+
 def test_pyproject_and_the_code_have_the_same_keys_and_defaults():
     table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     code = default_values()
@@ -149,11 +167,21 @@ def test_every_methods_key_is_declared_once_with_its_doc_and_check():
 
 
 def test_the_configuration_reference_is_the_declarations():
+    from fedamp_flwr.config import generic_reference
     from strategies.core.registry import method_reference
 
     doc = (ROOT / "docs" / "configuration.md").read_text()
     assert method_reference() in doc, ("docs/configuration.md's table of the methods' keys "
                                        "differs: python -m tests.test_structure --reference")
+    assert generic_reference() in doc, ("docs/configuration.md's table of the generic keys "
+                                        "differs: python -m tests.test_structure --reference")
+
+
+def test_every_generic_key_is_declared_with_its_doc():
+    from fedamp_flwr.config import RunConfig
+
+    for key, f in RunConfig.generic_fields().items():
+        assert f.metadata.get("doc"), f"{key}: declare it with setting()"
 
 
 def test_a_client_half_owns_the_keys_its_settings_send_and_no_others():
@@ -183,8 +211,10 @@ if __name__ == "__main__":
     import sys
 
     import strategies  # noqa: F401 - registers every method
+    from fedamp_flwr.config import generic_reference
     from strategies.core.registry import method_reference
 
     if sys.argv[1:] != ["--reference"]:
         sys.exit("usage: python -m tests.test_structure --reference")
-    print(method_reference(), end="")
+    print("<!-- generic keys: generated -->\n" + generic_reference())
+    print("<!-- methods' keys: generated -->\n" + method_reference(), end="")

@@ -37,7 +37,7 @@ from .clients import ClientInfo
 from .history import RunHistory, client_order
 from .layout import FlatLayout, dtypes_of, with_dtypes
 from .protocol import ARRAYS, CLIENT_UPDATE, CONFIG, SERVER_ROUND
-from .replies import array_spec, mean_metrics, metric_values
+from .replies import array_spec, mean_metrics
 from .settings import EVALUATE as EVALUATE_MESSAGE
 from .settings import TRAIN as TRAIN_MESSAGE
 from .settings import NoSettings, Settings
@@ -526,5 +526,5 @@ class PersonalizedStrategy(StrategyBase, Strategy):
         """Record every valid client's test metrics; return their means over clients."""
         good = self.tracker.screen(server_round, replies, EVALUATE)
         means = self.tracker.record_evaluation(server_round, good)
-        return MetricRecord(metric_values(means)) if means else None
+        return MetricRecord(dict(means)) if means else None
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from logging import INFO
 from typing import Any
@@ -12,24 +12,24 @@ import torch
 from flwr.app import Message
 from flwr.supercore import log
 
-from .protocol import ACCURACY, ALONE_LINEAR, ALONE_MODEL, DP_EPSILON, LOSS, MSE, TRAIN_LOSS
+from .protocol import ACCURACY, ALONE_LINEAR, ALONE_MODEL, DP_EPSILON, MSE, TRAIN_LOSS
+from .records import (
+    ABSENT,
+    DP_SPENT,
+    GLOBAL_NORM,
+    MEAN_TRAIN_LOSS,
+    METRICS,
+    REJECTED,
+    TRAINED,
+    client_key,
+    client_scores,
+    headlines,
+    is_client_map,
+    mean_key,
+    mean_score,
+    score_of,
+)
 from .replies import metrics_of
-
-METRICS = (ACCURACY, MSE, LOSS)
-
-
-def best_of_rounds(rounds: Iterable[Mapping[str, Any]], regression: bool,
-                   novel: bool = False) -> float | None:
-    """A run's headline from its per-round records: the BMTA (best mean test accuracy over
-    the rounds, in percent: the FedAMP paper's metric) or the best (lowest) mean test MSE;
-    ``novel``: the novel clients' means. None where no round has a mean. The one place
-    the headline is computed (``metrics.json`` and the experiment tables)."""
-    key = ("novel_" if novel else "") + ("mean_mse" if regression else "mean_accuracy")
-    values = [float(r[key]) for r in rounds
-              if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
-    if not values:
-        return None
-    return min(values) if regression else 100.0 * max(values)
 
 
 def client_order(client: int | str) -> tuple[int, int | str]:
@@ -83,18 +83,18 @@ class RunHistory:
         rec = self._round(server_round)
         values = [metrics_of(m).get(TRAIN_LOSS) for m in replies]
         losses = [float(v) for v in values if v is not None]
-        rec["trained_clients"] = sorted(client_of(m) for m in replies)
-        rec["train_loss"] = float(np.mean(losses)) if losses else None
+        rec[TRAINED] = sorted(client_of(m) for m in replies)
+        rec[MEAN_TRAIN_LOSS] = float(np.mean(losses)) if losses else None
         spent = {client_of(m): float(v) for m in replies
                  if (v := metrics_of(m).get(DP_EPSILON)) is not None}
         if spent:  # each member's epsilon as it reported it (run config dp)
-            rec["client_dp_epsilon"] = {c: spent[c] for c in sorted(spent, key=client_order)}
-        for cid in rec["trained_clients"]:
+            rec[DP_SPENT] = {c: spent[c] for c in sorted(spent, key=client_order)}
+        for cid in rec[TRAINED]:
             self.trained[cid] = self.trained.get(cid, 0) + 1
 
     def record_norm(self, server_round: int, norm: float) -> None:
         """Record the norm of the round's global model (strategies with one)."""
-        self._round(server_round)["global_norm"] = norm
+        self._round(server_round)[GLOBAL_NORM] = norm
 
     def times_trained(self, client_id: int) -> int:
         """In how many rounds so far the client's training reply was used."""
@@ -106,14 +106,9 @@ class RunHistory:
         if not absent and not rejected:
             return
         rec = self._round(server_round)
-        suffix = "clients" if phase == "train" else "evaluation"
-        if absent:
-            rec.setdefault(f"absent_{suffix}", {}).update(absent)
-            rec[f"absent_{suffix}"] = dict(sorted(rec[f"absent_{suffix}"].items()))
-        if rejected:
-            key = "rejected" if phase == "train" else "rejected_evaluation"
-            rec.setdefault(key, {}).update(rejected)
-            rec[key] = dict(sorted(rec[key].items()))
+        for key, new in ((ABSENT[phase], absent), (REJECTED[phase], rejected)):
+            if new:
+                rec[key] = dict(sorted({**rec.get(key, {}), **new}.items()))
 
     def to_state(self) -> dict[str, Any]:
         """Everything needed to continue the records after a resume (JSON-able)."""
@@ -127,8 +122,7 @@ class RunHistory:
             return {int(k): v for k, v in d.items()} if isinstance(d, dict) else d
         self.rounds = {}
         for rec in state["rounds"]:
-            rec = {k: (ids(v) if k.startswith(("client_", "absent_", "rejected")) else v)
-                   for k, v in rec.items()}
+            rec = {k: (ids(v) if is_client_map(k) else v) for k, v in rec.items()}
             self.rounds[int(rec["round"])] = rec
         self.xi = {int(r): m for r, m in state.get("xi", {}).items()}
         self.xi_client_ids = list(state.get("xi_client_ids", []))
@@ -136,7 +130,7 @@ class RunHistory:
         self.notes = dict(state.get("notes", {}))
         self.trained = {}
         for rec in self.rounds.values():
-            for cid in rec.get("trained_clients", []):
+            for cid in rec.get(TRAINED, []):
                 self.trained[cid] = self.trained.get(cid, 0) + 1
 
     def record_evaluation(self, server_round: int, replies: list[Message],
@@ -165,26 +159,33 @@ class RunHistory:
         for m, by_client in values.items():
             if not by_client:
                 continue
-            rec[f"client_{m}"] = dict(sorted(by_client.items()))
+            rec[client_key(m)] = dict(sorted(by_client.items()))
             benign = [v for c, v in by_client.items() if c not in self.novel | self.attackers]
             novel = [v for c, v in by_client.items() if c in self.novel]
             if benign:
-                means[f"mean_{m}"] = rec[f"mean_{m}"] = float(np.mean(benign))
+                means[mean_key(m)] = rec[mean_key(m)] = float(np.mean(benign))
             if novel:
-                means[f"novel_mean_{m}"] = rec[f"novel_mean_{m}"] = float(np.mean(novel))
-        main = ACCURACY if values[ACCURACY] else MSE
-        if f"mean_{main}" in rec:
-            vals = values[main]
-            who = "benign training clients" if self.novel | self.attackers else "clients"
-            # accuracy in percent, as in BMTA; MSE as it is
-            scale, unit = (100.0, "%") if main == ACCURACY else (1.0, "")
-            extra = (f", novel clients {scale * rec[f'novel_mean_{main}']:.4g}{unit}"
-                     if f"novel_mean_{main}" in rec else "")
-            log(INFO, "Round %d: mean test %s over %d %s %.4g%s (min %.4g%s, max %.4g%s)%s",
-                server_round, main, len(set(vals) - (self.novel | self.attackers)), who,
-                scale * rec[f"mean_{main}"], unit, scale * min(vals.values()), unit,
-                scale * max(vals.values()), unit, extra)
+                means[mean_key(m, novel=True)] = rec[mean_key(m, novel=True)] = float(
+                    np.mean(novel))
+        self._say_round(server_round, rec, values)
         return means
+
+    def _say_round(self, server_round: int, rec: dict[str, Any],
+                   values: dict[str, dict[int, float]]) -> None:
+        """The round's mean test score in the log, with its range (and the novel clients')."""
+        score = score_of(not values[ACCURACY])
+        mean = mean_score(rec, score)
+        if mean is None:
+            return
+        vals = values[score.metric]
+        who = "benign training clients" if self.novel | self.attackers else "clients"
+        scale, unit = score.scale, ("%" if score.scale == 100.0 else "")  # accuracy in percent
+        novel = mean_score(rec, score, novel=True)
+        extra = f", novel clients {scale * novel:.4g}{unit}" if novel is not None else ""
+        log(INFO, "Round %d: mean test %s over %d %s %.4g%s (min %.4g%s, max %.4g%s)%s",
+            server_round, score.metric, len(set(vals) - (self.novel | self.attackers)), who,
+            scale * mean, unit, scale * min(vals.values()), unit, scale * max(vals.values()),
+            unit, extra)
 
     def record_xi(self, server_round: int, client_ids: list[int], xi: torch.Tensor) -> None:
         """Record the collaboration weights of one round (rows and columns: ``client_ids``)."""
@@ -194,37 +195,30 @@ class RunHistory:
         elif self.xi_sink(server_round, list(client_ids), xi):
             self.xi_rounds.append(server_round)
 
-    def bmta(self) -> float | None:
-        """Best mean test accuracy over all rounds, in percent (the paper's metric)."""
-        return best_of_rounds(self.rounds.values(), regression=False)
-
-    def best_mean_mse(self) -> float | None:
-        """Lowest mean test MSE over all rounds (regression tasks)."""
-        return best_of_rounds(self.rounds.values(), regression=True)
-
     def coverage(self, num_clients: int) -> dict[str, Any]:
         """Whom the headline score covers: the round of the best mean, how many clients that
         mean is over (``clients_in_best_round``), out of how many it could be over
         (``benign_clients``: neither novel nor attackers, of ``num_clients``), and every
         client that never produced an evaluation, with the last reason it was left out."""
-        main = "mse" if any("client_mse" in r for r in self.rounds.values()) else "accuracy"
-        scored = [(k, r) for k, r in sorted(self.rounds.items()) if r.get(f"mean_{main}") is not None]
+        score = score_of(any(client_key(MSE) in r for r in self.rounds.values()))
+        scored = [(k, r) for k, r in sorted(self.rounds.items())
+                  if mean_score(r, score) is not None]
         excluded = {c for c in self.novel | self.attackers if 0 <= c < num_clients}
         out: dict[str, Any] = {"num_clients": num_clients,
                                "benign_clients": num_clients - len(excluded)}
         if scored:
-            pick = max if main == "accuracy" else min
-            best, rec = pick(scored, key=lambda kr: kr[1][f"mean_{main}"])
+            pick = max if score.higher_is_better else min
+            best, rec = pick(scored, key=lambda kr: kr[1][mean_key(score.metric)])
             out["best_round"] = best
             out["clients_in_best_round"] = len(
-                set(rec[f"client_{main}"]) - self.novel - self.attackers)
-        evaluated = {c for r in self.rounds.values() for c in r.get(f"client_{main}", {})}
+                set(client_scores(rec, score)) - self.novel - self.attackers)
+        evaluated = {c for r in self.rounds.values() for c in client_scores(r, score)}
         never: dict[int, str] = {}
         for cid in range(num_clients):
             if cid in evaluated or cid in self.novel:
                 continue
             reasons = [r.get(key, {}).get(cid) for r in self.rounds.values()
-                       for key in ("absent_clients", "absent_evaluation")]
+                       for key in ABSENT.values()]
             known = [why for why in reasons if why]
             never[cid] = known[-1] if known else "never evaluated"
         out["never_evaluated"] = never
@@ -233,13 +227,7 @@ class RunHistory:
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON-ready records."""
         out: dict[str, Any] = {"rounds": [self.rounds[r] for r in sorted(self.rounds)]}
-        for regression, key in ((False, "bmta"), (True, "best_mean_mse")):
-            best = best_of_rounds(self.rounds.values(), regression)
-            if best is not None:
-                out[key] = best
-                novel = best_of_rounds(self.rounds.values(), regression, novel=True)
-                if novel is not None:
-                    out[f"novel_{key}"] = novel
+        out.update(headlines(self.rounds.values()))
         out.update(self.notes)
         out["novel_clients"] = sorted(self.novel)
         out["attackers"] = sorted(self.attackers)

@@ -226,18 +226,27 @@ def _cell(value: Any) -> str:
     return f"`{value:g}`" if isinstance(value, float) else f"`{value}`"
 
 
+def key_rows(keys: Mapping[str, dataclasses.Field], auto: Sequence[str] = (),
+             users: Callable[[str], str] | None = None) -> list[str]:
+    """A configuration reference's table of ``keys``, from their declarations: key, default,
+    allowed, meaning (and ``users(key)``, e.g. the strategies that use it); ``auto``: the
+    keys that take "auto"."""
+    head = "| key | default | allowed | meaning |" + (" strategies |" if users else "")
+    rows = [head, "|---" * head.count(" |") + "|"]
+    for key, f in sorted(keys.items()):
+        allowed = f.metadata.get("allowed") or type_name(f.type)
+        if (f.default == "auto" or key in auto) and '"auto"' not in allowed:
+            allowed = f'"auto" or {allowed}'
+        rows.append(f"| `{key}` | {_cell(f.default)} | {allowed} | {f.metadata.get('doc', '')} |"
+                    + (f" {users(key)} |" if users else ""))
+    return rows
+
+
 def method_reference() -> str:
     """The configuration reference's table of the methods' keys, from their declarations
     (docs/configuration.md holds it; ``tests/test_structure.py`` checks it is current)."""
-    rows = ["| key | default | allowed | meaning | strategies |", "|---|---|---|---|---|"]
-    for key, f in sorted(method_keys().items()):
-        users = ", ".join(f"`{e.name}`" for e in STRATEGIES.values() if key in e.settings.keys())
-        allowed = f.metadata.get("allowed") or type_name(f.type)
-        if f.default == "auto" and '"auto"' not in allowed:
-            allowed = f'"auto" or {allowed}'
-        rows.append(f"| `{key}` | {_cell(f.default)} | {allowed} | {f.metadata.get('doc', '')} "
-                    f"| {users} |")
-    return "\n".join(rows) + "\n"
+    return "\n".join(key_rows(method_keys(), users=lambda key: ", ".join(
+        f"`{e.name}`" for e in STRATEGIES.values() if key in e.settings.keys()))) + "\n"
 
 
 def build_strategy(name: str, settings: Settings, run: RunSetup) -> Any:

@@ -192,9 +192,4 @@ def mean_metrics(contents: list[RecordDict], _weight_key: str = NUM_EXAMPLES) ->
                     continue
                 sums[k] = sums.get(k, 0.0) + float(v)
                 counts[k] = counts.get(k, 0) + 1
-    return MetricRecord(metric_values({k: v / counts[k] for k, v in sums.items()}))
-
-
-def metric_values(values: dict[str, float]) -> dict[str, int | float | list[int] | list[float]]:
-    """``values`` as a MetricRecord takes them (the same numbers, Flower's value type)."""
-    return dict(values)
+    return MetricRecord({k: v / counts[k] for k, v in sums.items()})

@@ -109,6 +109,11 @@ def integer_in(low: int, high: int, why: str = "") -> dict[str, Any]:
     return {"ok": lambda v: low <= v <= high, "allowed": integer_words(low, high, why)}
 
 
+def one_of(*choices: str) -> dict[str, Any]:
+    """The ``ok`` and ``allowed`` of a :func:`setting` that takes one of ``choices``."""
+    return {"ok": lambda v: v in choices, "allowed": ", ".join(choices)}
+
+
 def integer_words(low: int, high: int, why: str = "") -> str:
     """What an integer key in [low, high] allows, in words: ``an integer >= 1, at most 100``."""
     return f"an integer >= {low}, at most {high}" + (f" ({why})" if why else "")
@@ -192,6 +197,15 @@ def _finite(key: str, value: float, allowed: str = "a number") -> float:
     except OverflowError:  # an integer beyond any float
         pass
     raise bad(key, value, f"{allowed}, finite")
+
+
+def check_value(key: str, f: dataclasses.Field, value: Any, words: tuple[str, ...] = ()
+                ) -> None:
+    """Raise the ConfigError of ``key`` = ``value`` unless its declaration (``f``, made by
+    :func:`setting`) allows it; a word the key takes besides numbers (``words``) is allowed."""
+    ok = f.metadata.get("ok")
+    if ok is not None and not (isinstance(value, str) and value in words) and not ok(value):
+        raise bad(key, value, f.metadata["allowed"])
 
 
 def setting(default: Any, doc: str, *, ok: Callable[[Any], bool] | None = None,
@@ -318,21 +332,12 @@ class Settings:
     def check_declared(self) -> None:
         """Raise the ConfigError of the first key whose value its declaration does not allow."""
         for key, f in self.keys().items():
-            ok, value = f.metadata.get("ok"), getattr(self, f.name)
-            if ok is None or (isinstance(value, str) and value in self.words(key)):
-                continue
-            if not ok(value):
-                raise bad(key, value, f.metadata["allowed"])
+            check_value(key, f, getattr(self, f.name), self.words(key))
 
     def validate(self, run: SettingsContext) -> None:
         """Every check: each key's declared one, then :meth:`check`'s of the keys together."""
         self.check_declared()
         self.check(run)
-
-    def require(self, key: str, ok: bool, allowed: str) -> None:
-        """Raise the ConfigError of ``key`` (with its value) unless ``ok``."""
-        if not ok:
-            raise bad(key, getattr(self, key.replace("-", "_")), allowed)
 
     def check(self, run: SettingsContext) -> None:
         """Raise :class:`ConfigError` on a value that only the keys together, or the run, rule

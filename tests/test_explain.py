@@ -1,0 +1,43 @@
+"""Where a run-config value comes from: ``fedamp-flwr explain KEY`` and the layers of "auto"."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedamp_flwr.cli import main
+from fedamp_flwr.config import (
+    GENERIC_AUTO,
+    TABLE_AUTO,
+    ConfigError,
+    RunConfig,
+    auto_layers,
+    auto_values,
+    explain,
+)
+
+TABLE = {"dataset": "members", "member-input-shape": "6", "member-outputs": 3}
+
+
+def test_auto_is_the_last_layer_that_names_the_key():
+    layers = auto_layers("members", "fedamp", "members/federated", table=True)
+    assert len(layers) == 6 and layers[0][1]["batch-size"] == GENERIC_AUTO["batch-size"]
+    assert auto_values("members", "fedamp", "members/federated", table=True)["batch-size"] \
+        == TABLE_AUTO["batch-size"] == RunConfig.from_run_config(TABLE).batch_size
+
+
+def test_explain_names_the_layer_that_gave_the_value_and_what_it_overrode():
+    lines = explain(TABLE, "batch-size")
+    assert lines[0].startswith(f"batch-size = {TABLE_AUTO['batch-size']}")
+    assert "members' tables" in lines[0] and "the key's declaration" in lines[1]
+    assert explain({"seed": 3}, "seed") == ["seed = 3: set in the run config"]
+    assert "declared default" in explain({}, "seed")[0]
+    assert "resolved by the method" in explain({}, "fedamp-sigma")[0]
+
+
+def test_explain_refuses_an_unknown_key_and_a_bad_config(capsys):
+    with pytest.raises(ConfigError, match="unknown run config key 'bogus'"):
+        explain({}, "bogus")
+    assert main(["explain", "learning-rate", "--run-config", "seed=-1"]) == 2
+    assert "'seed' = -1" in capsys.readouterr().err
+    assert main(["explain", "learning-rate"]) == 0
+    assert capsys.readouterr().out.startswith("learning-rate = 0.001")
