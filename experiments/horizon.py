@@ -88,8 +88,9 @@ def main(argv: list[str] | None = None) -> None:
             share = " / ".join(f"{own_group_share(r, xis[k], ids):.2f}" for k in picks)
             for k in picks:
                 plots.plot_xi(r, args.out / f"xi_{plots.safe_name(m)}_round{k}.png", m, k)
-        print(f"| {m} | {len(x)} | {best if (best := scores.score(r)) is not None else float('nan'):.2f} | " + " | ".join(cells)
-              + f" | {', '.join(gaps)} | {share} |")
+        best = scores.score(r)
+        print(f"| {m} | {len(x)} | {best if best is not None else float('nan'):.2f} | "
+              + " | ".join(cells) + f" | {', '.join(gaps)} | {share} |")
 
 
 if __name__ == "__main__":
