@@ -30,6 +30,7 @@ from strategies.core.protocol import (
 from strategies.core.records import ACCURACY_SCORE, client_scores, headline, round_score
 from strategies.core.replies import array_spec
 from strategies.core.settings import MOST_CLIENTS
+from strategies.core.tracking import RunTracking
 from tasks.graphs import GraphError, build_graph, group_graph
 from tasks.privacy import has_batch_statistics, noise_allowance
 from tasks.tabular import pooled
@@ -65,8 +66,10 @@ def server_device(cfg: RunConfig) -> str:
 
 
 def run_setup(cfg: RunConfig, num_clients: int, param_keys: list[str],
-              adjacency: torch.Tensor | None = None) -> strategies.RunSetup:
-    """What the run determines beside its config: clients, parameter keys, device, graph."""
+              adjacency: torch.Tensor | None = None,
+              tracking: RunTracking | None = None) -> strategies.RunSetup:
+    """What the run determines beside its config: clients, parameter keys, device, graph,
+    and what the strategy tracks (``tracking``; none: an empty run, as tests build one)."""
     infer = cfg.graph == "inferred" and strategies.STRATEGIES[cfg.strategy].uses_graph
     # a partitioned run's clients are all there; members may still join during the warm-up
     if infer and cfg.dataset != tasks.MEMBERS and not cfg.graph_k < num_clients:
@@ -80,6 +83,7 @@ def run_setup(cfg: RunConfig, num_clients: int, param_keys: list[str],
         graph_k=cfg.graph_k if infer else 0,
         graph_warmup_rounds=cfg.graph_warmup_rounds if infer else 0,
         true_adjacency=true_graph(cfg, cfg.data_config(num_clients)) if infer else None,
+        tracking=tracking or RunTracking(),
     )
 
 
@@ -364,22 +368,20 @@ class Run:
                               "model without BatchNorm")
         self.initial = ArrayRecord(model.state_dict())
         param_keys = [name for name, _ in model.named_parameters()]
-        self.strategy = strategy = strategies.build_strategy(
-            cfg.strategy, cfg.settings, run_setup(cfg, n, param_keys, adjacency))
         roles = cfg.roles(n)
         if roles.novel or roles.attackers or roles.drop_rate or roles.heterogeneous_epochs:
             log(INFO, "Scenario: novel clients %s, attackers %s, drop-rate %.2f, heterogeneous "
                 "epochs %s", sorted(roles.novel), sorted(roles.attackers), roles.drop_rate,
                 roles.heterogeneous_epochs)
-        strategy.setup_tracking(self.clients, roles)
+        noise = noise_allowance(cfg.dp_clip, cfg.dp_noise_multiplier, sum(  # dp = "update":
+            p.numel() for p in model.state_dict().values() if torch.is_floating_point(p))) \
+            if cfg.dp == "update" else 0.0  # a member's own noise is not a hostile update
+        tracking = RunTracking(
+            self.clients, roles, cfg.max_update_ratio, noise, self.members.schema is not None,
+            XiFiles(self.folder.path, cfg.xi_every, cfg.xi_dtype, cfg.num_server_rounds))
+        self.strategy = strategies.build_strategy(
+            cfg.strategy, cfg.settings, run_setup(cfg, n, param_keys, adjacency, tracking))
         self.members.names = list(self.base)
-        strategy.tracker.refusals_are_absences = self.members.schema is not None
-        strategy.max_update_ratio = cfg.max_update_ratio
-        if cfg.dp == "update":  # a member's own noise is not a hostile update
-            strategy.update_noise = noise_allowance(cfg.dp_clip, cfg.dp_noise_multiplier, sum(
-                p.numel() for p in model.state_dict().values() if torch.is_floating_point(p)))
-        strategy.history.xi_sink = XiFiles(self.folder.path, cfg.xi_every, cfg.xi_dtype,
-                                           cfg.num_server_rounds)
 
     def restore(self) -> None:
         """Continue from the checkpoint (its strategy state, model, random state, rounds),

@@ -41,7 +41,7 @@ from .replies import array_spec, mean_metrics
 from .settings import EVALUATE as EVALUATE_MESSAGE
 from .settings import TRAIN as TRAIN_MESSAGE
 from .settings import NoSettings, Settings
-from .tracking import EVALUATE, TRAIN, Tracker
+from .tracking import EVALUATE, TRAIN, RunTracking, Tracker
 
 
 class ClientInstructions:
@@ -115,16 +115,21 @@ class StrategyBase(ClientInstructions):
     """What both kinds of strategy share: a :class:`Tracker`, the client instructions,
     the update-norm check and the checkpoint state.
 
-    ``max_update_ratio``: a training reply w is left out when ``||w - w_sent||``
-    exceeds this times ``max(||w_sent||, 1)`` (w_sent: the model sent to that
-    client); the run config's ``max-update-ratio``. ``update_noise``: what a
-    member's own noise may add to an update's norm (``dp = "update"``,
-    :func:`tasks.privacy.noise_allowance`), added to that bound.
+    The update-norm bound (``max_update_ratio``, ``update_noise``) and the rest of what
+    the run gives it to track come in a :class:`RunTracking` (:meth:`track`).
     """
 
     tracker: Tracker
     max_update_ratio: float = 100.0
     update_noise: float = 0.0
+
+    def track(self, tracking: RunTracking) -> None:
+        """Track the run ``tracking`` describes (what the constructors do with theirs)."""
+        self.max_update_ratio, self.update_noise = (tracking.max_update_ratio,
+                                                    tracking.update_noise)
+        self.setup_tracking(tracking.clients, tracking.roles)
+        self.tracker.refusals_are_absences = tracking.refusals_are_absences
+        self.history.xi_sink = tracking.xi_sink
 
     def setup_tracking(self, clients: dict[int, ClientInfo], roles: Roles | None = None) -> None:
         """Start tracking a run: the node-to-client map and the scenario roles."""
@@ -195,12 +200,12 @@ class FlowerStrategy(StrategyBase):
     """
 
     def __init__(self, *args, settings: Settings | None = None, sample_fraction: float = 1.0,
-                 sample_seed: int = 0, **kwargs) -> None:
+                 sample_seed: int = 0, tracking: RunTracking | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if settings is not None:  # the method's keys, sent as they declare
             self.settings = settings
         self.sample_fraction, self.sample_seed = sample_fraction, sample_seed
-        self.setup_tracking({})
+        self.track(tracking or RunTracking())
         self._sent: tuple[FlatLayout, torch.Tensor] | None = None
         self._dtypes: dict[str, np.dtype] | None = None
 
@@ -315,6 +320,9 @@ class PersonalizedStrategy(StrategyBase, Strategy):
         Where the server keeps and mixes the models ("cpu", "cuda", ...).
     seed : int
         Seed of the client sampling.
+    tracking : RunTracking | None
+        The run's clients, scenario and reply checks (:meth:`track`; none: tracking starts
+        empty, a test's ``setup_tracking`` gives the clients).
     """
 
     def __init__(
@@ -323,6 +331,7 @@ class PersonalizedStrategy(StrategyBase, Strategy):
         param_keys: Sequence[str] | None = None,
         device: str = "cpu",
         seed: int = 0,
+        tracking: RunTracking | None = None,
     ) -> None:
         self.fraction_train = fraction_train
         self.param_keys = list(param_keys) if param_keys is not None else None
@@ -330,7 +339,7 @@ class PersonalizedStrategy(StrategyBase, Strategy):
         self.seed = seed
         self.layout: FlatLayout | None = None
         self.models: torch.Tensor | None = None
-        self.setup_tracking({})
+        self.track(tracking or RunTracking())
 
     def setup_tracking(self, clients: dict[int, ClientInfo], roles: Roles | None = None) -> None:
         """Start tracking a run: the clients (rows of the store, by client id) and the scenario."""

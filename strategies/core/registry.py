@@ -27,6 +27,7 @@ import torch
 
 from .replies import mean_metrics
 from .settings import NoSettings, Settings, type_name
+from .tracking import RunTracking
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ class RunSetup:
     true_adjacency : torch.Tensor | None
         With an inferred graph, the task's own graph (or its groups' graph) where it
         has one: the inferred edges' precision and recall are measured against it.
+    tracking : RunTracking
+        The clients found, the scenario and the reply checks: every strategy is built
+        with them (``flower_kwargs``, ``personal_kwargs``).
     """
 
     num_clients: int
@@ -77,6 +81,7 @@ class RunSetup:
     graph_k: int = 0
     graph_warmup_rounds: int = 0
     true_adjacency: torch.Tensor | None = None
+    tracking: RunTracking = field(default_factory=RunTracking)
 
 
 Factory = Callable[[Any, RunSetup], Any]
@@ -271,10 +276,11 @@ def flower_kwargs(run: RunSetup) -> dict[str, Any]:
         sample_fraction=run.fraction_train, sample_seed=run.seed,
         min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1,
         train_metrics_aggr_fn=mean_metrics, evaluate_metrics_aggr_fn=mean_metrics,
+        tracking=run.tracking,
     )
 
 
 def personal_kwargs(run: RunSetup) -> dict[str, Any]:
     """Arguments of :class:`strategies.core.base.PersonalizedStrategy`."""
     return dict(fraction_train=run.fraction_train, param_keys=run.param_keys,
-                device=run.device, seed=run.seed)
+                device=run.device, seed=run.seed, tracking=run.tracking)

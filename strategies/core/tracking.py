@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
 import numpy as np
@@ -39,6 +40,25 @@ _ERROR_NAMES = {
     DECLINED: "the member declined",
     NO_REPLY: "",  # the server's own reason says it all
 }
+
+
+@dataclass(frozen=True)
+class RunTracking:
+    """What a strategy is given of the run to track it, beside its settings: the clients
+    found (node id -> what each said), the scenario's ``roles``, the update-norm bound (a
+    training reply w is left out when ``||w - w_sent||`` exceeds ``max_update_ratio`` x
+    ``max(||w_sent||, 1)`` + ``update_noise``, what a member's own noise may add:
+    ``dp = "update"``, :func:`tasks.privacy.noise_allowance`), whether a refusal is an
+    absence (a run of members, where a member may refuse what its node does not allow)
+    rather than a fault that stops the run, and where FedAMP's weight matrices go
+    (``xi_sink``; None: kept in the history)."""
+
+    clients: dict[int, ClientInfo] = field(default_factory=dict)
+    roles: Roles | None = None
+    max_update_ratio: float = 100.0
+    update_noise: float = 0.0
+    refusals_are_absences: bool = False
+    xi_sink: Callable | None = None
 
 
 def _upper(text: str) -> str:
