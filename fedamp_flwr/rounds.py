@@ -9,7 +9,7 @@ configure_evaluate, send, aggregate_evaluate. Besides, :func:`run_rounds`
   was restarted (and got a new node id) gets its own client's model back;
   a client whose node is gone is offline for the round,
 * gives the strategies a view of the grid that holds only connected, known
-  clients, in client-id order (:class:`OnlineClients`), so that Flower's
+  clients, in client-id order (:func:`online_view`), so that Flower's
   samplers neither wait for a node that is gone nor depend on node ids,
 * waits at most ``round_timeout`` seconds for the replies of each phase,
 * records the global model's norm per round (``global_norm``; strategies
@@ -38,12 +38,14 @@ from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from strategies.core.base import GridView
 from strategies.core.records import ABSENT, TRAINED, client_scores, evaluated_clients
 from strategies.core.tracking import Tracker
 
 from .delivery import ModelDelivery
-from .discovery import ClientInfo, query_nodes, send_and_receive, tell_new_nodes
+from .discovery import ClientInfo, query_nodes, tell_new_nodes
 from .membership import Membership, Refusal
+from .transport import send_and_receive
 
 
 def model_norm(arrays: ArrayRecord) -> float:
@@ -56,17 +58,9 @@ def model_norm(arrays: ArrayRecord) -> float:
     return float(np.sqrt(total))
 
 
-class OnlineClients:
-    """A view of a Flower ``Grid`` whose nodes are the connected clients, in client-id order."""
-
-    def __init__(self, grid: Grid, tracker: Tracker) -> None:
-        self._grid, self._tracker = grid, tracker
-
-    def get_node_ids(self) -> list[int]:
-        return [self._tracker.node_of(c) for c in sorted(self._tracker.online)]
-
-    def __getattr__(self, name: str):
-        return getattr(self._grid, name)
+def online_view(grid: Grid, tracker: Tracker) -> GridView:
+    """A view of a Flower ``Grid`` whose nodes are the connected clients', in client-id order."""
+    return GridView(grid, [tracker.node_of(c) for c in sorted(tracker.online)])
 
 
 def refresh_clients(tracker: Tracker, members: Membership, grid: Grid, timeout: float,
@@ -176,7 +170,7 @@ def play_round(strategy, grid: Grid, arrays: ArrayRecord, server_round: int,
     """One round's training and evaluation over the connected clients; the global arrays
     after it (unchanged for strategies that keep their own models)."""
     tracker: Tracker = strategy.tracker
-    view = OnlineClients(grid, tracker)
+    view = online_view(grid, tracker)
     messages = list(strategy.configure_train(server_round, arrays, train_config, view))
     replies = send_and_receive(grid, messages, round_timeout)
     new_arrays, _ = strategy.aggregate_train(server_round, replies)

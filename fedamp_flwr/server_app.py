@@ -37,17 +37,13 @@ from tasks.tabular import pooled
 
 from .config import ConfigError, RunConfig
 from .delivery import ModelDelivery, new_token
-from .discovery import (
-    ClientSetupError,
-    discover_clients,
-    discover_members,
-    send_and_receive,
-)
+from .discovery import ClientSetupError, discover_clients, discover_members
 from .identity import IdentityError, fingerprint, key_text, read_roster
 from .membership import KEPT_ATTEMPTS, Membership
 from .results import MODELS_FOLDER, RunFolder, UnsafeCheckpoint, Writer, XiFiles, snapshot
-from .rounds import OnlineClients, RoundsFailedError, run_rounds
+from .rounds import RoundsFailedError, online_view, run_rounds
 from .sizes import check_server_memory
+from .transport import send_and_receive
 
 app = ServerApp()
 
@@ -540,7 +536,7 @@ class Run:
                     delivery=delivery, min_clients_evaluated=cfg.min_clients_evaluated)
                 if delivery is not None:
                     delivery.deliver_rest(self.strategy, self.grid,
-                                          OnlineClients(self.grid, self.strategy.tracker),
+                                          online_view(self.grid, self.strategy.tracker),
                                           self.arrays, evaluate_config, cfg.round_timeout,
                                           send_and_receive)
             else:

@@ -61,7 +61,7 @@ def test_a_deployed_grid_is_pulled_often_and_within_the_timeout(monkeypatch):
 
     from flwr.superlink.grid.http_grid import HttpGrid
 
-    from fedamp_flwr import discovery
+    from fedamp_flwr import transport
 
     class FakeHttpGrid(HttpGrid):
         def __init__(self, ready_after: int):
@@ -78,14 +78,14 @@ def test_a_deployed_grid_is_pulled_often_and_within_the_timeout(monkeypatch):
                     for m in sorted(message_ids)]
 
     sleeps = []
-    monkeypatch.setattr(discovery.time, "sleep", sleeps.append)
+    monkeypatch.setattr(transport.time, "sleep", sleeps.append)
     msgs = [Message(RD(), message_type=MessageType.TRAIN, dst_node_id=n) for n in (1, 2)]
     grid = FakeHttpGrid(ready_after=3)
-    got = discovery.send_and_receive(grid, msgs, timeout=60)
-    assert len(got) == 2 and grid.pulls == 3 and sleeps == [discovery.PULL_INTERVAL] * 2
-    assert discovery.PULL_INTERVAL <= 0.2
+    got = transport.send_and_receive(grid, msgs, timeout=60)
+    assert len(got) == 2 and grid.pulls == 3 and sleeps == [transport.PULL_INTERVAL] * 2
+    assert transport.PULL_INTERVAL <= 0.2
     never = FakeHttpGrid(ready_after=10**9)
-    assert discovery.send_and_receive(never, msgs, timeout=0) == [] and never.pulls == 1
+    assert transport.send_and_receive(never, msgs, timeout=0) == [] and never.pulls == 1
 
 
 def test_every_message_gets_one_reply_with_its_true_reason(monkeypatch):
@@ -96,7 +96,7 @@ def test_every_message_gets_one_reply_with_its_true_reason(monkeypatch):
     from flwr.common.constant import ErrorCode
     from flwr.superlink.grid.http_grid import HttpGrid
 
-    from fedamp_flwr import discovery
+    from fedamp_flwr import transport
     from strategies.core.protocol import NO_REPLY
     from strategies.core.tracking import error_reason
 
@@ -121,12 +121,12 @@ def test_every_message_gets_one_reply_with_its_true_reason(monkeypatch):
                     in message_ids and m.metadata.dst_node_id == 8] if self.answer else []
             return [lost, *done]
 
-    monkeypatch.setattr(discovery.time, "sleep", lambda s: None)
+    monkeypatch.setattr(transport.time, "sleep", lambda s: None)
     msgs = [Message(RD({"config": ConfigRecord({"n": n})}), message_type=MessageType.TRAIN,
                     dst_node_id=n) for n in (7, 8, 9)]
     clock = iter(range(0, 1000, 4))
-    monkeypatch.setattr(discovery.time, "monotonic", lambda: float(next(clock)))
-    replies = discovery.send_and_receive(Grid(answer=True), msgs, timeout=300)
+    monkeypatch.setattr(transport.time, "monotonic", lambda: float(next(clock)))
+    replies = transport.send_and_receive(Grid(answer=True), msgs, timeout=300)
     by_node = {r.metadata.src_node_id: r for r in replies}
     assert sorted(by_node) == [7, 8, 9] and len(replies) == 3
     assert by_node[7].error.code == ErrorCode.NODE_UNAVAILABLE
@@ -136,7 +136,7 @@ def test_every_message_gets_one_reply_with_its_true_reason(monkeypatch):
     assert by_node[9].error.code == NO_REPLY
     assert error_reason(by_node[9]) == "no reply within the round timeout (300 s)"
     # a phase that ends before its timeout (a grid's own loop) never says timeout
-    early = discovery.unanswered(msgs[1:], [by_node[8]], timeout=300, waited=12.0)
+    early = transport.unanswered(msgs[1:], [by_node[8]], timeout=300, waited=12.0)
     assert [m.metadata.src_node_id for m in early] == [9]
     assert "timeout" not in error_reason(early[0]).replace("before the round timeout", "")
 
@@ -144,7 +144,7 @@ def test_every_message_gets_one_reply_with_its_true_reason(monkeypatch):
 def test_a_push_that_fails_as_a_whole_is_said_for_every_message():
     from flwr.superlink.grid.http_grid import HttpGrid
 
-    from fedamp_flwr import discovery
+    from fedamp_flwr import transport
     from strategies.core.tracking import error_reason
 
     class Refusing(HttpGrid):
@@ -155,7 +155,7 @@ def test_a_push_that_fails_as_a_whole_is_said_for_every_message():
             return []  # what Flower returns when the SuperLink refuses the push (too large)
 
     msgs = [Message(RD(), message_type=MessageType.TRAIN, dst_node_id=n) for n in (4, 5)]
-    replies = discovery.send_and_receive(Refusing(), msgs, timeout=300)
+    replies = transport.send_and_receive(Refusing(), msgs, timeout=300)
     assert [r.metadata.src_node_id for r in replies] == [4, 5]
     assert all(error_reason(r).startswith("the SuperLink took none of this phase's messages")
                for r in replies)

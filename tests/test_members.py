@@ -375,7 +375,8 @@ def test_a_member_that_joins_a_run_under_way_gets_the_next_id_and_trains(tmp_pat
     dc = tasks.DataConfig(dataset="synthetic", data_dir="", num_clients=n, seed=0)
     run_config = write_sites(dc, tmp_path / "sites")
     graph = tmp_path / "graph.csv"
-    graph.write_text("u,v\nclient-0,client-1\nclient-1,client-2\nclient-2,client-3\n")
+    graph.write_text("u,v\nclient-0,client-1\nclient-1,client-2\nclient-2,client-3\n"
+                     "client-0,client-unknown\n")  # a name that never joins: no edge
     cfg = {**run_config, "strategy": strategy, "local-epochs": 1, "num-server-rounds": 3,
            "min-nodes": 3, "results-dir": str(tmp_path), "run-name": strategy,
            "server-device": "cpu", "graph-file": str(graph), **extra}
@@ -385,6 +386,8 @@ def test_a_member_that_joins_a_run_under_way_gets_the_next_id_and_trains(tmp_pat
     assert [r["trained_clients"] for r in metrics["rounds"]] == [[0, 1, 2]] + [[0, 1, 2, 3]] * 2
     assert set(metrics["rounds"][2]["client_accuracy"]) == {"0", "1", "2", "3"}
     assert "Member 'client-3' joins the run as client 3" in caplog.text
+    if strategy == "panacea":  # the graph over the members' names, before client-3 joins
+        assert "Client graph 'file': 3 clients, 2 edges" in caplog.text
 
 
 def test_a_resumed_run_takes_a_new_member_after_the_checkpoints_ones(tmp_path):

@@ -8,9 +8,10 @@ client-id with a key of its own (it is refused at once, the member trains); ever
 SuperNode stopped, the FedAMP run resumed while an impostor claims an absent member's
 name (it gets nothing, and that member's stored model is kept to the byte), then every
 member restarted in another order (new node ids) and the run resumed again, every member
-keeping its client id and its personalized model; Panacea over a graph file that names
-members. No SuperNode authentication here (the hardened fleet, with it, is
-tests/test_fleet_e2e.py).
+keeping its client id and its personalized model. Panacea over a graph file, or a graph
+inferred, that names the members runs the same server and client code in process
+(tests/test_members.py, tests/test_graph_inference.py). No SuperNode authentication here
+(the hardened fleet, with it, is tests/test_fleet_e2e.py).
 """
 
 from __future__ import annotations
@@ -199,24 +200,3 @@ def test_members_fleet_fedamp_heurfedamp_panacea_misfit_impostors_restart(proces
         assert _member_models(processes, name, "fedamp") == [f"{name}.json", f"{name}.safetensors"]
         card = json.loads((tmp / f"{name}-models" / "fedamp" / f"{name}.json").read_text())
         assert card["round"] == 4
-
-    # 4. Panacea over a graph file that names the members
-    graph = tmp / "graph.csv"
-    graph.write_text("u,v\nsite-a,site-b\nsite-b,site-c\nsite-a,site-unknown\n")
-    log = _run(processes, f"{common} strategy='panacea' graph='file' graph-file='{graph}' "
-                          "panacea-server-lr=0.01 local-steps=5 num-server-rounds=1 "
-                          "run-name='panacea'")
-    panacea = _metrics(results, "panacea", log)
-    assert panacea["client_names"] == names and panacea["finished"]
-    assert all(r["trained_clients"] == [0, 1, 2] for r in panacea["rounds"])
-    assert "Client graph 'file': 3 clients, 2 edges" in log
-
-    # 5. Panacea over a graph the server infers from the members' warm-up updates, by name
-    log = _run(processes, f"{common} strategy='panacea' graph='inferred' graph-k=1 "
-                          "graph-warmup-rounds=1 panacea-server-lr=0.01 local-steps=5 "
-                          "num-server-rounds=2 run-name='inferred'")
-    inferred = _metrics(results, "inferred", log)
-    assert inferred["finished"] and inferred["inferred_graph"]["round"] == 1
-    assert "client graph inferred from the warm-up updates" in log
-    edges = (results / "inferred" / "graph-inferred.csv").read_text().splitlines()[1:]
-    assert edges and all(set(e.split(",")) <= set(names) for e in edges)

@@ -230,7 +230,7 @@ class FlowerStrategy(StrategyBase):
         # strategies'; Flower's own sampler (fraction 1) then takes every chosen client
         online = [c for c in map(t.client_of_node, grid.get_node_ids()) if isinstance(c, int)]
         chosen = t.sample_training(server_round, online, self.sample_fraction, self.sample_seed)
-        view = NodeSubset(grid, [t.node_of(c) for c in chosen])
+        view = GridView(grid, [t.node_of(c) for c in chosen])
         # no client chosen: Flower's sampler would wait for one for ever
         messages = list(super().configure_train(server_round, arrays, config, view)) if chosen \
             else []
@@ -283,8 +283,9 @@ class FlowerStrategy(StrategyBase):
         return super().aggregate_evaluate(server_round, good)
 
 
-class NodeSubset:
-    """A view of a Flower ``Grid`` whose nodes are ``node_ids`` (the clients chosen to train)."""
+class GridView:
+    """A view of a Flower ``Grid`` whose nodes are ``node_ids``, in that order: the clients
+    chosen to train, or the connected ones (``fedamp_flwr.rounds.online_view``)."""
 
     def __init__(self, grid: Grid, node_ids: list[int]) -> None:
         self._grid, self._nodes = grid, list(node_ids)
