@@ -24,7 +24,7 @@ import tasks
 from fedamp_flwr.config import RunConfig
 from fedamp_flwr.results import RunFolder
 from fedamp_flwr.server_app import run_setup
-from strategies.core.clients import ClientInfo
+from strategies.core.roster import ClientInfo
 
 
 def main() -> None:

@@ -390,7 +390,7 @@ class ModelDelivery:
                     if str(why).startswith("rejected")}
         try:
             messages = [m for m in strategy.configure_evaluate(last, arrays, config, view)
-                        if tracker.client_of_node(m.metadata.dst_node_id) not in done | rejected]
+                        if tracker.roster.client_of_node(m.metadata.dst_node_id) not in done | rejected]
             if not messages:
                 return
             why = f"after the run: the client was absent from round {last}'s evaluation"
@@ -400,14 +400,14 @@ class ModelDelivery:
                                              min(timeout, 300.0)))
             good = []
             for msg in replies:
-                cid = tracker.client_of_node(msg.metadata.src_node_id)
-                problem = (evaluate_reply_problem(msg, tracker.info(cid).num_test, cid, last)
+                cid = tracker.roster.client_of_node(msg.metadata.src_node_id)
+                problem = (evaluate_reply_problem(msg, tracker.roster.info(cid).num_test, cid, last)
                            if isinstance(cid, int) else "from an unknown node")
                 if problem is not None:
                     log(WARNING, "Model of client %s not delivered: %s", cid, problem)
                     models.pop(msg.metadata.src_node_id, None)
                 else:
                     good.append(msg)
-            self.after_evaluation(last, good, models, tracker.client_of_node, why=why)
+            self.after_evaluation(last, good, models, tracker.roster.client_of_node, why=why)
         except Exception as err:  # the run is done: its models' delivery must not undo that
             log(ERROR, "Delivering the models of absent clients failed: %s", err)

@@ -23,7 +23,6 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from strategies.core.clients import ClientInfo
 from strategies.core.protocol import (
     CHALLENGE,
     CLIENT_ID,
@@ -47,6 +46,7 @@ from strategies.core.protocol import (
     is_name,
 )
 from strategies.core.protocol import INFO as INFO_RECORD
+from strategies.core.roster import ClientInfo
 from tasks.members import MemberSchema
 from tasks.tabular import stats_problem
 

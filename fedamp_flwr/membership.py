@@ -24,7 +24,7 @@ from logging import WARNING
 
 from flwr.supercore import log
 
-from strategies.core.clients import ClientInfo
+from strategies.core.roster import ClientInfo
 from tasks.members import MemberSchema
 
 #: how many refused attempts a run keeps (the newest; their number is kept too)

@@ -60,7 +60,7 @@ def model_norm(arrays: ArrayRecord) -> float:
 
 def online_view(grid: Grid, tracker: Tracker) -> GridView:
     """A view of a Flower ``Grid`` whose nodes are the connected clients', in client-id order."""
-    return GridView(grid, [tracker.node_of(c) for c in sorted(tracker.online)])
+    return GridView(grid, [tracker.roster.node_of(c) for c in sorted(tracker.roster.online)])
 
 
 def refresh_clients(tracker: Tracker, members: Membership, grid: Grid, timeout: float,
@@ -82,7 +82,7 @@ def refresh_clients(tracker: Tracker, members: Membership, grid: Grid, timeout: 
     """
     node_ids = list(grid.get_node_ids())
     live = set(node_ids)
-    new = [n for n in node_ids if n not in tracker.clients and n not in members.refused
+    new = [n for n in node_ids if n not in tracker.roster.clients and n not in members.refused
            and n not in members.blocked
            and n not in members.pending]
     infos: dict[int, ClientInfo] = {}
@@ -91,20 +91,20 @@ def refresh_clients(tracker: Tracker, members: Membership, grid: Grid, timeout: 
         infos, errors = query_nodes(grid, new, timeout,
                                     members if members.schema is not None else None)
     if members.schema is None:
-        num_partitions = {i.num_partitions for i in tracker.clients.values()}
+        num_partitions = {i.num_partitions for i in tracker.roster.clients.values()}
         for node, info in sorted(infos.items()):
             if info.num_partitions not in num_partitions:
                 errors[node] = (f"node {node}: num-partitions = {info.num_partitions}, the "
                                 f"run has {sorted(num_partitions)}")
             else:
-                tracker.rejoin(info)
+                tracker.roster.rejoin(info)
     else:
-        taken = {i.name: n for n, i in tracker.clients.items() if n in live}
+        taken = {i.name: n for n, i in tracker.roster.clients.items() if n in live}
         accepted = members.claim(infos, taken, live, "A node that joined is held back: %s")
         for node, info in sorted(accepted.items()):
             cid = members.id_of_name(info.name)
             if cid is not None:
-                tracker.rejoin(dataclasses.replace(info, client_id=cid))
+                tracker.roster.rejoin(dataclasses.replace(info, client_id=cid))
                 members.pin(info)
             elif on_join is not None:
                 on_join(dataclasses.replace(info, client_id=len(members.names)))
@@ -116,8 +116,8 @@ def refresh_clients(tracker: Tracker, members: Membership, grid: Grid, timeout: 
         else:
             log(WARNING, "A node that joined cannot take part: %s", reason)
     if members.schema is not None and new:  # each member not taken hears why, in its log
-        tell_new_nodes(grid, members, new, set(tracker.clients))
-    tracker.set_online(node_ids)
+        tell_new_nodes(grid, members, new, set(tracker.roster.clients))
+    tracker.roster.set_online(node_ids)
 
 
 _NUMBER = re.compile(r"\d+(\.\d+)?(e[-+]?\d+)?")
@@ -184,7 +184,7 @@ def play_round(strategy, grid: Grid, arrays: ArrayRecord, server_round: int,
     replies, models = ModelDelivery.take(replies)  # a model record never reaches the strategy
     strategy.aggregate_evaluate(server_round, replies)
     if delivery is not None:
-        delivery.after_evaluation(server_round, replies, models, tracker.client_of_node)
+        delivery.after_evaluation(server_round, replies, models, tracker.roster.client_of_node)
     return arrays
 
 
@@ -218,7 +218,7 @@ def run_rounds(
     ``after_round`` (its records are written).
     """
     tracker: Tracker = strategy.tracker
-    tracker.round_timeout = round_timeout
+    tracker.replies.round_timeout = round_timeout
     members = Membership() if members is None else members
     log(INFO, "Starting %s, rounds %d to %d", type(strategy).__name__, first_round, last_round)
     strategy.summary()

@@ -15,7 +15,6 @@ from flwr.supercore import log
 
 import strategies
 import tasks
-from strategies.core.clients import ClientInfo
 from strategies.core.layout import dtypes_of, with_dtypes
 from strategies.core.protocol import (
     BATCH_SIZE,
@@ -29,6 +28,7 @@ from strategies.core.protocol import (
 )
 from strategies.core.records import ACCURACY_SCORE, client_scores, headline, round_score
 from strategies.core.replies import array_spec
+from strategies.core.roster import ClientInfo
 from strategies.core.settings import MOST_CLIENTS
 from strategies.core.tracking import RunTracking
 from tasks.graphs import GraphError, build_graph, group_graph

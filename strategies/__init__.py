@@ -30,10 +30,10 @@ from . import (  # noqa: F401 - importing a method's module registers it
 from .apfl import APFL
 from .core.base import FlowerStrategy, PersonalizedStrategy
 from .core.client import CLIENT_UPDATES, ClientJob, ClientUpdate, register_client_update
-from .core.clients import ClientInfo
 from .core.history import RunHistory
 from .core.registry import STRATEGIES, RunSetup, build_strategy, register_strategy
 from .core.replies import mean_metrics
+from .core.roster import ClientInfo
 from .core.settings import ConfigError, Settings
 from .fedamp import FedAMP, HeurFedAMP
 from .fedamp_math import fedamp_weights, heurfedamp_weights

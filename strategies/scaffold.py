@@ -118,7 +118,7 @@ class Scaffold(FedAvg):
 
     def _num_training_clients(self) -> int:
         novel = self.tracker.roles.novel
-        return max(1, sum(1 for i in self.tracker.clients.values() if i.client_id not in novel))
+        return max(1, sum(1 for i in self.tracker.roster.clients.values() if i.client_id not in novel))
 
     def _ensure_control(self, arrays: ArrayRecord) -> tuple[FlatLayout, torch.Tensor]:
         """The layout of the trainable parameters and c (zero at the start)."""

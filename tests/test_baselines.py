@@ -175,7 +175,7 @@ def test_client_config_only_copies_when_epochs_vary():
     strategy, _ = setup_strategy("separate")
     strategy.setup_tracking({}, Roles(frozenset(), frozenset(), heterogeneous_epochs=True, seed=1))
     cfg = ConfigRecord({"local-epochs": 10})
-    own = strategy.tracker.client_config(3, 2, cfg)
+    own = strategy.tracker.scenario.client_config(3, 2, cfg)
     assert own is not cfg and 1 <= own["local-epochs"] <= 19 and cfg["local-epochs"] == 10
 
 

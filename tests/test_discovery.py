@@ -98,7 +98,7 @@ def test_every_message_gets_one_reply_with_its_true_reason(monkeypatch):
 
     from fedamp_flwr import transport
     from strategies.core.protocol import NO_REPLY
-    from strategies.core.tracking import error_reason
+    from strategies.core.screening import error_reason
 
     class Grid(HttpGrid):
         def __init__(self, answer: bool):
@@ -145,7 +145,7 @@ def test_a_push_that_fails_as_a_whole_is_said_for_every_message():
     from flwr.superlink.grid.http_grid import HttpGrid
 
     from fedamp_flwr import transport
-    from strategies.core.tracking import error_reason
+    from strategies.core.screening import error_reason
 
     class Refusing(HttpGrid):
         def __init__(self):

@@ -263,7 +263,7 @@ def test_fedamp_sends_cloud_models_and_lambda_over_alpha():
     expected = (xi.float() @ strategy.models)
     by_node = {m.metadata.dst_node_id: m for m in messages}
     for row, cid in enumerate(strategy.client_ids):
-        node = next(n for n, i in strategy.tracker.clients.items() if i.client_id == cid)
+        node = next(n for n, i in strategy.tracker.roster.clients.items() if i.client_id == cid)
         msg = by_node[node]
         got = strategy.layout.flatten(msg.content["arrays"])
         assert torch.allclose(got, expected[row], atol=1e-6)

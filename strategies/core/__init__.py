@@ -6,8 +6,9 @@
 * :mod:`~strategies.core.client`: a method's client half (:class:`ClientUpdate`);
 * :mod:`~strategies.core.base`: the two kinds of strategy (:class:`FlowerStrategy` in
   front of Flower's, :class:`PersonalizedStrategy` with a model per client);
-* :mod:`~strategies.core.clients`, :mod:`~strategies.core.tracking`,
-  :mod:`~strategies.core.history`, :mod:`~strategies.core.replies`,
-  :mod:`~strategies.core.layout`: who the clients are, what they answered, the run's
-  records, reply checks, flat model vectors.
+* :mod:`~strategies.core.roster`, :mod:`~strategies.core.screening`,
+  :mod:`~strategies.core.tracking`, :mod:`~strategies.core.history`,
+  :mod:`~strategies.core.records`, :mod:`~strategies.core.replies`,
+  :mod:`~strategies.core.layout`: who the clients are, how their replies are screened,
+  the scenario, the run's records and their keys, reply checks, flat model vectors.
 """

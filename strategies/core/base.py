@@ -33,11 +33,11 @@ from flwr.supercore import log
 from tasks.scenarios import Roles
 
 from .client import LOCAL, instruction_problem
-from .clients import ClientInfo
 from .history import RunHistory, client_order
 from .layout import FlatLayout, dtypes_of, with_dtypes
 from .protocol import ARRAYS, CLIENT_UPDATE, CONFIG, SERVER_ROUND
 from .replies import array_spec, mean_metrics
+from .roster import ClientInfo
 from .settings import EVALUATE as EVALUATE_MESSAGE
 from .settings import TRAIN as TRAIN_MESSAGE
 from .settings import NoSettings, Settings
@@ -128,7 +128,7 @@ class StrategyBase(ClientInstructions):
         self.max_update_ratio, self.update_noise = (tracking.max_update_ratio,
                                                     tracking.update_noise)
         self.setup_tracking(tracking.clients, tracking.roles)
-        self.tracker.refusals_are_absences = tracking.refusals_are_absences
+        self.tracker.replies.refusals_are_absences = tracking.refusals_are_absences
         self.history.xi_sink = tracking.xi_sink
 
     def setup_tracking(self, clients: dict[int, ClientInfo], roles: Roles | None = None) -> None:
@@ -140,7 +140,7 @@ class StrategyBase(ClientInstructions):
         the next id). The tracker maps it; strategies that keep per-client state on the
         server make room for it (``adjacency``: the client graph with it, for strategies
         that use one)."""
-        self.tracker.add(info)
+        self.tracker.roster.add(info)
 
     @property
     def history(self) -> RunHistory:
@@ -159,12 +159,12 @@ class StrategyBase(ClientInstructions):
         """The training replies that pass every check, the method's own included."""
         t = self.tracker
         good = []
-        for msg in t.screen(server_round, replies, TRAIN, extra_records=self.reply_records):
+        for msg in t.replies.screen(server_round, replies, TRAIN, extra_records=self.reply_records):
             problem = self.method_reply_problem(msg)
             if problem is None:
                 good.append(msg)
             else:
-                t.reject(server_round, TRAIN, t.client_of(msg), problem)
+                t.replies.reject(server_round, TRAIN, t.roster.client_of(msg), problem)
         return good
 
     def _within_bound(self, server_round: int, replies: list[Message], distances: torch.Tensor,
@@ -175,7 +175,7 @@ class StrategyBase(ClientInstructions):
         ok = (distances <= bound).tolist()
         for msg, fine, dist, b in zip(replies, ok, distances.tolist(), bound.tolist()):
             if not fine:
-                self.tracker.reject(server_round, TRAIN, self.tracker.client_of(msg),
+                self.tracker.replies.reject(server_round, TRAIN, self.tracker.roster.client_of(msg),
                                     f"update norm {dist:.4g} exceeds {b:.4g} (max-update-ratio "
                                     f"{self.max_update_ratio:g} x max(||w_sent||, 1)"
                                     + (f" + {self.update_noise:.4g} of dp noise"
@@ -222,28 +222,29 @@ class FlowerStrategy(StrategyBase):
     def configure_train(self, server_round, arrays, config, grid):
         t = self.tracker
         arrays = self._as_sent(arrays)
-        t.spec = array_spec(arrays)
+        t.replies.spec = array_spec(arrays)
         layout = FlatLayout.from_arrays(arrays)
         self._sent = (layout, layout.flatten(arrays))
         config = self.instruct(config, train=True)
         # the run's sampling rule (Tracker.sample_training), the same as the personalized
         # strategies'; Flower's own sampler (fraction 1) then takes every chosen client
-        online = [c for c in map(t.client_of_node, grid.get_node_ids()) if isinstance(c, int)]
-        chosen = t.sample_training(server_round, online, self.sample_fraction, self.sample_seed)
-        view = GridView(grid, [t.node_of(c) for c in chosen])
+        online = [c for c in map(t.roster.client_of_node, grid.get_node_ids()) if isinstance(c, int)]
+        chosen = t.scenario.sample_training(server_round, online, self.sample_fraction, self.sample_seed)
+        view = GridView(grid, [t.roster.node_of(c) for c in chosen])
         # no client chosen: Flower's sampler would wait for one for ever
         messages = list(super().configure_train(server_round, arrays, config, view)) if chosen \
             else []
         check_instructions(messages)
         out = []
-        for m in sorted(messages, key=lambda m: client_order(t.client_of_node(m.metadata.dst_node_id))):
-            c = t.client_of_node(m.metadata.dst_node_id)
+        of = t.roster.client_of_node
+        for m in sorted(messages, key=lambda m: client_order(of(m.metadata.dst_node_id))):
+            c = t.roster.client_of_node(m.metadata.dst_node_id)
             content = RecordDict(dict(m.content.items()))  # Flower shares one among all messages
-            content[CONFIG] = t.client_config(server_round, c, content[CONFIG])
+            content[CONFIG] = t.scenario.client_config(server_round, c, content[CONFIG])
             out.append(Message(content, message_type=m.metadata.message_type,
                                dst_node_id=m.metadata.dst_node_id))
-        t.record_offline(server_round)
-        t.expect(TRAIN, out)
+        t.replies.record_offline(server_round)
+        t.replies.expect(TRAIN, out)
         return out
 
     def aggregate_train(self, server_round, replies):
@@ -254,7 +255,7 @@ class FlowerStrategy(StrategyBase):
             ok = self._within_bound(server_round, good, (vectors - sent).norm(dim=1),
                                     sent.norm().expand(len(good)))
             good = [m for m, fine in zip(good, ok) if fine]
-        self.tracker.record_train(server_round, good)
+        self.tracker.history.record_train(server_round, good, self.tracker.roster.client_of)
         arrays, metrics = super().aggregate_train(server_round,
                                                   self.before_aggregation(server_round, good))
         return (None if arrays is None else self._as_sent(arrays)), metrics
@@ -262,24 +263,25 @@ class FlowerStrategy(StrategyBase):
     def configure_evaluate(self, server_round, arrays, config, grid):
         config = self.instruct(config, train=False)
         arrays = self._as_sent(arrays)
-        self.tracker.record_offline(server_round, EVALUATE)
+        self.tracker.replies.record_offline(server_round, EVALUATE)
         messages = (list(super().configure_evaluate(server_round, arrays, config, grid))
                     if grid.get_node_ids() else [])
         check_instructions(messages)
         t, out = self.tracker, []
         for m in messages:  # each its own config: its client's index
-            c = t.client_of_node(m.metadata.dst_node_id)
+            c = t.roster.client_of_node(m.metadata.dst_node_id)
             content = RecordDict(dict(m.content.items()))
             if isinstance(c, int):
-                content[CONFIG] = t.evaluate_config(c, content[CONFIG])
+                content[CONFIG] = t.scenario.evaluate_config(c, content[CONFIG])
             out.append(Message(content, message_type=m.metadata.message_type,
                                dst_node_id=m.metadata.dst_node_id))
-        t.expect(EVALUATE, out)
+        t.replies.expect(EVALUATE, out)
         return out
 
     def aggregate_evaluate(self, server_round, replies):
-        good = self.tracker.screen(server_round, replies, EVALUATE)
-        self.tracker.record_evaluation(server_round, good)
+        good = self.tracker.replies.screen(server_round, replies, EVALUATE)
+        self.tracker.history.record_evaluation(server_round, good,
+                                                      self.tracker.roster.client_of)
         return super().aggregate_evaluate(server_round, good)
 
 
@@ -450,7 +452,7 @@ class PersonalizedStrategy(StrategyBase, Strategy):
             if not self.client_ids:
                 raise RuntimeError("no clients: call setup_tracking(clients) first")
             self.layout = FlatLayout.from_arrays(arrays, self.param_keys)
-            self.tracker.spec = array_spec(arrays)
+            self.tracker.replies.spec = array_spec(arrays)
             self._initial = self.layout.flatten(arrays).to(self.device)
             self.models = self.initial_models(self._initial)
 
@@ -459,23 +461,23 @@ class PersonalizedStrategy(StrategyBase, Strategy):
         messages = [
             Message(RecordDict({ARRAYS: self.flat.unflatten(vec), CONFIG: cfg}),
                     message_type=message_type,
-                    dst_node_id=self.tracker.node_of(self.client_ids[int(row)]))
+                    dst_node_id=self.tracker.roster.node_of(self.client_ids[int(row)]))
             for row, vec, cfg in zip(rows, vectors, configs)
         ]
         check_instructions(messages)
-        self.tracker.expect(message_type, messages)
+        self.tracker.replies.expect(message_type, messages)
         return messages
 
     def online_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """The rows of ``rows`` whose clients are connected now."""
-        keep = [r for r in rows.tolist() if self.tracker.is_online(self.client_ids[r])]
+        keep = [r for r in rows.tolist() if self.tracker.roster.is_online(self.client_ids[r])]
         return rows if len(keep) == len(rows) else torch.as_tensor(keep, dtype=torch.long)
 
     def sample_rows(self, server_round: int) -> torch.Tensor:
         """Rows (clients) that train in ``server_round``: the run's sampling rule
         (:meth:`Tracker.sample_training`) over the connected training clients."""
         online = self.online_rows(self.training_rows).tolist()
-        chosen = set(self.tracker.sample_training(
+        chosen = set(self.tracker.scenario.sample_training(
             server_round, [self.client_ids[r] for r in online], self.fraction_train, self.seed))
         return torch.as_tensor([r for r in online if self.client_ids[r] in chosen],
                                dtype=torch.long)
@@ -487,15 +489,15 @@ class PersonalizedStrategy(StrategyBase, Strategy):
         rows = self.sample_rows(server_round)
         config = self.instruct(config, train=True)
         config[SERVER_ROUND] = server_round
-        self.tracker.record_offline(server_round)
+        self.tracker.replies.record_offline(server_round)
         if len(rows) == 0:
             log(WARNING, "Round %d: no client to train", server_round)
-            self.tracker.expect(TRAIN, [])
+            self.tracker.replies.expect(TRAIN, [])
             return []
         vectors, cfg = self.personalize(server_round, rows, config)
         self._sent_norms[rows] = vectors.norm(dim=1).float().cpu()
         log(INFO, "configure_train: %d of %d clients", len(rows), len(self.client_ids))
-        configs = [self.tracker.client_config(server_round, self.client_ids[int(r)], cfg)
+        configs = [self.tracker.scenario.client_config(server_round, self.client_ids[int(r)], cfg)
                    for r in rows]
         return self._messages(rows, vectors, configs, MessageType.TRAIN)
 
@@ -505,7 +507,7 @@ class PersonalizedStrategy(StrategyBase, Strategy):
         t = self.tracker
         good = self._screen_train(server_round, replies)
         if good:
-            rows = torch.as_tensor([self._row[t.known_client_of(m)] for m in good])
+            rows = torch.as_tensor([self._row[t.roster.known_client_of(m)] for m in good])
             vectors = torch.stack([self.flat.flatten(m.content.array_records[ARRAYS]) for m in good]
                                   ).to(self.device)
             ok = self._within_bound(server_round, good, self.sent_distances(rows, vectors).cpu(),
@@ -514,7 +516,7 @@ class PersonalizedStrategy(StrategyBase, Strategy):
                 keep = torch.as_tensor(ok)
                 good = [m for m, fine in zip(good, ok) if fine]
                 rows, vectors = rows[keep], vectors[keep.to(vectors.device)]
-        t.record_train(server_round, good)
+        t.history.record_train(server_round, good, t.roster.client_of)
         if good:
             self.update(server_round, rows, vectors)
         return None, mean_metrics([m.content for m in good]) if good else None
@@ -526,15 +528,16 @@ class PersonalizedStrategy(StrategyBase, Strategy):
         config = self.instruct(config, train=False)
         config[SERVER_ROUND] = server_round
         rows = self.online_rows(torch.arange(len(self.client_ids)))
-        self.tracker.record_offline(server_round, EVALUATE)
+        self.tracker.replies.record_offline(server_round, EVALUATE)
         models = self.evaluation_models()
-        configs = [self.tracker.evaluate_config(self.client_ids[int(r)], config) for r in rows]
+        configs = [self.tracker.scenario.evaluate_config(self.client_ids[int(r)], config) for r in rows]
         return self._messages(rows, models if len(rows) == len(models) else models[rows],
                               configs, MessageType.EVALUATE)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Record every valid client's test metrics; return their means over clients."""
-        good = self.tracker.screen(server_round, replies, EVALUATE)
-        means = self.tracker.record_evaluation(server_round, good)
+        good = self.tracker.replies.screen(server_round, replies, EVALUATE)
+        means = self.tracker.history.record_evaluation(server_round, good,
+                                                      self.tracker.roster.client_of)
         return MetricRecord(dict(means)) if means else None
 
