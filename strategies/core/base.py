@@ -226,7 +226,7 @@ class FlowerStrategy(StrategyBase):
         layout = FlatLayout.from_arrays(arrays)
         self._sent = (layout, layout.flatten(arrays))
         config = self.instruct(config, train=True)
-        # the run's sampling rule (Tracker.sample_training), the same as the personalized
+        # the run's sampling rule (Scenario.sample_training), the same as the personalized
         # strategies'; Flower's own sampler (fraction 1) then takes every chosen client
         online = [c for c in map(t.roster.client_of_node, grid.get_node_ids()) if isinstance(c, int)]
         chosen = t.scenario.sample_training(server_round, online, self.sample_fraction, self.sample_seed)
@@ -475,7 +475,7 @@ class PersonalizedStrategy(StrategyBase, Strategy):
 
     def sample_rows(self, server_round: int) -> torch.Tensor:
         """Rows (clients) that train in ``server_round``: the run's sampling rule
-        (:meth:`Tracker.sample_training`) over the connected training clients."""
+        (:meth:`Scenario.sample_training`) over the connected training clients."""
         online = self.online_rows(self.training_rows).tolist()
         chosen = set(self.tracker.scenario.sample_training(
             server_round, [self.client_ids[r] for r in online], self.fraction_train, self.seed))

@@ -271,7 +271,7 @@ def flower_kwargs(run: RunSetup) -> dict[str, Any]:
     connected clients (``fedamp_flwr.rounds.online_view``), and Flower's sampler would
     wait for ever for a node that is gone."""
     return dict(
-        # Flower's sampler takes every client the run's rule chose (Tracker.sample_training)
+        # Flower's sampler takes every client the run's rule chose (Scenario.sample_training)
         fraction_train=1.0, fraction_evaluate=1.0,
         sample_fraction=run.fraction_train, sample_seed=run.seed,
         min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1,
