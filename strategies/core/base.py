@@ -187,7 +187,7 @@ class FlowerStrategy(StrategyBase):
     """Put in front of a Flower strategy: ``class FedAvg(FlowerStrategy, flwr...FedAvg)``.
 
     It leaves novel and dropped-out clients out of the round, names the client
-    half in every message, screens every reply (:meth:`Tracker.screen`, the
+    half in every message, screens every reply (:meth:`ReplyScreen.screen`, the
     update-norm bound) so that only valid replies reach the Flower
     strategy's aggregation, and records every client's evaluation, all
     through ``self.tracker``.

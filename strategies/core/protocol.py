@@ -110,7 +110,7 @@ PROOF = "proof"
 # Error code of a reply in which a client refuses a message it cannot carry
 # out (an unknown client update, keys of two methods in one message). Flower's
 # own codes are small integers (flwr.common.constant.ErrorCode); the server
-# stops the run on this one (:meth:`strategies.core.tracking.Tracker.stop_on_refusals`).
+# stops the run on this one (:meth:`strategies.core.screening.ReplyScreen.stop_on_refusals`).
 REFUSED = 1001
 # Error code of a member's node that declines a round by its own rule (its privacy budget
 # would be passed, fedamp_flwr/privacy.py): that member's absence, with the reason; never
