@@ -10,7 +10,7 @@ method module, and so registers them all; a new method is a new module and
 one line below. The machinery they share is :mod:`strategies.core`.
 
 Flower's own FedAvg, FedProx, FedMedian, FedTrimmedAvg and Krum are used as
-they are, with :class:`strategies.core.base.FlowerStrategy` in front of them
+they are, each held by a :class:`strategies.core.base.FlowerStrategy`
 for reply checks, scenarios and per-client records (:mod:`strategies.flower`).
 """
 

@@ -1,6 +1,6 @@
 """Flower's own strategies, used as they are, with this project's checks and records.
 
-:class:`strategies.core.base.FlowerStrategy` sits in front of each (see its
+:class:`strategies.core.base.FlowerStrategy` holds each (see its
 docstring). Two client halves live here, beside the strategies that use them:
 
 * ``proximal`` (:class:`ProximalTraining`): FedProx's client contract, as
@@ -96,26 +96,35 @@ class FineTuning(ClientUpdate[FineTuneSettings]):
         return finetune(job, epochs=job.settings.finetune_epochs)
 
 
-class FedAvg(FlowerStrategy, flwr_strategy.FedAvg):
+class FedAvg(FlowerStrategy):
     """Flower's FedAvg with this project's checks and records; clients train plainly."""
 
+    flower_class = flwr_strategy.FedAvg
 
-class FedProx(FlowerStrategy, flwr_strategy.FedProx):
+
+class FedProx(FlowerStrategy):
     """Flower's FedProx; its clients run ``proximal`` (the ``proximal-mu`` term)."""
 
+    flower_class = flwr_strategy.FedProx
     client_update = PROXIMAL
 
 
-class FedMedian(FlowerStrategy, flwr_strategy.FedMedian):
+class FedMedian(FlowerStrategy):
     """Flower's FedMedian (coordinate-wise median); clients train plainly (``local``)."""
 
+    flower_class = flwr_strategy.FedMedian
 
-class FedTrimmedAvg(FlowerStrategy, flwr_strategy.FedTrimmedAvg):
+
+class FedTrimmedAvg(FlowerStrategy):
     """Flower's FedTrimmedAvg (trimmed mean, ``beta`` cut at each end); clients train plainly."""
 
+    flower_class = flwr_strategy.FedTrimmedAvg
 
-class Krum(FlowerStrategy, flwr_strategy.Krum):
+
+class Krum(FlowerStrategy):
     """Flower's Krum; clients train plainly (``local``)."""
+
+    flower_class = flwr_strategy.Krum
 
 
 class FineTuned:

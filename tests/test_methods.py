@@ -196,7 +196,7 @@ def test_registration_refuses_taken_names_and_keys():
 
 def test_factories_get_the_typed_run_config():
     strategy, _ = setup_strategy("fedprox", **{"fedprox-mu": 0.25})
-    assert strategy.proximal_mu == 0.25 and strategy.client_update == "proximal"
+    assert strategy.flower.proximal_mu == 0.25 and strategy.client_update == "proximal"
     strategy, _ = setup_strategy("heurfedamp", **{"heurfedamp-sigma": 3})
     assert strategy.sigma == 3.0 and strategy.self_weight == 0.1
 

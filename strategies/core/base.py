@@ -1,7 +1,7 @@
 """The two kinds of strategy of this project, and what the rest of the code imports from here.
 
-* :class:`FlowerStrategy`: put in front of one of Flower's own strategies
-  (FedAvg, FedProx, Krum, ...): novel clients and drop-outs are left out,
+* :class:`FlowerStrategy`: holds one of Flower's own strategies (FedAvg, FedProx,
+  Krum, ...), whose aggregation is Flower's: novel clients and drop-outs are left out,
   invalid replies never reach the aggregation, every evaluation is recorded,
   and every message names its client half.
 * :class:`PersonalizedStrategy`: a Message-API ``Strategy`` that keeps one
@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
+from flwr.serverapp import strategy as flwr_strategy
 from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 
@@ -183,14 +184,16 @@ class StrategyBase(ClientInstructions):
         return ok
 
 
-class FlowerStrategy(StrategyBase):
-    """Put in front of a Flower strategy: ``class FedAvg(FlowerStrategy, flwr...FedAvg)``.
-
-    It leaves novel and dropped-out clients out of the round, names the client
-    half in every message, screens every reply (:meth:`ReplyScreen.screen`, the
-    update-norm bound) so that only valid replies reach the Flower
-    strategy's aggregation, and records every client's evaluation, all
-    through ``self.tracker``.
+class FlowerStrategy(StrategyBase, Strategy):
+    """A Flower strategy (``self.flower``, a :attr:`flower_class` made from the keyword
+    arguments), held the way Flower's own DP wrappers hold one: its sampling of the nodes
+    it is given and its aggregation are Flower's; around them, this class samples the
+    clients by the run's rule, leaves novel and dropped-out clients out of the round,
+    names the client half in every message, screens every reply
+    (:meth:`ReplyScreen.screen`, the update-norm bound) so that only valid replies reach
+    the aggregation, and records every client's evaluation, all through ``self.tracker``.
+    A method built on a Flower strategy subclasses this one and names its
+    :attr:`flower_class` (``class FedProx(FlowerStrategy): flower_class = flwr.FedProx``).
 
     The global model keeps the dtypes of the first model it is given (the
     initial one): what Flower's aggregation returns is cast back to them
@@ -199,9 +202,12 @@ class FlowerStrategy(StrategyBase):
     float64), and replies must match them.
     """
 
-    def __init__(self, *args, settings: Settings | None = None, sample_fraction: float = 1.0,
+    #: the Flower strategy held (its keyword arguments are the constructor's others)
+    flower_class: ClassVar[type[Strategy]] = flwr_strategy.FedAvg
+
+    def __init__(self, *, settings: Settings | None = None, sample_fraction: float = 1.0,
                  sample_seed: int = 0, tracking: RunTracking | None = None, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+        self.flower = self.flower_class(**kwargs)
         if settings is not None:  # the method's keys, sent as they declare
             self.settings = settings
         self.sample_fraction, self.sample_seed = sample_fraction, sample_seed
@@ -232,8 +238,8 @@ class FlowerStrategy(StrategyBase):
         chosen = t.scenario.sample_training(server_round, online, self.sample_fraction, self.sample_seed)
         view = GridView(grid, [t.roster.node_of(c) for c in chosen])
         # no client chosen: Flower's sampler would wait for one for ever
-        messages = list(super().configure_train(server_round, arrays, config, view)) if chosen \
-            else []
+        messages = list(self.flower.configure_train(server_round, arrays, config, view)) \
+            if chosen else []
         check_instructions(messages)
         out = []
         of = t.roster.client_of_node
@@ -256,15 +262,15 @@ class FlowerStrategy(StrategyBase):
                                     sent.norm().expand(len(good)))
             good = [m for m, fine in zip(good, ok) if fine]
         self.tracker.history.record_train(server_round, good, self.tracker.roster.client_of)
-        arrays, metrics = super().aggregate_train(server_round,
-                                                  self.before_aggregation(server_round, good))
+        arrays, metrics = self.flower.aggregate_train(server_round,
+                                                      self.before_aggregation(server_round, good))
         return (None if arrays is None else self._as_sent(arrays)), metrics
 
     def configure_evaluate(self, server_round, arrays, config, grid):
         config = self.instruct(config, train=False)
         arrays = self._as_sent(arrays)
         self.tracker.replies.record_offline(server_round, EVALUATE)
-        messages = (list(super().configure_evaluate(server_round, arrays, config, grid))
+        messages = (list(self.flower.configure_evaluate(server_round, arrays, config, grid))
                     if grid.get_node_ids() else [])
         check_instructions(messages)
         t, out = self.tracker, []
@@ -280,9 +286,11 @@ class FlowerStrategy(StrategyBase):
 
     def aggregate_evaluate(self, server_round, replies):
         good = self.tracker.replies.screen(server_round, replies, EVALUATE)
-        self.tracker.history.record_evaluation(server_round, good,
-                                                      self.tracker.roster.client_of)
-        return super().aggregate_evaluate(server_round, good)
+        self.tracker.history.record_evaluation(server_round, good, self.tracker.roster.client_of)
+        return self.flower.aggregate_evaluate(server_round, good)
+
+    def summary(self) -> None:
+        self.flower.summary()
 
 
 class GridView:
