@@ -23,11 +23,13 @@ import numpy as np
 
 from strategies.core.records import (
     HEADLINES,
+    VERSION,
     best_of_rounds,
     client_key,
     mean_key,
     run_score,
     score_of,
+    version_of,
 )
 
 logger = logging.getLogger(__name__)
@@ -92,6 +94,10 @@ class RunRecord:
                   status: Mapping[str, Any] | None = None) -> RunRecord:
         """The record of a parsed ``metrics.json`` (``status``: the parsed ``status.json``)."""
         rounds = [r for r in data.get("rounds") or [] if isinstance(r, dict)]
+        if version_of(data) > VERSION:
+            logger.warning("%s: records of version %d, newer than this code's %d: keys it "
+                           "does not know are left out", directory or "a metrics.json",
+                           version_of(data), VERSION)
         kind = data.get("task_kind")
         if kind not in (CLASSIFICATION, REGRESSION):  # an older metrics.json
             regression = run_score({**data, "rounds": rounds}).metric != score_of(False).metric

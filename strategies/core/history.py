@@ -21,6 +21,8 @@ from .records import (
     METRICS,
     REJECTED,
     TRAINED,
+    VERSION,
+    VERSION_KEY,
     client_key,
     client_scores,
     headlines,
@@ -226,7 +228,8 @@ class RunHistory:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON-ready records."""
-        out: dict[str, Any] = {"rounds": [self.rounds[r] for r in sorted(self.rounds)]}
+        out: dict[str, Any] = {VERSION_KEY: VERSION,
+                               "rounds": [self.rounds[r] for r in sorted(self.rounds)]}
         out.update(headlines(self.rounds.values()))
         out.update(self.notes)
         out["novel_clients"] = sorted(self.novel)

@@ -28,6 +28,9 @@ from typing import Any, NamedTuple
 
 from .protocol import ACCURACY, LOSS, MSE
 
+#: The version of a run's records (metrics.json's ``records_version``): 2 since they are
+#: spelled here (issue 41), with the keys of version 1, which wrote no version.
+VERSION, VERSION_KEY = 2, "records_version"
 #: the metrics a client's evaluation reports, each recorded per client and as a mean
 METRICS = (ACCURACY, MSE, LOSS)
 #: the keys of a round's record that map client ids to values (ids are ints in memory)
@@ -60,6 +63,12 @@ MSE_SCORE = Score(MSE, "best_mean_mse", False, 1.0)
 SCORES = (ACCURACY_SCORE, MSE_SCORE)
 #: every headline key of metrics.json
 HEADLINES = tuple(k for s in SCORES for k in (s.headline, "novel_" + s.headline))
+
+
+def version_of(run: Mapping[str, Any]) -> int:
+    """The records version of a run's metrics.json (1 where it names none)."""
+    value = run.get(VERSION_KEY, 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 1
 
 
 def client_key(metric: str) -> str:
