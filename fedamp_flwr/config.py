@@ -48,7 +48,7 @@ from strategies.core.settings import (
     setting,
 )
 from tasks.models import model_problem
-from tasks.partitioners import PARTITIONINGS
+from tasks.recipes import PARTITIONINGS
 from tasks.scenarios import Roles, scenario_roles
 
 from .sizes import check_client_memory

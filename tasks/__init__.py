@@ -3,7 +3,8 @@
 The task table (:mod:`tasks.registry`: every dataset name with its model,
 data and settings) and the loaders (:mod:`tasks.loading`: a task's pool, its
 clients' data, its model); the rest of the package is what they are made of
-(:mod:`tasks.data` readers and generators, :mod:`tasks.partitioners`,
+(:mod:`tasks.data` readers and generators, :mod:`tasks.recipes` and
+:mod:`tasks.partitioners`,
 :mod:`tasks.federated` tasks, :mod:`tasks.members` (members' own files),
 :mod:`tasks.models`, :mod:`tasks.train` (the generic loops), :mod:`tasks.cache`,
 :mod:`tasks.graphs`, :mod:`tasks.scenarios`). Everything the app uses is

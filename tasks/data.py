@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .partitioners import client_group
+from .recipes import client_group
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .partitioners import client_group
+from .recipes import client_group
 
 
 class GraphError(ValueError):

@@ -64,7 +64,7 @@ def load_federated(dc: DataConfig) -> FederatedData:
         )
     coarse = _data.coarse_of_fine(train) if spec.practical.superclass_groups else None
     recipe = spec.practical.for_pool(None if coarse is None else coarse.tolist())
-    from .partitioner_classes import build_partitioner, partition_pool  # seconds to import
+    from .partitioners import build_partitioner, partition_pool  # seconds to import
 
     partitioner = build_partitioner(dc.partitioning, dc.num_clients, dc.seed,
                                     dc.dirichlet_alpha, recipe)

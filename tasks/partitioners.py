@@ -1,213 +1,208 @@
-"""Federated partitioning of a dataset pool.
+"""The partitioners that run on flwr-datasets (imported only when a pool is partitioned),
+each applying a recipe of :mod:`tasks.recipes`.
 
-``iid``, ``pathological`` and ``dirichlet`` use flwr-datasets' own partitioners
-(``IidPartitioner``, ``PathologicalPartitioner``, ``DirichletPartitioner``);
-``practical``, the FedAMP paper's setting, is :class:`PracticalPartitioner`, a
-``flwr_datasets.partitioner.Partitioner`` subclass.
-
-Every client also gets a test split drawn from the test pool with the same
-label mixture as its training partition (:func:`matching_test_indices`), so
-that each client is evaluated on its own distribution, as in the paper.
-Everything is deterministic for a given seed.
+``flwr_datasets`` and ``datasets`` take seconds to import; a ClientApp that finds
+its data in the node's cache (:mod:`tasks.cache`) never needs them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+import datasets
 import numpy as np
+from flwr_datasets.partitioner import (
+    DirichletPartitioner,
+    IidPartitioner,
+    Partitioner,
+    PathologicalPartitioner,
+)
 
-PARTITIONINGS = ("practical", "iid", "pathological", "dirichlet", "blocks")
-
-# The paper's practical presets: 5 groups, dominant classes {0,1}..{8,9}, a
-# training-set size per client of each group (Huang et al. 2021, Sec. 5.1).
-PRACTICAL_GROUP_CLASSES: tuple[tuple[int, ...], ...] = ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))
-PRACTICAL_SIZES = {
-    "mnist": (500, 400, 300, 200, 100),
-    "fmnist": (600, 500, 400, 300, 200),
-}
-PRACTICAL_SIZES_DEFAULT = (500, 400, 300, 200, 100)
-
-
-def client_group(client_id: int, num_clients: int, num_groups: int = 5) -> int:
-    """Group of a client: consecutive ids, ``client_id * G // n`` with ``G = min(num_groups, n)``.
-
-    The groups of the practical partitioning, of the synthetic task's
-    rotations and of ``graph = "groups"``.
-    """
-    return client_id * min(num_groups, num_clients) // num_clients
+from .recipes import (
+    PARTITIONINGS,
+    PRACTICAL_GROUP_CLASSES,
+    PRACTICAL_SIZES_DEFAULT,
+    PracticalRecipe,
+    draw_by_counts,
+    matching_test_indices,
+    practical_class_counts,
+    split_evenly,
+)
 
 
-@dataclass(frozen=True)
-class PracticalRecipe:
-    """The practical setting of one dataset: each client's group, the groups' dominant
-    classes and each client's training size.
+class PracticalPartitioner(Partitioner):
+    """The FedAMP paper's practical non-IID partitioning (Huang et al. 2021, Sec. 5.1).
+
+    Clients are split into ``len(group_classes)`` groups of consecutive
+    partition ids (partition ``i`` of ``n`` is in group ``i * G // n``). A
+    client of group ``g`` gets ``group_sizes[g]`` samples: a share
+    ``dominant_fraction`` (paper: 80%) spread evenly over the group's dominant
+    classes and the rest spread evenly over all other classes. Partitions are
+    disjoint and depend only on ``seed``. With fewer clients than groups only
+    the first ``num_partitions`` groups are used.
 
     Parameters
     ----------
-    group_classes : tuple[tuple[int, ...], ...]
-        Dominant classes of each group.
-    group_sizes : tuple[int, ...] | None
-        Training samples per client of each group (MNIST: 500, 400, ...).
-    group_shares : tuple[float, ...] | None
-        Share of the clients in each group, in order of consecutive ids (EMNIST:
-        10/62, 26/62, 26/62); None: equal groups, ``client_group``.
-    size_blocks : tuple[int, ...] | None
-        Training samples per client of equal blocks of consecutive clients, set
-        apart from the groups (CIFAR-100: 500, 400, 300, 200, 100 for blocks of
-        20 of its 100 clients); used instead of ``group_sizes``.
+    num_partitions : int
+        Number of clients.
+    group_classes : Sequence[Sequence[int]]
+        Dominant classes of each group, e.g. ``((0, 1), (2, 3), ...)``.
+    group_sizes : Sequence[int]
+        Training samples per client of each group (same length as ``group_classes``).
+    dominant_fraction : float (default: 0.8)
+        Share of a client's samples drawn from its group's dominant classes.
+    partition_by : str (default: "label")
+        Column holding the class labels.
+    seed : int (default: 42)
+        Seed of the draw.
     """
 
-    group_classes: tuple[tuple[int, ...], ...] = PRACTICAL_GROUP_CLASSES
-    group_sizes: tuple[int, ...] | None = PRACTICAL_SIZES_DEFAULT
-    group_shares: tuple[float, ...] | None = None
-    size_blocks: tuple[int, ...] | None = None
-    superclass_groups: int = 0
+    def __init__(
+        self,
+        num_partitions: int,
+        group_classes: Sequence[Sequence[int]] = PRACTICAL_GROUP_CLASSES,
+        group_sizes: Sequence[int] = PRACTICAL_SIZES_DEFAULT,
+        dominant_fraction: float = 0.8,
+        partition_by: str = "label",
+        seed: int = 42,
+        recipe: PracticalRecipe | None = None,
+    ) -> None:
+        super().__init__()
+        if num_partitions <= 0:
+            raise ValueError(f"num_partitions must be > 0, got {num_partitions}")
+        if recipe is None:
+            if len(group_classes) != len(group_sizes) or not group_classes:
+                raise ValueError("group_classes and group_sizes must be non-empty and of equal length")
+            recipe = PracticalRecipe(tuple(tuple(int(c) for c in g) for g in group_classes),
+                                     tuple(int(s) for s in group_sizes))
+        if not 0.0 <= dominant_fraction <= 1.0:
+            raise ValueError(f"dominant_fraction must be in [0, 1], got {dominant_fraction}")
+        self._num_partitions = num_partitions
+        self._recipe = recipe
+        self._groups = recipe.groups(num_partitions)
+        self._sizes = recipe.sizes(num_partitions)
+        self._dominant_fraction = dominant_fraction
+        self._partition_by = partition_by
+        self._seed = seed
+        self._indices: list[np.ndarray] | None = None
 
     @property
-    def num_groups(self) -> int:
-        """Number of groups."""
-        return self.superclass_groups or len(self.group_classes)
+    def num_partitions(self) -> int:
+        """Number of partitions."""
+        return self._num_partitions
 
-    def for_pool(self, coarse_of_fine: Sequence[int] | None) -> PracticalRecipe:
-        """The recipe with its dominant classes filled in from the data: with
-        ``superclass_groups`` = G, group g is dominated by the fine classes of superclass g."""
-        if not self.superclass_groups:
-            return self
-        if coarse_of_fine is None:
-            raise ValueError("this practical setting groups clients by superclass, but the data "
-                             "has no coarse labels")
-        coarse = np.asarray(coarse_of_fine)
-        groups = tuple(tuple(int(c) for c in np.flatnonzero(coarse == g))
-                       for g in range(self.superclass_groups))
-        if any(len(g) == 0 for g in groups):
-            raise ValueError(f"the coarse labels must cover the {self.superclass_groups} superclasses")
-        return dataclasses.replace(self, group_classes=groups, superclass_groups=0)
+    def group_of(self, partition_id: int) -> int:
+        """Return the group of ``partition_id``."""
+        return self._groups[partition_id]
 
-    def groups(self, n: int) -> list[int]:
-        """The group of each of ``n`` clients (consecutive ids form a group)."""
-        if self.group_shares is None:
-            return [client_group(i, n, self.num_groups) for i in range(n)]
-        starts = np.round(np.cumsum((0.0,) + tuple(self.group_shares[:-1])) * n).astype(int)
-        return [int(np.searchsorted(starts, i, side="right")) - 1 for i in range(n)]
+    def class_counts(self, num_classes: int) -> np.ndarray:
+        """Per-client per-class training counts, shape (num_partitions, num_classes)."""
+        return np.stack([
+            practical_class_counts(self._sizes[i], self._recipe.group_classes[self._groups[i]],
+                                   num_classes, self._dominant_fraction)
+            for i in range(self._num_partitions)
+        ])
 
-    def sizes(self, n: int) -> list[int]:
-        """The training size of each of ``n`` clients."""
-        if self.size_blocks is not None:
-            blocks = self.size_blocks
-            return [blocks[client_group(i, n, len(blocks))] for i in range(n)]
-        if self.group_sizes is None:
-            raise ValueError("a practical recipe needs group_sizes or size_blocks")
-        sizes = self.group_sizes
-        return [sizes[g] for g in self.groups(n)]
+    def _compute(self) -> list[np.ndarray]:
+        labels = np.asarray(self.dataset[self._partition_by], dtype=np.int64)
+        num_classes = int(labels.max()) + 1
+        counts = self.class_counts(num_classes)
+        return draw_by_counts(labels, counts, np.random.default_rng(self._seed), reuse=False)
+
+    def load_partition(self, partition_id: int) -> datasets.Dataset:
+        """Return the rows of partition ``partition_id``."""
+        if not 0 <= partition_id < self._num_partitions:
+            raise ValueError(
+                f"partition_id {partition_id} is outside [0, {self._num_partitions})"
+            )
+        if self._indices is None:
+            self._indices = self._compute()
+        return self.dataset.select(self._indices[partition_id])
 
 
-def emnist_recipe() -> PracticalRecipe:
-    """FedAMP paper's EMNIST practical setting: 62 clients in three groups of consecutive ids,
-    0-9 dominated by the digits (classes 0-9) with 1000 training samples each, 10-35 by the
-    upper-case letters (10-35) with 700, 36-61 by the lower-case letters (36-61) with 400."""
-    return PracticalRecipe(
-        group_classes=(tuple(range(10)), tuple(range(10, 36)), tuple(range(36, 62))),
-        group_sizes=(1000, 700, 400), group_shares=(10 / 62, 26 / 62, 26 / 62))
+class LabelBlocksPartitioner(Partitioner):
+    """Each client gets every sample of its own block of classes: the classes split into
+    ``num_partitions`` contiguous blocks (sizes differing by at most one), client i the i-th.
 
-
-def cifar100_recipe() -> PracticalRecipe:
-    """FedAMP paper's CIFAR-100 practical setting: 100 clients in 20 groups of 5 consecutive
-    ids, group g dominated by the 5 classes of superclass g (from the dataset's coarse
-    labels, :meth:`PracticalRecipe.for_pool`), with 500, 400, 300, 200 and 100 training
-    samples for consecutive blocks of 20 clients."""
-    return PracticalRecipe(group_classes=(), group_sizes=None, superclass_groups=20,
-                           size_blocks=(500, 400, 300, 200, 100))
-
-
-def split_evenly(total: int, parts: int) -> np.ndarray:
-    """Split ``total`` into ``parts`` integers that differ by at most one."""
-    base = np.full(parts, total // parts, dtype=np.int64)
-    base[: total % parts] += 1
-    return base
-
-
-def practical_class_counts(
-    n: int, dominant: Sequence[int], num_classes: int, dominant_fraction: float = 0.8
-) -> np.ndarray:
-    """Per-class sample counts of one client of the practical setting.
-
-    ``round(dominant_fraction * n)`` samples are spread evenly over the
-    ``dominant`` classes and the rest evenly over all other classes.
+    The two-host setting of Ioste and Finger's combination (MNIST digits 0-4 on one
+    host, 5-9 on the other) is ``num_partitions = 2``. Needs no more clients than classes.
     """
-    counts = np.zeros(num_classes, dtype=np.int64)
-    others = [c for c in range(num_classes) if c not in set(dominant)]
-    n_dom = int(round(dominant_fraction * n)) if others else n
-    counts[list(dominant)] = split_evenly(n_dom, len(dominant))
-    if others:
-        counts[others] = split_evenly(n - n_dom, len(others))
-    return counts
+
+    def __init__(self, num_partitions: int, partition_by: str = "label") -> None:
+        super().__init__()
+        self._num_partitions = num_partitions
+        self._partition_by = partition_by
+
+    @property
+    def num_partitions(self) -> int:
+        """Number of partitions."""
+        return self._num_partitions
+
+    def load_partition(self, partition_id: int) -> datasets.Dataset:
+        """Return the rows of the classes of block ``partition_id``."""
+        labels = np.asarray(self.dataset[self._partition_by], dtype=np.int64)
+        num_classes = int(labels.max()) + 1
+        if self._num_partitions > num_classes:
+            raise ValueError(f"{self._num_partitions} clients but only {num_classes} classes "
+                             "to split into blocks")
+        ends = np.cumsum(split_evenly(num_classes, self._num_partitions))
+        lo, hi = (0 if partition_id == 0 else ends[partition_id - 1]), ends[partition_id]
+        return self.dataset.select(np.flatnonzero((labels >= lo) & (labels < hi)))
 
 
-def draw_by_counts(
-    labels: np.ndarray, counts: np.ndarray, rng: np.random.Generator, reuse: bool
-) -> list[np.ndarray]:
-    """Draw, for every row of ``counts`` (clients x classes), that many indices per class.
+def build_partitioner(
+    name: str,
+    num_partitions: int,
+    seed: int,
+    dirichlet_alpha: float = 0.5,
+    recipe: PracticalRecipe | None = None,
+) -> Partitioner:
+    """Return the partitioner called ``name`` (one of :data:`PARTITIONINGS`).
 
-    Indices of each class are taken in a seeded random order. With ``reuse``
-    False the clients' indices are disjoint and running out of a class is an
-    error; with ``reuse`` True a class pool is reshuffled and taken again when
-    it runs out (used for test sets, which may share samples across clients).
+    ``recipe``: the dataset's practical setting (default: MNIST's).
     """
-    num_classes = counts.shape[1]
-    pools = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
-    needed = counts.sum(axis=0)
-    if not reuse:
-        for c in range(num_classes):
-            if needed[c] > len(pools[c]):
-                raise ValueError(
-                    f"the partitioning needs {needed[c]} samples of class {c} but the "
-                    f"dataset has {len(pools[c])}; use fewer clients or smaller partitions"
-                )
-    elif np.any((needed > 0) & (np.array([len(p) for p in pools]) == 0)):
-        missing = [c for c in range(num_classes) if needed[c] and not len(pools[c])]
-        raise ValueError(f"the test split has no samples of class(es) {missing}")
-    cursor = np.zeros(num_classes, dtype=np.int64)
-    out = []
-    for row in counts:
-        parts = []
-        for c in (int(i) for i in np.flatnonzero(row)):
-            k = int(row[c])
-            pool = pools[c]
-            if reuse:
-                take = pool[(cursor[c] + np.arange(k)) % len(pool)]
-            else:
-                take = pool[cursor[c] : cursor[c] + k]
-            cursor[c] += k
-            parts.append(take)
-        out.append(rng.permutation(np.concatenate(parts)) if parts else np.zeros(0, np.int64))
-    return out
+    if name == "practical":
+        return PracticalPartitioner(num_partitions, seed=seed, recipe=recipe or PracticalRecipe())
+    if name == "iid":
+        return IidPartitioner(num_partitions)
+    if name == "pathological":
+        return PathologicalPartitioner(
+            num_partitions, "label", num_classes_per_partition=2,
+            class_assignment_mode="first-deterministic", seed=seed,
+        )
+    if name == "blocks":
+        return LabelBlocksPartitioner(num_partitions)
+    if name == "dirichlet":
+        return DirichletPartitioner(
+            num_partitions, "label", alpha=dirichlet_alpha, min_partition_size=10,
+            self_balancing=True, seed=seed,
+        )
+    raise ValueError(f"unknown partitioning '{name}'; allowed: {', '.join(PARTITIONINGS)}")
 
 
-def matching_test_indices(
+def partition_pool(
+    train_labels: np.ndarray,
     test_labels: np.ndarray,
-    train_counts: np.ndarray,
+    partitioner: Partitioner,
     n_test: int,
     seed: int,
-) -> list[np.ndarray]:
-    """Draw ``n_test`` test indices per client with its training label mixture.
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Partition a pool: training indices and test indices of every client.
 
-    ``train_counts`` is (clients x classes). A client's per-class test counts
-    are ``n_test * p`` rounded by largest remainder, ``p`` its training label
-    proportions; under the practical partitioning this is the paper's "100
-    test samples drawn from the same mixture". Test samples may repeat across
-    clients (not within one client while the class pool lasts).
+    The training labels are wrapped in a ``datasets.Dataset`` (labels and row
+    ids only, shuffled with ``seed``), handed to ``partitioner``, and each
+    partition's row ids are read back; test indices follow each client's mixture.
     """
-    counts = np.zeros_like(train_counts)
-    for i, row in enumerate(train_counts):
-        total = row.sum()
-        if total == 0:
-            continue
-        exact = n_test * row / total
-        base = np.floor(exact).astype(np.int64)
-        order = np.argsort(-(exact - base), kind="stable")
-        base[order[: n_test - base.sum()]] += 1
-        counts[i] = base
-    return draw_by_counts(test_labels, counts, np.random.default_rng(seed + 1), reuse=True)
+    num_classes = int(max(train_labels.max(), test_labels.max())) + 1
+    ds = datasets.Dataset.from_dict(
+        {"label": train_labels.astype(np.int64), "row": np.arange(len(train_labels))}
+    ).shuffle(seed=seed)
+    partitioner.dataset = ds
+    train_idx = []
+    for pid in range(partitioner.num_partitions):
+        part = partitioner.load_partition(pid)
+        # the whole column at once (Arrow to NumPy), not row by row through Python objects
+        train_idx.append(np.asarray(part.with_format("numpy")["row"], dtype=np.int64))
+    counts = np.stack([np.bincount(train_labels[i], minlength=num_classes) for i in train_idx])
+    return train_idx, matching_test_indices(test_labels, counts, n_test, seed)
+

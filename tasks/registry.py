@@ -21,7 +21,7 @@ from . import data as _data
 from .federated import FederatedData, load_npz, load_tpt48, make_fl60, make_fl60_grda
 from .members import CLASSIFICATION, REGRESSION, MemberSchema
 from .models import MODEL_OF_TASK
-from .partitioners import PRACTICAL_SIZES, PracticalRecipe, cifar100_recipe, emnist_recipe
+from .recipes import PRACTICAL_SIZES, PracticalRecipe, cifar100_recipe, emnist_recipe
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import tasks
-from tasks.partitioner_classes import PracticalPartitioner, build_partitioner, partition_pool
-from tasks.partitioners import matching_test_indices, practical_class_counts
+from tasks.partitioners import PracticalPartitioner, build_partitioner, partition_pool
+from tasks.recipes import matching_test_indices, practical_class_counts
 
 from .conftest import needs_data
 
@@ -102,7 +102,7 @@ def test_synthetic_default_sizes():
 
 
 def test_emnist_practical_recipe_62_clients_in_three_groups():
-    from tasks.partitioners import emnist_recipe
+    from tasks.recipes import emnist_recipe
 
     recipe = emnist_recipe()
     groups, sizes = recipe.groups(62), recipe.sizes(62)
@@ -123,7 +123,7 @@ def test_emnist_practical_recipe_62_clients_in_three_groups():
 
 def test_cifar100_practical_recipe_groups_by_superclass_sizes_by_block():
     from tasks.data import Split, coarse_of_fine
-    from tasks.partitioners import cifar100_recipe
+    from tasks.recipes import cifar100_recipe
 
     rng = np.random.default_rng(0)
     superclass = rng.permutation(np.repeat(np.arange(20), 5))  # fine class -> coarse class
