@@ -183,7 +183,7 @@ PRESETS: dict[str, Grid] = {
     ),
     # Accuracy against epsilon (docs/privacy.md): every member trains with DP-SGD (clip 1,
     # delta 1e-5) at the noise multiplier that keeps each member's rounds at epsilon 1, 4
-    # or 16 (DP_NOISE: tasks.privacy.noise_multiplier_for over the members' sample rates
+    # or 16 (DP_NOISE: tasks.dp.noise_multiplier_for over the members' sample rates
     # and steps, computed again by tests/test_privacy.py), and without DP (epsilon
     # infinite). FMNIST practical with the MLP: per-example gradients of the CNN cost
     # about 1.2 s a step of 100 on a 2-core CPU (Opacus), 12 times a plain step.

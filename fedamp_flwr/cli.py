@@ -252,7 +252,7 @@ def xi_graph(run_dir: str, server_round: int | None, k: int, out: str) -> int:
 
 def privacy_report(folder: str, delta: float | None) -> int:
     """Print what each ledger in ``folder`` spent; 1 where one cannot be read."""
-    from .privacy import Declined, Ledger
+    from .ledger import Declined, Ledger
 
     files = sorted(Path(folder).expanduser().glob("*.json"))
     if not files:

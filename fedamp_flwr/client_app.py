@@ -105,7 +105,7 @@ from strategies.core.protocol import (
     as_int,
     is_name,
 )
-from tasks.privacy import DPSGD, os_generator, privatize_update
+from tasks.dp import DPSGD, os_generator, privatize_update
 from tasks.scenarios import flip_labels
 from tasks.tabular import LEAST_ROWS, column_stats, fit_linear, scaling_problem, standardize
 from tasks.tabular import own as own_stats
@@ -117,7 +117,7 @@ from . import identity
 from .config import ConfigError, RunConfig
 from .delivery import keep_tested_model
 from .identity import IdentityError
-from .privacy import MAX_EPSILON, Declined, Ledger, NodePrivacy, data_digest
+from .ledger import MAX_EPSILON, Declined, Ledger, NodePrivacy, data_digest
 
 app = ClientApp()
 

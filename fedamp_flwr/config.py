@@ -60,7 +60,7 @@ RUN_NAME_MOST = 200
 SAVE_MODES = ("final", "every-checkpoint", "best-validation", "none")
 #: how members' vector inputs are standardized (tasks/tabular.py)
 SCALINGS = ("pooled", "own", "none")
-#: differential privacy on the members' machines (fedamp_flwr/privacy.py)
+#: differential privacy on the members' machines (fedamp_flwr/ledger.py)
 DP_MODES = ("none", "update", "dp-sgd")
 
 # The generic settings that take "auto", and their values where neither the task nor the

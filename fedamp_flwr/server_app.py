@@ -31,8 +31,8 @@ from strategies.core.replies import array_spec
 from strategies.core.roster import ClientInfo
 from strategies.core.settings import MOST_CLIENTS
 from strategies.core.tracking import RunTracking
+from tasks.dp import has_batch_statistics, noise_allowance
 from tasks.graphs import GraphError, build_graph, group_graph
-from tasks.privacy import has_batch_statistics, noise_allowance
 from tasks.tabular import pooled
 
 from .config import ConfigError, RunConfig

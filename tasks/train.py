@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .privacy import DPSGD, clipped_gradient_sum
+from .dp import DPSGD, clipped_gradient_sum
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -116,7 +116,7 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, ba
     gradient before every step, in ``model.parameters()`` order (SCAFFOLD's ``c - c_i``,
     Karimireddy et al. 2020, Alg. 1 line 10). ``clip_norm`` > 0: the gradients' total norm
     clipped to it before every step. ``dp_sgd``: per-example DP-SGD
-    (:class:`tasks.privacy.DPSGD`): as many steps, each on a Poisson sample drawn from the
+    (:class:`tasks.dp.DPSGD`): as many steps, each on a Poisson sample drawn from the
     operating system's randomness (not ``seed``), with clipped per-example gradients and
     Gaussian noise; no ``grad_correction`` then, and its clipping replaces ``clip_norm``
     (the proximal gradient, which reads no data, is added after the noise).
@@ -148,7 +148,7 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, ba
 def _train_dp_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn,
                   opt: torch.optim.Optimizer, center: list[torch.Tensor] | None,
                   proximal_mu: float, dp: DPSGD, steps: int) -> float:
-    """``steps`` DP-SGD steps (:class:`tasks.privacy.DPSGD`); the mean loss of the sampled
+    """``steps`` DP-SGD steps (:class:`tasks.dp.DPSGD`); the mean loss of the sampled
     examples."""
     trainable = [p.requires_grad for p in model.parameters()]
     params = [p for p, t in zip(model.parameters(), trainable) if t]  # clipped_gradient_sum's

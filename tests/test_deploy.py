@@ -18,7 +18,7 @@ from flwr.app import Context, RecordDict
 from flwr.common.config import parse_config_args
 
 from fedamp_flwr.config import RunConfig
-from fedamp_flwr.privacy import NodePrivacy
+from fedamp_flwr.ledger import NodePrivacy
 
 UNIT = Path(__file__).resolve().parents[1] / "deploy" / "member-supernode.service"
 

@@ -16,8 +16,8 @@ import tasks
 from experiments.make_sites import write_sites
 from fedamp_flwr import cli
 from fedamp_flwr.config import ConfigError, RunConfig
-from fedamp_flwr.privacy import Declined, Ledger, NodePrivacy
-from tasks.privacy import (
+from fedamp_flwr.ledger import Declined, Ledger, NodePrivacy
+from tasks.dp import (
     clipped_gradient_sum,
     epsilon,
     has_batch_statistics,
@@ -173,7 +173,7 @@ def test_a_simulation_keeps_each_clients_ledger_in_the_run_folder_and_none_chang
     assert not (tmp_path / "plain" / "privacy").exists()
     assert plain["rounds"][0]["client_accuracy"] != private["rounds"][0]["client_accuracy"]
     # the accuracy-against-epsilon report reads the epsilon the members reported
-    from experiments import privacy as report
+    from experiments import dp_tradeoff as report
 
     assert report.main([str(tmp_path), "--out", str(tmp_path / "fig")]) == 0
     said = capsys.readouterr().out
@@ -334,7 +334,7 @@ def test_a_members_budget_is_kept_at_its_own_delta_whatever_the_run_asks(tmp_pat
     numbers, the round that would; what it reports is at the stricter of the two deltas."""
     import logging
 
-    from fedamp_flwr.privacy import MEMBER_DELTA
+    from fedamp_flwr.ledger import MEMBER_DELTA
 
     run_config, nodes = _members(tmp_path)
     nodes[1].update({"dp-max-epsilon": 8.0, "privacy-dir": str(tmp_path / "ledger")})

@@ -44,7 +44,7 @@ from flwr.supercore import log
 from torch import nn
 
 from tasks import ClientData
-from tasks.privacy import DPSGD
+from tasks.dp import DPSGD
 from tasks.train import train as train_loop
 
 from .protocol import CLIENT_UPDATE, GENERIC_KEYS, TRAINED_ROUNDS, as_int

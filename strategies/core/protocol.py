@@ -62,7 +62,7 @@ MODEL = "model"
 MODEL_KEPT = "model-kept"
 # In train messages of a run with differential privacy (run config dp): the run's folder,
 # absolute (a partitioned run's clients keep their privacy ledger in its privacy/; a
-# member's node keeps its own in its privacy-dir, fedamp_flwr/privacy.py).
+# member's node keeps its own in its privacy-dir, fedamp_flwr/ledger.py).
 DP_RUN = "dp-run"
 # Train reply metric under dp: the epsilon the member has spent, this reply included, over
 # every run its ledger holds (at the run's dp-delta, or its node's stricter one).
@@ -113,7 +113,7 @@ PROOF = "proof"
 # stops the run on this one (:meth:`strategies.core.screening.ReplyScreen.stop_on_refusals`).
 REFUSED = 1001
 # Error code of a member's node that declines a round by its own rule (its privacy budget
-# would be passed, fedamp_flwr/privacy.py): that member's absence, with the reason; never
+# would be passed, fedamp_flwr/ledger.py): that member's absence, with the reason; never
 # a reason to stop the run.
 DECLINED = 1002
 # Error code of the reply the server writes itself for a message that got none: within the

@@ -30,7 +30,7 @@ class RunTracking:
     found (node id -> what each said), the scenario's ``roles``, the update-norm bound (a
     training reply w is left out when ``||w - w_sent||`` exceeds ``max_update_ratio`` x
     ``max(||w_sent||, 1)`` + ``update_noise``, what a member's own noise may add:
-    ``dp = "update"``, :func:`tasks.privacy.noise_allowance`), whether a refusal is an
+    ``dp = "update"``, :func:`tasks.dp.noise_allowance`), whether a refusal is an
     absence (a run of members, where a member may refuse what its node does not allow)
     rather than a fault that stops the run, and where FedAMP's weight matrices go
     (``xi_sink``; None: kept in the history)."""

@@ -1,6 +1,6 @@
 """Accuracy against epsilon, from the runs of the "dp-tradeoff" and "dp-panacea" presets.
 
-``python -m experiments.privacy RESULTS [RESULTS ...] --out docs/privacy`` reads every run
+``python -m experiments.dp_tradeoff RESULTS [RESULTS ...] --out docs/privacy`` reads every run
 under the given ``simulation.py --output`` folders and writes
 
 * ``accuracy-epsilon.png``: each method's BMTA (or best mean MSE) against the epsilon its
@@ -93,7 +93,7 @@ def plot(found: Sequence[dict], path: Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.privacy", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m experiments.dp_tradeoff", description=__doc__)
     p.add_argument("results", nargs="+", type=Path, help="simulation.py --output folders (or "
                    "any folders holding runs' metrics.json)")
     p.add_argument("--out", type=Path, default=Path("docs/privacy"))

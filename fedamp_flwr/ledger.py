@@ -39,8 +39,8 @@ from typing import Any
 import torch
 from flwr.app import Context
 
+from tasks.dp import epsilon
 from tasks.files import FILE_MODE, atomic_write, private_folder, strict_json
-from tasks.privacy import epsilon
 
 from .config import ConfigError, RunConfig
 
