@@ -270,8 +270,9 @@ class RunConfig:
                          allowed="auto, mlp, mlp-16, cnn, resnet18 (one that fits the data)")
     # Members' own data (dataset = "members")
     member_input_shape: str = setting("", 'one input\'s shape: "F" or "C,H,W"')
+    # (member-task and member-scaling: checked with the other member- keys, and only then)
     member_task: str = setting("classification", "classification or regression",
-                               **one_of(tasks.CLASSIFICATION, tasks.REGRESSION))
+                               allowed=f"{tasks.CLASSIFICATION}, {tasks.REGRESSION}")
     member_outputs: int = setting(0, "the classes, or the regression outputs", **integer_in(
         0, MOST_OUTPUTS, 'the classes, or the regression outputs, of dataset = "members"'))
     member_class_names: str = setting("", "the classes' names, comma-separated")
@@ -280,7 +281,7 @@ class RunConfig:
     member_categories: str = setting("", "a table's categorical columns and their categories")
     member_roster: str = setting("", "a file of the members' names and public keys")
     member_scaling: str = setting("pooled", "how members' vector inputs are standardized",
-                                  **one_of(*SCALINGS))
+                                  allowed=", ".join(SCALINGS))
     member_alone: bool = setting(True, "each member also scores models trained alone")
     checkpoint_secret: str = setting("", "a file of the coordinator's secret sealing checkpoints")
     #: the chosen strategy's own settings (its keys checked, "auto" resolved)

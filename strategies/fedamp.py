@@ -83,16 +83,15 @@ class FedAMP(PersonalizedStrategy):
         self.lam = s.fedamp_lambda
         self.sigma = sigma
         self.offline_clients = s.fedamp_offline_clients
-        self._underflow_warned = False
+        self._underflow_warned, self._rescaling = False, False  # the last weights rescaled
         self._rescaled_rounds: list[int] = []  # rounds whose rows were rescaled
         self._round_xi: torch.Tensor | None = None
         self._clouds: torch.Tensor | None = None  # reused: a fresh one costs page faults
 
     def summary(self) -> None:
         super().summary()
-        own = ("1 - the others (Eq. 6)" if self.self_weight is None else
-               "1 / (N_i + 1) (the appendix)" if self.self_weight == "paper" else
-               f"{self.self_weight:g}")
+        own = {None: "1 - the others (Eq. 6)", "paper": "1 / (N_i + 1) (the appendix)"}.get(
+            self.self_weight, f"{self.self_weight}")  # type: ignore[arg-type]
         sigma = "from the data (round 1)" if self.sigma is None else f"{self.sigma:g}"
         log(INFO, "\t└── alpha_k %g (x%g every %d rounds), lambda %g, sigma %s, self weight %s",
             self.alpha_k, self.alpha_decay, self.alpha_decay_every, self.lam, sigma, own)
@@ -115,8 +114,7 @@ class FedAMP(PersonalizedStrategy):
             assert not isinstance(self.self_weight, str), "a number, 'paper' or None"
             return self.self_weight
         assert self.groups is not None  # checked in __init__
-        ids = torch.as_tensor(self.client_ids, dtype=torch.long)[active.cpu()]
-        group = self.groups[ids]
+        group = self.groups[torch.as_tensor(self.client_ids, dtype=torch.long)[active.cpu()]]
         return 1.0 / torch.bincount(group)[group].double()
 
     def personalize(self, server_round: int, rows: torch.Tensor, config: ConfigRecord
@@ -189,7 +187,7 @@ class FedAMP(PersonalizedStrategy):
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "sigma": self.sigma,
-                "underflow_warned": self._underflow_warned,
+                "underflow_warned": self._underflow_warned, "rescaling": self._rescaling,
                 "rescaled_rounds": list(self._rescaled_rounds)}
 
     def load_state_dict(self, state: dict, initial_arrays) -> None:
@@ -198,20 +196,23 @@ class FedAMP(PersonalizedStrategy):
         if self.sigma is None and state.get("sigma") is not None:  # chosen from the data
             self.sigma = float(state["sigma"])
         self._rescaled_rounds = [int(r) for r in state.get("rescaled_rounds", [])]
+        self._rescaling = bool(state.get("rescaling", False))
 
     def _say(self, server_round: int, flags: Flags) -> None:
         """Log what the weights' safeguards did: rows rescaled in the round it starts (INFO:
         Eq. 6 at alpha_k >> sigma, as designed) and in the round it stops; underflow once."""
-        before = self._rescaled_rounds[-1] if self._rescaled_rounds else None
-        if flags.rescaled_rows and server_round != before:
-            if before != server_round - 1:
+        if flags.rescaled_rows:
+            if not self._rescaling:
                 log(INFO, "Round %d: %d of %d rows had off-diagonal weights summing above 1 "
                     "(max %.3g); rescaled to 1 with xi_ii = 0: those clients' cloud models mix "
                     "the others in Eq. 6's proportions, as fedamp-self-weight = 0 would "
                     "(docs/methods.md; said once: the round in which it stops is logged)",
                     server_round, flags.rescaled_rows, flags.rows, flags.largest_row_sum)
-            self._rescaled_rounds.append(server_round)
-        elif not flags.rescaled_rows and before == server_round - 1:
+            self._rescaling = True
+            if server_round not in self._rescaled_rounds:
+                self._rescaled_rounds.append(server_round)
+        elif self._rescaling and server_round not in self._rescaled_rounds:
+            self._rescaling = False
             log(INFO, "Round %d: no rows rescaled any more (rescaled in %d round(s) before)",
                 server_round, len(self._rescaled_rounds))
         if flags.underflow and not self._underflow_warned:

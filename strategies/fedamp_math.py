@@ -80,10 +80,9 @@ def cloud_models(xi: torch.Tensor, models: torch.Tensor,
     """u = xi @ W (Eq. 6): the (k, d) cloud models of k rows of weights xi (k, m) over the
     (m, d) models, in the models' dtype, into ``out`` when it fits (a buffer reused from
     round to round: writing 100 fresh rows of the CNN costs page faults)."""
-    weights = xi.to(models.dtype)
-    shape = (weights.shape[0], models.shape[1])
-    if out is None or tuple(out.shape) != shape or out.dtype != models.dtype \
-            or out.device != models.device:
+    weights, shape = xi.to(models.dtype), (xi.shape[0], models.shape[1])
+    if out is None or (tuple(out.shape), out.dtype, out.device) != (shape, models.dtype,
+                                                                    models.device):
         out = torch.empty(shape, dtype=models.dtype, device=models.device)
     return torch.mm(weights, models, out=out)
 

@@ -47,3 +47,17 @@ def test_a_records_score_and_clients():
 def test_records_say_their_version():
     assert version_of(RunHistory().to_dict()) == VERSION == 2
     assert version_of({"rounds": []}) == 1  # written before records were versioned
+
+
+def test_a_round_is_evaluated_by_its_evaluation_metrics_only():
+    """A dp run's training records each member's epsilon (``client_dp_epsilon``): that is
+    no evaluation, so a round whose every evaluation failed is a failed round (before the
+    records were spelled in one module, any ``client_`` key counted as an evaluation)."""
+    from fedamp_flwr.rounds import round_failure
+
+    trained = {"round": 1, "trained_clients": [0, 1], "client_dp_epsilon": {0: 1.0, 1: 1.0},
+               "absent_evaluation": {0: "no reply within the round timeout (60 s)",
+                                     1: "no reply within the round timeout (60 s)"}}
+    assert "evaluation could be used: 2 client(s) left out" in round_failure(trained)
+    assert round_failure({**trained, "client_loss": {0: 0.5}}) is None
+    assert evaluated_clients(trained) == set()

@@ -194,9 +194,15 @@ def test_rows_rescaled_is_said_once_and_when_it_stops(caplog):
     stops = [rec.getMessage() for rec in caplog.records if "any more" in rec.getMessage()]
     assert len(stops) == 1 and stops[0].startswith("Round 4:")
     state = strategy.state_dict()  # checkpointed, so a resumed run does not say it again
-    assert state["rescaled_rounds"] == [1, 2, 3]
+    assert state["rescaled_rounds"] == [1, 2, 3] and state["rescaling"] is False
     strategy._say(7, rescaled)  # it starts again: said again
     assert sum("rows had" in rec.getMessage() for rec in caplog.records) == 2
+    # a round in which no client trains computes no weights: rescaling goes on through it
+    strategy._say(9, rescaled)
+    assert sum("rows had" in rec.getMessage() for rec in caplog.records) == 2
+    strategy._say(11, Flags(rows=2))  # and stops in the next round that computes them
+    stops = [rec.getMessage() for rec in caplog.records if "any more" in rec.getMessage()]
+    assert len(stops) == 2 and stops[1].startswith("Round 11:")
 
 
 def test_underflow_is_warned_once_per_run(caplog):

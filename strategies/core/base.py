@@ -11,7 +11,7 @@
 Both hold a :class:`strategies.core.tracking.Tracker` (``self.tracker``) and
 say which client half runs on the clients (:class:`ClientInstructions`). The
 pieces they are built from live in modules of their own:
-:mod:`strategies.core.clients` (who the clients are),
+:mod:`strategies.core.roster` (who the clients are),
 :mod:`strategies.core.layout` (flat model vectors),
 :mod:`strategies.core.replies` (reply checks), :mod:`strategies.core.history`
 (the run's records), :mod:`strategies.core.tracking`.
