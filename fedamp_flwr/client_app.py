@@ -105,6 +105,7 @@ from strategies.core.protocol import (
     as_int,
     is_name,
 )
+from strategies.core.records import score_of
 from tasks.dp import DPSGD, os_generator, privatize_update
 from tasks.scenarios import flip_labels
 from tasks.tabular import LEAST_ROWS, column_stats, fit_linear, scaling_problem, standardize
@@ -519,8 +520,7 @@ def _alone(context: Context, setup: Setup, job: ClientJob, scores: dict) -> dict
     linear_score, model_score = as_float(held["linear"], "linear"), as_float(held["model"],
                                                                               "model")
     accuracy = main == ACCURACY
-    better = max(linear_score, model_score) if accuracy else min(linear_score, model_score)
-    gain = (mine - better) if accuracy else (better - mine)
+    gain = score_of(not accuracy).gain(mine, (linear_score, model_score))
     alone: dict[str, Any] = {"linear": linear_score, "model": model_score, "metric": main,
                              "steps": as_int(held["budget"], "budget"), "gain": gain}
     scale, unit = (100.0, " points") if accuracy else (1.0, "")

@@ -209,9 +209,7 @@ def alone_lines(result: dict, names: list[str]) -> list[str]:
         if cid not in scores and int(cid) not in scores:
             continue
         mine = float(scores.get(cid, scores.get(int(cid), 0.0)))
-        better = score.best(own.values())
-        gain = (mine - better) if score.higher_is_better else (better - mine)
-        scale = score.scale
+        gain, scale = score.gain(mine, own.values()), score.scale
         who = names[int(cid)] if int(cid) < len(names) else f"client {cid}"
         lines.append(f"{who}: {main} {scale * mine:.4g} in round {last.get('round')}; alone "
                      f"{scale * own.get('linear', float('nan')):.4g} (linear), "

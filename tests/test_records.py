@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from strategies.core.history import RunHistory
 from strategies.core.records import (
     ACCURACY_SCORE,
@@ -61,3 +63,9 @@ def test_a_round_is_evaluated_by_its_evaluation_metrics_only():
     assert "evaluation could be used: 2 client(s) left out" in round_failure(trained)
     assert round_failure({**trained, "client_loss": {0: 0.5}}) is None
     assert evaluated_clients(trained) == set()
+
+
+def test_the_gain_over_the_better_model_alone():
+    assert ACCURACY_SCORE.gain(0.9, (0.8, 0.85)) == pytest.approx(0.05)
+    assert ACCURACY_SCORE.gain(0.7, (0.8, 0.6)) == pytest.approx(-0.1)  # federation worse
+    assert MSE_SCORE.gain(1.0, (1.5, 1.2)) == pytest.approx(0.2)  # lower is better

@@ -57,6 +57,12 @@ class Score(NamedTuple):
     def best(self, values: Iterable[float]) -> float:
         return max(values) if self.higher_is_better else min(values)
 
+    def gain(self, mine: float, others: Iterable[float]) -> float:
+        """How much better ``mine`` is than the best of ``others`` (negative: worse): what
+        federation gave a member over its better model alone, on both seats' lines."""
+        best = self.best(others)
+        return (mine - best) if self.higher_is_better else (best - mine)
+
 
 ACCURACY_SCORE = Score(ACCURACY, "bmta", True, 100.0)
 MSE_SCORE = Score(MSE, "best_mean_mse", False, 1.0)
