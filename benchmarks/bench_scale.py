@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from strategies.core.records import ACCURACY_SCORE, mean_score
+from strategies.core.records import ACCURACY_SCORE, RunFile, mean_score
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ def run_child(run_config: dict, n: int) -> dict:
         row = json.loads(out.stdout.strip().splitlines()[-1])
         row["round_s"] = [float(s) for _, s in ROUND.findall(out.stderr + out.stdout)]
         folder = Path(tmp) / "run"
-        row["metrics"] = json.loads((folder / "metrics.json").read_text())
+        row["metrics"] = RunFile.read(folder / "metrics.json")
         xi_files = sorted((folder / "xi").glob("round-*.npy"))
         row["xi_file_mb"] = xi_files[-1].stat().st_size / 2**20 if xi_files else None
         row["metrics_json_kb"] = (folder / "metrics.json").stat().st_size / 1024
@@ -66,7 +66,7 @@ def run(strategy: str, n: int, rounds: int) -> dict:
     cfg = {"strategy": strategy, "num-server-rounds": rounds, "local-epochs": 1,
            **({"graph": "groups"} if strategy == "panacea" else {})}
     row = run_child(cfg, n)
-    row["final_mean_accuracy"] = mean_score(row.pop("metrics")["rounds"][-1], ACCURACY_SCORE)
+    row["final_mean_accuracy"] = mean_score(row.pop("metrics").rounds[-1], ACCURACY_SCORE)
     return row
 
 

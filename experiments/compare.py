@@ -20,7 +20,6 @@ run's status and a table of the BMTA (classification) or best mean test MSE
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -28,21 +27,21 @@ from pathlib import Path
 
 from experiments.flower_cli import COMPLETED, FlowerCliError, FlowerRun
 from experiments.processes import SuperLink
-from strategies.core.records import mean_score, run_score
+from strategies.core.records import RunFile, mean_score
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def table(out: Path, names: Sequence[str]) -> str:
     """A Markdown table of the runs' headline numbers and their per-round means."""
-    runs = {s: json.loads((out / s / "metrics.json").read_text()) for s in names}
-    score = run_score(next(iter(runs.values())))
+    runs = {s: RunFile.read(out / s / "metrics.json") for s in names}
+    score = next(iter(runs.values())).score
     col = "BMTA (%)" if score.higher_is_better else "best mean MSE"
     lines = [f"| strategy | {col} | per round |", "|---|---:|---|"]
     for s, m in runs.items():
-        per = ", ".join(f"{score.scale * v:.4g}" for r in m["rounds"]
+        per = ", ".join(f"{score.scale * v:.4g}" for r in m.rounds
                         if (v := mean_score(r, score)) is not None)
-        lines.append(f"| {s} | {m[score.headline]:.4g} | {per} |")
+        lines.append(f"| {s} | {m.headlines.get(score.headline, float('nan')):.4g} | {per} |")
     return "\n".join(lines)
 
 

@@ -20,7 +20,6 @@ drill's result on a 2-core machine is in docs/survival.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -29,7 +28,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from strategies.core.records import ABSENT, TRAINED
+from strategies.core.records import ABSENT, TRAINED, RunFile
 
 from .processes import SuperLink, free_port, stop_tree
 
@@ -37,14 +36,14 @@ ROOT = Path(__file__).resolve().parents[1]
 TRUE_REASONS = ("node unavailable", "node not connected")
 
 
-def _metrics(path: Path) -> dict | None:
+def _metrics(path: Path) -> RunFile | None:
     try:
-        return json.loads(path.read_text())
+        return RunFile.read(path)
     except (OSError, ValueError):
         return None
 
 
-def _wait(path: Path, until, timeout: float, what: str, run: subprocess.Popen) -> dict:
+def _wait(path: Path, until, timeout: float, what: str, run: subprocess.Popen) -> RunFile:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         metrics = _metrics(path)
@@ -56,11 +55,11 @@ def _wait(path: Path, until, timeout: float, what: str, run: subprocess.Popen) -
     raise SystemExit(f"timed out waiting for {what}")
 
 
-def problems(metrics: dict, killed: set[int], restarted: set[int], timeout: float,
+def problems(metrics: RunFile, killed: set[int], restarted: set[int], timeout: float,
              log: str) -> list[str]:
     """What in a finished drill's records is not as it happened (empty: every reason true)."""
     found = []
-    rounds = metrics.get("rounds", [])
+    rounds = metrics.rounds
     for rec in rounds:
         for key in ABSENT.values():
             for cid, why in rec.get(key, {}).items():
@@ -74,7 +73,7 @@ def problems(metrics: dict, killed: set[int], restarted: set[int], timeout: floa
     for cid in sorted(restarted):
         if cid not in last.get(TRAINED, []):
             found.append(f"client {cid} was restarted and did not train in the last round")
-    if not metrics.get("finished"):
+    if not metrics.finished:
         found.append("the run did not finish")
     if "dropped: that node was not sent" in log:
         found.append("the log dropped a reply it could not match to a message")
@@ -131,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _drill(args: argparse.Namespace, out: Path, link: SuperLink, supernode, nodes: dict,
-           killed: set[int], restarted: set[int], run_log) -> dict:
+           killed: set[int], restarted: set[int], run_log) -> RunFile:
     """The run, with ``killed`` nodes killed after round ``--kill-after`` and ``restarted``
     ones started again a round later; its final metrics.json."""
     run = None
@@ -148,17 +147,17 @@ def _drill(args: argparse.Namespace, out: Path, link: SuperLink, supernode, node
             start_new_session=True)
         path = results / "drill" / "metrics.json"
         budget = 600 + 300 * args.rounds
-        _wait(path, lambda m: m["completed_rounds"] >= args.kill_after, budget,
+        _wait(path, lambda m: m.completed_rounds >= args.kill_after, budget,
               f"round {args.kill_after}", run)
         for pid in sorted(killed):
             os.killpg(nodes[pid].pid, signal.SIGKILL)
         print(f"after round {args.kill_after}: killed clients {sorted(killed)} (SIGKILL)")
-        _wait(path, lambda m: m["completed_rounds"] >= args.kill_after + 1, budget,
+        _wait(path, lambda m: m.completed_rounds >= args.kill_after + 1, budget,
               f"round {args.kill_after + 1}", run)
         for pid in sorted(restarted):
             nodes[pid] = supernode(pid, "-again")
         print(f"after round {args.kill_after + 1}: restarted clients {sorted(restarted)}")
-        metrics = _wait(path, lambda m: m["finished"], budget, "the end of the run", run)
+        metrics = _wait(path, lambda m: m.finished, budget, "the end of the run", run)
         run.wait(timeout=120)
         return metrics
     finally:
@@ -166,10 +165,10 @@ def _drill(args: argparse.Namespace, out: Path, link: SuperLink, supernode, node
             stop_tree(run.pid, timeout=10)
 
 
-def _said(metrics: dict, killed: set[int], restarted: set[int], round_timeout: float,
+def _said(metrics: RunFile, killed: set[int], restarted: set[int], round_timeout: float,
           out: Path) -> int:
     """Each round's absences as recorded, and whether every reason is true (0) or not (1)."""
-    for rec in metrics["rounds"]:
+    for rec in metrics.rounds:
         absent = {k: rec.get(k, {}) for k in ABSENT.values()}
         phase = {key: name for name, key in ABSENT.items()}
         said = "; ".join(f"{phase[k]} {c}: {why[:60]}" for k, v in absent.items()

@@ -11,7 +11,6 @@ precision and recall of the inferred edges.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,23 +22,24 @@ import numpy as np
 
 from fedamp_flwr.config import RunConfig
 from fedamp_flwr.server_app import true_graph
+from strategies.core.records import RunFile
 
 
 def graphs_of(run_dir: Path) -> tuple[str, np.ndarray, np.ndarray | None, dict]:
     """A run's label, its inferred adjacency, the truth it was measured against (or None),
     and its ``inferred_graph`` record."""
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    note = metrics.get("inferred_graph")
+    metrics = RunFile.read(run_dir / "metrics.json")
+    note = metrics.extra.get("inferred_graph")
     if not note:
         raise SystemExit(f"{run_dir}: no inferred_graph in metrics.json (not a graph = "
                          "'inferred' run, or its warm-up did not end)")
-    n = int(metrics["num_clients"])
+    n = int(metrics.num_clients or 0)
     found = np.zeros((n, n))
     for u, v in note["edges"]:
         found[u, v] = found[v, u] = 1
-    cfg = RunConfig.from_run_config(metrics["config"])
+    cfg = RunConfig.from_run_config(metrics.config)
     truth = true_graph(cfg, cfg.data_config(n))
-    label = f"{metrics['run_name']} (k = {note['k']}, after round {note['round']})"
+    label = f"{metrics.run_name} (k = {note['k']}, after round {note['round']})"
     return label, found, None if truth is None else truth.numpy(), note
 
 

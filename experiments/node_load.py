@@ -27,7 +27,6 @@ processes at once or a run did not finish. The measured numbers: docs/federation
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -40,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+
+from strategies.core.records import RunFile
 
 from .processes import SuperLink, free_port, stop_tree
 
@@ -207,8 +208,8 @@ class Fleet:
                           f"processes started so far { {n: len(s) for n, s in watch.seen.items()} }")
                 stop_tree(run.pid, timeout=10)
             path = results / "load" / "metrics.json"
-            metrics = json.loads(path.read_text()) if path.is_file() else {}
-            done = metrics.get("finished") and metrics.get("completed_rounds") == rounds
+            metrics = RunFile.read(path) if path.is_file() else RunFile(finished=False)
+            done = metrics.finished and metrics.completed_rounds == rounds
             print(f"{step} run: {'finished' if done else 'NOT finished'} in "
                   f"{time.monotonic() - started:.0f} s")
             if not done:

@@ -35,7 +35,7 @@ from experiments.presets import Run
 from experiments.processes import SuperLink
 from fedamp_flwr.config import RunConfig, default_values
 from fedamp_flwr.results import checkpoint_files
-from strategies.core.records import headline
+from strategies.core.records import RunFile
 
 ROOT = Path(__file__).resolve().parents[1]
 # Each run's outcome (Flower's run id and status), beside its metrics.json.
@@ -48,14 +48,13 @@ def metrics_path(output: Path, run: Run) -> Path:
     return output / "runs" / run.name / "metrics.json"
 
 
-def previous_run(output: Path, run: Run) -> dict | None:
+def previous_run(output: Path, run: Run) -> RunFile | None:
     """The metrics.json ``run`` left before, if its run config is the same."""
-    path = metrics_path(output, run)
     try:
-        metrics = json.loads(path.read_text())
-        config = metrics["config"]
-    except (OSError, ValueError, KeyError, TypeError):
+        metrics = RunFile.read(metrics_path(output, run))
+    except (OSError, ValueError):
         return None
+    config = metrics.config
     same = all(config.get(k) == v for k, v in run.run_config.items()
                if k != "num-server-rounds")
     # the keys left at "auto" must resolve as they did (a tuning or a task's defaults may
@@ -70,8 +69,8 @@ def is_done(output: Path, run: Run) -> bool:
     """Whether ``run`` finished before with the same run config (resume)."""
     metrics = previous_run(output, run)
     rounds = run.run_config.get("num-server-rounds")
-    return bool(metrics and metrics.get("finished")
-                and metrics["config"].get("num-server-rounds") == rounds)
+    return bool(metrics and metrics.finished
+                and metrics.config.get("num-server-rounds") == rounds)
 
 
 def resumable(output: Path, run: Run) -> int:
@@ -79,7 +78,7 @@ def resumable(output: Path, run: Run) -> int:
     metrics = previous_run(output, run)
     if not metrics or not checkpoint_files(output / "runs" / run.name):
         return 0
-    done = int(metrics.get("completed_rounds", 0))
+    done = metrics.completed_rounds
     return done if done <= int(run.run_config.get("num-server-rounds", done)) else 0
 
 
@@ -205,8 +204,7 @@ def succeeded(output: Path, run: Run, outcome: RunOutcome) -> bool:
 def _report(output: Path, run: Run, outcome: RunOutcome, prefix: str, started: float) -> bool:
     """Print how a run ended; whether it succeeded."""
     if succeeded(output, run, outcome):
-        m = json.loads(metrics_path(output, run).read_text())
-        kind, best = headline(m)
+        kind, best = RunFile.read(metrics_path(output, run)).headline()
         score = (f"BMTA {best if best is not None else float('nan'):.2f}%"
                  if kind.higher_is_better else
                  f"best mean MSE {best if best is not None else float('nan'):.4g}")

@@ -24,12 +24,11 @@ import numpy as np
 from strategies.core.records import (
     HEADLINES,
     VERSION,
+    RunFile,
     best_of_rounds,
     client_key,
     mean_key,
-    run_score,
     score_of,
-    version_of,
 )
 
 logger = logging.getLogger(__name__)
@@ -93,34 +92,26 @@ class RunRecord:
     def from_json(cls, data: Mapping[str, Any], directory: str = "",
                   status: Mapping[str, Any] | None = None) -> RunRecord:
         """The record of a parsed ``metrics.json`` (``status``: the parsed ``status.json``)."""
-        rounds = [r for r in data.get("rounds") or [] if isinstance(r, dict)]
-        if version_of(data) > VERSION:
+        run = RunFile.from_dict(data)
+        if run.records_version > VERSION:
             logger.warning("%s: records of version %d, newer than this code's %d: keys it "
                            "does not know are left out", directory or "a metrics.json",
-                           version_of(data), VERSION)
-        kind = data.get("task_kind")
+                           run.records_version, VERSION)
+        kind = run.task_kind
         if kind not in (CLASSIFICATION, REGRESSION):  # an older metrics.json
-            regression = run_score({**data, "rounds": rounds}).metric != score_of(False).metric
-            kind = REGRESSION if regression else CLASSIFICATION
-        raw = data.get("config")
-        config: dict[str, Any] = dict(raw) if isinstance(raw, dict) else {}
+            kind = REGRESSION if run.score.metric != score_of(False).metric else CLASSIFICATION
         return cls(
-            run_name=str(data.get("run_name") or ""), strategy=str(data.get("strategy") or "?"),
-            label=str(data.get("label") or ""), dataset=str(data.get("dataset") or "?"),
+            run_name=run.run_name, strategy=run.strategy, label=run.label, dataset=run.dataset,
             # a federated task's metrics.json records no partitioning: its config's (unused)
-            partitioning=str(data.get("partitioning") or config.get("partitioning") or "?"),
-            seed=data.get("seed"),
-            num_clients=data.get("num_clients"), kind=kind, rounds=rounds, config=config,
-            finished=bool(data.get("finished", True)),
+            partitioning=str(run.partitioning or run.config.get("partitioning") or "?"),
+            seed=run.seed, num_clients=run.num_clients, kind=kind, rounds=run.rounds,
+            config=run.config, finished=run.finished,
             status=None if status is None else status.get("status"),
             timed_out=None if status is None else status.get("timed_out"),
             flower_run_id=None if status is None else status.get("run_id"),
-            wall_time_s=data.get("wall_time_s"), sigma=_sigmas(data),
-            xi=data.get("xi") or None, novel_clients=list(data.get("novel_clients") or []),
-            attackers=list(data.get("attackers") or []),
-            recorded={k: float(data[k]) for k in RECORDED
-                      if isinstance(data.get(k), (int, float))},
-            directory=directory)
+            wall_time_s=run.wall_time_s, sigma=_sigmas(run), xi=run.xi or None,
+            novel_clients=list(run.novel_clients), attackers=list(run.attackers),
+            recorded=dict(run.headlines), directory=directory)
 
 
 # ---------------------------------------------------------------------------
@@ -317,12 +308,13 @@ def scenario_keys(runs: Sequence[RunRecord]) -> list[str]:
     return keys
 
 
-def _sigmas(data: Mapping[str, Any]) -> dict[str, Any]:
+def _sigmas(run: RunFile) -> dict[str, Any]:
     """Each FedAMP method's sigma: the configured or paper's (``sigma``), else the one the run
     chose from the data (``<method>_sigma``)."""
-    out = dict(data.get("sigma") or {})
+    raw = run.extra.get("sigma")
+    out = dict(raw) if isinstance(raw, Mapping) else {}
     for method in ("fedamp", "heurfedamp"):
-        chosen = data.get(f"{method}_sigma")
+        chosen = run.extra.get(f"{method}_sigma")
         if out.get(method) is None and isinstance(chosen, Mapping):
             out[method] = chosen.get("value")
     return out

@@ -21,14 +21,13 @@ Needs scikit-learn (the ``dev`` extra). The measured table: docs/federation.md.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from strategies.core.records import client_scores
+from strategies.core.records import RunFile, client_scores
 
 STRATEGIES = ("fedamp", "heurfedamp", "separate")
 SCALINGS = ("pooled", "own", "none")
@@ -116,13 +115,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                "results-dir": str(folder), "run-name": name, "overwrite": True,
                                "min-nodes": 3, "server-device": "cpu", **extra}, 3,
                               node_configs=nodes)
-                metrics = json.loads((folder / name / "metrics.json").read_text())
-                last = client_scores(metrics["rounds"][-1])
+                metrics = RunFile.read(folder / name / "metrics.json")
+                last = client_scores(metrics.rounds[-1])
                 scores = [float(last[str(i)]) for i in range(3)]
                 rows.setdefault((strategy, scaling), []).append(float(np.mean(scores)))
                 per_member.setdefault(f"{strategy} ({scaling})", []).append(scores)
                 if strategy == args.strategies[0] and scaling == args.scalings[0]:
-                    own = metrics.get("alone", {})
+                    own = metrics.alone or {}
                     for key, label in (("linear", "linear (node)"),
                                        ("model", "its model (node)")):
                         values = [float(own[str(i)][key]) for i in range(3)]

@@ -52,7 +52,6 @@ Nothing here connects anywhere; they read only the files named.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -61,6 +60,7 @@ import numpy as np
 import torch
 
 import tasks
+from strategies.core.records import RunFile
 from tasks.data import Split, to_tensors
 from tasks.export import ModelFileError, load_model, predict
 from tasks.members import load_member_data, read_member_rows
@@ -235,7 +235,7 @@ def xi_graph(run_dir: str, server_round: int | None, k: int, out: str) -> int:
         return 1
     xi = rounds[chosen].astype("float64")
     try:
-        names = json.loads((Path(run_dir) / "metrics.json").read_text()).get("client_names")
+        names = RunFile.read(Path(run_dir) / "metrics.json").client_names
     except (OSError, ValueError):
         names = None
     try:
@@ -307,7 +307,7 @@ def roster_of(run_dir: str) -> int:
     """Print the names and keys a run bound, as a roster."""
     path = Path(run_dir).expanduser() / "metrics.json"
     try:
-        keys = json.loads(path.read_text()).get("member_keys") or {}
+        keys = RunFile.read(path).member_keys or {}
     except (OSError, ValueError) as err:
         print(f"error: {path} cannot be read ({err})", file=sys.stderr)
         return 1

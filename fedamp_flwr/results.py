@@ -53,6 +53,7 @@ import numpy as np
 import torch
 from flwr.supercore import log
 
+from strategies.core.records import RunFile
 from tasks.export import sha256_of
 from tasks.files import atomic_write, strict_json
 
@@ -205,14 +206,14 @@ class RunFolder:
     def metrics_path(self) -> Path:
         return self.path / "metrics.json"
 
-    def previous(self) -> dict[str, Any] | None:
-        """The metrics.json a run left in this folder, if any."""
+    def previous(self) -> RunFile | None:
+        """The metrics.json a run left in this folder, if any (unreadable: unfinished)."""
         try:
-            return json.loads(self.metrics_path.read_text())
+            return RunFile.read(self.metrics_path)
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as err:
-            return {"finished": False, "unreadable": str(err)}
+            return RunFile(finished=False, extra={"unreadable": str(err)})
 
     def claim(self) -> None:
         """Check that this run may use the folder; raise ConfigError naming the keys if not.
@@ -238,9 +239,11 @@ class RunFolder:
             # a simulation's clients' privacy ledgers are the run's (a member's are on its node)
             shutil.rmtree(self.path / "privacy", ignore_errors=True)
             return
-        state = ("a finished run" if held and held.get("finished") else
-                 f"an unfinished run (round {held.get('completed_rounds', '?')} of "
-                 f"{held.get('config', {}).get('num-server-rounds', '?')})" if held else
+        state = ("a finished run" if held and held.finished else
+                 f"a metrics.json it cannot read ({held.extra['unreadable']})"
+                 if held and "unreadable" in held.extra else
+                 f"an unfinished run (round {held.completed_rounds} of "
+                 f"{held.config.get('num-server-rounds', '?')})" if held else
                  "a checkpoint")
         raise ConfigError(
             f"run config 'run-name' = {self.name!r}: {self.path} already holds {state}; allowed: "
@@ -333,9 +336,10 @@ class RunFolder:
         holds (``inferred_graph``) also as the edge list ``graph = "file"`` reads,
         ``graph-inferred.csv``, by member name where the run has names."""
         write_json(self.metrics_path, record)
-        graph = record.get("inferred_graph")
+        run = RunFile.from_dict(record)
+        graph = run.extra.get("inferred_graph")
         if graph:
-            names = record.get("client_names") or None
+            names = run.client_names or None
             label = (lambda i: names[i]) if names else str
             rows = ["u,v"] + [f"{label(u)},{label(v)}" for u, v in graph["edges"]]
             text = ("\n".join(rows) + "\n").encode()

@@ -26,7 +26,7 @@ from strategies.core.protocol import (
     LR,
     OPTIMIZER,
 )
-from strategies.core.records import ACCURACY_SCORE, client_scores, headline, round_score
+from strategies.core.records import ACCURACY_SCORE, RunFile, client_scores, round_score
 from strategies.core.replies import array_spec
 from strategies.core.roster import ClientInfo
 from strategies.core.settings import MOST_CLIENTS
@@ -197,11 +197,11 @@ def member_scaling(cfg: RunConfig, clients: dict[int, ClientInfo],
     return {"mean": mean, "std": std, "members": len(stats), "rows": rows}
 
 
-def alone_lines(result: dict, names: list[str]) -> list[str]:
+def alone_lines(result: RunFile, names: list[str]) -> list[str]:
     """Each member's last score beside what it scores alone (metrics.json's ``alone``): the
     coordinator's table of what federation gave each member, by name."""
-    alone = result.get("alone") or {}
-    last = result["rounds"][-1] if result.get("rounds") else {}
+    alone = result.alone or {}
+    last = result.rounds[-1] if result.rounds else {}
     score = round_score(last) or ACCURACY_SCORE
     main, scores = score.metric, client_scores(last, score)
     lines = []
@@ -434,34 +434,30 @@ class Run:
     def num_clients(self) -> int:
         return len(self.members.names) or self.n
 
-    def record(self, completed: int) -> dict:
+    def record(self, completed: int) -> RunFile:
         """metrics.json after ``completed`` rounds."""
-        cfg, members, scaling = self.cfg, self.members, self.scaling
+        cfg, members = self.cfg, self.members
         federated = tasks.get_task(cfg.dataset).federated
-        history = self.strategy.history
-        return {
-            "run_name": self.folder.name, "strategy": cfg.strategy, "label": cfg.label,
-            "dataset": cfg.dataset, "task_kind": self.kind,
-            **({} if federated else {"partitioning": cfg.partitioning}),
-            "num_clients": self.num_clients,
-            **({"client_names": list(members.names)} if members.names else {}),
+        history, named = self.strategy.history, bool(members.names)
+        return history.run_file(
+            run_name=self.folder.name, strategy=cfg.strategy, label=cfg.label,
+            dataset=cfg.dataset, task_kind=self.kind,
+            partitioning=None if federated else cfg.partitioning,
+            num_clients=self.num_clients, client_names=list(members.names) if named else None,
             # members whose data did not fit, or that could not join: by node, with why
-            **({"left_out": {str(node): why for node, why in sorted(members.refused.items())}}
-               if members.refused else {}),
+            left_out={str(node): why for node, why in sorted(members.refused.items())}
+            if members.refused else None,
             # who may speak for each name (the public keys), and every node refused for one
-            **({"member_keys": {n: key_text(k) for n, k in sorted(members.keys.items())},
-                "member_roster": cfg.member_roster or None} if members.names else {}),
-            **({"impostors": list(members.attempts), "impostor_count": members.impostors}
-               if members.attempts else {}),
-            **({"member_scaling": scaling} if scaling else {}),
-            "seed": cfg.seed, "config": cfg.to_dict(),
-            **cfg.settings.record(cfg.context()),
-            "completed_rounds": completed, "finished": completed == cfg.num_server_rounds,
-            "coverage": history.coverage(self.num_clients),
-            **({"models": self.delivery.record()} if self.delivery is not None else {}),
-            "wall_time_s": round(self.spent + time.time() - self.started, 2),
-            **history.to_dict(),
-        }
+            member_keys={n: key_text(k) for n, k in sorted(members.keys.items())}
+            if named else None, member_roster=cfg.member_roster or None,
+            impostors=list(members.attempts) if members.attempts else None,
+            impostor_count=members.impostors if members.attempts else None,
+            member_scaling=self.scaling or None, seed=cfg.seed, config=cfg.to_dict(),
+            extra=cfg.settings.record(cfg.context()), completed_rounds=completed,
+            finished=completed == cfg.num_server_rounds,
+            coverage=history.coverage(self.num_clients),
+            models=self.delivery.record() if self.delivery is not None else None,
+            wall_time_s=round(self.spent + time.time() - self.started, 2))
 
     def after_round(self, server_round: int, arrays: ArrayRecord, stopping: bool = False) -> None:
         """The checkpoint first (metrics.json never claims more rounds than can be resumed),
@@ -474,7 +470,7 @@ class Run:
         if checkpoint:
             self.checkpoint_now(server_round, arrays)
         if checkpoint or not cfg.checkpoint_every:  # with its checkpoint, else every round
-            metrics = copy.deepcopy(self.record(server_round))  # the next round adds to them
+            metrics = copy.deepcopy(self.record(server_round).to_dict())  # the next round adds to them
             self.writer.submit(lambda: self.folder.write_metrics(metrics))
 
     def checkpoint_now(self, server_round: int, arrays: ArrayRecord) -> None:
@@ -517,7 +513,7 @@ class Run:
         })
         return train, ConfigRecord({BATCH_SIZE: cfg.batch_size, **scaled})
 
-    def execute(self) -> dict:
+    def execute(self) -> RunFile:
         """The rounds left, then the models still to deliver; the final metrics.json record."""
         cfg, delivery = self.cfg, self.delivery
         train_config, evaluate_config = self.configs()
@@ -540,21 +536,21 @@ class Run:
             else:
                 log(INFO, "The run has done its %d rounds already; raise num-server-rounds to "
                     "go on", self.done)
-                self.folder.write_metrics(self.record(self.done))
+                self.folder.write_metrics(self.record(self.done).to_dict())
         finally:
             self.writer.close()  # every checkpoint and metrics.json written, whatever happened
         return self.record(cfg.num_server_rounds)
 
-    def report(self, result: dict) -> None:
+    def report(self, result: RunFile) -> None:
         """The log's summary: the best round, who never gave a result, each member against
         itself alone, where the models are."""
         cfg, folder = self.cfg, self.folder
-        cover = result["coverage"]
+        cover = result.coverage or {}
         who = "clients" if cover["benign_clients"] == cover["num_clients"] else \
             "benign training clients"
         over = (f", over {cover.get('clients_in_best_round', 0)} of {cover['benign_clients']} "
                 f"{who} (round {cover.get('best_round')})")
-        score, best = headline(result)
+        score, best = result.headline()
         if best is not None and score.higher_is_better:
             log(INFO, "BMTA %.2f%% over %d rounds%s", best, cfg.num_server_rounds, over)
         elif best is not None:

@@ -24,14 +24,7 @@ from flwr.supercore import log
 
 from .core.base import PersonalizedStrategy
 from .core.registry import RunSetup, personal_kwargs, register_strategy
-from .core.settings import (
-    MOST_ROUNDS,
-    Settings,
-    SettingsContext,
-    bad,
-    integer_in,
-    setting,
-)
+from .core.settings import MOST_ROUNDS, Settings, SettingsContext, bad, integer_in, setting
 from .fedamp_math import (
     Flags,
     cloud_models,
@@ -43,9 +36,7 @@ from .fedamp_math import (
 from .flower import PROXIMAL, PROXIMAL_MU
 
 OFFLINE_CHOICES = ("exclude", "include")
-#: how fedamp-sigma and heurfedamp-sigma = "auto" are chosen: the paper's value where it
-#: has one, else from the data ("paper"); from the data always ("data")
-SIGMA_RULES = ("paper", "data")
+SIGMA_RULES = ("paper", "data")  # how a sigma = "auto" is chosen (fedamp-sigma-rule)
 
 
 class FedAMP(PersonalizedStrategy):
@@ -56,7 +47,8 @@ class FedAMP(PersonalizedStrategy):
     lambda / alpha_k; the client trains from u_i with that proximal term and replies w_i.
     Evaluate messages carry the client's stored w_i, tested as received.
 
-    ``settings``: the method's keys (:class:`FedAMPSettings`; None: their defaults).
+    ``settings``: the method's keys (:class:`FedAMPSettings`, :class:`HeurFedAMPSettings`
+    for HeurFedAMP; None: their defaults).
     ``sigma``: of A'(x) = exp(-x / sigma) / sigma, resolved for the run's task; None: from
     the data, the median of the squared distances between the models trained in the first
     round with replies (:meth:`data_sigma`), then fixed (``notes``, checkpointed); until
@@ -68,12 +60,14 @@ class FedAMP(PersonalizedStrategy):
 
     client_update = PROXIMAL
     method = "fedamp"  # whose keys (sigma, self weight) are this strategy's
+    SETTINGS: type[_AMPSettings]  # its settings class (registered with it below)
 
-    def __init__(self, settings: FedAMPSettings | None = None, *, sigma: float | None = None,
+    def __init__(self, settings: _AMPSettings | None = None, *, sigma: float | None = None,
                  groups: Sequence[int] | None = None, **kwargs) -> None:
-        s = FedAMPSettings() if settings is None else settings
+        s = self.SETTINGS() if settings is None else settings
+        assert s.method == self.method, f"{self.method} takes its own settings"
         super().__init__(**kwargs)
-        self.self_weight = s.self_weight(self.method)
+        self.self_weight = s.self_weight()
         if self.self_weight == "paper" and groups is None:  # the run config's check needs groups
             raise ValueError('self weight "paper" (1 / (N_i + 1)) needs the clients\' groups')
         self.groups = None if groups is None else torch.as_tensor(list(groups), dtype=torch.long)
@@ -103,8 +97,7 @@ class FedAMP(PersonalizedStrategy):
     def weights(self, server_round: int, params: torch.Tensor,
                 self_weight: float | torch.Tensor | None) -> tuple[torch.Tensor, Flags]:
         """The (m, m) weights xi of this round from the clients' parameters (Eq. 6)."""
-        if self.sigma is None:  # no model trained yet: every client's is the initial one
-            return torch.eye(params.shape[0], dtype=torch.float64, device=params.device), Flags()
+        assert self.sigma is not None, "collaboration() needs no weights before sigma"
         return fedamp_weights(params, self.alpha_at(server_round), self.sigma, self_weight)
 
     def self_weights(self, active: torch.Tensor) -> float | torch.Tensor | None:
@@ -127,16 +120,13 @@ class FedAMP(PersonalizedStrategy):
             server_round)})
 
     def new_client_model(self) -> torch.Tensor:
-        """A client that joins after the start (a new member) starts from the mean of the
-        training clients' models, so that its first cloud model u_i comes from the others
-        (the paper has no late joiners; with the initial model, far from every trained one,
-        Eq. 6 would give it weight 1 on itself)."""
+        """A late joiner's first model (the paper has none): the mean of the training
+        clients', so that Eq. 6 mixes the others into its u_i (not the initial model's 1)."""
         return self.store[self.training_rows.to(self.store.device)].mean(dim=0)
 
     def sent_distances(self, rows: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
-        """``||w - u_i||`` = sqrt(||w||^2 - 2 sum_j xi_ij <w, w_j> + ||u_i||^2) from this
-        round's xi and the store, in the models' dtype: it only feeds the update-norm bound
-        (``max-update-ratio``, 100x by default), which a 1e-3 relative error does not move."""
+        """``||w - u_i||`` = sqrt(||w||^2 - 2 sum_j xi_ij <w, w_j> + ||u_i||^2), in the
+        models' dtype: it feeds only the update-norm bound (``max-update-ratio``)."""
         assert self._round_xi is not None, "personalize() sets this round's xi first"
         xi = self._round_xi[rows.to(self._round_xi.device)].to(vectors.device, vectors.dtype)
         wu = ((vectors @ self.store.T) * xi).sum(dim=1)
@@ -150,6 +140,8 @@ class FedAMP(PersonalizedStrategy):
         "collaborations among online clients"; with "include" every training client's latest
         model. Clients outside the mix have identity rows and zero columns elsewhere."""
         n, p = len(self.client_ids), self.flat.num_params
+        if self.sigma is None:  # no model trained yet: every client's is the initial one
+            return torch.eye(n, dtype=torch.float64, device=self.store.device)
         active = self.training_rows if self.offline_clients == "include" or rows is None else rows
         active = active.to(self.store.device)
         params = self.store[:, :p] if len(active) == n else self.store[active, :p]
@@ -224,12 +216,9 @@ class FedAMP(PersonalizedStrategy):
 
 
 class HeurFedAMP(FedAMP):
-    """HeurFedAMP: FedAMP with the cosine-similarity weights of paper Eq. 8.
-
-    Its arguments are :class:`FedAMP`'s; ``sigma`` is the scale of the cosine
-    similarities (paper: MNIST 25, FMNIST 100, EMNIST 50, CIFAR-100 10), and the self
-    weight is ``heurfedamp-self-weight``'s: xi_ii in [0, 1), or "paper": 1 / (N_i + 1).
-    """
+    """HeurFedAMP: FedAMP with the cosine-similarity weights of paper Eq. 8. Its arguments
+    are :class:`FedAMP`'s; ``sigma`` scales the cosine similarities (paper: MNIST 25, FMNIST
+    100, EMNIST 50, CIFAR-100 10); xi_ii is ``heurfedamp-self-weight``'s."""
 
     method = "heurfedamp"
 
@@ -244,9 +233,7 @@ class HeurFedAMP(FedAMP):
     def weights(self, server_round: int, params: torch.Tensor,
                 self_weight: float | torch.Tensor | None) -> tuple[torch.Tensor, Flags]:
         """Eq. 8's weights (HeurFedAMP always has a self weight)."""
-        assert self_weight is not None  # HeurFedAMP's is given
-        if self.sigma is None:  # no model trained yet: every client's is the initial one
-            return torch.eye(params.shape[0], dtype=torch.float64, device=params.device), Flags()
+        assert self_weight is not None and self.sigma is not None
         return heurfedamp_weights(params, self.sigma, self_weight), Flags()
 
 
@@ -264,12 +251,10 @@ PAPER_SIGMA: dict[str, dict[str, dict[str, float]]] = {
 
 
 @dataclass(frozen=True)
-class FedAMPSettings(Settings):
-    """FedAMP's and HeurFedAMP's keys (``fedamp-`` and ``heurfedamp-``), each with its doc."""
+class _AMPSettings(Settings):
+    """The keys FedAMP and HeurFedAMP share; each adds its own sigma and self weight."""
 
-    WORDS = {"fedamp-sigma": ("auto",), "heurfedamp-sigma": ("auto",),
-             "fedamp-self-weight": ("eq6", "paper"), "heurfedamp-self-weight": ("paper",)}
-
+    method = "fedamp"  # whose sigma and self weight (``<method>-sigma``)
     fedamp_alpha_k: float = setting(1e4, "alpha_k of round 1 (the paper's 1e4)",
                                     ok=lambda v: v > 0, allowed="a number > 0")
     fedamp_alpha_decay: float = setting(0.1, "alpha_k is multiplied by this every "
@@ -279,23 +264,11 @@ class FedAMPSettings(Settings):
                                             **integer_in(1, MOST_ROUNDS))
     fedamp_lambda: float = setting(1.0, "lambda: clients train with the proximal term "
                                    "lambda / alpha_k", ok=lambda v: v >= 0, allowed="a number >= 0")
-    fedamp_sigma: float | str = setting(
-        "auto", 'FedAMP\'s sigma in exp(-d / sigma); "auto": by fedamp-sigma-rule',
-        ok=lambda v: 0 < v < math.inf, allowed='"auto" or a finite number > 0')
     fedamp_sigma_rule: str = setting(
         "paper", 'how fedamp-sigma and heurfedamp-sigma = "auto" are chosen: the paper\'s '
         "table where it has the setting, else from the data (paper), or always from the data "
         "(data)",
         ok=lambda v: v in SIGMA_RULES, allowed=", ".join(SIGMA_RULES))
-    heurfedamp_sigma: float | str = setting(
-        "auto", 'HeurFedAMP\'s sigma in exp(sigma cos); "auto": by fedamp-sigma-rule',
-        ok=lambda v: 0 < v < math.inf, allowed='"auto" or a finite number > 0')
-    fedamp_self_weight: float | str = setting(
-        "eq6", "FedAMP's xi_ii: eq6 (1 - the others), paper (1 / (N_i + 1)) or a number",
-        ok=lambda v: 0 <= v < 1, allowed='"eq6" or "paper" or a number in [0, 1)')
-    heurfedamp_self_weight: float | str = setting(
-        0.1, "HeurFedAMP's xi_ii: paper (1 / (N_i + 1)) or a number",
-        ok=lambda v: 0 <= v < 1, allowed='"paper" or a number in [0, 1)')
     fedamp_offline_clients: str = setting(
         "exclude", "exclude: only the round's training clients mix; include: every training "
         "client's latest model", ok=lambda v: v in OFFLINE_CHOICES,
@@ -303,10 +276,8 @@ class FedAMPSettings(Settings):
 
     def check(self, run: SettingsContext) -> None:
         """What only the run can rule out: "paper" self weights without groups."""
-        method = run.strategy
-        if method in ("fedamp", "heurfedamp") and self.self_weight(method) == "paper" \
-                and not run.has_groups:
-            raise bad(f"{method}-self-weight", "paper", f'a number in [0, 1): "paper" (1 / '
+        if run.strategy == self.method and self.self_weight() == "paper" and not run.has_groups:
+            raise bad(f"{self.method}-self-weight", "paper", f'a number in [0, 1): "paper" (1 / '
                       f"(N_i + 1), N_i the clients of i's group) needs a data setting with "
                       f"groups of clients of one distribution (practical, iid, blocks), not "
                       f"{run.data_label}")
@@ -318,34 +289,62 @@ class FedAMPSettings(Settings):
         (3 n P), and the (n, n) distances and weights in float64."""
         return 3 * num_clients * num_params + 4 * num_clients * num_clients
 
-    def sigma(self, method: str, dataset: str, setting: str) -> float | None:
-        """sigma of ``method`` ("fedamp"/"heurfedamp"); "auto" = the paper's for the data
-        setting, or None: from the data (``fedamp-sigma-rule`` = "data", or "paper" where
-        the paper gives none; :meth:`FedAMP.data_sigma`)."""
-        value = getattr(self, f"{method}_sigma")
+    def sigma(self, dataset: str, setting: str) -> float | None:
+        """The method's sigma; "auto" = the paper's for the data setting, or None: from the
+        data (``fedamp-sigma-rule`` = "data", or "paper" where the paper gives none;
+        :meth:`FedAMP.data_sigma`)."""
+        value = getattr(self, f"{self.method}_sigma")
         if value == "auto":
             if self.fedamp_sigma_rule == "data":
                 return None
-            value = PAPER_SIGMA.get(dataset, {}).get(setting, {}).get(method)
+            value = PAPER_SIGMA.get(dataset, {}).get(setting, {}).get(self.method)
         return None if value is None else float(value)
 
-    def self_weight(self, method: str) -> float | str | None:
-        """The self weight of ``method``: a number, "paper" or None (Eq. 6's rule, ``eq6``)."""
-        value = getattr(self, f"{method}_self_weight")
+    def self_weight(self) -> float | str | None:
+        """The method's self weight: a number, "paper" or None (Eq. 6's rule, ``eq6``)."""
+        value = getattr(self, f"{self.method}_self_weight")
         return None if value == "eq6" else value
 
     def record(self, run: SettingsContext) -> dict:
-        """metrics.json's ``sigma``: the sigma of both methods (their "auto" resolved)."""
-        return {"sigma": {m: self.sigma(m, run.dataset, run.data_setting)
-                          for m in ("fedamp", "heurfedamp")}}
+        """metrics.json's ``sigma``: the method's ("auto" resolved; None: from the data)."""
+        return {"sigma": {self.method: self.sigma(run.dataset, run.data_setting)}}
 
 
-def _factory(cls: type[FedAMP]):
-    def build(settings: FedAMPSettings, run: RunSetup) -> FedAMP:
-        sigma = settings.sigma(cls.method, run.dataset, run.data_setting)  # None: the data's
-        return cls(settings, sigma=sigma, groups=run.groups, **personal_kwargs(run))
-    return register_strategy(cls.method, settings=FedAMPSettings)(build)
+@dataclass(frozen=True)
+class FedAMPSettings(_AMPSettings):
+    """FedAMP's keys (``fedamp-``), each with its doc."""
+
+    WORDS = {"fedamp-sigma": ("auto",), "fedamp-self-weight": ("eq6", "paper")}
+    fedamp_sigma: float | str = setting(
+        "auto", 'FedAMP\'s sigma in exp(-d / sigma); "auto": by fedamp-sigma-rule',
+        ok=lambda v: 0 < v < math.inf, allowed='"auto" or a finite number > 0')
+    fedamp_self_weight: float | str = setting(
+        "eq6", "FedAMP's xi_ii: eq6 (1 - the others), paper (1 / (N_i + 1)) or a number",
+        ok=lambda v: 0 <= v < 1, allowed='"eq6" or "paper" or a number in [0, 1)')
 
 
-_factory(FedAMP)
-_factory(HeurFedAMP)
+@dataclass(frozen=True)
+class HeurFedAMPSettings(_AMPSettings):
+    """HeurFedAMP's keys: FedAMP's shared ones (``fedamp-``) and its own (``heurfedamp-``)."""
+
+    method = "heurfedamp"
+    WORDS = {"heurfedamp-sigma": ("auto",), "heurfedamp-self-weight": ("paper",)}
+    heurfedamp_sigma: float | str = setting(
+        "auto", 'HeurFedAMP\'s sigma in exp(sigma cos); "auto": by fedamp-sigma-rule',
+        ok=lambda v: 0 < v < math.inf, allowed='"auto" or a finite number > 0')
+    heurfedamp_self_weight: float | str = setting(
+        0.1, "HeurFedAMP's xi_ii: paper (1 / (N_i + 1)) or a number",
+        ok=lambda v: 0 <= v < 1, allowed='"paper" or a number in [0, 1)')
+
+
+def _factory(cls: type[FedAMP], settings: type[_AMPSettings]):
+    cls.SETTINGS = settings
+
+    def build(own: _AMPSettings, run: RunSetup) -> FedAMP:
+        sigma = own.sigma(run.dataset, run.data_setting)  # None: from the data
+        return cls(own, sigma=sigma, groups=run.groups, **personal_kwargs(run))
+    return register_strategy(cls.method, settings=settings)(build)
+
+
+_factory(FedAMP, FedAMPSettings)
+_factory(HeurFedAMP, HeurFedAMPSettings)

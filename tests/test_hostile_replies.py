@@ -189,7 +189,7 @@ def test_malformed_evaluation_replies_are_never_recorded(name, overrides, replie
     strategy.aggregate_evaluate(1, built)
     record = strategy.history.rounds.get(1, {})
     assert "client_accuracy" not in record and "mean_accuracy" not in record
-    assert np.isfinite(strategy.history.to_dict().get("bmta", 0.0))
+    assert np.isfinite(strategy.history.run_file().headlines.get("bmta", 0.0))
 
 
 def test_one_good_reply_among_bad_ones_is_the_only_one_used():

@@ -161,10 +161,10 @@ def test_label_blocks_give_each_client_its_own_classes():
 def test_sigma_auto_takes_the_papers_cell_of_the_dataset_and_setting(dataset, partitioning, sigma):
     from fedamp_flwr.config import RunConfig
 
-    cfg = RunConfig.from_run_config({"dataset": dataset, "partitioning": partitioning,
-                                     "data-dir": "x"})
-    assert tuple(cfg.settings.sigma(m, cfg.dataset, cfg.data_setting)
-                 for m in ("fedamp", "heurfedamp")) == sigma
+    cfgs = [RunConfig.from_run_config({"dataset": dataset, "partitioning": partitioning,
+                                       "data-dir": "x", "strategy": m})
+            for m in ("fedamp", "heurfedamp")]
+    assert tuple(c.settings.sigma(c.dataset, c.data_setting) for c in cfgs) == sigma
 
 
 @pytest.mark.parametrize("partitioning", ["iid", "pathological"])
@@ -176,4 +176,4 @@ def test_auto_sigma_where_the_paper_has_no_cell_comes_from_the_data(partitioning
     for method in ("fedamp", "heurfedamp"):
         cfg = RunConfig.from_run_config({"dataset": "mnist", "partitioning": partitioning,
                                          "data-dir": "x", "strategy": method})
-        assert cfg.settings.sigma(method, "mnist", partitioning) is None
+        assert cfg.settings.sigma("mnist", partitioning) is None

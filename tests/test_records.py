@@ -9,13 +9,12 @@ from strategies.core.records import (
     ACCURACY_SCORE,
     MSE_SCORE,
     VERSION,
+    RunFile,
     best_of_rounds,
     client_scores,
     evaluated_clients,
-    headline,
     headlines,
     round_score,
-    run_score,
     version_of,
 )
 
@@ -40,15 +39,48 @@ def test_a_records_score_and_clients():
     assert round_score({"round": 3}) is None
     assert client_scores(ROUNDS[1]) == {0: 0.9, 1: 0.7}
     assert evaluated_clients(ROUNDS[0]) == {0, 1, 2}  # any metric
-    assert run_score({"rounds": REGRESSION}) is MSE_SCORE
-    assert run_score({"bmta": 80.0, "rounds": []}) is ACCURACY_SCORE
-    assert headline({"best_mean_mse": 1.5}) == (MSE_SCORE, 1.5)
-    assert headline({"rounds": []}) == (ACCURACY_SCORE, None)
+    assert RunFile.from_dict({"rounds": REGRESSION}).score is MSE_SCORE
+    assert RunFile.from_dict({"bmta": 80.0, "rounds": []}).score is ACCURACY_SCORE
+    assert RunFile.from_dict({"best_mean_mse": 1.5}).headline() == (MSE_SCORE, 1.5)
+    assert RunFile.from_dict({"rounds": []}).headline() == (ACCURACY_SCORE, None)
 
 
 def test_records_say_their_version():
-    assert version_of(RunHistory().to_dict()) == VERSION == 2
+    written = RunHistory().run_file().to_dict()
+    assert version_of(written) == VERSION == 2 == RunFile.from_dict(written).records_version
     assert version_of({"rounds": []}) == 1  # written before records were versioned
+    assert RunFile.from_dict({"rounds": []}).records_version == 1
+
+
+def test_metrics_json_is_written_and_read_through_one_class():
+    history = RunHistory()
+    history.rounds = {r["round"]: r for r in ROUNDS}
+    history.notes = {"alone": {"0": {"linear": 0.5}}, "fedamp_sigma": {"value": 2.0}}
+    run = history.run_file(run_name="r", strategy="fedamp", dataset="mnist",
+                           task_kind="classification", num_clients=3, seed=0,
+                           config={"seed": 0}, extra={"sigma": {"fedamp": None}},
+                           completed_rounds=2, finished=True, wall_time_s=1.5)
+    written = run.to_dict()
+    # the headline and the method's records at the top level, as before the class
+    assert written["bmta"] == 80.0 and written["fedamp_sigma"] == {"value": 2.0}
+    assert written["sigma"] == {"fedamp": None} and written["alone"] == {"0": {"linear": 0.5}}
+    # a run without members writes none of their keys; a federated task no partitioning
+    assert not {"client_names", "member_keys", "member_roster", "impostors", "left_out",
+                "partitioning", "models", "xi"} & set(written)
+    assert list(written)[:4] == ["run_name", "strategy", "label", "dataset"]
+    assert RunFile.from_dict(written) == run
+    named = RunFile(client_names=["a"], member_keys={"a": "ed25519:x"}).to_dict()
+    assert named["member_roster"] is None and named["client_names"] == ["a"]
+
+
+def test_a_hostile_or_old_metrics_json_reads_as_defaults():
+    run = RunFile.from_dict({"completed_rounds": "3", "finished": "no", "num_clients": True,
+                             "rounds": [{"round": 1}, "junk", 5], "config": [1],
+                             "bmta": "high", "wall_time_s": float("nan"), "new_key": 1})
+    assert (run.completed_rounds, run.finished, run.num_clients, run.config) == (0, True, None,
+                                                                                 {})
+    assert run.rounds == [{"round": 1}] and run.headlines == {}
+    assert run.extra == {"new_key": 1}
 
 
 def test_a_round_is_evaluated_by_its_evaluation_metrics_only():

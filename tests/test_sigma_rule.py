@@ -41,8 +41,7 @@ def test_heurfedamp_chooses_its_sigma_from_the_data_and_records_it(tmp_path):
     cfg = {"strategy": "heurfedamp", "fedamp-sigma-rule": "data", "num-server-rounds": 2,
            "local-epochs": 1, "results-dir": str(tmp_path), "run-name": "heur",
            "server-device": "cpu", "min-nodes": 4, "save-models": "none"}
-    assert RunConfig.from_run_config(cfg).settings.sigma("heurfedamp", "synthetic",
-                                                         "practical") is None
+    assert RunConfig.from_run_config(cfg).settings.sigma("synthetic", "practical") is None
     run_inprocess(cfg, 4)
     metrics = json.loads((tmp_path / "heur" / "metrics.json").read_text())
     note = metrics["heurfedamp_sigma"]
@@ -55,13 +54,13 @@ def test_heurfedamp_chooses_its_sigma_from_the_data_and_records_it(tmp_path):
 
 def test_auto_sigma_is_the_papers_where_it_has_one_and_else_from_the_data():
     paper = RunConfig.from_run_config({"dataset": "fmnist", "strategy": "fedamp"})
-    assert paper.settings.sigma("fedamp", "fmnist", "practical") == 10.0
+    assert paper.settings.sigma("fmnist", "practical") == 10.0
     data = RunConfig.from_run_config({"dataset": "fmnist", "strategy": "fedamp",
                                       "fedamp-sigma-rule": "data"})
-    assert data.settings.sigma("fedamp", "fmnist", "practical") is None
+    assert data.settings.sigma("fmnist", "practical") is None
     members = RunConfig.from_run_config({"dataset": "members", "strategy": "fedamp",
                                          "member-input-shape": "6", "member-outputs": 3})
-    assert members.settings.sigma("fedamp", "members", "federated") is None
+    assert members.settings.sigma("members", "federated") is None
     with pytest.raises(Exception, match="'fedamp-sigma-rule' = 'median'"):
         RunConfig.from_run_config({"fedamp-sigma-rule": "median"})
 

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import tomllib
 from pathlib import Path
 
@@ -125,7 +126,7 @@ def test_fedamp_is_as_short_as_its_idea():
 
 
 def test_each_key_of_a_runs_records_is_spelled_in_one_module():
-    """metrics.json's round records and headline keys are built and read through
+    """metrics.json's round records, headline and top-level keys are built and read through
     strategies/core/records.py: no other module of the product spells one, or a prefix of
     one (an f-string's "client_")."""
     from strategies.core import records
@@ -135,6 +136,12 @@ def test_each_key_of_a_runs_records_is_spelled_in_one_module():
         records.HEADLINES) | {records.TRAINED, records.MEAN_TRAIN_LOSS, records.DP_SPENT,
                               records.GLOBAL_NORM, *records.ABSENT.values(),
                               records.REJECTED["evaluate"]} | {"client_", "mean_", "novel_mean_"}
+    # metrics.json's top level (records.RunFile), but for the words that also name a key of
+    # another file (the checkpoint, a model card, status.json) or a run-config key
+    keys |= {f.name for f in dataclasses.fields(records.RunFile)} - {
+        "run_name", "strategy", "label", "dataset", "partitioning", "num_clients", "seed",
+        "config", "finished", "rounds", "models", "xi", "wall_time_s", "client_names",
+        "member_keys", "impostors", "impostor_count", "member_scaling", "alone", "extra"}
     spelled = sorted(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}"
                      for name, path in _modules().items() if name != "strategies.core.records"
                      for node in ast.walk(ast.parse(path.read_text()))

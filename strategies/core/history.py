@@ -21,8 +21,7 @@ from .records import (
     METRICS,
     REJECTED,
     TRAINED,
-    VERSION,
-    VERSION_KEY,
+    RunFile,
     client_key,
     client_scores,
     headlines,
@@ -226,19 +225,22 @@ class RunHistory:
         out["never_evaluated"] = never
         return out
 
-    def to_dict(self) -> dict[str, Any]:
-        """Return the JSON-ready records."""
-        out: dict[str, Any] = {VERSION_KEY: VERSION,
-                               "rounds": [self.rounds[r] for r in sorted(self.rounds)]}
-        out.update(headlines(self.rounds.values()))
-        out.update(self.notes)
-        out["novel_clients"] = sorted(self.novel)
-        out["attackers"] = sorted(self.attackers)
+    def run_file(self, **run: Any) -> RunFile:
+        """The run's metrics.json: these records, with ``run``'s fields of :class:`RunFile`
+        (who ran what, how far; none: the records alone, for a strategy used on its own)."""
+        notes = {**run.pop("extra", {}), **self.notes}
+        alone = notes.pop("alone", None)
         if self.xi:
-            out["xi"] = {"client_ids": self.xi_client_ids,
-                         "rounds": {str(r): m for r, m in sorted(self.xi.items())}}
+            xi: dict[str, Any] | None = {
+                "client_ids": self.xi_client_ids,
+                "rounds": {str(r): m for r, m in sorted(self.xi.items())}}
         elif self.xi_rounds:  # the matrices are in files (fedamp_flwr.results.XiFiles)
-            out["xi"] = {"client_ids": self.xi_client_ids, "recorded_rounds": list(self.xi_rounds),
-                         "folder": "xi"}
-        return out
+            xi = {"client_ids": self.xi_client_ids, "recorded_rounds": list(self.xi_rounds),
+                  "folder": "xi"}
+        else:
+            xi = None
+        return RunFile(**run, rounds=[self.rounds[r] for r in sorted(self.rounds)],
+                       headlines=headlines(self.rounds.values()), alone=alone,
+                       extra=notes,
+                       novel_clients=sorted(self.novel), attackers=sorted(self.attackers), xi=xi)
 

@@ -19,11 +19,18 @@ A run's headline (``metrics.json``'s top level, :func:`headlines`): the best mea
 rounds of the task's :class:`Score`, ``bmta`` (best mean test accuracy, in percent: the
 FedAMP paper's metric) or ``best_mean_mse``, and the novel clients' ``novel_bmta`` /
 ``novel_best_mean_mse``.
+
+The whole file (``metrics.json``'s top level) is a :class:`RunFile`: the ServerApp writes it
+through :meth:`RunFile.to_dict`, every reader reads it through :meth:`RunFile.from_dict`.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from .protocol import ACCURACY, LOSS, MSE
@@ -101,18 +108,6 @@ def round_score(rec: Mapping[str, Any]) -> Score | None:
     return next((s for s in SCORES if client_key(s.metric) in rec), None)
 
 
-def run_score(run: Mapping[str, Any]) -> Score:
-    """The score of a run's metrics.json: by its headline, else by its rounds (accuracy for
-    a run with neither)."""
-    rounds = run.get("rounds") or []
-    if any(k in run for k in (ACCURACY_SCORE.headline, "novel_" + ACCURACY_SCORE.headline)):
-        return ACCURACY_SCORE
-    if any(k in run for k in (MSE_SCORE.headline, "novel_" + MSE_SCORE.headline)) or any(
-            client_key(MSE) in r or mean_key(MSE) in r for r in rounds):
-        return MSE_SCORE
-    return ACCURACY_SCORE
-
-
 def client_scores(rec: Mapping[str, Any], score: Score | None = None) -> dict:
     """Client id -> its score in a round's record (``score``: the record's own, by default)."""
     score = score or round_score(rec)
@@ -155,8 +150,144 @@ def headlines(rounds: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     return out
 
 
-def headline(run: Mapping[str, Any], novel: bool = False) -> tuple[Score, float | None]:
-    """A run's score and its recorded headline (None where it has none)."""
-    score = run_score(run)
-    value = run.get(("novel_" if novel else "") + score.headline)
-    return score, (None if value is None else float(value))
+#: RunFile's fields left out of the file where they are None (a run without members, a
+#: federated task's partitioning, a run that keeps no models or weights)
+_ONLY_WHEN_SET = ("partitioning", "client_names", "left_out", "member_keys", "impostors",
+                  "impostor_count", "member_scaling", "models", "xi")
+
+
+@dataclass
+class RunFile:
+    """``metrics.json``: a run's file, field by field in the file's order.
+
+    Who ran what: ``run_name``, ``strategy``, ``label``, ``dataset``, ``task_kind``
+    (``classification`` or ``regression``), ``partitioning`` (a federated task has none),
+    ``num_clients``. A members run: ``client_names`` (client id -> name),
+    ``left_out`` (node -> why it could not join), ``member_keys`` (name -> the public key
+    that proved it) and ``member_roster``, ``impostors`` (the newest refused claims) and
+    ``impostor_count``, ``member_scaling`` (the members' pooled scaling). Then ``seed`` and
+    ``config`` (the resolved run config); ``extra``, the method's own records and notes
+    (FedAMP's ``sigma`` and ``<method>_sigma``, Panacea's ``inferred_graph``), written at
+    the top level; ``completed_rounds``, ``finished``, ``coverage`` (whom the headline
+    covers), ``models`` (the models kept), ``wall_time_s``; the history:
+    ``records_version``, ``rounds`` (the round records above), ``headlines`` (written at
+    the top level), ``alone`` (client id -> its members' scores alone), ``novel_clients``,
+    ``attackers``, ``xi`` (where FedAMP's weights are).
+
+    :meth:`from_dict` reads any JSON object: a key missing or of the wrong type gives the
+    field's default (a file without ``finished``, written by hand or by an older version,
+    counts as finished), a key it does not know goes to ``extra``.
+    """
+
+    run_name: str = ""
+    strategy: str = "?"
+    label: str = ""
+    dataset: str = "?"
+    task_kind: str | None = None
+    partitioning: str | None = None
+    num_clients: int | None = None
+    client_names: list[str] | None = None
+    left_out: dict[str, str] | None = None
+    member_keys: dict[str, str] | None = None
+    member_roster: str | None = None
+    impostors: list[dict[str, Any]] | None = None
+    impostor_count: int | None = None
+    member_scaling: dict[str, Any] | None = None
+    seed: int | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    completed_rounds: int = 0
+    finished: bool = True
+    coverage: dict[str, Any] | None = None
+    models: dict[str, Any] | None = None
+    wall_time_s: float | None = None
+    records_version: int = VERSION
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    headlines: dict[str, float] = field(default_factory=dict)
+    alone: dict[str, dict[str, float]] | None = None
+    novel_clients: list[Any] = field(default_factory=list)
+    attackers: list[Any] = field(default_factory=list)
+    xi: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of ``metrics.json``."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("extra", "headlines"):
+                out.update(value)
+            elif f.name == "member_roster":  # beside the keys it bound
+                if self.member_keys is not None:
+                    out[f.name] = value
+            elif value is not None or f.name not in _ONLY_WHEN_SET + ("alone",):
+                out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunFile:
+        """The file of a parsed ``metrics.json`` (see the class)."""
+        known = {f.name: f for f in fields(cls)}
+        kwargs: dict[str, Any] = {"extra": {}, "headlines": {}}
+        defaults = cls()
+        for key, value in data.items():
+            if key in HEADLINES:
+                if _is_number(value):
+                    kwargs["headlines"][key] = float(value)
+            elif key in known and key not in ("extra", "headlines"):
+                if _fits(value, getattr(defaults, key), key):
+                    kwargs[key] = value
+            else:
+                kwargs["extra"][key] = value
+        kwargs["rounds"] = [r for r in kwargs.get("rounds", []) if isinstance(r, dict)]
+        kwargs["records_version"] = version_of(data)
+        return cls(**kwargs)
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> RunFile:
+        """The file at ``path`` (OSError where it cannot be read, ValueError where it is not
+        a JSON object)."""
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: not a JSON object")
+        return cls.from_dict(data)
+
+    @property
+    def score(self) -> Score:
+        """The run's score: by its headline, else by its rounds (accuracy for a run with
+        neither)."""
+        if any(k in self.headlines for k in (ACCURACY_SCORE.headline,
+                                             "novel_" + ACCURACY_SCORE.headline)):
+            return ACCURACY_SCORE
+        if any(k in self.headlines for k in (MSE_SCORE.headline, "novel_" + MSE_SCORE.headline)
+               ) or any(client_key(MSE) in r or mean_key(MSE) in r for r in self.rounds):
+            return MSE_SCORE
+        return ACCURACY_SCORE
+
+    def headline(self, novel: bool = False) -> tuple[Score, float | None]:
+        """The run's score and its recorded headline (None where it has none)."""
+        score = self.score
+        return score, self.headlines.get(("novel_" if novel else "") + score.headline)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+#: the type each RunFile field holds where its default is None
+_NONE_DEFAULTS = {"task_kind": str, "partitioning": str, "num_clients": int,
+                  "client_names": list, "left_out": dict, "member_keys": dict,
+                  "member_roster": str, "impostors": list, "impostor_count": int,
+                  "member_scaling": dict, "seed": int, "coverage": dict, "models": dict,
+                  "wall_time_s": float, "alone": dict, "xi": dict}
+
+
+def _fits(value: Any, default: Any, key: str) -> bool:
+    """Whether a read ``value`` has the type of its field (else the default stays)."""
+    kind = _NONE_DEFAULTS.get(key) if default is None else type(default)
+    if value is None:
+        return default is None
+    if kind is float:
+        return _is_number(value)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind) if kind is not None else True
