@@ -88,9 +88,8 @@ def _adjust_gradients(params: list[nn.Parameter], center: list[torch.Tensor] | N
                                                    [center[i] for i in used]),
                                 alpha=proximal_mu)
     if correction is not None:
-        for p, c in zip(params, correction):
-            if p.grad is not None:
-                p.grad.add_(c)
+        pairs = [(p.grad, c) for p, c in zip(params, correction) if p.grad is not None]
+        torch._foreach_add_([g for g, _ in pairs], [c for _, c in pairs])
     if clip_norm > 0:
         nn.utils.clip_grad_norm_(params, clip_norm)
 
