@@ -26,6 +26,7 @@ from . import (  # noqa: F401 - importing a method's module registers it
     pfedme,
     scaffold,
     separate,
+    sfl,
 )
 from .apfl import APFL
 from .core.base import FlowerStrategy, PersonalizedStrategy
@@ -45,13 +46,14 @@ from .per_fedavg import PerFedAvg
 from .pfedme import PFedMe
 from .scaffold import Scaffold
 from .separate import Separate
+from .sfl import SFLStrategy, sfl_propagation
 
 __all__ = [
     "APFL", "CLIENT_UPDATES", "STRATEGIES", "ClientInfo", "ClientJob", "ClientUpdate",
     "ConfigError", "FedAMP", "FedAvg", "FedAvgFT", "FedMedian", "FedProx", "FedProxFT",
     "FedTrimmedAvg", "GraphHyperNetwork", "HeurFedAMP", "Krum", "NonConvex", "PFedMe",
     "Panacea", "PerFedAvg", "PersonalizedStrategy", "RunHistory", "RunSetup", "Scaffold",
-    "Separate", "Settings", "FlowerStrategy", "build_strategy", "fedamp_weights",
+    "SFLStrategy", "Separate", "Settings", "FlowerStrategy", "build_strategy", "fedamp_weights",
     "heurfedamp_weights", "mean_metrics", "nonconvex_weights", "register_client_update",
-    "register_strategy", "server_step",
+    "register_strategy", "server_step", "sfl_propagation",
 ]

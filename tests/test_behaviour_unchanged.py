@@ -63,11 +63,12 @@ def case(key: str) -> tuple[str, int, dict]:
                           "panacea-server-steps": 10, "panacea-client-momentum": 0.0,
                           "panacea-client-weight-decay": 0.0, "panacea-client-clip": 0.0,
                           "panacea-server-weight-decay": 0.0, "panacea-server-clip": 0.0})
-    if name.startswith("panacea"):  # the default task has no graph: its 5 groups', with 6 clients
+    graph = name.startswith("panacea") or name == "sfl"
+    if graph:  # the default task has no graph: its 5 groups', with 6 clients
         overrides["graph"] = "groups"
-        if scenario:
+        if scenario and name != "sfl":
             overrides["local-steps"] = 3
-    return name, 6 if name.startswith("panacea") else (5 if scenario else 3), overrides
+    return name, 6 if graph else (5 if scenario else 3), overrides
 
 
 def run(key: str, tmp_path: Path) -> list[dict]:

@@ -248,6 +248,8 @@ class SettingsContext:
         The setting in words, for messages: ``mnist/practical``, ``fl60``.
     has_groups : bool
         Whether the setting has groups of same-distribution clients.
+    graph : str
+        The ``graph`` key: where the client graph comes from.
     """
 
     strategy: str
@@ -255,6 +257,7 @@ class SettingsContext:
     data_setting: str
     data_label: str
     has_groups: bool
+    graph: str = "task"
 
 
 @dataclass(frozen=True)
