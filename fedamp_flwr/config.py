@@ -266,8 +266,15 @@ class RunConfig:
                                 **one_of("text", "grda"))
     tpt48_split: str = setting("time", "TPT-48 split in time or at random (the paper's)",
                                **one_of("time", "random"))
+    traffic_graph: str = setting("metr-la", "traffic-generated: the road graph it is generated "
+                                 "on (data-dir holds it)", **one_of(*tasks.TRAFFIC_GRAPHS))
+    traffic_days: int = setting(14, "traffic-generated: days of 5-minute readings",
+                                **integer_in(1, 366))
+    traffic_stride: int = setting(12, "traffic tasks: steps between two windows' starts (12: "
+                                  "one an hour)", **integer_in(1, 288))
     model: str = setting("auto", "the model (auto: the task's)",
-                         allowed="auto, mlp, mlp-16, cnn, resnet18 (one that fits the data)")
+                         allowed="auto, mlp, mlp-16, cnn, resnet18, gru (one that fits the "
+                         "data)")
     # Members' own data (dataset = "members")
     member_input_shape: str = setting("", 'one input\'s shape: "F" or "C,H,W"')
     # (member-task and member-scaling: checked with the other member- keys, and only then)
@@ -510,7 +517,9 @@ class RunConfig:
             dirichlet_alpha=self.dirichlet_alpha, test_samples=self.test_samples,
             validation_fraction=self.validation_fraction,
             fl60_noise_std=self.fl60_noise_std, fl60_variant=self.fl60_variant,
-            tpt48_split=self.tpt48_split, member=member, schema=self.member_schema(),
+            tpt48_split=self.tpt48_split, traffic_graph=self.traffic_graph,
+            traffic_days=self.traffic_days, traffic_stride=self.traffic_stride, member=member,
+            schema=self.member_schema(),
         )
 
     def roles(self, num_clients: int) -> Roles:
@@ -537,8 +546,9 @@ class RunConfig:
         being the partitioning of a pool dataset, FL-60's ``fl60-variant``, TPT-48's
         ``tpt48-split`` (FL-60 text with another noise than 1: ``text-noise<std>``), else
         ``federated``."""
-        variant = {"fl60": self.fl60_variant, "tpt48": self.tpt48_split}.get(
-            self.dataset, self.data_setting)
+        variant = {"fl60": self.fl60_variant, "tpt48": self.tpt48_split,
+                   tasks.TRAFFIC_GENERATED: self.traffic_graph}.get(self.dataset,
+                                                                    self.data_setting)
         if self.dataset == "fl60" and self.fl60_variant == "text" and self.fl60_noise_std != 1.0:
             variant += f"-noise{self.fl60_noise_std:g}"  # another task than the one tuned
         return f"{self.dataset}/{variant}"

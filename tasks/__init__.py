@@ -31,6 +31,8 @@ from .registry import (
     MEMBERS,
     REGRESSION,
     TASKS,
+    TRAFFIC_GENERATED,
+    TRAFFIC_GRAPHS,
     DataConfig,
     DataInfo,
     TaskSpec,
@@ -39,7 +41,8 @@ from .registry import (
 )
 
 __all__ = [
-    "CLASSIFICATION", "MEMBERS", "MODELS", "REGRESSION", "TASKS", "ClientCountError",
+    "CLASSIFICATION", "MEMBERS", "MODELS", "REGRESSION", "TASKS", "TRAFFIC_GENERATED",
+    "TRAFFIC_GRAPHS", "ClientCountError",
     "ClientData", "DataConfig", "DataInfo", "MemberDataError", "MemberSchema", "TaskSpec",
     "build_model", "client_groups", "data_info", "get_task", "load_client_data",
     "load_federated", "load_pool", "model_for", "model_name",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import data as _data
+from . import traffic as _traffic
 from .federated import FederatedData, load_npz, load_tpt48, make_fl60, make_fl60_grda
 from .members import CLASSIFICATION, REGRESSION, MemberSchema
 from .models import MODEL_OF_TASK
@@ -39,6 +40,9 @@ class DataConfig:
     fl60_noise_std: float = 1.0
     fl60_variant: str = "text"
     tpt48_split: str = "time"
+    traffic_graph: str = "metr-la"
+    traffic_days: int = 14
+    traffic_stride: int = 12
     member: str = ""  # members: this node's member name (node config client-id)
     schema: MemberSchema | None = None  # members: what the run expects of the data
 
@@ -54,6 +58,14 @@ class DataInfo:
     input_shape: tuple[int, ...]
     num_outputs: int
     kind: str
+
+
+#: The traffic tasks (tasks.traffic): the real ones by their graph's name, and the stand-in.
+TRAFFIC_GRAPHS = tuple(_traffic.FILES)
+TRAFFIC_GENERATED = "traffic-generated"
+TRAFFIC_INFO = DataInfo((_traffic.STEPS_IN,), _traffic.STEPS_OUT, REGRESSION)
+#: about 270 training windows a sensor: an epoch of batch 32 a round (9 steps)
+TRAFFIC_AUTO = {"local-epochs": 1, "batch-size": 32}
 
 
 @dataclass(frozen=True)
@@ -107,6 +119,13 @@ class TaskSpec:
     def federated(self) -> bool:
         """True when the data defines the clients (partitioning does not apply)."""
         return self.load_federated is not None
+
+
+def _real_traffic(name: str) -> Callable[[DataConfig], FederatedData]:
+    """The loader of a real traffic task, from ``data-dir`` (:func:`tasks.traffic.load_traffic`)."""
+    def load(dc: DataConfig) -> FederatedData:
+        return _traffic.load_traffic(Path(dc.data_dir).expanduser(), name, dc.traffic_stride)
+    return load
 
 
 def _members_have_their_data(dc: DataConfig) -> FederatedData:
@@ -170,6 +189,15 @@ TASKS: dict[str, TaskSpec] = {
             # drift lowest (Panacea's own values on TPT-48: strategies/panacea.py)
             auto={"local-epochs": 1, "batch-size": 16},
         ),
+        *(TaskSpec(name, MODEL_OF_TASK[name], load_federated=_real_traffic(name),
+                   needs_data_dir=True, info=TRAFFIC_INFO, auto=TRAFFIC_AUTO)
+          for name in TRAFFIC_GRAPHS),
+        TaskSpec(
+            TRAFFIC_GENERATED, MODEL_OF_TASK[TRAFFIC_GENERATED],
+            load_federated=lambda dc: _traffic.make_traffic_standin(
+                _traffic.graph_file(Path(dc.data_dir).expanduser(), dc.traffic_graph),
+                dc.traffic_days, dc.seed, dc.traffic_stride),
+            needs_data_dir=True, info=TRAFFIC_INFO, auto=TRAFFIC_AUTO),
         TaskSpec(
             "npz", MODEL_OF_TASK["npz"],
             load_federated=lambda dc: load_npz(Path(dc.data_dir).expanduser(), dc.seed),

@@ -1,0 +1,320 @@
+"""Traffic forecasting over road sensors: the Panacea paper's METR-LA (207 sensors) and
+PEMS-BAY (325) tasks, in the setup of Meng et al. 2021 (CNFGNN), its cited source.
+
+One client per sensor: forecast its next 12 speed readings (5-minute steps: one hour) from its
+previous 12. The client graph is the road graph: an edge where DCRNN's adjacency (a
+thresholded Gaussian kernel of road distance, Li et al. 2018) is positive in either
+direction, unweighted and without self loops, like every client graph of this project.
+
+* :func:`load_traffic`: the user's files, from ``data-dir``: DCRNN's speed table
+  (``metr-la.h5`` / ``pems-bay.h5``, a pandas HDF5 store: read with h5py, numbers and labels
+  only, never through pickle) and the road graph: ``metr_la_adjacency.npz`` /
+  ``pems_bay_adjacency.npz`` (``sensor_ids`` and ``adjacency``, the copy in
+  ``shared/data/sensor_graphs``), DCRNN's ``adj_mx.pkl`` / ``adj_mx_bay.pkl`` (through
+  :func:`read_adj_mx`, which rebuilds numpy arrays and lists and nothing else), or an edge
+  list ``<name>-edges.csv`` of sensor ids (``from,to``).
+* :func:`make_traffic_standin`: a **generated** stand-in on the real road graphs, for
+  measurement where the speed tables are absent (these machines): never METR-LA's numbers.
+
+Both scale the speeds to [0, 1] by their minimum and maximum over all sensors and steps (as
+TPT-48; the MSE is reported on that scale, the paper's x1e-3 units), cut each sensor's series
+into windows of 12 readings in and 12 out, one window starting every ``stride`` steps, and
+split each sensor's windows 80/20 in time (train first). A real table's zero readings are
+missing values (DCRNN masks them): a window holding one is left out.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+from .data import Split
+from .federated import FederatedData, split_80_20
+
+STEPS_IN = STEPS_OUT = 12
+STEPS_PER_DAY = 288  # 5-minute readings
+#: the real datasets and their files: speed table, graph files (first found is used)
+FILES = {
+    "metr-la": ("metr-la.h5", ("metr_la_adjacency.npz", "adj_mx.pkl", "metr-la-edges.csv")),
+    "pems-bay": ("pems-bay.h5", ("pems_bay_adjacency.npz", "adj_mx_bay.pkl",
+                                 "pems-bay-edges.csv")),
+}
+
+
+class TrafficDataError(ValueError):
+    """A traffic file that cannot be used, with the file and why."""
+
+
+# ---------------------------------------------------------------------------
+# The road graph
+# ---------------------------------------------------------------------------
+def client_graph(adjacency: np.ndarray) -> np.ndarray:
+    """The unweighted symmetric client graph of a (directed, weighted) road adjacency:
+    an edge where either direction is positive; no self loops."""
+    a = np.asarray(adjacency, dtype=np.float64)
+    graph = ((a > 0) | (a.T > 0)).astype(np.float32)
+    np.fill_diagonal(graph, 0.0)
+    return graph
+
+
+class _ArraysOnly(pickle.Unpickler):
+    """An unpickler that rebuilds numpy arrays (and the lists, dicts and strings around
+    them) and refuses every other global: the file names no code that runs."""
+
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
+               ("numpy._core.multiarray", "scalar")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) == ("_codecs", "encode"):  # how protocol 2 writes bytes
+            return _latin1
+        if (module, name) not in self.ALLOWED:
+            raise TrafficDataError(f"the pickle names {module}.{name}: only numpy arrays, lists, "
+                                   "dicts and strings are read from a graph file")
+        return super().find_class(module, name)
+
+
+def _latin1(text: str, encoding: str = "latin1") -> bytes:
+    if encoding != "latin1" or not isinstance(text, str):
+        raise TrafficDataError(f"the pickle encodes bytes as {encoding!r}, not latin1")
+    return text.encode("latin1")
+
+
+def read_adj_mx(path: Path) -> tuple[list[str], np.ndarray]:
+    """DCRNN's ``adj_mx.pkl``: (sensor ids, id -> index, adjacency), pickled by Python 2;
+    read by :class:`_ArraysOnly`."""
+    try:
+        with open(path, "rb") as f:
+            data = _ArraysOnly(io.BytesIO(f.read()), encoding="latin1").load()
+    except TrafficDataError as err:
+        raise TrafficDataError(f"{path}: {err}") from None
+    except Exception as err:  # a truncated or foreign file
+        raise TrafficDataError(f"{path}: not DCRNN's adj_mx.pkl ({err})") from None
+    if not (isinstance(data, (tuple, list)) and len(data) == 3):
+        raise TrafficDataError(f"{path}: expected (sensor_ids, sensor_id_to_ind, adj_mx)")
+    ids, adjacency = [str(s) for s in data[0]], np.asarray(data[2])
+    return ids, adjacency
+
+
+def read_graph(path: Path) -> tuple[list[str], np.ndarray]:
+    """Sensor ids and the (n, n) road adjacency of a graph file: our ``.npz``
+    (``sensor_ids``, ``adjacency``; no pickle), DCRNN's ``adj_mx*.pkl``, or an edge list
+    ``.csv`` (``from,to`` sensor ids, any further column ignored)."""
+    if path.suffix == ".npz":
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                ids, adjacency = [str(s) for s in data["sensor_ids"]], data["adjacency"]
+        except (KeyError, ValueError, OSError) as err:
+            raise TrafficDataError(f"{path}: needs arrays sensor_ids and adjacency ({err})") \
+                from None
+    elif path.suffix == ".pkl":
+        ids, adjacency = read_adj_mx(path)
+    else:
+        ids, adjacency = _read_edge_list(path)
+    adjacency = np.asarray(adjacency, dtype=np.float64)
+    if adjacency.shape != (len(ids), len(ids)) or not np.isfinite(adjacency).all() or (
+            adjacency < 0).any():
+        raise TrafficDataError(f"{path}: the adjacency must be a finite non-negative "
+                               f"{len(ids)} x {len(ids)} matrix, got {adjacency.shape}")
+    if len(set(ids)) != len(ids):
+        raise TrafficDataError(f"{path}: sensor ids repeat")
+    return ids, adjacency
+
+
+def _read_edge_list(path: Path) -> tuple[list[str], np.ndarray]:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or not {"from", "to"} <= set(rows[0]):
+        raise TrafficDataError(f"{path}: an edge list needs the columns from,to")
+    ids = sorted({r["from"] for r in rows} | {r["to"] for r in rows})
+    index = {s: i for i, s in enumerate(ids)}
+    adjacency = np.zeros((len(ids), len(ids)))
+    for r in rows:
+        adjacency[index[r["from"]], index[r["to"]]] = 1.0
+    return ids, adjacency
+
+
+# ---------------------------------------------------------------------------
+# Speed tables
+# ---------------------------------------------------------------------------
+def read_speed_table(path: Path) -> tuple[list[str], np.ndarray]:
+    """Sensor ids and the (steps, sensors) speeds of DCRNN's ``metr-la.h5`` / ``pems-bay.h5``:
+    a pandas HDF5 store (fixed format) of one frame, read with h5py: the column labels
+    (``axis0``) and the numeric blocks, never an object block (pandas would unpickle it)."""
+    import h5py  # only the real traffic tasks need it
+
+    try:
+        f = h5py.File(path, "r")
+    except OSError as err:
+        raise TrafficDataError(f"{path}: not an HDF5 file ({err})") from None
+    with f:
+        groups = [k for k in f if isinstance(f[k], h5py.Group)]
+        if len(groups) != 1:
+            raise TrafficDataError(f"{path}: expected one frame (pandas' to_hdf), found "
+                                   f"{groups or 'none'}")
+        g = f[groups[0]]
+        if "axis0" not in g or not any(k.endswith("_values") for k in g):
+            raise TrafficDataError(f"{path}: not a pandas frame in fixed format (axis0, "
+                                   "block*_values)")
+        ids = [_label(v) for v in g["axis0"][()]]
+        columns: dict[str, np.ndarray] = {}
+        for key in sorted(k for k in g if k.startswith("block") and k.endswith("_values")):
+            values = g[key]
+            if values.dtype.kind not in "fiu":
+                raise TrafficDataError(f"{path}: block {key} is not numeric ({values.dtype}); "
+                                       "object data is not read")
+            items = [_label(v) for v in g[key.replace("_values", "_items")][()]]
+            block = np.asarray(values[()], dtype=np.float64)
+            for j, item in enumerate(items):
+                columns[item] = block[:, j]
+    missing = [s for s in ids if s not in columns]
+    if missing:
+        raise TrafficDataError(f"{path}: columns {missing[:5]} have no numeric values")
+    return ids, np.stack([columns[s] for s in ids], axis=1)
+
+
+def _label(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# ---------------------------------------------------------------------------
+# Windows and clients
+# ---------------------------------------------------------------------------
+def windows(series: np.ndarray, stride: int) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, targets) of one sensor's scaled series: 12 in, 12 out, one window starting
+    every ``stride`` steps; a window with a missing reading (NaN) is left out."""
+    span = STEPS_IN + STEPS_OUT
+    starts = np.arange(0, len(series) - span + 1, stride)
+    cut = series[starts[:, None] + np.arange(span)[None, :]]
+    cut = cut[np.isfinite(cut).all(axis=1)]
+    return cut[:, :STEPS_IN].astype(np.float32), cut[:, STEPS_IN:].astype(np.float32)
+
+
+def to_clients(speeds: np.ndarray, adjacency: np.ndarray, names: list[str], stride: int,
+               extras: dict | None = None) -> FederatedData:
+    """Per-sensor clients of a (steps, sensors) speed table (NaN: missing), scaled to [0, 1]
+    over every reading, 80/20 in time."""
+    lo, hi = np.nanmin(speeds), np.nanmax(speeds)
+    if not hi > lo:
+        raise TrafficDataError("every speed reading is the same: nothing to forecast")
+    scaled = (speeds - lo) / (hi - lo)
+    train, test = [], []
+    for s in range(speeds.shape[1]):
+        x, y = windows(scaled[:, s], stride)
+        if len(x) < 2:
+            raise TrafficDataError(f"sensor {names[s]}: {len(x)} complete window(s) of "
+                                   f"{STEPS_IN + STEPS_OUT} readings; needs at least 2")
+        tr, te = split_80_20(Split(x, y), None)
+        train.append(tr)
+        test.append(te)
+    return FederatedData(train, test, client_graph(adjacency), names,
+                         {"speed_min": float(lo), "speed_max": float(hi), **(extras or {})})
+
+
+def graph_file(folder: Path, name: str) -> Path:
+    """The road graph of ``name`` (metr-la, pems-bay) in ``folder``: the first of its
+    :data:`FILES` there."""
+    for g in FILES[name][1]:
+        if (folder / g).is_file():
+            return folder / g
+    raise FileNotFoundError(f"run config 'data-dir' = '{folder}': the {name} road graph needs "
+                            f"one of {', '.join(FILES[name][1])} there (shared/data/sensor_graphs "
+                            "holds the .npz)")
+
+
+def load_traffic(folder: Path, name: str, stride: int = 12) -> FederatedData:
+    """METR-LA or PEMS-BAY from the user's ``folder`` (:data:`FILES`); clients in the order of
+    the speed table's columns, each matched to the graph by sensor id."""
+    table_name, graph_names = FILES[name]
+    table = folder / table_name
+    if not table.is_file():
+        raise FileNotFoundError(
+            f"run config 'data-dir' = '{folder}': dataset {name!r} needs {table_name} (DCRNN's "
+            f"speed table) and one of {', '.join(graph_names)} (the road graph) there")
+    graph = graph_file(folder, name)
+    ids, speeds = read_speed_table(table)
+    graph_ids, adjacency = read_graph(graph)
+    index = {s: i for i, s in enumerate(graph_ids)}
+    absent = [s for s in ids if s not in index]
+    if absent:
+        raise TrafficDataError(f"{graph}: sensors {absent[:5]} of {table} are not in the "
+                               "graph")
+    order = [index[s] for s in ids]
+    speeds = np.where(speeds > 0, speeds, np.nan)  # DCRNN's missing readings are zeros
+    return to_clients(speeds, adjacency[np.ix_(order, order)], ids, stride)
+
+
+# ---------------------------------------------------------------------------
+# The generated stand-in
+# ---------------------------------------------------------------------------
+def _smooth_field(graph: np.ndarray, rng: np.random.Generator, hops: int = 10) -> np.ndarray:
+    """A standardised random field over the sensors, smooth over the graph: white noise
+    averaged ``hops`` times over each sensor and its neighbours."""
+    a = graph + np.eye(len(graph))
+    walk = a / a.sum(axis=1, keepdims=True)
+    z = rng.standard_normal(len(graph))
+    for _ in range(hops):
+        z = walk @ z
+    return (z - z.mean()) / (z.std() + 1e-12)
+
+
+def standin_speeds(graph: np.ndarray, days: int, seed: int) -> np.ndarray:
+    """The stand-in's (steps, sensors) speeds in mph; the process is in
+    :func:`make_traffic_standin`."""
+    rng = np.random.default_rng([31_337, seed])
+    n = len(graph)
+    free = 62.0 + 4.0 * _smooth_field(graph, rng)
+    depth_am = np.clip(0.35 + 0.12 * _smooth_field(graph, rng), 0.05, 0.7)
+    depth_pm = np.clip(0.40 + 0.12 * _smooth_field(graph, rng), 0.05, 0.7)
+    shift = 20.0 * _smooth_field(graph, rng)  # minutes
+    rho = np.clip(0.90 + 0.04 * _smooth_field(graph, rng), 0.7, 0.98)
+    steps = days * STEPS_PER_DAY
+    minute = (np.arange(steps) % STEPS_PER_DAY) * 5.0
+    weekday = ((np.arange(steps) // STEPS_PER_DAY) % 7 < 5)[:, None]
+    scale = np.where(weekday, 1.0, 0.3)
+
+    def rush(centre: float, width: float) -> np.ndarray:
+        return np.exp(-0.5 * ((minute[:, None] - centre - shift[None, :]) / width) ** 2)
+
+    mean = free[None, :] * (1.0 - scale * (depth_am * rush(8 * 60, 60)
+                                           + depth_pm * rush(17.5 * 60, 90)))
+    a = graph + np.eye(n)
+    walk = a / a.sum(axis=1, keepdims=True)
+    shocks = rng.standard_normal((steps, n)) @ walk.T * (0.05 * free)
+    noise = np.zeros((steps, n))
+    for t in range(1, steps):  # AR(1) in time: a loop over steps, not over sensors
+        noise[t] = rho * noise[t - 1] + shocks[t]
+    return np.clip(mean + noise, 3.0, 80.0)
+
+
+def make_traffic_standin(graph_file: Path, days: int = 14, seed: int = 0,
+                         stride: int = 12) -> FederatedData:
+    """A generated traffic stand-in on a real road graph (``graph_file``: any graph
+    :func:`read_graph` reads), labelled as generated wherever it is reported.
+
+    The process, with G the client graph and W the random walk on G plus self loops
+    (each sensor and its neighbours, equally weighted):
+
+    1. Each sensor's parameters are random fields smooth over G (white noise averaged 10
+       times by W, standardised): free-flow speed 62 + 4 z mph; morning and evening rush
+       depths 0.35 + 0.12 z and 0.40 + 0.12 z of it (clipped to [0.05, 0.7]); a rush-hour
+       shift of 20 z minutes; a persistence 0.90 + 0.04 z (clipped to [0.7, 0.98]). Road
+       neighbours have similar parameters: the graph carries information about each
+       sensor's model.
+    2. The mean speed: free-flow speed times 1 - depth x a Gaussian rush at 8:00 (width 60
+       min) and 17:30 (90 min), shifted per sensor, at 0.3 of their depth on weekends.
+    3. Fluctuations: e_t = rho e_(t-1) + W eps_t x 0.05 x free-flow speed, eps_t standard
+       normal per sensor: shocks spread to road neighbours, and fade at each sensor's rate.
+    4. Speed = mean + e, clipped to [3, 80] mph; ``days`` days of 5-minute readings.
+
+    Then windows, scaling and the split as the real tasks (the module's docstring).
+    """
+    ids, adjacency = read_graph(graph_file)
+    graph = client_graph(adjacency)
+    speeds = standin_speeds(graph.astype(np.float64), days, seed)
+    return to_clients(speeds, adjacency, ids, stride,
+                      {"generated": True, "graph_file": graph_file.name, "days": days})

@@ -1,0 +1,140 @@
+"""Traffic forecasting (tasks/traffic.py): the real loaders on files written in the real
+formats (a pandas HDF5 speed table, DCRNN's pickled adj_mx, our .npz, an edge list), their
+refusals, the generated stand-in, and real rounds on it."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedamp_flwr.config import ConfigError, RunConfig
+from tasks.traffic import (
+    TrafficDataError,
+    client_graph,
+    load_traffic,
+    make_traffic_standin,
+    read_graph,
+    standin_speeds,
+)
+
+from .conftest import run_named
+
+IDS = ["773869", "767541", "767542", "717447"]
+#: DCRNN's adjacency is directed and weighted, with ones on the diagonal
+ADJ = np.array([[1.0, 0.5, 0.0, 0.0], [0.0, 1.0, 0.2, 0.0], [0.0, 0.0, 1.0, 0.0],
+                [0.0, 0.0, 0.9, 1.0]], dtype=np.float32)
+
+
+def _speed_table(folder: Path, steps: int = 100, name: str = "metr-la.h5") -> np.ndarray:
+    """DCRNN's table as pandas writes it: 5-minute rows, one column per sensor id, zeros where
+    a reading is missing."""
+    rng = np.random.default_rng(0)
+    speeds = 40 + 20 * rng.random((steps, len(IDS)))
+    speeds[30, 1] = 0.0  # a missing reading
+    index = pd.date_range("2012-03-01", periods=steps, freq="5min")
+    pd.DataFrame(speeds, index=index, columns=IDS).to_hdf(folder / name, key="df")
+    return speeds
+
+
+def test_metr_la_from_its_speed_table_and_graph(tmp_path):
+    speeds = _speed_table(tmp_path)
+    np.savez(tmp_path / "metr_la_adjacency.npz", sensor_ids=np.array(IDS), adjacency=ADJ)
+    data = load_traffic(tmp_path, "metr-la", stride=12)
+    assert data.names == IDS and data.num_clients == 4
+    # 100 steps: windows of 24 start at 0, 12, ..., 72 (7); sensor 1's reading at step 30
+    # (missing) leaves out the windows starting at 12 and 24
+    counts = [len(data.train[i].y) + len(data.test[i].y) for i in range(4)]
+    assert counts == [7, 5, 7, 7]
+    lo, hi = speeds[speeds > 0].min(), speeds.max()
+    first = (speeds[:12, 0] - lo) / (hi - lo)
+    assert np.allclose(data.train[0].x[0], first, atol=1e-6)  # scaled to [0, 1], in time
+    assert np.allclose(data.train[0].y[0], (speeds[12:24, 0] - lo) / (hi - lo), atol=1e-6)
+    # the client graph: either direction, unweighted, no self loops
+    assert data.adjacency.tolist() == [[0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 1], [0, 0, 1, 0]]
+
+
+def test_the_graph_from_dcrnns_pickle_or_an_edge_list(tmp_path):
+    with open(tmp_path / "adj_mx.pkl", "wb") as f:  # as DCRNN wrote it: Python 2, protocol 2
+        pickle.dump((IDS, {s: i for i, s in enumerate(IDS)}, ADJ), f, protocol=2)
+    ids, adjacency = read_graph(tmp_path / "adj_mx.pkl")
+    assert ids == IDS and np.array_equal(adjacency, ADJ)
+    (tmp_path / "edges.csv").write_text("from,to,cost\n773869,767541,10.5\n767541,767542,3\n")
+    ids, adjacency = read_graph(tmp_path / "edges.csv")
+    assert ids == ["767541", "767542", "773869"]
+    assert client_graph(adjacency).sum() == 4  # two undirected edges
+
+
+class _Boom:
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("touch /tmp/fedamp-traffic-pwned",))
+
+
+def test_a_pickle_that_names_code_is_refused_and_runs_nothing(tmp_path):
+    marker = Path("/tmp/fedamp-traffic-pwned")
+    marker.unlink(missing_ok=True)
+    with open(tmp_path / "adj_mx.pkl", "wb") as f:
+        pickle.dump((IDS, {}, _Boom()), f, protocol=2)
+    with pytest.raises(TrafficDataError, match=r"adj_mx.pkl: the pickle names posix.system"):
+        read_graph(tmp_path / "adj_mx.pkl")
+    assert not marker.exists()
+
+
+def test_a_table_with_object_data_or_missing_files_is_refused(tmp_path):
+    frame = pd.DataFrame({"773869": ["fast", "slow"]}, index=pd.date_range("2012", periods=2))
+    frame.to_hdf(tmp_path / "metr-la.h5", key="df")
+    np.savez(tmp_path / "metr_la_adjacency.npz", sensor_ids=np.array(IDS), adjacency=ADJ)
+    with pytest.raises(TrafficDataError, match="not numeric.*object data is not read"):
+        load_traffic(tmp_path, "metr-la")
+    with pytest.raises(FileNotFoundError, match="'data-dir'.*pems-bay.h5.*pems_bay_adjacency"):
+        load_traffic(tmp_path, "pems-bay")
+    (tmp_path / "not.h5").write_text("junk")
+    with pytest.raises(TrafficDataError, match="not an HDF5 file"):
+        from tasks.traffic import read_speed_table
+
+        read_speed_table(tmp_path / "not.h5")
+
+
+def test_the_standin_couples_each_sensor_to_its_road_neighbours():
+    """Road neighbours' daily profiles are more alike than any two sensors' (the graph
+    carries information about each sensor's model), and a seed gives the same speeds."""
+    graph_file = Path(__file__).resolve().parents[2] / "shared/data/sensor_graphs/metr_la_adjacency.npz"
+    if not graph_file.is_file():
+        pytest.skip("shared/data/sensor_graphs is not on this machine")
+    _, adjacency = read_graph(graph_file)
+    graph = client_graph(adjacency).astype(np.float64)
+    speeds = standin_speeds(graph, days=7, seed=0)
+    assert speeds.shape == (7 * 288, 207) and np.array_equal(speeds, standin_speeds(graph, 7, 0))
+    profile = speeds[: 5 * 288].reshape(5, 288, 207).mean(axis=0)  # weekdays, by time of day
+    gap = np.abs(profile[:, :, None] - profile[:, None, :]).mean(axis=0)
+    u, v = np.nonzero(np.triu(graph, 1))
+    assert gap[u, v].mean() < 0.6 * gap[np.triu_indices(207, 1)].mean()
+    data = make_traffic_standin(graph_file, days=14, seed=0)
+    assert data.num_clients == 207 and data.extras["generated"]
+    assert [len(data.train[0].y), len(data.test[0].y)] == [268, 67]
+
+
+def test_the_real_traffic_tasks_need_their_folder():
+    with pytest.raises(ConfigError, match="'data-dir'"):
+        RunConfig.from_run_config({"dataset": "metr-la"})
+    with pytest.raises(ConfigError, match="'traffic-graph' = 'tokyo'"):
+        RunConfig.from_run_config({"dataset": "traffic-generated", "traffic-graph": "tokyo"})
+
+
+def test_sfl_and_panacea_forecast_the_standin_in_the_server_app(tmp_path):
+    """Two real rounds on a stand-in over a small road graph (six sensors in a ring)."""
+    ring = np.roll(np.eye(6, dtype=np.float32), 1, axis=1)
+    np.savez(tmp_path / "metr_la_adjacency.npz", sensor_ids=np.array([f"s{i}" for i in range(6)]),
+             adjacency=ring)
+    for strategy in ("sfl", "panacea"):
+        metrics = run_named(tmp_path, strategy, {
+            "strategy": strategy, "dataset": "traffic-generated", "data-dir": str(tmp_path),
+            "traffic-days": 3, "traffic-stride": 24, "local-epochs": 1}, 6)
+        assert metrics["finished"] and metrics["task_kind"] == "regression"
+        assert len(metrics["rounds"][-1]["client_mse"]) == 6
+        assert 0 < metrics["best_mean_mse"] < 1
