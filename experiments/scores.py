@@ -44,6 +44,7 @@ SCENARIOS: dict[str, tuple[str, Any]] = {
     "novel-client-fraction": ("novel", 0.0),
     "fl60-variant": ("", "text"),
     "tpt48-split": ("split", "time"),
+    "traffic-graph": ("", "metr-la"),
 }
 #: Scenario keys that get a ``vs_<key>.png`` plot when a dataset has two or more values.
 SWEEP_KEYS = ("drop-rate", "attack-ratio", "novel-client-fraction")

@@ -18,6 +18,7 @@ from strategies.core.records import HEADLINES
 from tasks.files import strict_json
 
 from .budget import budget_of, describe
+from .paper_numbers import paper_line, variant_of
 from .scores import (
     SCENARIOS,
     RunRecord,
@@ -217,11 +218,19 @@ def write_table(runs: Sequence[RunRecord], path: str | Path,
     if left_out:
         parts.append(f"{left_out} run(s) that did not finish are left out (see results.csv: "
                      "`finished`, `status`).")
+    parts += paper_lines(runs)
     novel = markdown_table(runs, strategy_order, novel=True)
     if novel:
-        parts += ["## Novel clients", novel]
+        parts += ["## Novel clients", novel, *paper_lines(runs, novel=True)]
     path.write_text("\n\n".join(parts) + "\n")
     return path
+
+
+def paper_lines(runs: Sequence[RunRecord], novel: bool = False) -> list[str]:
+    """The published numbers of the runs' data settings (:mod:`experiments.paper_numbers`),
+    one line each."""
+    settings = dict.fromkeys((r.dataset, variant_of(r.dataset, r.config)) for r in runs)
+    return [line for d, v in settings if (line := paper_line(d, v, novel))]
 
 
 # ---------------------------------------------------------------------------

@@ -138,3 +138,17 @@ def test_sfl_and_panacea_forecast_the_standin_in_the_server_app(tmp_path):
         assert metrics["finished"] and metrics["task_kind"] == "regression"
         assert len(metrics["rounds"][-1]["client_mse"]) == 6
         assert 0 < metrics["best_mean_mse"] < 1
+
+
+def test_the_stand_in_is_printed_beside_the_papers_numbers_said_not_comparable():
+    from experiments.paper_numbers import paper_line, variant_of
+
+    line = paper_line("traffic-generated", variant_of("traffic-generated",
+                                                      {"traffic-graph": "pems-bay"}))
+    assert line is not None and line.startswith("Panacea paper, Table 1, pems-bay (MSE x1e-3): "
+                                                "fedavg 33.5, sfl 36.4, pfedhn 3.6")
+    assert "generated stand-in" in line and "not comparable" in line
+    assert "generated" not in (paper_line("metr-la", "") or "")
+    assert paper_line("fl60", "grda") == ("Panacea paper, Table 1, fl60 (grda): fedavg 97.9, "
+                                          "sfl 73.3, pfedhn 100, panacea-gn 100, panacea 100.")
+    assert paper_line("fl60", "text") is None and paper_line("fl60", "grda", novel=True) is None
