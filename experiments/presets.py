@@ -22,13 +22,13 @@ from tasks import get_task
 DATA_SUBDIRS = {"mnist": "mnist", "fmnist": "fashion_mnist", "emnist": "emnist",
                 "cifar10": "cifar10", "cifar100": "cifar100", "tpt48": "tpt48",
                 "traffic-generated": "sensor_graphs", "metr-la": "metr-la",
-                "pems-bay": "pems-bay"}
+                "pems-bay": "pems-bay", "compcars": "compcars"}
 # Datasets whose number of clients is fixed by the data.
-FIXED_CLIENTS = {"fl60": 60, "tpt48": 48, "metr-la": 207, "pems-bay": 325}
+FIXED_CLIENTS = {"fl60": 60, "tpt48": 48, "metr-la": 207, "pems-bay": 325, "compcars": 30}
 #: datasets whose files only their users have (not on these machines): a preset's setting of
 #: one is left out, with a line saying so, where its folder is absent and --datasets does not
 #: name it (named, it is refused)
-USERS_FILES = ("metr-la", "pems-bay")
+USERS_FILES = ("metr-la", "pems-bay", "compcars")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +160,8 @@ PRESETS: dict[str, Grid] = {
                           (("traffic-graph", "metr-la"),), "metr-la"),
                   Setting("traffic-generated", "practical", 325,
                           (("traffic-graph", "pems-bay"),), "pems-bay"),
-                  Setting("metr-la", "practical", 207), Setting("pems-bay", "practical", 325)),
+                  Setting("metr-la", "practical", 207), Setting("pems-bay", "practical", 325),
+                  Setting("compcars", "practical", 30)),
         seeds=(0, 1, 2),
         run_config={"num-server-rounds": 60},
     ),

@@ -124,7 +124,7 @@ MODELS: dict[str, Callable[[Shape, int], nn.Module]] = {
 MODEL_OF_TASK = {"synthetic": "mlp", "mnist": "cnn", "fmnist": "cnn", "emnist": "cnn",
                  "cifar10": "resnet18", "cifar100": "resnet18", "fl60": "mlp-16",
                  "tpt48": "mlp", "npz": "mlp", "metr-la": "gru", "pems-bay": "gru",
-                 "traffic-generated": "gru"}
+                 "traffic-generated": "gru", "compcars": "cnn"}
 
 
 def auto_model(shape: Shape) -> str:

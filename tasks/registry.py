@@ -19,6 +19,7 @@ from typing import Any
 
 from . import data as _data
 from . import traffic as _traffic
+from .compcars import load_compcars
 from .federated import FederatedData, load_npz, load_tpt48, make_fl60, make_fl60_grda
 from .members import CLASSIFICATION, REGRESSION, MemberSchema
 from .models import MODEL_OF_TASK
@@ -198,6 +199,10 @@ TASKS: dict[str, TaskSpec] = {
                 _traffic.graph_file(Path(dc.data_dir).expanduser(), dc.traffic_graph),
                 dc.traffic_days, dc.seed, dc.traffic_stride),
             needs_data_dir=True, info=TRAFFIC_INFO, auto=TRAFFIC_AUTO),
+        TaskSpec(
+            "compcars", MODEL_OF_TASK["compcars"],
+            load_federated=lambda dc: load_compcars(Path(dc.data_dir).expanduser(), dc.seed),
+            needs_data_dir=True, info=DataInfo((3, 32, 32), 4, CLASSIFICATION)),
         TaskSpec(
             "npz", MODEL_OF_TASK["npz"],
             load_federated=lambda dc: load_npz(Path(dc.data_dir).expanduser(), dc.seed),

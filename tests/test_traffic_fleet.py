@@ -1,0 +1,56 @@
+"""Traffic sensors as members, on a real loopback fleet: a SuperLink and one SuperNode per
+sensor, each reading only its own file (its windows of the generated stand-in, named by its
+sensor id), the road graph as ``graph = "file"`` by sensor name; SFL and then Panacea run
+on the same fleet."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tasks.graphs import write_edge_list
+from tasks.traffic import make_traffic_standin
+
+from .conftest import free_port
+from .test_flower_e2e import FLWR, _start_superlink
+from .test_members_fleet import _metrics, _run
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
+
+SENSORS = ["773869", "767541", "767542"]
+
+
+def test_sfl_and_panacea_forecast_traffic_on_a_fleet_of_sensors(processes):
+    tmp = processes.tmp
+    path = np.array([[0, 1, 0], [1, 0, 1], [0, 1, 0]], dtype=np.float32)  # a road: 0 - 1 - 2
+    np.savez(tmp / "road.npz", sensor_ids=np.array(SENSORS), adjacency=path)
+    data = make_traffic_standin(tmp / "road.npz", days=3, seed=0, stride=24)
+    port = _start_superlink(processes, simulation=False)
+    for i, sensor in enumerate(SENSORS):  # each sensor's SuperNode holds its own file only
+        site = tmp / f"sensor-{sensor}.npz"
+        np.savez(site, x=data.train[i].x, y=data.train[i].y, x_test=data.test[i].x,
+                 y_test=data.test[i].y)
+        processes.start(["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
+                         "--port", str(free_port()), "--node-config",
+                         f"data-path='{site}' client-id='{sensor}' "
+                         f"model-dir='{tmp / sensor}' identity-dir='{tmp / (sensor + '-id')}'"],
+                        sensor)
+    graph = tmp / "road.csv"
+    assert write_edge_list(graph, data.adjacency, SENSORS) == 2
+    results = tmp / "results"
+    common = (f"dataset='members' member-task='regression' member-input-shape='12' "
+              f"member-outputs=12 model='gru' member-scaling='none' graph='file' "
+              f"graph-file='{graph}' local-epochs=1 batch-size=16 num-server-rounds=2 "
+              f"min-nodes=3 results-dir='{results}'")
+    for strategy in ("sfl", "panacea"):
+        log = _run(processes, f"{common} strategy='{strategy}' run-name='{strategy}'")
+        metrics = _metrics(results, strategy, log)
+        assert metrics["client_names"] == sorted(SENSORS) and metrics["finished"], log[-3000:]
+        assert metrics["task_kind"] == "regression"
+        assert all(r["trained_clients"] == [0, 1, 2] for r in metrics["rounds"])
+        assert len(metrics["rounds"][-1]["client_mse"]) == 3
+        assert 0 < metrics["best_mean_mse"] < 1
+        # each sensor took its own model home
+        for sensor in SENSORS:
+            assert (tmp / sensor / strategy / f"{sensor}.safetensors").is_file()
