@@ -35,7 +35,7 @@ def _tree(root: Path, per_client: int = 3) -> Path:
     def add(model: str, year: int, view: int) -> None:
         nonlocal count
         count += 1
-        for kind, suffix in (("image", ".jpg"), ("label", ".txt")):
+        for kind in ("image", "label"):
             (root / kind / "7" / model / str(year)).mkdir(parents=True, exist_ok=True)
         pixels = rng.integers(0, 255, size=(40, 60, 3), dtype=np.uint8)
         Image.fromarray(pixels).save(root / "image" / "7" / model / str(year) / f"{count}.jpg")
