@@ -30,8 +30,10 @@ Presets (``--preset``; ``--list`` prints them with their grids):
   datasets, the nine methods): the paper-scale grid of docs/reproducing.md.
 * ``fedamp-scenarios``: the FedAMP appendix's robustness: drop rates 0, 0.1,
   0.3, 0.5 and heterogeneous epochs on FMNIST (practical).
-* ``panacea-tables``: Tables 1 and 2 of the Panacea paper: fl60 and tpt48;
-  FedAvg, FedAvg-FT, Per-FedAvg, pFedMe, pFedHN, Panacea-GN, Panacea; 3 seeds.
+* ``panacea-tables``: Tables 1 and 2 of the Panacea paper (scenario 1: 20% of the clients
+  novel): fl60, tpt48, the traffic stand-in on METR-LA's and PEMS-BAY's road graphs, and
+  metr-la, pems-bay and compcars from the user's files; FedAvg, FedAvg-FT, Per-FedAvg,
+  pFedMe, SFL, pFedHN, Panacea-GN, Panacea; 3 seeds.
 * ``panacea-robustness``: fl60 with 20% novel clients and attack ratios 0,
   0.1, 0.2, 0.3; FedAvg, FedMedian, Krum, Panacea.
 
@@ -94,6 +96,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    "e.g. tpt48/time) instead of the preset's "
                    "(with the preset's partitionings), e.g. 'synthetic' or 'mnist,fmnist'")
     p.add_argument("--seeds", help="comma-separated seeds (default: the preset's)")
+    p.add_argument("--scenarios", help="comma-separated indices of the preset's scenarios "
+                   "(--list shows them, 0 first), e.g. 0 for panacea-tables' Table 1 alone")
     p.add_argument("--rounds", type=int, help="num-server-rounds of every run")
     p.add_argument("--budget", default=None, metavar="rounds=R|steps=S",
                    help="every run's budget: R communication rounds, or S local gradient steps "
@@ -144,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     output = Path(args.output or ROOT / "results" / default_out).resolve()
     try:
         grid = apply_overrides(PRESETS[args.preset], args.strategies, args.seeds, args.rounds,
-                               args.set, args.num_supernodes, args.datasets)
+                               args.set, args.num_supernodes, args.datasets, args.scenarios)
         runs = grid_runs(args, grid, output)
     except (ConfigError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None

@@ -162,6 +162,8 @@ PRESETS: dict[str, Grid] = {
                           (("traffic-graph", "pems-bay"),), "pems-bay"),
                   Setting("metr-la", "practical", 207), Setting("pems-bay", "practical", 325),
                   Setting("compcars", "practical", 30)),
+        # Table 1 (every client trains) and Table 2 (20% of the clients held out: novel)
+        scenarios=({}, {"novel-client-fraction": 0.2}),
         seeds=(0, 1, 2),
         run_config={"num-server-rounds": 60},
     ),
@@ -307,9 +309,18 @@ def with_datasets(settings: Sequence[Setting], datasets: Sequence[str]) -> tuple
 
 def apply_overrides(grid: Grid, strategies: str | None, seeds: str | None,
                     rounds: int | None, sets: Sequence[str], num_clients: int | None,
-                    datasets: str | None = None) -> Grid:
+                    datasets: str | None = None, scenarios: str | None = None) -> Grid:
     """Narrow or change a preset by the command line's options."""
     changes: dict[str, Any] = {}
+    if scenarios:
+        try:
+            picked = [int(i) for i in scenarios.split(",") if i.strip()]
+        except ValueError:
+            picked = [-1]
+        if not picked or not all(0 <= i < len(grid.scenarios) for i in picked):
+            raise ConfigError(f"--scenarios {scenarios!r}; allowed: comma-separated indices "
+                              f"0..{len(grid.scenarios) - 1} of {list(grid.scenarios)}")
+        changes["scenarios"] = tuple(grid.scenarios[i] for i in picked)
     if datasets:
         named = [d.strip() for d in datasets.split(",") if d.strip()]
         changes["settings"] = with_datasets(grid.settings, named)

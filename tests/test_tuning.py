@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -268,3 +269,24 @@ def test_tune_and_tuned_together_are_refused(tmp_path):
         simulation.main(["--preset", "quick", "--tune", "2", "--tuned", str(tmp_path / "t.json")])
     with pytest.raises(SystemExit, match="--validation-fraction"):
         simulation.main(["--preset", "quick", "--validation-fraction", "0.3"])
+
+
+def test_panacea_tables_narrowed_to_a_scenario_and_the_users_datasets_left_out(tmp_path, capsys):
+    """Scenario 1 is Table 2 (20% novel clients); metr-la, pems-bay and compcars, whose files
+    only their users have, are left out with a note where --data-dir has no folder for them,
+    and refused where --datasets names them."""
+    from experiments.presets import PRESETS, apply_overrides, expand
+
+    data = Path(__file__).resolve().parents[2] / "shared" / "data"
+    if not (data / "tpt48").is_dir():
+        pytest.skip("shared/data is not on this machine")
+    grid = apply_overrides(PRESETS["panacea-tables"], "sfl", "0", 2, [], None, None, "1")
+    runs = expand(grid, str(data), tmp_path)
+    assert {r.run_config["dataset"] for r in runs} == {"fl60", "tpt48", "traffic-generated"}
+    assert all(r.run_config["novel-client-fraction"] == 0.2 for r in runs)
+    assert "note: metr-la left out" in capsys.readouterr().out
+    named = apply_overrides(PRESETS["panacea-tables"], "sfl", "0", 2, [], None, "metr-la")
+    with pytest.raises(ConfigError, match="no folder metr-la/"):
+        expand(named, str(data), tmp_path)
+    with pytest.raises(ConfigError, match="--scenarios '2'; allowed: comma-separated indices 0..1"):
+        apply_overrides(PRESETS["panacea-tables"], None, None, None, [], None, None, "2")
