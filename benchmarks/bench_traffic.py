@@ -1,0 +1,105 @@
+"""The traffic stand-in at the paper's scale: seconds per round, the server's share and peak
+memory, per strategy, with one client per road sensor (PEMS-BAY's 325 by default).
+
+Each strategy runs in a fresh process with the app's in-process engine (the real ServerApp
+and ClientApp functions) on ``traffic-generated`` over the road graph ``--graph`` (its
+``.npz`` in ``--data-dir``), ``--rounds`` rounds of the task's "auto" local work (one epoch
+of batch 32, the GRU encoder-decoder). Reported per strategy: each round's seconds (the
+ServerApp's "Round k done in" lines: every client's training and evaluation plus the
+server's work), the server's seconds in them (time inside the strategy's configure and
+aggregate calls: Panacea's hypernetwork steps and the generation of every client's model,
+SFL's smoothing, FedAvg's average; summed over the rounds and divided by them), and the
+process's peak resident memory. The floor is FedAvg's round in the same run: its server
+does least.
+
+    python -m benchmarks.bench_traffic [--graph pems-bay] [--rounds 2]
+        [--strategies fedavg sfl panacea] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import json, resource, sys, time
+from strategies.core.base import FlowerStrategy, PersonalizedStrategy
+server = [0.0]
+def timed(cls, name):
+    inner = getattr(cls, name)
+    def wrapper(self, *a, **k):
+        started = time.perf_counter()
+        try:
+            out = inner(self, *a, **k)
+            return list(out) if name.startswith("configure") else out
+        finally:
+            server[0] += time.perf_counter() - started
+    setattr(cls, name, wrapper)
+for cls in (FlowerStrategy, PersonalizedStrategy):
+    for name in ("configure_train", "aggregate_train", "configure_evaluate", "aggregate_evaluate"):
+        timed(cls, name)
+from fedamp_flwr.inprocess import run_inprocess
+cfg, n = json.loads(sys.argv[2]), int(sys.argv[3])
+started = time.perf_counter()
+run_inprocess(cfg, n, None)
+print(json.dumps({"wall_s": time.perf_counter() - started, "server_s": server[0],
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024},
+                 allow_nan=False))
+"""
+ROUND = re.compile(r"Round (\d+) done in ([0-9.]+)s")
+CLIENTS = {"metr-la": 207, "pems-bay": 325}
+
+
+def run(strategy: str, args: argparse.Namespace) -> dict:
+    """One strategy's run in a fresh process: its rounds' seconds, server seconds, memory."""
+    n = CLIENTS[args.graph]
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = {"strategy": strategy, "dataset": "traffic-generated", "traffic-graph": args.graph,
+               "data-dir": str(Path(args.data_dir).resolve()), "num-server-rounds": args.rounds,
+               "results-dir": tmp, "run-name": "run", "min-nodes": n, "checkpoint-every": 0,
+               "save-models": "none", "server-device": args.device}
+        out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), json.dumps(cfg), str(n)],
+                             capture_output=True, text=True, cwd=ROOT)
+        if out.returncode != 0:
+            raise RuntimeError(f"{strategy}: {out.stderr[-3000:]}")
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        row["round_s"] = [float(s) for _, s in ROUND.findall(out.stderr + out.stdout)]
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--graph", choices=sorted(CLIENTS), default="pems-bay")
+    p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data" / "sensor_graphs"))
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--strategies", nargs="+", default=["fedavg", "sfl", "panacea"])
+    p.add_argument("--device", default="cpu", help="the server's device (server-device)")
+    args = p.parse_args()
+    rows = {}
+    for s in args.strategies:
+        rows[s] = run(s, args)
+        print(s, json.dumps(rows[s]), flush=True)
+    floor = rows.get("fedavg")
+    print(f"\n{CLIENTS[args.graph]} clients (traffic-generated on {args.graph}'s road graph), "
+          f"{args.rounds} rounds, server on {args.device}\n")
+    print("| strategy | seconds per round | server seconds per round | round / FedAvg's | "
+          "peak memory (MB) |")
+    print("|---|---:|---:|---:|---:|")
+    for s, r in rows.items():
+        mean = sum(r["round_s"]) / max(len(r["round_s"]), 1)
+        ratio = (f"{mean / (sum(floor['round_s']) / len(floor['round_s'])):.2f}"
+                 if floor and floor["round_s"] else "")
+        print(f"| {s} | {', '.join(f'{v:.1f}' for v in r['round_s'])} | "
+              f"{r['server_s'] / args.rounds:.2f} | {ratio} | {r['peak_rss_mb']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
