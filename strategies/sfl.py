@@ -156,6 +156,13 @@ class SFLStrategy(PersonalizedStrategy):
         super().update(server_round, rows, trained)
         self.models = cloud_models(self.propagation().to(self.store.device), self.store)
 
+    def new_client_model(self) -> torch.Tensor:
+        """A client that joins after the start starts from g, the mean of the training
+        clients' smoothed models (what every client trains from), not the initial model,
+        which would pull its neighbours' smoothing back to the start (the code has no late
+        joiners)."""
+        return self.store[self.training_rows.to(self.store.device)].mean(dim=0)
+
     def add_client(self, info, adjacency: torch.Tensor | None = None) -> None:
         """A client that joins after the start (a new member): its place in the graph
         (``adjacency``: the run's graph with it, from the graph file by name)."""

@@ -89,7 +89,8 @@ def _adjust_gradients(params: list[nn.Parameter], center: list[torch.Tensor] | N
                                 alpha=proximal_mu)
     if correction is not None:
         pairs = [(p.grad, c) for p, c in zip(params, correction) if p.grad is not None]
-        torch._foreach_add_([g for g, _ in pairs], [c for _, c in pairs])
+        if pairs:
+            torch._foreach_add_([g for g, _ in pairs], [c for _, c in pairs])
     if clip_norm > 0:
         nn.utils.clip_grad_norm_(params, clip_norm)
 
