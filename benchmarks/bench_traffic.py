@@ -10,7 +10,8 @@ server's work), the server's seconds in them (time inside the strategy's configu
 aggregate calls: Panacea's hypernetwork steps and the generation of every client's model,
 SFL's smoothing, FedAvg's average; summed over the rounds and divided by them), and the
 process's peak resident memory. The floor is FedAvg's round in the same run: its server
-does least.
+does least. The server's time is taken in the base classes' calls: a strategy that overrides
+them (pFedMe, SCAFFOLD, the non-convex combination) would be undercounted.
 
     python -m benchmarks.bench_traffic [--graph pems-bay] [--rounds 2]
         [--strategies fedavg sfl panacea] [--device cpu]

@@ -1,5 +1,8 @@
 """The published numbers a table is printed beside: the Panacea paper's (Chen et al.,
-"Graph-Relational Federated Learning", Tables 1-2), as far as these docs hold them.
+"Graph-Relational Federated Learning", Table 1), as docs/reproducing.md and issue 42 (which
+asked for this table) quote them: FL-60 and TPT-48 from the docs' tables, SFL's and the
+traffic tasks' from the issue. The paper itself is not on these machines; its Table 2
+(novel clients) is not quoted anywhere here, so no line is printed under a novel table.
 
 Keyed by dataset and variant (the run config's ``fl60-variant``, ``tpt48-split``,
 ``traffic-graph``; "" for none) and by table ("personal": Table 1, the training clients;

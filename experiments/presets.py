@@ -314,7 +314,7 @@ def apply_overrides(grid: Grid, strategies: str | None, seeds: str | None,
     changes: dict[str, Any] = {}
     if scenarios:
         try:
-            picked = [int(i) for i in scenarios.split(",") if i.strip()]
+            picked = list(dict.fromkeys(int(i) for i in scenarios.split(",") if i.strip()))
         except ValueError:
             picked = [-1]
         if not picked or not all(0 <= i < len(grid.scenarios) for i in picked):

@@ -69,7 +69,7 @@ def is_done(output: Path, run: Run) -> bool:
     """Whether ``run`` finished before with the same run config (resume)."""
     metrics = previous_run(output, run)
     rounds = run.run_config.get("num-server-rounds")
-    return bool(metrics and metrics.finished
+    return bool(metrics and metrics.finished and metrics.completed_rounds == rounds
                 and metrics.config.get("num-server-rounds") == rounds)
 
 

@@ -1,7 +1,7 @@
 """A run's numbers: the one schema the report reads (:class:`RunRecord`), scores, settings.
 
 A run is what its ``metrics.json`` says (see ``fedamp_flwr/server_app.py``
-and ``strategies.core.history.RunHistory.to_dict``), with the runner's
+and ``strategies.core.records.RunFile``), with the runner's
 ``status.json``. Runs are grouped by *setting* (:func:`data_setting_of`: dataset,
 partitioning and the scenario keys the runs vary) and by strategy.
 Classification runs are scored by BMTA (best mean test accuracy over the

@@ -94,11 +94,15 @@ def read_label(path: Path) -> tuple[int, tuple[int, int, int, int]]:
 def _image(path: Path, box: tuple[int, int, int, int]) -> np.ndarray:
     from PIL import Image  # only CompCars and members' image folders need it
 
-    with Image.open(path) as opened:
-        im = opened.convert("RGB")
-    x1, y1, x2, y2 = box
-    if x2 > x1 and y2 > y1:
-        im = im.crop((max(x1 - 1, 0), max(y1 - 1, 0), min(x2, im.width), min(y2, im.height)))
+    try:
+        with Image.open(path) as opened:
+            im = opened.convert("RGB")
+    except (OSError, ValueError) as err:
+        raise CompCarsError(f"{path}: not an image ({err})") from None
+    left, top = max(box[0] - 1, 0), max(box[1] - 1, 0)
+    right, bottom = min(box[2], im.width), min(box[3], im.height)
+    if right > left and bottom > top:  # a box outside the image: the whole image
+        im = im.crop((left, top, right, bottom))
     im = im.resize((SIZE, SIZE), Image.Resampling.BILINEAR)
     return np.asarray(im, dtype=np.float32).transpose(2, 0, 1) / 255.0
 
@@ -117,7 +121,7 @@ def load_compcars(folder: Path, seed: int = 0) -> FederatedData:
     for label in sorted((folder / "label").glob("*/*/*/*.txt")):
         make, model, year, name = label.relative_to(folder / "label").with_suffix("").parts
         kind = TYPES.get(types.get(model, 0))
-        if kind is None or not year.isdigit():
+        if kind is None or not (year.isascii() and year.isdigit()):
             continue
         view, box = read_label(label)
         client = index.get((view, int(year)))

@@ -28,6 +28,8 @@ from __future__ import annotations
 import csv
 import io
 import pickle
+import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -61,27 +63,95 @@ def client_graph(adjacency: np.ndarray) -> np.ndarray:
     return graph
 
 
-class _ArraysOnly(pickle.Unpickler):
-    """An unpickler that rebuilds numpy arrays (and the lists, dicts and strings around
-    them) and refuses every other global: the file names no code that runs."""
+#: the most sensors a graph file or speed table may name, and the most readings a speed table
+#: may hold (METR-LA: 207 sensors, 7.1 million readings; PEMS-BAY: 325, 16.9 million)
+MOST_SENSORS = 100_000
+MOST_READINGS = 200_000_000
+_DTYPE_NAME = re.compile(r"[fiub][1248]|f16|c8|c16")
 
-    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-               ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
-               ("numpy._core.multiarray", "scalar")}
 
-    def find_class(self, module: str, name: str):
-        if (module, name) == ("_codecs", "encode"):  # how protocol 2 writes bytes
-            return _latin1
-        if (module, name) not in self.ALLOWED:
-            raise TrafficDataError(f"the pickle names {module}.{name}: only numpy arrays, lists, "
-                                   "dicts and strings are read from a graph file")
-        return super().find_class(module, name)
+class _DType:
+    """A numeric dtype, as a pickle names it (``numpy.dtype('f4', 0, 1)`` then its byte order):
+    built by this module, never by numpy's unpickling."""
+
+    def __init__(self, name: str, align: int = 0, copy: int = 1) -> None:
+        if not isinstance(name, str) or not _DTYPE_NAME.fullmatch(name):
+            raise TrafficDataError(f"the pickle holds a {name!r} array: only numbers are read")
+        self.dtype = np.dtype(name)
+
+    def __setstate__(self, state) -> None:
+        order = state[1] if isinstance(state, tuple) and len(state) > 1 else "="
+        if order not in ("<", ">", "=", "|"):
+            raise TrafficDataError(f"the pickle gives byte order {order!r}")
+        if order in ("<", ">"):
+            self.dtype = self.dtype.newbyteorder("<" if order == "<" else ">")
+
+
+class _Array:
+    """An array as a pickle gives it (``_reconstruct`` then its state: version, shape, dtype,
+    order, bytes), rebuilt from its bytes by this module."""
+
+    array: np.ndarray | None = None
+
+    def __setstate__(self, state) -> None:
+        try:
+            _, shape, dtype, fortran, raw = state
+        except (TypeError, ValueError):
+            raise TrafficDataError("the pickle's array state is not numpy's") from None
+        if not isinstance(dtype, _DType) or not isinstance(shape, tuple) or not all(
+                isinstance(d, int) and d >= 0 for d in shape):
+            raise TrafficDataError("the pickle's array has no numeric dtype or shape")
+        size = int(np.prod(shape, dtype=np.float64))
+        raw = raw.encode("latin1") if isinstance(raw, str) else raw
+        if size > MOST_READINGS or not isinstance(raw, bytes) or \
+                len(raw) != size * dtype.dtype.itemsize:
+            raise TrafficDataError(f"the pickle's array of shape {shape} does not hold its "
+                                   f"{size} values (at most {MOST_READINGS})")
+        self.array = np.frombuffer(raw, dtype.dtype).reshape(
+            shape, order="F" if fortran else "C").copy()
+
+
+def _reconstruct(cls, shape, typecode) -> _Array:
+    if cls is not _ndarray:
+        raise TrafficDataError("the pickle rebuilds something other than an array")
+    return _Array()
+
+
+def _ndarray(*args, **kwargs):
+    raise TrafficDataError("the pickle builds an array from raw memory, not from its state")
+
+
+def _scalar(dtype, raw=b""):
+    raw = raw.encode("latin1") if isinstance(raw, str) else raw
+    if not isinstance(dtype, _DType) or not isinstance(raw, bytes) or \
+            len(raw) != dtype.dtype.itemsize:
+        raise TrafficDataError("the pickle's number is not a numeric scalar")
+    return np.frombuffer(raw, dtype.dtype)[0].item()
 
 
 def _latin1(text: str, encoding: str = "latin1") -> bytes:
     if encoding != "latin1" or not isinstance(text, str):
         raise TrafficDataError(f"the pickle encodes bytes as {encoding!r}, not latin1")
     return text.encode("latin1")
+
+
+class _ArraysOnly(pickle.Unpickler):
+    """An unpickler of numbers, strings, lists, dicts and numeric arrays: every name a pickle
+    may give is one of this module's stand-ins above (numpy's own unpickling never runs, and
+    no other name is found), so no code from the file runs and no array is built from memory
+    it does not hold."""
+
+    STANDINS = {"_reconstruct": _reconstruct, "ndarray": _ndarray, "dtype": _DType,
+                "scalar": _scalar}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) == ("_codecs", "encode"):  # how protocol 2 writes bytes
+            return _latin1
+        if module in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray") and \
+                name in self.STANDINS:
+            return self.STANDINS[name]
+        raise TrafficDataError(f"the pickle names {module}.{name}: only numpy arrays, lists, "
+                               "dicts and strings are read from a graph file")
 
 
 def read_adj_mx(path: Path) -> tuple[list[str], np.ndarray]:
@@ -94,47 +164,73 @@ def read_adj_mx(path: Path) -> tuple[list[str], np.ndarray]:
         raise TrafficDataError(f"{path}: {err}") from None
     except Exception as err:  # a truncated or foreign file
         raise TrafficDataError(f"{path}: not DCRNN's adj_mx.pkl ({err})") from None
-    if not (isinstance(data, (tuple, list)) and len(data) == 3):
+    if not (isinstance(data, (tuple, list)) and len(data) == 3 and isinstance(data[0], list)
+            and isinstance(data[2], _Array) and data[2].array is not None):
         raise TrafficDataError(f"{path}: expected (sensor_ids, sensor_id_to_ind, adj_mx)")
-    ids, adjacency = [str(s) for s in data[0]], np.asarray(data[2])
-    return ids, adjacency
+    if len(data[0]) > MOST_SENSORS or not all(isinstance(s, (str, bytes)) for s in data[0]):
+        raise TrafficDataError(f"{path}: sensor ids must be at most {MOST_SENSORS} strings")
+    ids = [s.decode("latin1") if isinstance(s, bytes) else s for s in data[0]]
+    return ids, data[2].array
 
 
 def read_graph(path: Path) -> tuple[list[str], np.ndarray]:
     """Sensor ids and the (n, n) road adjacency of a graph file: our ``.npz``
     (``sensor_ids``, ``adjacency``; no pickle), DCRNN's ``adj_mx*.pkl``, or an edge list
-    ``.csv`` (``from,to`` sensor ids, any further column ignored)."""
+    ``.csv`` (``from,to`` sensor ids, any further column ignored); at most
+    :data:`MOST_SENSORS` sensors, checked before the matrix is read or built."""
     if path.suffix == ".npz":
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                ids, adjacency = [str(s) for s in data["sensor_ids"]], data["adjacency"]
-        except (KeyError, ValueError, OSError) as err:
-            raise TrafficDataError(f"{path}: needs arrays sensor_ids and adjacency ({err})") \
-                from None
+        ids, adjacency = _read_npz(path)
     elif path.suffix == ".pkl":
         ids, adjacency = read_adj_mx(path)
     else:
         ids, adjacency = _read_edge_list(path)
-    adjacency = np.asarray(adjacency, dtype=np.float64)
-    if adjacency.shape != (len(ids), len(ids)) or not np.isfinite(adjacency).all() or (
-            adjacency < 0).any():
-        raise TrafficDataError(f"{path}: the adjacency must be a finite non-negative "
-                               f"{len(ids)} x {len(ids)} matrix, got {adjacency.shape}")
+    if adjacency.dtype.kind not in "fiub" or adjacency.shape != (len(ids), len(ids)):
+        raise TrafficDataError(f"{path}: the adjacency must be a numeric {len(ids)} x "
+                               f"{len(ids)} matrix, got {adjacency.dtype} {adjacency.shape}")
+    adjacency = adjacency.astype(np.float64)
+    if not np.isfinite(adjacency).all() or (adjacency < 0).any():
+        raise TrafficDataError(f"{path}: the adjacency must be finite and non-negative")
     if len(set(ids)) != len(ids):
         raise TrafficDataError(f"{path}: sensor ids repeat")
     return ids, adjacency
 
 
+def _read_npz(path: Path) -> tuple[list[str], np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            sensors = data["sensor_ids"]
+            if sensors.ndim != 1 or len(sensors) > MOST_SENSORS:
+                raise TrafficDataError(f"{path}: sensor_ids must be a list of at most "
+                                       f"{MOST_SENSORS}, got shape {sensors.shape}")
+            with zipfile.ZipFile(path) as z:  # its size before it is read (a zip bomb)
+                size = z.getinfo("adjacency.npy").file_size
+            if size > 8 * len(sensors) ** 2 + 4096:
+                raise TrafficDataError(f"{path}: adjacency holds {size} bytes, more than "
+                                       f"{len(sensors)} x {len(sensors)} numbers")
+            return [str(s) for s in sensors], data["adjacency"]
+    except TrafficDataError:
+        raise
+    except (KeyError, ValueError, OSError, zipfile.BadZipFile) as err:
+        raise TrafficDataError(f"{path}: needs arrays sensor_ids and adjacency ({err})") \
+            from None
+
+
 def _read_edge_list(path: Path) -> tuple[list[str], np.ndarray]:
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows or not {"from", "to"} <= set(rows[0]):
-        raise TrafficDataError(f"{path}: an edge list needs the columns from,to")
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except (csv.Error, UnicodeDecodeError) as err:
+        raise TrafficDataError(f"{path}: not a CSV edge list ({err})") from None
+    if not rows or not {"from", "to"} <= set(rows[0]) or any(
+            not r.get("from") or not r.get("to") for r in rows):
+        raise TrafficDataError(f"{path}: an edge list needs the columns from,to, filled in "
+                               "every row")
     ids = sorted({r["from"] for r in rows} | {r["to"] for r in rows})
+    if len(ids) > MOST_SENSORS:
+        raise TrafficDataError(f"{path}: {len(ids)} sensors, at most {MOST_SENSORS}")
     index = {s: i for i, s in enumerate(ids)}
     adjacency = np.zeros((len(ids), len(ids)))
-    for r in rows:
-        adjacency[index[r["from"]], index[r["to"]]] = 1.0
+    adjacency[[index[r["from"]] for r in rows], [index[r["to"]] for r in rows]] = 1.0
     return ids, adjacency
 
 
@@ -144,36 +240,66 @@ def _read_edge_list(path: Path) -> tuple[list[str], np.ndarray]:
 def read_speed_table(path: Path) -> tuple[list[str], np.ndarray]:
     """Sensor ids and the (steps, sensors) speeds of DCRNN's ``metr-la.h5`` / ``pems-bay.h5``:
     a pandas HDF5 store (fixed format) of one frame, read with h5py: the column labels
-    (``axis0``) and the numeric blocks, never an object block (pandas would unpickle it)."""
+    (``axis0``) and the numeric blocks, never an object block (pandas would unpickle it),
+    nothing stored outside the file (external or virtual data, soft or external links), and
+    at most :data:`MOST_READINGS` readings, checked before any is read."""
     import h5py  # only the real traffic tasks need it
 
     try:
         f = h5py.File(path, "r")
     except OSError as err:
         raise TrafficDataError(f"{path}: not an HDF5 file ({err})") from None
-    with f:
-        groups = [k for k in f if isinstance(f[k], h5py.Group)]
-        if len(groups) != 1:
-            raise TrafficDataError(f"{path}: expected one frame (pandas' to_hdf), found "
-                                   f"{groups or 'none'}")
-        g = f[groups[0]]
-        if "axis0" not in g or not any(k.endswith("_values") for k in g):
-            raise TrafficDataError(f"{path}: not a pandas frame in fixed format (axis0, "
-                                   "block*_values)")
-        ids = [_label(v) for v in g["axis0"][()]]
-        columns: dict[str, np.ndarray] = {}
-        for key in sorted(k for k in g if k.startswith("block") and k.endswith("_values")):
-            values = g[key]
-            if values.dtype.kind not in "fiu":
-                raise TrafficDataError(f"{path}: block {key} is not numeric ({values.dtype}); "
-                                       "object data is not read")
-            items = [_label(v) for v in g[key.replace("_values", "_items")][()]]
-            block = np.asarray(values[()], dtype=np.float64)
-            for j, item in enumerate(items):
-                columns[item] = block[:, j]
+    try:
+        with f:
+            return _read_frame(f, h5py)
+    except TrafficDataError as err:
+        raise TrafficDataError(f"{path}: {err}") from None
+    except (KeyError, IndexError, ValueError, TypeError, OSError) as err:
+        raise TrafficDataError(f"{path}: not a pandas frame in fixed format ({err})") from None
+
+
+def _inside(group, h5py) -> dict:
+    """The members of ``group``, each a hard link to data in this file."""
+    members = {}
+    for name in group:
+        if not isinstance(group.get(name, getlink=True), h5py.HardLink):
+            raise TrafficDataError(f"{name} links outside the file")
+        member = group[name]
+        if isinstance(member, h5py.Dataset) and (member.external or member.is_virtual):
+            raise TrafficDataError(f"{name} is stored outside the file")
+        members[name] = member
+    return members
+
+
+def _read_frame(f, h5py) -> tuple[list[str], np.ndarray]:
+    groups = {k: g for k, g in _inside(f, h5py).items() if isinstance(g, h5py.Group)}
+    if len(groups) != 1:
+        raise TrafficDataError(f"expected one frame (pandas' to_hdf), found {list(groups)}")
+    g = _inside(next(iter(groups.values())), h5py)
+    blocks = sorted(k for k in g if k.startswith("block") and k.endswith("_values"))
+    if not isinstance(g.get("axis0"), h5py.Dataset) or not blocks:
+        raise TrafficDataError("not a pandas frame in fixed format (axis0, block*_values)")
+    if sum(g[k].size for k in blocks) > MOST_READINGS or g["axis0"].size > MOST_SENSORS:
+        raise TrafficDataError(f"more than {MOST_READINGS} readings or {MOST_SENSORS} sensors")
+    ids = [_label(v) for v in g["axis0"][()]]
+    if len(set(ids)) != len(ids):
+        raise TrafficDataError("sensor ids repeat")
+    columns: dict[str, np.ndarray] = {}
+    steps = {g[k].shape[0] for k in blocks if g[k].ndim == 2}
+    for key in blocks:
+        values = g[key]
+        if values.dtype.kind not in "fiu":
+            raise TrafficDataError(f"block {key} is not numeric ({values.dtype}); object data "
+                                   "is not read")
+        items = [_label(v) for v in g[key.replace("_values", "_items")][()]]
+        if values.ndim != 2 or values.shape[1] != len(items) or len(steps) != 1:
+            raise TrafficDataError(f"block {key} of shape {values.shape} does not hold its "
+                                   f"{len(items)} columns of one length")
+        block = np.asarray(values[()], dtype=np.float64)
+        columns.update((item, block[:, j]) for j, item in enumerate(items))
     missing = [s for s in ids if s not in columns]
     if missing:
-        raise TrafficDataError(f"{path}: columns {missing[:5]} have no numeric values")
+        raise TrafficDataError(f"columns {missing[:5]} have no numeric values")
     return ids, np.stack([columns[s] for s in ids], axis=1)
 
 
@@ -244,7 +370,8 @@ def load_traffic(folder: Path, name: str, stride: int = 12) -> FederatedData:
         raise TrafficDataError(f"{graph}: sensors {absent[:5]} of {table} are not in the "
                                "graph")
     order = [index[s] for s in ids]
-    speeds = np.where(speeds > 0, speeds, np.nan)  # DCRNN's missing readings are zeros
+    # DCRNN's missing readings are zeros; a reading that is not a finite number is missing too
+    speeds = np.where(np.isfinite(speeds) & (speeds > 0), speeds, np.nan)
     return to_clients(speeds, adjacency[np.ix_(order, order)], ids, stride)
 
 

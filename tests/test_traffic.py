@@ -152,3 +152,56 @@ def test_the_stand_in_is_printed_beside_the_papers_numbers_said_not_comparable()
     assert paper_line("fl60", "grda") == ("Panacea paper, Table 1, fl60 (grda): fedavg 97.9, "
                                           "sfl 73.3, pfedhn 100, panacea-gn 100, panacea 100.")
     assert paper_line("fl60", "text") is None and paper_line("fl60", "grda", novel=True) is None
+
+
+class _RawMemory:
+    def __reduce__(self):  # an object array straight from bytes: pointers the file made up
+        return (np.ndarray, ((1, 1), np.dtype("O"), b"A" * 8))
+
+
+def test_a_pickle_that_builds_an_array_from_raw_memory_is_refused(tmp_path):
+    """numpy's own unpickling never runs: an array from raw bytes, or a dtype of objects
+    dressed as another, is refused before anything is built (both crashed the process)."""
+    (tmp_path / "raw.pkl").write_bytes(pickle.dumps((["a"], {}, _RawMemory()), protocol=2))
+    with pytest.raises(TrafficDataError, match="raw.pkl: the pickle holds a 'O8' array"):
+        read_graph(tmp_path / "raw.pkl")
+    flags = (b"\x80\x02(]X\x01\x00\x00\x00aa}cnumpy.core.multiarray\n_reconstruct\ncnumpy\n"
+             b"ndarray\nK\x00\x85C\x01b\x87R(K\x01K\x01K\x01\x86cnumpy\ndtype\nX\x02\x00\x00\x00"
+             b"O8\x89\x88\x87R(K\x03X\x01\x00\x00\x00|NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb"
+             b"\x89C\x08AAAAAAAAtbt.")
+    (tmp_path / "flags.pkl").write_bytes(flags)
+    with pytest.raises(TrafficDataError, match="only numbers are read"):
+        read_graph(tmp_path / "flags.pkl")
+    shared = [0.0, 0.0]
+    for _ in range(30):  # 2^30 floats when expanded, 300 bytes pickled
+        shared = [shared, shared]
+    (tmp_path / "bomb.pkl").write_bytes(pickle.dumps((["a", "b"], {}, shared), protocol=2))
+    with pytest.raises(TrafficDataError, match="expected \\(sensor_ids"):
+        read_graph(tmp_path / "bomb.pkl")
+
+
+def test_a_speed_table_that_reaches_outside_its_file_or_asks_for_terabytes_is_refused(tmp_path):
+    import h5py
+
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(np.arange(4, dtype=np.float64).tobytes())
+    with h5py.File(tmp_path / "metr-la.h5", "w") as f:  # data "stored" in another file
+        g = f.create_group("df")
+        g["axis0"] = np.array([b"s1"])
+        g["block0_items"] = np.array([b"s1"])
+        g.create_dataset("block0_values", shape=(4, 1), dtype="f8",
+                         external=[(str(secret), 0, 32)])
+    from tasks.traffic import read_speed_table
+
+    with pytest.raises(TrafficDataError, match="block0_values is stored outside the file"):
+        read_speed_table(tmp_path / "metr-la.h5")
+    with h5py.File(tmp_path / "huge.h5", "w") as f:  # 5 KB on disk, 8 TB when read
+        g = f.create_group("df")
+        g["axis0"] = np.array([b"s1"])
+        g["block0_items"] = np.array([b"s1"])
+        g.create_dataset("block0_values", shape=(10**12, 1), dtype="f8", chunks=(1024, 1))
+    with pytest.raises(TrafficDataError, match="more than 200000000 readings"):
+        read_speed_table(tmp_path / "huge.h5")
+    (tmp_path / "e.csv").write_text("from,to\n1,2\n3\n")
+    with pytest.raises(TrafficDataError, match="filled in every row"):
+        read_graph(tmp_path / "e.csv")

@@ -162,7 +162,7 @@ class RunFile:
 
     Who ran what: ``run_name``, ``strategy``, ``label``, ``dataset``, ``task_kind``
     (``classification`` or ``regression``), ``partitioning`` (a federated task has none),
-    ``num_clients``. A members run: ``client_names`` (client id -> name),
+    ``num_clients``. A members run: ``client_names`` (the names, by client id),
     ``left_out`` (node -> why it could not join), ``member_keys`` (name -> the public key
     that proved it) and ``member_roster``, ``impostors`` (the newest refused claims) and
     ``impostor_count``, ``member_scaling`` (the members' pooled scaling). Then ``seed`` and
