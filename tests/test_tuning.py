@@ -256,7 +256,8 @@ def test_a_finished_run_is_run_again_where_auto_now_gives_other_values(tmp_path,
     recorded = RunConfig.from_run_config(cfg).to_dict()
     folder = tmp_path / "runs" / "r"
     folder.mkdir(parents=True)
-    (folder / "metrics.json").write_text(json.dumps({"config": recorded, "finished": True}))
+    (folder / "metrics.json").write_text(json.dumps({"config": recorded, "finished": True,
+                                                      "completed_rounds": 1}))
     run = Run("r", 2, cfg)
     assert is_done(tmp_path, run)
     monkeypatch.setattr(registry, "_TUNED", {"fedavg": {"synthetic/practical": {"values": {
