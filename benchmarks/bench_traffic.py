@@ -66,8 +66,8 @@ def run(strategy: str, args: argparse.Namespace) -> dict:
                "data-dir": str(Path(args.data_dir).resolve()), "num-server-rounds": args.rounds,
                "results-dir": tmp, "run-name": "run", "min-nodes": n, "checkpoint-every": 0,
                "save-models": "none", "server-device": args.device}
-        out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), json.dumps(cfg), str(n)],
-                             capture_output=True, text=True, cwd=ROOT)
+        args_ = [sys.executable, "-c", CHILD, str(ROOT), json.dumps(cfg, allow_nan=False), str(n)]
+        out = subprocess.run(args_, capture_output=True, text=True, cwd=ROOT)
         if out.returncode != 0:
             raise RuntimeError(f"{strategy}: {out.stderr[-3000:]}")
         row = json.loads(out.stdout.strip().splitlines()[-1])
@@ -87,7 +87,7 @@ def main() -> None:
     rows = {}
     for s in args.strategies:
         rows[s] = run(s, args)
-        print(s, json.dumps(rows[s]), flush=True)
+        print(s, json.dumps(rows[s], allow_nan=False), flush=True)
     floor = rows.get("fedavg")
     print(f"\n{CLIENTS[args.graph]} clients (traffic-generated on {args.graph}'s road graph), "
           f"{args.rounds} rounds, server on {args.device}\n")
