@@ -84,8 +84,8 @@ __all__ = ["ConfigError", "RunConfig", "auto_layers", "auto_values", "explain", 
 TABLE_AUTO: dict[str, Any] = {"batch-size": 16, "learning-rate": 3e-3}
 
 
-def auto_layers(dataset: str, strategy: str, setting: str = "",
-                table: bool = False) -> list[tuple[str, dict[str, Any]]]:
+def auto_layers(dataset: str, strategy: str, setting: str = "", table: bool = False,
+                model: str = "auto") -> list[tuple[str, dict[str, Any]]]:
     """Where the values of "auto" settings come from, for ``strategy`` on ``dataset`` (in the
     data setting ``setting``, ``<dataset>/<variant>``: :attr:`RunConfig.tuning_key`), most
     general first, each overriding the ones before, in three layers:
@@ -93,7 +93,9 @@ def auto_layers(dataset: str, strategy: str, setting: str = "",
     1. the key's declaration: :data:`GENERIC_AUTO` and each method's ``Settings.AUTO``;
     2. the run's task and strategy: the task's (``TaskSpec.auto``), members' tables'
        (:data:`TABLE_AUTO`, with ``table``), the strategy's (``register_strategy(auto=...)``,
-       e.g. pFedHN's reference trainer) and the strategy's on this task (``task_auto``);
+       e.g. pFedHN's reference trainer), the strategy's with the run's named ``model``
+       (``task_auto["model:<name>"]``: a members run of the traffic GRU) and the
+       strategy's on this task (``task_auto[dataset]``);
     3. what a tuning run chose for this strategy and data setting (``strategies/tuned.json``,
        docs/tuning.md).
 
@@ -107,17 +109,19 @@ def auto_layers(dataset: str, strategy: str, setting: str = "",
             (f"the task {dataset!r}", dict(tasks.get_task(dataset).auto)),
             ("members' tables (TABLE_AUTO)", dict(TABLE_AUTO) if table else {}),
             (f"the strategy {strategy!r}", dict(entry.auto)),
+            (f"the strategy {strategy!r} with the model {model!r}",
+             dict(entry.task_auto.get(f"model:{model}", {})) if model != "auto" else {}),
             (f"the strategy {strategy!r} on {dataset!r}", dict(entry.task_auto.get(dataset, {}))),
             (f"strategies/tuned.json ({strategy} on {setting})",
              tuned_values(strategy, setting) if setting else {})]
 
 
-def auto_values(dataset: str, strategy: str, setting: str = "",
-                table: bool = False) -> dict[str, Any]:
+def auto_values(dataset: str, strategy: str, setting: str = "", table: bool = False,
+                model: str = "auto") -> dict[str, Any]:
     """The values of the "auto" settings for ``strategy`` on ``dataset`` (:func:`auto_layers`,
     each layer overriding the ones before)."""
     values: dict[str, Any] = {}
-    for _, layer in auto_layers(dataset, strategy, setting, table):
+    for _, layer in auto_layers(dataset, strategy, setting, table, model):
         values.update(layer)
     return values
 
@@ -136,7 +140,8 @@ def explain(run_config: Mapping[str, Any], key: str) -> list[str]:
         return [f"{key} = {value!r}: set in the run config"]
     if default_values()[key] != "auto":
         return [f"{key} = {value!r}: the key's declared default"]
-    layers = auto_layers(cfg.dataset, cfg.strategy, cfg.tuning_key, cfg.table_inputs)
+    layers = auto_layers(cfg.dataset, cfg.strategy, cfg.tuning_key, cfg.table_inputs,
+                         cfg.model)
     found = [(where, layer[key]) for where, layer in layers if key in layer]
     if not found:
         doc = {**RunConfig.generic_fields(), **method_keys()}[key].metadata.get("doc", "")
@@ -335,7 +340,8 @@ class RunConfig:
             raise _bad("strategy", cfg.strategy, ", ".join(sorted(strategies.STRATEGIES)))
         if cfg.dataset not in tasks.TASKS:
             raise _bad("dataset", cfg.dataset, ", ".join(tasks.TASKS))
-        auto = auto_values(cfg.dataset, cfg.strategy, cfg.tuning_key, cfg.table_inputs)
+        auto = auto_values(cfg.dataset, cfg.strategy, cfg.tuning_key, cfg.table_inputs,
+                           cfg.model)
         cfg = cfg.resolved(auto)
         cfg.validate()
         context, chosen = cfg.context(), strategies.STRATEGIES[cfg.strategy].settings

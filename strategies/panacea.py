@@ -489,9 +489,11 @@ PANACEA_TPT48 = {"local-steps": 50, "batch-size": 16, "panacea-client-lr": 0.2,
                  "panacea-server-lr": 0.1, "panacea-server-steps": 20}
 # The traffic tasks (tasks/traffic.py, the GRU): without clipping, the hypernetwork's server
 # steps at lr 0.1 diverge in round 1 on the stand-in (measured, six sensors in a ring);
-# clipped to norm 50, as pFedHN's reference trainer clips, they do not.
+# clipped to norm 50, as pFedHN's reference trainer clips, they do not. The same for any
+# run of the GRU (a members run of sensors names `model = "gru"`).
 PANACEA_TRAFFIC = {"panacea-server-clip": 50.0}
-TRAFFIC_AUTO = {name: PANACEA_TRAFFIC for name in (*TRAFFIC_GRAPHS, TRAFFIC_GENERATED)}
+TRAFFIC_AUTO = {name: PANACEA_TRAFFIC
+                for name in (*TRAFFIC_GRAPHS, TRAFFIC_GENERATED, "model:gru")}
 # simulation.py --tune: the clients' SGD has its own learning rate; the server's
 # hypernetwork step is the method's own
 PANACEA_TUNE = {"learning-rate": (), "panacea-client-lr": (1 / 3, 1.0, 3.0),

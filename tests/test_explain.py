@@ -20,9 +20,19 @@ TABLE = {"dataset": "members", "member-input-shape": "6", "member-outputs": 3}
 
 def test_auto_is_the_last_layer_that_names_the_key():
     layers = auto_layers("members", "fedamp", "members/federated", table=True)
-    assert len(layers) == 6 and layers[0][1]["batch-size"] == GENERIC_AUTO["batch-size"]
+    assert len(layers) == 7 and layers[0][1]["batch-size"] == GENERIC_AUTO["batch-size"]
     assert auto_values("members", "fedamp", "members/federated", table=True)["batch-size"] \
         == TABLE_AUTO["batch-size"] == RunConfig.from_run_config(TABLE).batch_size
+
+
+def test_a_members_run_of_the_traffic_gru_gets_panaceas_clip_from_the_model_it_names():
+    sensors = {"dataset": "members", "member-task": "regression", "member-input-shape": "12",
+               "member-outputs": 12, "strategy": "panacea", "graph": "none"}
+    assert RunConfig.from_run_config(sensors).settings.panacea_server_clip == 0.0
+    gru = RunConfig.from_run_config({**sensors, "model": "gru"})
+    assert gru.settings.panacea_server_clip == 50.0
+    assert "with the model 'gru'" in explain({**sensors, "model": "gru"},
+                                             "panacea-server-clip")[0]
 
 
 def test_explain_names_the_layer_that_gave_the_value_and_what_it_overrode():

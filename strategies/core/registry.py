@@ -136,7 +136,9 @@ def register_strategy(name: str, *, settings: type[Settings] = NoSettings, graph
     the ServerApp builds the client graph (``graph`` run-config key) and passes
     it as ``run.adjacency``. ``auto``: the strategy's own values of settings left
     at "auto" (e.g. pFedHN's reference trainer); ``task_auto``: its values for
-    one task (dataset name -> values, e.g. Panacea's on TPT-48). ``tune``: its
+    one task (dataset name -> values, e.g. Panacea's on TPT-48) or one model named in the
+    run config (``"model:<name>"`` -> values, e.g. Panacea's with the traffic GRU in a
+    members run). ``tune``: its
     search space for ``simulation.py --tune`` beside the generic one (key ->
     factors of the run's value; ``()`` leaves a generic key out, e.g. a
     learning rate the method does not use); every key must take "auto".
