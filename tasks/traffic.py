@@ -63,9 +63,13 @@ def client_graph(adjacency: np.ndarray) -> np.ndarray:
     return graph
 
 
-#: the most sensors a graph file or speed table may name, and the most readings a speed table
-#: may hold (METR-LA: 207 sensors, 7.1 million readings; PEMS-BAY: 325, 16.9 million)
-MOST_SENSORS = 100_000
+#: the most sensors a graph file or speed table may name (the dense adjacency of this many is
+#: 800 MB; LargeST's California, the largest public sensor set, has 8,600), and the most
+#: readings a speed table may hold (METR-LA: 207 sensors, 7.1 million readings; PEMS-BAY:
+#: 325, 16.9 million)
+MOST_SENSORS = 10_000
+#: the most rows an edge-list graph file may hold (every pair of MOST_SENSORS sensors is 5e7)
+MOST_EDGES = 50_000_000
 MOST_READINGS = 200_000_000
 _DTYPE_NAME = re.compile(r"[fiub][1248]|f16|c8|c16")
 
@@ -157,6 +161,10 @@ class _ArraysOnly(pickle.Unpickler):
 def read_adj_mx(path: Path) -> tuple[list[str], np.ndarray]:
     """DCRNN's ``adj_mx.pkl``: (sensor ids, id -> index, adjacency), pickled by Python 2;
     read by :class:`_ArraysOnly`."""
+    most = 8 * MOST_SENSORS ** 2 + (1 << 20)  # the dense matrix and the ids, before reading
+    if path.stat().st_size > most:
+        raise TrafficDataError(f"{path}: {path.stat().st_size} bytes, more than the "
+                               f"{MOST_SENSORS} sensors' adj_mx.pkl can hold ({most})")
     try:
         with open(path, "rb") as f:
             data = _ArraysOnly(io.BytesIO(f.read()), encoding="latin1").load()
@@ -216,21 +224,36 @@ def _read_npz(path: Path) -> tuple[list[str], np.ndarray]:
 
 
 def _read_edge_list(path: Path) -> tuple[list[str], np.ndarray]:
+    """Rows read one at a time: more than :data:`MOST_SENSORS` sensors or :data:`MOST_EDGES`
+    rows stop the reading before the matrix is built."""
+    index: dict[str, int] = {}
+    edges: list[tuple[int, int]] = []
     try:
         with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
+            reader = csv.DictReader(f)
+            if not {"from", "to"} <= set(reader.fieldnames or ()):
+                raise TrafficDataError(f"{path}: an edge list needs the columns from,to")
+            for line, row in enumerate(reader, start=2):
+                ends = (row.get("from"), row.get("to"))
+                if not all(ends):
+                    raise TrafficDataError(f"{path}:{line}: an edge list needs from,to filled "
+                                           "in every row")
+                u, v = (index.setdefault(str(e), len(index)) for e in ends)
+                edges.append((u, v))
+                if len(index) > MOST_SENSORS or len(edges) > MOST_EDGES:
+                    raise TrafficDataError(f"{path}: more than {MOST_SENSORS} sensors or "
+                                           f"{MOST_EDGES} edges")
     except (csv.Error, UnicodeDecodeError) as err:
         raise TrafficDataError(f"{path}: not a CSV edge list ({err})") from None
-    if not rows or not {"from", "to"} <= set(rows[0]) or any(
-            not r.get("from") or not r.get("to") for r in rows):
-        raise TrafficDataError(f"{path}: an edge list needs the columns from,to, filled in "
-                               "every row")
-    ids = sorted({r["from"] for r in rows} | {r["to"] for r in rows})
-    if len(ids) > MOST_SENSORS:
-        raise TrafficDataError(f"{path}: {len(ids)} sensors, at most {MOST_SENSORS}")
-    index = {s: i for i, s in enumerate(ids)}
+    if not edges:
+        raise TrafficDataError(f"{path}: an edge list needs at least one from,to row")
+    ids = sorted(index)
+    order = np.array([index[s] for s in ids])  # first-seen position -> sorted position
+    rank = np.empty(len(ids), dtype=np.int64)
+    rank[order] = np.arange(len(ids))
+    pairs = rank[np.array(edges)]
     adjacency = np.zeros((len(ids), len(ids)))
-    adjacency[[index[r["from"]] for r in rows], [index[r["to"]] for r in rows]] = 1.0
+    adjacency[pairs[:, 0], pairs[:, 1]] = 1.0
     return ids, adjacency
 
 

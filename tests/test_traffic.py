@@ -66,6 +66,25 @@ def test_the_graph_from_dcrnns_pickle_or_an_edge_list(tmp_path):
     ids, adjacency = read_graph(tmp_path / "edges.csv")
     assert ids == ["767541", "767542", "773869"]
     assert client_graph(adjacency).sum() == 4  # two undirected edges
+    assert adjacency[ids.index("773869"), ids.index("767541")] == 1.0
+
+
+def test_an_edge_list_that_is_bad_or_too_large_stops_before_the_matrix(tmp_path, monkeypatch):
+    import tasks.traffic as traffic
+
+    for text, message in (("a,b\n1,2\n", "needs the columns from,to"),
+                          ("from,to\n1,\n", r"edges.csv:2: an edge list needs from,to filled"),
+                          ("from,to\n", "at least one from,to row")):
+        (tmp_path / "edges.csv").write_text(text)
+        with pytest.raises(TrafficDataError, match=message):
+            read_graph(tmp_path / "edges.csv")
+    monkeypatch.setattr(traffic, "MOST_SENSORS", 3)
+    (tmp_path / "edges.csv").write_text("from,to\n1,2\n3,4\n")
+    with pytest.raises(TrafficDataError, match="more than 3 sensors"):
+        read_graph(tmp_path / "edges.csv")
+    (tmp_path / "adj_mx.pkl").write_bytes(b"\0" * (8 * 9 + (1 << 20) + 1))
+    with pytest.raises(TrafficDataError, match="more than the 3 sensors' adj_mx.pkl"):
+        read_graph(tmp_path / "adj_mx.pkl")
 
 
 class _Boom:
