@@ -38,6 +38,12 @@ YEARS = tuple(range(2009, 2015))
 TYPES = {1: 0, 2: 1, 3: 2, 4: 3}
 CLASS_NAMES = ("MPV", "SUV", "hatchback", "sedan")
 SIZE = 32
+#: the most images a folder may give (CompCars' whole-car images: 136,726; 12 KB each once
+#: scaled to 32 x 32 RGB floats, so at most 2.5 GB), checked as they are read; the most bytes
+#: read of one label file (three short lines) or of misc/attributes.txt
+MOST_IMAGES = 200_000
+MOST_LABEL_BYTES = 4096
+MOST_ATTRIBUTES_BYTES = 1 << 20
 
 
 class CompCarsError(ValueError):
@@ -65,7 +71,12 @@ def compcars_graph() -> np.ndarray:
 def read_types(path: Path) -> dict[str, int]:
     """Model id -> CompCars type id, from ``misc/attributes.txt``."""
     types: dict[str, int] = {}
-    for line_no, line in enumerate(path.read_text().splitlines(), start=1):
+    with open(path, errors="replace") as f:
+        text = f.read(MOST_ATTRIBUTES_BYTES + 1)
+    if len(text) > MOST_ATTRIBUTES_BYTES:
+        raise CompCarsError(f"{path}: more than {MOST_ATTRIBUTES_BYTES} bytes; CompCars' is "
+                            "about 40 KB")
+    for line_no, line in enumerate(text.splitlines(), start=1):
         parts = line.split()
         if not parts or not parts[0].isdigit():  # the header
             continue
@@ -81,7 +92,8 @@ def read_types(path: Path) -> dict[str, int]:
 
 def read_label(path: Path) -> tuple[int, tuple[int, int, int, int]]:
     """The viewpoint code and the box ``(x1, y1, x2, y2)`` of one label file."""
-    lines = path.read_text().split("\n")
+    with open(path, errors="replace") as f:
+        lines = f.read(MOST_LABEL_BYTES).split("\n")
     try:
         view = int(lines[0])
         x1, y1, x2, y2 = (int(float(v)) for v in lines[2].split()[:4])
@@ -128,6 +140,9 @@ def load_compcars(folder: Path, seed: int = 0) -> FederatedData:
         image = folder / "image" / make / model / year / f"{name}.jpg"
         if client is None or not image.is_file():
             continue
+        if sum(map(len, ys)) >= MOST_IMAGES:
+            raise CompCarsError(f"{folder}: more than {MOST_IMAGES} images of the 30 clients; "
+                                "CompCars has 136,726")
         xs[client].append(_image(image, box))
         ys[client].append(kind)
     rng = np.random.default_rng([40_017, seed])

@@ -82,3 +82,15 @@ def test_a_folder_that_is_not_compcars_is_refused_naming_the_key(tmp_path):
     (tmp_path / "bad.txt").write_text("front\n1\n")
     with pytest.raises(CompCarsError, match="viewpoint on line 1"):
         read_label(tmp_path / "bad.txt")
+
+
+def test_a_folder_of_more_images_than_compcars_holds_stops_as_it_is_read(tmp_path, monkeypatch):
+    import tasks.compcars as compcars
+
+    root = _tree(tmp_path / "data")
+    monkeypatch.setattr(compcars, "MOST_IMAGES", 40)
+    with pytest.raises(CompCarsError, match="more than 40 images of the 30 clients"):
+        load_compcars(root)
+    (root / "misc" / "attributes.txt").write_text("1 2 3 4 5 6\n" * 200_000)
+    with pytest.raises(CompCarsError, match="attributes.txt: more than"):
+        load_compcars(root)
