@@ -52,6 +52,8 @@ def test_sfl_and_panacea_forecast_traffic_on_a_fleet_of_sensors(processes):
         assert all(r["trained_clients"] == [0, 1, 2] for r in metrics["rounds"])
         assert len(metrics["rounds"][-1]["client_mse"]) == 3
         assert 0 < metrics["best_mean_mse"] < 1
+        if strategy == "panacea":
+            assert metrics["config"]["panacea-server-clip"] == 50.0
         # each sensor took its own model home
         for sensor in SENSORS:
             assert (tmp / sensor / strategy / f"{sensor}.safetensors").is_file()
