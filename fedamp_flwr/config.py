@@ -273,7 +273,8 @@ class RunConfig:
                                **one_of("time", "random"))
     traffic_graph: str = setting("metr-la", "traffic-generated: the road graph it is generated "
                                  "on (data-dir holds it)", **one_of(*tasks.TRAFFIC_GRAPHS))
-    traffic_days: int = setting(14, "traffic-generated: days of 5-minute readings",
+    traffic_days: int = setting(35, "traffic-generated: days of 5-minute readings (35: the "
+                                "test's last 20% in time is one whole week)",
                                 **integer_in(1, 366))
     traffic_stride: int = setting(12, "traffic tasks: steps between two windows' starts (12: "
                                   "one an hour)", **integer_in(1, 288))

@@ -42,7 +42,7 @@ class DataConfig:
     fl60_variant: str = "text"
     tpt48_split: str = "time"
     traffic_graph: str = "metr-la"
-    traffic_days: int = 14
+    traffic_days: int = 35
     traffic_stride: int = 12
     member: str = ""  # members: this node's member name (node config client-id)
     schema: MemberSchema | None = None  # members: what the run expects of the data

@@ -441,7 +441,7 @@ def standin_speeds(graph: np.ndarray, days: int, seed: int) -> np.ndarray:
     return np.clip(mean + noise, 3.0, 80.0)
 
 
-def make_traffic_standin(graph_file: Path, days: int = 14, seed: int = 0,
+def make_traffic_standin(graph_file: Path, days: int = 35, seed: int = 0,
                          stride: int = 12) -> FederatedData:
     """A generated traffic stand-in on a real road graph (``graph_file``: any graph
     :func:`read_graph` reads), labelled as generated wherever it is reported.
@@ -459,7 +459,12 @@ def make_traffic_standin(graph_file: Path, days: int = 14, seed: int = 0,
        min) and 17:30 (90 min), shifted per sensor, at 0.3 of their depth on weekends.
     3. Fluctuations: e_t = rho e_(t-1) + W eps_t x 0.05 x free-flow speed, eps_t standard
        normal per sensor: shocks spread to road neighbours, and fade at each sensor's rate.
-    4. Speed = mean + e, clipped to [3, 80] mph; ``days`` days of 5-minute readings.
+    4. Speed = mean + e, clipped to [3, 80] mph; ``days`` days of 5-minute readings, from a
+       Monday. The default, 35 days, makes the test (the last 20% in time) one whole week,
+       as each of the training's four: with 7 or 14 days the test is mostly a weekend, whose
+       shallow rush hours are easier to forecast than the training's weekdays (measured:
+       forecasting the last reading scores 0.0039 on the training windows of 7 days and
+       0.0014 on their test windows; 0.0033 and 0.0032 with 35 days).
 
     Then windows, scaling and the split as the real tasks (the module's docstring).
     """

@@ -136,6 +136,15 @@ def test_the_standin_couples_each_sensor_to_its_road_neighbours():
     data = make_traffic_standin(graph_file, days=14, seed=0)
     assert data.num_clients == 207 and data.extras["generated"]
     assert [len(data.train[0].y), len(data.test[0].y)] == [268, 67]
+    # the default five weeks: the test week is as hard as the training's (forecasting the last
+    # reading), not an easier weekend as 7 days make it
+    def persistence(splits):
+        return float(np.mean([((t.x[:, -1:] - t.y) ** 2).mean() for t in splits]))
+
+    week = make_traffic_standin(graph_file, seed=0, stride=60)
+    assert abs(persistence(week.test) / persistence(week.train) - 1) < 0.2
+    days7 = make_traffic_standin(graph_file, days=7, seed=0)
+    assert persistence(days7.test) < 0.5 * persistence(days7.train)
 
 
 def test_the_real_traffic_tasks_need_their_folder():
