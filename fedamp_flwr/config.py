@@ -21,6 +21,7 @@ from typing import Any
 
 import strategies
 import tasks
+from strategies.core.policy import ApartPolicy, read_policy
 from strategies.core.protocol import is_name
 from strategies.core.registry import key_rows, method_keys, settings_classes, tuned_values
 from strategies.core.settings import (
@@ -260,6 +261,9 @@ class RunConfig:
                            **integer_in(1, MOST_CLIENTS, "and below the number of clients"))
     graph_warmup_rounds: int = setting(2, 'graph = "inferred": rounds before the graph is built',
                                        **integer_in(1, MOST_ROUNDS))
+    collaboration_policy: str = setting(
+        "", "a TOML file of members kept apart ([[apart]] members = [...]): they never weigh "
+        'each other\'s models ("": none)')
     # Scenarios and tasks
     novel_client_fraction: float = setting(0.0, "share of clients that never train",
                                            ok=lambda v: 0 <= v < 1, allowed="a number in [0, 1)")
@@ -427,12 +431,32 @@ class RunConfig:
             raise _bad("graph-warmup-rounds", self.graph_warmup_rounds, f"fewer than "
                        f"num-server-rounds ({self.num_server_rounds}): the graph is inferred "
                        "after the warm-up, and used in the rounds after it")
+        if self.collaboration_policy:
+            self._check_policy()
         if self.dataset == tasks.MEMBERS:
             self._validate_members()
         elif self.member_roster:
             raise _bad("member-roster", self.member_roster, '"" unless dataset = "members" (a '
                        "roster names members, a partitioned run has none)")
         self._check_data()
+
+    def apart_policy(self) -> ApartPolicy | None:
+        """The run's collaboration policy (``collaboration-policy``), read and checked."""
+        return read_policy(self.collaboration_policy) if self.collaboration_policy else None
+
+    def _check_policy(self) -> None:
+        """The policy file is good, and the strategy can honour it: by its own weights
+        (FedAMP, HeurFedAMP), by weighing no one (Separate), or through a client graph."""
+        self.apart_policy()
+        entry = strategies.STRATEGIES[self.strategy]
+        if entry.keeps_apart or (entry.uses_graph and self.graph != "none"):
+            return
+        can = sorted(n for n, e in strategies.STRATEGIES.items() if e.keeps_apart or e.uses_graph)
+        why = ('graph = "none" leaves it no graph to take the pair\'s edge from'
+               if entry.uses_graph else "it mixes every client into models they all share")
+        raise _bad("collaboration-policy", self.collaboration_policy,
+                   f'"" for strategy {self.strategy!r} ({why}); a policy with '
+                   f"{', '.join(can)} (a graph method with a graph)")
 
     def _check_data(self) -> None:
         """The model fits the data, the data is where the task needs it, attacks have classes."""

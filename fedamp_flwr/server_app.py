@@ -16,6 +16,7 @@ from flwr.supercore import log
 import strategies
 import tasks
 from strategies.core.layout import dtypes_of, with_dtypes
+from strategies.core.policy import ApartPolicy
 from strategies.core.protocol import (
     BATCH_SIZE,
     DP_RUN,
@@ -100,13 +101,14 @@ def true_graph(cfg: RunConfig, dc: tasks.DataConfig) -> torch.Tensor | None:
                                                                     client_groups=list(groups)))
 
 
-def client_graph(cfg: RunConfig, dc: tasks.DataConfig,
-                 names: list[str] | None = None) -> torch.Tensor | None:
+def client_graph(cfg: RunConfig, dc: tasks.DataConfig, names: list[str] | None = None,
+                 policy: ApartPolicy | None = None) -> torch.Tensor | None:
     """The validated client graph of the run (only for strategies that use one).
 
     Rows are client ids 0..n-1 (:func:`fedamp_flwr.discovery.discover_clients` ensures
     that every partition id has its node); in a run over members' own data,
-    ``names`` are the members' names by client id, which the graph file uses.
+    ``names`` are the members' names by client id, which the graph file uses. ``policy``:
+    the run's collaboration policy, whose pairs kept apart lose their edge.
     """
     if not strategies.STRATEGIES[cfg.strategy].uses_graph or cfg.graph in ("none", "inferred"):
         return None  # "inferred": the strategy builds it from the clients' updates
@@ -114,9 +116,15 @@ def client_graph(cfg: RunConfig, dc: tasks.DataConfig,
     adj = build_graph(cfg.graph, dc.num_clients, task_adj, cfg.graph_file, cfg.dataset,
                       cfg.groups(dc.num_clients), names)
     assert adj is not None  # only graph = "none" gives none, returned above
+    graph = torch.from_numpy(adj)
+    if policy is not None:  # the pairs kept apart lose their edge
+        before = int(graph.sum()) // 2
+        graph = graph.masked_fill(policy.mask(names or [str(i) for i in range(len(adj))]), 0)
+        log(INFO, "collaboration-policy: %d edge(s) between members kept apart removed",
+            before - int(graph.sum()) // 2)
     log(INFO, "Client graph '%s': %d clients, %d edges", cfg.graph, dc.num_clients,
-        int(adj.sum()) // 2)
-    return torch.from_numpy(adj)
+        int(graph.sum()) // 2)
+    return graph
 
 
 def find_clients(cfg: RunConfig, grid: Grid, known: list[str], keys: dict[str, bytes]
@@ -350,7 +358,8 @@ class Run:
     def build(self) -> None:
         """The model and the strategy, with the clients, the scenario and the reply checks."""
         cfg, n = self.cfg, self.n
-        adjacency = client_graph(cfg, self.dc, self.base or None)
+        self.policy = cfg.apart_policy()  # read once: the run keeps the file it started with
+        adjacency = client_graph(cfg, self.dc, self.base or None, self.policy)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)  # Flower's strategies sample nodes with the random module
         model = tasks.build_model(self.dc, cfg.model)
@@ -372,7 +381,8 @@ class Run:
             if cfg.dp == "update" else 0.0  # a member's own noise is not a hostile update
         tracking = RunTracking(
             self.clients, roles, cfg.max_update_ratio, noise, self.members.schema is not None,
-            XiFiles(self.folder.path, cfg.xi_every, cfg.xi_dtype, cfg.num_server_rounds))
+            XiFiles(self.folder.path, cfg.xi_every, cfg.xi_dtype, cfg.num_server_rounds),
+            self.policy)
         self.strategy = strategies.build_strategy(
             cfg.strategy, cfg.settings, run_setup(cfg, n, param_keys, adjacency, tracking))
         self.members.names = list(self.base)
@@ -417,7 +427,7 @@ class Run:
         if strategies.STRATEGIES[cfg.strategy].uses_graph and cfg.graph not in ("none", "inferred"):
             try:
                 graph = client_graph(cfg, cfg.data_config(info.client_id + 1),
-                                     members.names + [info.name])
+                                     members.names + [info.name], self.policy)
             except (GraphError, OSError) as err:
                 members.refused[info.node_id] = f"{info.label} cannot join: the client graph: {err}"
                 log(WARNING, "%s", members.refused[info.node_id])
@@ -453,6 +463,8 @@ class Run:
             impostors=list(members.attempts) if members.attempts else None,
             impostor_count=members.impostors if members.attempts else None,
             member_scaling=self.scaling or None, seed=cfg.seed, config=cfg.to_dict(),
+            collaboration_policy=self.policy.record(cfg.collaboration_policy)
+            if self.policy is not None else None,
             extra=cfg.settings.record(cfg.context()), completed_rounds=completed,
             finished=completed == cfg.num_server_rounds,
             coverage=history.coverage(self.num_clients),

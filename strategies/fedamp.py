@@ -95,10 +95,12 @@ class FedAMP(PersonalizedStrategy):
         return self.alpha_k * self.alpha_decay ** ((server_round - 1) // self.alpha_decay_every)
 
     def weights(self, server_round: int, params: torch.Tensor,
-                self_weight: float | torch.Tensor | None) -> tuple[torch.Tensor, Flags]:
-        """The (m, m) weights xi of this round from the clients' parameters (Eq. 6)."""
+                self_weight: float | torch.Tensor | None,
+                apart: torch.Tensor | None = None) -> tuple[torch.Tensor, Flags]:
+        """The (m, m) weights xi of this round (Eq. 6); pairs ``apart`` weigh each other 0."""
         assert self.sigma is not None, "collaboration() needs no weights before sigma"
-        return fedamp_weights(params, self.alpha_at(server_round), self.sigma, self_weight)
+        return fedamp_weights(params, self.alpha_at(server_round), self.sigma, self_weight,
+                              apart)
 
     def self_weights(self, active: torch.Tensor) -> float | torch.Tensor | None:
         """xi_ii of the clients in rows ``active``: the fixed number, or "paper"'s
@@ -145,7 +147,8 @@ class FedAMP(PersonalizedStrategy):
         active = self.training_rows if self.offline_clients == "include" or rows is None else rows
         active = active.to(self.store.device)
         params = self.store[:, :p] if len(active) == n else self.store[active, :p]
-        xi_active, flags = self.weights(server_round, params, self.self_weights(active))
+        xi_active, flags = self.weights(server_round, params, self.self_weights(active),
+                                        self.apart_mask(active))
         self._say(server_round, flags)
         if len(active) == n:
             return xi_active
@@ -231,10 +234,11 @@ class HeurFedAMP(FedAMP):
         return 1.0 / median if median > 0 else 0.0
 
     def weights(self, server_round: int, params: torch.Tensor,
-                self_weight: float | torch.Tensor | None) -> tuple[torch.Tensor, Flags]:
+                self_weight: float | torch.Tensor | None,
+                apart: torch.Tensor | None = None) -> tuple[torch.Tensor, Flags]:
         """Eq. 8's weights (HeurFedAMP always has a self weight)."""
         assert self_weight is not None and self.sigma is not None
-        return heurfedamp_weights(params, self.sigma, self_weight), Flags()
+        return heurfedamp_weights(params, self.sigma, self_weight, apart), Flags()
 
 
 #: The paper's sigma (Huang et al., Tables 4-6) per dataset, data setting and method: what
@@ -343,7 +347,7 @@ def _factory(cls: type[FedAMP], settings: type[_AMPSettings]):
     def build(own: _AMPSettings, run: RunSetup) -> FedAMP:
         sigma = own.sigma(run.dataset, run.data_setting)  # None: from the data
         return cls(own, sigma=sigma, groups=run.groups, **personal_kwargs(run))
-    return register_strategy(cls.method, settings=settings)(build)
+    return register_strategy(cls.method, settings=settings, keeps_apart=True)(build)
 
 
 _factory(FedAMP, FedAMPSettings)

@@ -4,12 +4,15 @@ flattened models, in float64, tested on their own against values worked by hand
 
 * :func:`fedamp_weights` (Eq. 6, attention-inducing function A(x) = 1 - exp(-x / sigma),
   A'(x) = exp(-x / sigma) / sigma): xi_ij = alpha_k A'(||w_i - w_j||^2) for j != i,
-  xi_ii = 1 - sum_{j != i} xi_ij; :func:`fedamp_weights_from_distances` from squared
-  distances (:func:`pairwise_sq_distances`).
+  xi_ii = 1 - sum_{j != i} xi_ij, from squared distances (:func:`pairwise_sq_distances`).
 * :func:`heurfedamp_weights` (Eq. 8): xi_ii fixed,
   xi_ij = (1 - xi_ii) softmax_{j != i}(sigma cos(w_i, w_j)).
 * :func:`cloud_models`: u_i = sum_j xi_ij w_j (Eq. 6).
 * :func:`median_sq_distance`, :func:`median_cosine_distance`: sigma from the data.
+
+Pairs kept apart (``apart``, boolean (m, m): a collaboration policy, not in the paper) weigh
+each other 0: Eq. 6's xi_ii stays 1 - the others; a fixed self weight's softmax is over the
+pairs allowed (a row with none keeps its own model).
 
 What the weights' numerical safeguards did is returned as :class:`Flags`, not raised.
 """
@@ -26,7 +29,7 @@ GRAM_BLOCK = 1 << 13
 
 
 class Flags(NamedTuple):
-    """What the safeguards of :func:`fedamp_weights_from_distances` did (not in the paper).
+    """What the safeguards of :func:`fedamp_weights` did (not in the paper).
 
     ``rows``: of xi; ``rescaled_rows``: rows whose off-diagonal Eq. 6 weights summed above 1
     (scaled to 1, xi_ii = 0), ``largest_row_sum`` the largest sum; ``underflow``: every
@@ -87,13 +90,17 @@ def cloud_models(xi: torch.Tensor, models: torch.Tensor,
     return torch.mm(weights, models, out=out)
 
 
-def _off_diagonal(m: int, device: torch.device) -> torch.Tensor:
-    return ~torch.eye(m, dtype=torch.bool, device=device)
+def _allowed(m: int, device: torch.device, apart: torch.Tensor | None) -> torch.Tensor:
+    """The pairs i != j that may weigh each other: all but ``apart``'s (boolean (m, m))."""
+    if apart is not None and (apart.shape != (m, m) or apart.dtype != torch.bool):
+        raise ValueError(f"apart must be a boolean ({m}, {m}) matrix, got {apart.dtype}")
+    off = ~torch.eye(m, dtype=torch.bool, device=device)
+    return off if apart is None else off & ~apart.to(device)
 
 
 def fedamp_weights(models: torch.Tensor, alpha_k: float, sigma: float,
-                   self_weight: float | torch.Tensor | None = None
-                   ) -> tuple[torch.Tensor, Flags]:
+                   self_weight: float | torch.Tensor | None = None,
+                   apart: torch.Tensor | None = None) -> tuple[torch.Tensor, Flags]:
     """FedAMP's message-passing weights (Eq. 6 with A'(x) = exp(-x / sigma) / sigma).
 
     ``models``: (m, d), one flattened model per row; ``alpha_k`` > 0: the step size of
@@ -101,9 +108,8 @@ def fedamp_weights(models: torch.Tensor, alpha_k: float, sigma: float,
     xi_ij = alpha_k exp(-||w_i - w_j||^2 / sigma) / sigma for j != i and
     xi_ii = 1 - sum_{j != i} xi_ij. A number (or one per row) in [0, 1]: xi_ii is fixed (the
     appendix's 1 / (N_i + 1)) and row i's off-diagonal weights, in Eq. 6's proportions, sum
-    to 1 - xi_ii: xi_ij = (1 - xi_ii) softmax_{j != i}(-||w_i - w_j||^2 / sigma).
-
-    Returns the (m, m) float64 xi, each row a convex combination, and the :class:`Flags`.
+    to 1 - xi_ii: xi_ij = (1 - xi_ii) softmax_{j != i}(-||w_i - w_j||^2 / sigma). ``apart``
+    as the module says. Returns the (m, m) float64 xi (rows convex) and the :class:`Flags`.
 
     Deviations (numerical safeguards, not in the paper): under Eq. 6's rule a row whose
     off-diagonal weights sum above 1 (xi_ii would be negative) is scaled to sum to 1 with
@@ -111,24 +117,11 @@ def fedamp_weights(models: torch.Tensor, alpha_k: float, sigma: float,
     training (flagged). With a fixed self weight the proportions are a softmax in log space,
     which cannot underflow; alpha_k cancels out.
     """
-    _check_alpha_sigma(alpha_k, sigma)
-    return fedamp_weights_from_distances(pairwise_sq_distances(models), alpha_k, sigma,
-                                         self_weight)
-
-
-def _check_alpha_sigma(alpha_k: float, sigma: float) -> None:
     if alpha_k <= 0 or sigma <= 0:
         raise ValueError(f"alpha_k and sigma must be > 0, got alpha_k={alpha_k}, sigma={sigma}")
-
-
-def fedamp_weights_from_distances(d2: torch.Tensor, alpha_k: float, sigma: float,
-                                  self_weight: float | torch.Tensor | None = None
-                                  ) -> tuple[torch.Tensor, Flags]:
-    """:func:`fedamp_weights` from the (m, m) float64 squared distances ``d2`` (zero
-    diagonal)."""
-    _check_alpha_sigma(alpha_k, sigma)
+    d2 = pairwise_sq_distances(models)
     m = d2.shape[0]
-    off = _off_diagonal(m, d2.device)
+    off = _allowed(m, d2.device, apart)
     if self_weight is not None:
         logits = torch.where(off, -d2 / sigma, torch.full_like(d2, float("-inf")))
         return _with_self_weight(logits, self_weight), Flags(m)
@@ -136,9 +129,9 @@ def fedamp_weights_from_distances(d2: torch.Tensor, alpha_k: float, sigma: float
     row_sum = xi.sum(dim=1)
     over = row_sum > 1.0
     xi[over] = xi[over] / row_sum[over, None]
-    underflow = m > 1 and not bool((xi[off] > 0).any())
+    underflow = bool(off.any()) and not bool((xi[off] > 0).any())
     xi.diagonal().copy_((1.0 - xi.sum(dim=1)).clamp_min(0.0))
-    if m < 2:
+    if not off.any():
         return xi, Flags(m)
     dist = d2[off]
     return xi, Flags(m, int(over.sum()), float(row_sum.max()), underflow,
@@ -146,34 +139,38 @@ def fedamp_weights_from_distances(d2: torch.Tensor, alpha_k: float, sigma: float
 
 
 def _with_self_weight(logits: torch.Tensor, self_weight: float | torch.Tensor) -> torch.Tensor:
-    """xi from off-diagonal ``logits`` (-inf on the diagonal) and a fixed self weight per row:
-    xi_ii = s_i, xi_ij = (1 - s_i) softmax_j(logits_ij) (s_i = 1: a client alone in its
-    group keeps its own model). One client: xi = [[1]]."""
+    """xi from off-diagonal ``logits`` (-inf on the diagonal and for pairs kept apart) and a
+    fixed self weight per row: xi_ii = s_i, xi_ij = (1 - s_i) softmax_j(logits_ij) (s_i = 1,
+    or a row of -inf: the client keeps its own model). One client: xi = [[1]]."""
     m = logits.shape[0]
     if m == 1:
         return torch.ones(1, 1, dtype=torch.float64, device=logits.device)
     s = torch.as_tensor(self_weight, dtype=torch.float64, device=logits.device).expand(m)
     if bool(((s < 0) | (s > 1)).any()):
         raise ValueError(f"self weights must be in [0, 1], got {s.tolist()}")
-    xi = (1.0 - s)[:, None] * torch.softmax(logits.double(), dim=1)
-    xi.diagonal().copy_(s)
+    alone = torch.isneginf(logits).all(dim=1)
+    logits = torch.where(alone[:, None], torch.zeros_like(logits), logits.double())
+    xi = (1.0 - s)[:, None] * torch.softmax(logits, dim=1)
+    xi[alone] = 0.0
+    xi.diagonal().copy_(torch.where(alone, torch.ones_like(s), s))
     return xi
 
 
 def heurfedamp_weights(models: torch.Tensor, sigma: float,
-                       self_weight: float | torch.Tensor) -> torch.Tensor:
+                       self_weight: float | torch.Tensor,
+                       apart: torch.Tensor | None = None) -> torch.Tensor:
     """HeurFedAMP's message-passing weights (Eq. 8): the (m, m) float64 xi with
     xi_ii = ``self_weight`` (in [0, 1], one number or one per row) and, for j != i,
     xi_ij = (1 - xi_ii) exp(sigma cos(w_i, w_j)) / sum_{h != i} exp(sigma cos(w_i, w_h)),
     ``sigma`` > 0. The cosines from one float64 Gram matrix (:func:`cosines`), the softmax
-    in float64 (max-subtracted). One client: xi = [[1]]."""
+    in float64 (max-subtracted); ``apart`` as the module says. One client: xi = [[1]]."""
     if sigma <= 0:
         raise ValueError(f"sigma must be > 0, got {sigma}")
     m = models.shape[0]
     if m == 1:
         return torch.ones(1, 1, dtype=torch.float64, device=models.device)
     cos = cosines(models)
-    off = _off_diagonal(m, cos.device)
+    off = _allowed(m, cos.device, apart)
     return _with_self_weight(torch.where(off, sigma * cos, torch.full_like(cos, float("-inf"))),
                              self_weight)
 

@@ -303,6 +303,9 @@ class Panacea(PersonalizedStrategy):
             log(WARNING, "graph-k = %d but the run has %d clients: each chooses %d",
                 self.infer_k, len(count), k)
         adj = cosine_knn_graph(mean.numpy(), k) if k >= 1 else np.zeros((1, 1), np.float32)
+        apart = self.apart_mask(torch.arange(len(count)))
+        if apart is not None:  # the collaboration policy: never an edge between a pair apart
+            adj[apart.numpy()] = 0.0
         note: dict = {"round": server_round, "k": k,
                       "untrained_clients": [self.client_ids[r] for r in
                                             torch.nonzero(count == 0).flatten().tolist()],

@@ -23,6 +23,6 @@ class Separate(PersonalizedStrategy):
     """
 
 
-@register_strategy("separate")
+@register_strategy("separate", keeps_apart=True)
 def _separate(settings: Settings, run: RunSetup) -> Separate:
     return Separate(**personal_kwargs(run))

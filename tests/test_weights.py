@@ -217,3 +217,36 @@ def test_underflow_is_warned_once_per_run(caplog):
     warned = [rec for rec in caplog.records if rec.levelno == logging.WARNING]
     assert len(warned) == 1 and "sigma=0.001" in warned[0].getMessage()
     assert strategy.state_dict()["underflow_warned"] is True
+
+
+APART_01 = torch.tensor([[False, True, False], [True, False, False], [False, False, False]])
+
+
+def test_fedamp_pairs_kept_apart_weigh_each_other_zero_by_hand():
+    # points 0, (1,0), (0,2): squared distances 1, 4, 5; alpha = sigma = 1; 0 and 1 apart
+    models = t([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]])
+    xi, _ = fedamp_weights(models, alpha_k=1.0, sigma=1.0, apart=APART_01)
+    e4, e5 = math.exp(-4), math.exp(-5)
+    # Eq. 6: xi_01 = xi_10 = 0, the others as before, xi_ii = 1 - the others
+    assert torch.equal(xi, t([[1 - e4, 0.0, e4], [0.0, 1 - e5, e5], [e4, e5, 1 - e4 - e5]]))
+    # a fixed self weight: the others' softmax over the allowed only
+    fixed, _ = fedamp_weights(models, alpha_k=1.0, sigma=1.0, self_weight=0.5, apart=APART_01)
+    assert torch.allclose(fixed, t([[0.5, 0.0, 0.5], [0.0, 0.5, 0.5],
+                                    [0.5 * e4 / (e4 + e5), 0.5 * e5 / (e4 + e5), 0.5]]),
+                          atol=1e-15)
+
+
+def test_heurfedamp_pairs_kept_apart_and_a_client_apart_from_all():
+    models = t([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
+    xi = heurfedamp_weights(models, sigma=2.0, self_weight=0.25, apart=APART_01)
+    c = 1 / math.sqrt(2)
+    q = math.exp(2.0 * c) / (1.0 + math.exp(2.0 * c))  # row 2: softmax over cos 0, cos c
+    assert torch.allclose(xi, t([[0.25, 0.0, 0.75], [0.0, 0.25, 0.75],
+                                 [0.75 * (1 - q), 0.75 * q, 0.25]]), atol=1e-14)
+    alone = torch.tensor([[False, True], [True, False]])  # two clients kept apart
+    assert torch.equal(heurfedamp_weights(t([[1.0, 0.0], [0.0, 1.0]]), 2.0, 0.25, alone),
+                       torch.eye(2, dtype=torch.float64))
+    assert torch.equal(fedamp_weights(t([[0.0], [1.0]]), 1.0, 1.0, apart=alone)[0],
+                       torch.eye(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="apart must be a boolean"):
+        fedamp_weights(t([[0.0], [1.0]]), 1.0, 1.0, apart=torch.zeros(3, 3, dtype=torch.bool))

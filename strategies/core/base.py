@@ -36,6 +36,7 @@ from tasks.scenarios import Roles
 from .client import LOCAL, instruction_problem
 from .history import RunHistory, client_order
 from .layout import FlatLayout, dtypes_of, with_dtypes
+from .policy import ApartPolicy
 from .protocol import ARRAYS, CLIENT_UPDATE, CONFIG, SERVER_ROUND
 from .replies import array_spec, mean_metrics
 from .roster import ClientInfo
@@ -123,6 +124,7 @@ class StrategyBase(ClientInstructions):
     tracker: Tracker
     max_update_ratio: float = 100.0
     update_noise: float = 0.0
+    apart: ApartPolicy | None = None  # the run's collaboration policy (RunTracking.apart)
 
     def track(self, tracking: RunTracking) -> None:
         """Track the run ``tracking`` describes (what the constructors do with theirs)."""
@@ -131,6 +133,7 @@ class StrategyBase(ClientInstructions):
         self.setup_tracking(tracking.clients, tracking.roles)
         self.tracker.replies.refusals_are_absences = tracking.refusals_are_absences
         self.history.xi_sink = tracking.xi_sink
+        self.apart = tracking.apart
 
     def setup_tracking(self, clients: dict[int, ClientInfo], roles: Roles | None = None) -> None:
         """Start tracking a run: the node-to-client map and the scenario roles."""
@@ -363,6 +366,15 @@ class PersonalizedStrategy(StrategyBase, Strategy):
             dtype=torch.long)
         self.layout, self.models = None, None
         self._sent_norms = torch.zeros(len(self.client_ids))
+
+    def apart_mask(self, rows: torch.Tensor) -> torch.Tensor | None:
+        """The pairs kept apart among the clients of store rows ``rows`` (boolean, rows x
+        rows; :mod:`strategies.core.policy`), None without a collaboration policy."""
+        if self.apart is None:
+            return None
+        names = self.tracker.roster.names()
+        return self.apart.mask([names.get(c, str(c)) for c in
+                                (self.client_ids[int(r)] for r in rows)])
 
     @property
     def store(self) -> torch.Tensor:

@@ -101,6 +101,9 @@ class StrategyEntry:
     tune: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     #: why the method's replies cannot be made differentially private, by ``dp`` mode
     not_private: Mapping[str, str] = field(default_factory=dict)
+    #: it honours a collaboration policy by its own weights (FedAMP's xi) or by weighing no
+    #: one (Separate); a graph method honours it through its client graph
+    keeps_apart: bool = False
 
 
 STRATEGIES: dict[str, StrategyEntry] = {}
@@ -128,8 +131,8 @@ def register_strategy(name: str, *, settings: type[Settings] = NoSettings, graph
                       auto: Mapping[str, Any] | None = None,
                       task_auto: Mapping[str, Mapping[str, Any]] | None = None,
                       tune: Mapping[str, tuple[float, ...]] | None = None,
-                      not_private: Mapping[str, str] | None = None
-                      ) -> Callable[[Factory], Factory]:
+                      not_private: Mapping[str, str] | None = None,
+                      keeps_apart: bool = False) -> Callable[[Factory], Factory]:
     """Decorator: register ``factory(settings, run)`` as the strategy ``name``.
 
     ``settings``: the class of the method's own run-config keys. ``graph=True``:
@@ -144,7 +147,9 @@ def register_strategy(name: str, *, settings: type[Settings] = NoSettings, graph
     learning rate the method does not use); every key must take "auto".
     ``not_private``: by ``dp`` mode, why the method cannot be made differentially private
     that way (e.g. SCAFFOLD's control variates; a method whose training is its own loop,
-    not the generic one DP-SGD runs), refused before any work.
+    not the generic one DP-SGD runs), refused before any work. ``keeps_apart``: it honours
+    a collaboration policy (``collaboration-policy``, :mod:`strategies.core.policy`) by its
+    own weights or by weighing no one; a graph method honours it through its graph.
     """
     def add(factory: Factory) -> Factory:
         current = STRATEGIES.get(name)
@@ -154,7 +159,7 @@ def register_strategy(name: str, *, settings: type[Settings] = NoSettings, graph
         STRATEGIES[name] = StrategyEntry(name, factory, settings, graph, dict(auto or {}),
                                          {k: dict(v) for k, v in (task_auto or {}).items()},
                                          {k: tuple(v) for k, v in (tune or {}).items()},
-                                         dict(not_private or {}))
+                                         dict(not_private or {}), keeps_apart)
         return factory
     return add
 

@@ -83,6 +83,10 @@ class Roster:
                 return node
         raise KeyError(f"client {client_id} has no node")
 
+    def names(self) -> dict[int, str]:
+        """Client id -> a member's name, or a partitioned run's client id as a string."""
+        return {i.client_id: i.name or str(i.client_id) for i in self.clients.values()}
+
     def info(self, client_id: int) -> ClientInfo:
         """What the client said in the query round."""
         return self.clients[self.node_of(client_id)]

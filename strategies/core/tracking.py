@@ -16,6 +16,7 @@ from flwr.supercore import log
 from tasks.scenarios import Roles
 
 from .history import RunHistory
+from .policy import ApartPolicy
 from .protocol import CLIENT_INDEX, LOCAL_EPOCHS, LOCAL_STEPS, TRAINED_ROUNDS, as_int
 from .roster import ClientInfo, Roster
 from .screening import EVALUATE, TRAIN, ReplyScreen, error_reason
@@ -33,7 +34,8 @@ class RunTracking:
     ``dp = "update"``, :func:`tasks.dp.noise_allowance`), whether a refusal is an
     absence (a run of members, where a member may refuse what its node does not allow)
     rather than a fault that stops the run, and where FedAMP's weight matrices go
-    (``xi_sink``; None: kept in the history)."""
+    (``xi_sink``; None: kept in the history); ``apart``: the pairs of members the run's
+    collaboration policy keeps apart (:mod:`strategies.core.policy`; None: no policy)."""
 
     clients: dict[int, ClientInfo] = field(default_factory=dict)
     roles: Roles | None = None
@@ -41,6 +43,7 @@ class RunTracking:
     update_noise: float = 0.0
     refusals_are_absences: bool = False
     xi_sink: Callable | None = None
+    apart: ApartPolicy | None = None
 
 
 class Scenario:

@@ -1,0 +1,123 @@
+"""A collaboration policy (``collaboration-policy``): pairs of members kept apart never weigh
+each other's models: FedAMP's and HeurFedAMP's xi between them is 0 in every round, a client
+graph (given or inferred) has no edge between them, and a method that mixes everyone into a
+shared model refuses the run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tasks
+from fedamp_flwr.config import RunConfig
+from fedamp_flwr.server_app import client_graph
+from strategies.core.policy import ApartPolicy, read_policy
+from strategies.core.settings import ConfigError
+
+from .conftest import member_sites, run_named
+
+
+def _policy(tmp_path, text: str):
+    path = tmp_path / "policy.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_every_pair_of_an_apart_group_is_kept_apart_by_name(tmp_path):
+    path = _policy(tmp_path, '[[apart]]\nmembers = ["bank-a", "bank-b"]\n\n'
+                             '[[apart]]\nmembers = ["c", "d", "e"]\n')
+    policy = read_policy(path)
+    assert policy.pairs() == [("bank-a", "bank-b"), ("c", "d"), ("c", "e"), ("d", "e")]
+    assert len(policy.digest) == 64
+    mask = policy.mask(["e", "bank-b", "x", "bank-a", "c"])  # d is not in the run
+    assert mask.tolist() == [[False, False, False, False, True],
+                             [False, False, False, True, False],
+                             [False] * 5,
+                             [False, True, False, False, False],
+                             [True, False, False, False, False]]
+    assert policy.record("p.toml")["apart"][0] == ["bank-a", "bank-b"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[[apart]]\nmembers = ['a']\n", "number 1 is"),
+    ("[[apart]]\nmembers = ['a', 'a']\n", "number 1 is"),
+    ("[[apart]]\nmembers = ['a', 3]\n", "number 1 is"),
+    ("[[apart]]\nmembers = ['a', 'b']\nwhy = 'x'\n", "number 1 is"),
+    ("apart = 'a'\n", "array of tables"),
+    ("[[together]]\nmembers = ['a', 'b']\n", r"unknown table\(s\) \['together'\]"),
+    ("[[apart]\n", "not TOML"),
+])
+def test_a_bad_policy_file_is_one_line_naming_the_key(tmp_path, text, message):
+    path = _policy(tmp_path, text)
+    with pytest.raises(ConfigError, match=f"'collaboration-policy' = '{path}' is invalid.*"
+                                          f"{message}"):
+        read_policy(path)
+
+
+def test_a_policy_too_large_or_absent_is_refused_before_it_is_parsed(tmp_path):
+    path = _policy(tmp_path, "#" * (1 << 20) + "\n")
+    with pytest.raises(ConfigError, match="more than 1048576 bytes"):
+        read_policy(path)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        read_policy(str(tmp_path / "absent.toml"))
+
+
+def test_a_method_that_mixes_everyone_refuses_a_policy(tmp_path):
+    path = _policy(tmp_path, "[[apart]]\nmembers = ['0', '1']\n")
+    for strategy in ("fedavg", "fedavg-ft", "pfedhn"):
+        with pytest.raises(ConfigError, match=f"strategy '{strategy}' .it mixes every client"):
+            RunConfig.from_run_config({"strategy": strategy, "collaboration-policy": path})
+    with pytest.raises(ConfigError, match='graph = "none" leaves it no graph'):
+        RunConfig.from_run_config({"strategy": "panacea", "graph": "none",
+                                   "collaboration-policy": path})
+    for strategy in ("fedamp", "heurfedamp", "separate", "panacea", "sfl"):
+        cfg = RunConfig.from_run_config({"strategy": strategy, "collaboration-policy": path})
+        assert cfg.apart_policy() == ApartPolicy((("0", "1"),), cfg.apart_policy().digest)
+
+
+def test_a_given_graph_loses_the_edges_of_pairs_kept_apart(tmp_path):
+    """Synthetic practical, 6 clients in groups: 0 and 1 share a group (an edge), kept apart."""
+    cfg = RunConfig.from_run_config({"strategy": "panacea", "graph": "groups"})
+    graph = client_graph(cfg, cfg.data_config(6))
+    assert graph is not None and graph[0, 1] == 1
+    kept = client_graph(cfg, cfg.data_config(6), policy=ApartPolicy((("1", "0"),)))
+    assert kept is not None and kept[0, 1] == kept[1, 0] == 0
+    assert int((graph - kept).abs().sum()) == 2  # that edge only
+
+
+@pytest.mark.parametrize("strategy", ["fedamp", "heurfedamp"])
+def test_members_kept_apart_weigh_each_other_zero_in_every_round(tmp_path, strategy):
+    n = 4
+    members_config, nodes = member_sites(tmp_path / "sites", "synthetic", n)
+    path = _policy(tmp_path, '[[apart]]\nmembers = ["client-0", "client-2"]\n')
+    metrics = run_named(tmp_path, "run", {**members_config, "strategy": strategy,
+                                          "collaboration-policy": path, "num-server-rounds": 3,
+                                          "local-epochs": 1}, n, nodes)
+    assert metrics["finished"]
+    assert metrics["collaboration_policy"]["apart"] == [["client-0", "client-2"]]
+    names = metrics["client_names"]
+    a, b = names.index("client-0"), names.index("client-2")
+    rounds = sorted((tmp_path / "run" / "xi").glob("round-*.npy"))
+    assert len(rounds) == 3
+    for file in rounds:
+        xi = np.load(file)
+        assert xi[a, b] == xi[b, a] == 0.0, file.name
+        assert np.allclose(xi.sum(axis=1), 1.0)
+    # round 1 mixes no one (no model trained yet); after it they learn from the rest
+    others = [i for i in range(n) if i not in (a, b)]
+    assert (np.load(rounds[-1])[np.ix_([a, b], others)] > 0).all()
+
+
+def test_an_inferred_graph_never_adds_an_edge_between_members_kept_apart(tmp_path):
+    """Synthetic practical, 6 clients: 0 and 1 share a group, so the warm-up's updates link
+    them (checked without the policy); with the policy the inferred graph has no such edge."""
+    common = {"strategy": "panacea", "graph": "inferred", "graph-k": 1, "graph-warmup-rounds": 1,
+              "num-server-rounds": 2, "local-epochs": 1}
+    free = run_named(tmp_path, "free", common, 6)
+    groups = tasks.client_groups("synthetic", "practical", 6)
+    a, b = next([int(u), int(v)] for u, v in free["inferred_graph"]["edges"])
+    assert groups[a] == groups[b]
+    path = _policy(tmp_path, f"[[apart]]\nmembers = ['{a}', '{b}']\n")
+    kept = run_named(tmp_path, "kept", {**common, "collaboration-policy": path}, 6)
+    edges = {tuple(sorted(e)) for e in kept["inferred_graph"]["edges"]}
+    assert (min(a, b), max(a, b)) not in edges and kept["finished"]
