@@ -384,7 +384,8 @@ class RunConfig:
         return SettingsContext(strategy=self.strategy, dataset=self.dataset,
                                data_setting=self.data_setting, data_label=self.data_label,
                                has_groups=tasks.client_groups(self.dataset, self.partitioning,
-                                                              2) is not None, graph=self.graph)
+                                                              2) is not None, graph=self.graph,
+                               policy=bool(self.collaboration_policy))
 
     def validate(self) -> None:
         """Check every value; raise :class:`ConfigError` on the first bad one: each key's own

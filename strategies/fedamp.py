@@ -59,6 +59,9 @@ class FedAMP(PersonalizedStrategy):
     """
 
     client_update = PROXIMAL
+    # a late joiner's first model (the paper has none): the others' mean, so that Eq. 6 mixes
+    # them into its u_i (the initial model's distance would weigh them ~0)
+    JOINER_FROM_MEAN = True
     method = "fedamp"  # whose keys (sigma, self weight) are this strategy's
     SETTINGS: type[_AMPSettings]  # its settings class (registered with it below)
 
@@ -120,11 +123,6 @@ class FedAMP(PersonalizedStrategy):
         self._clouds = cloud_models(xi[rows.to(xi.device)], self.store, self._clouds)
         return self._clouds, ConfigRecord({**config, PROXIMAL_MU: self.lam / self.alpha_at(
             server_round)})
-
-    def new_client_model(self) -> torch.Tensor:
-        """A late joiner's first model (the paper has none): the mean of the training
-        clients', so that Eq. 6 mixes the others into its u_i (not the initial model's 1)."""
-        return self.store[self.training_rows.to(self.store.device)].mean(dim=0)
 
     def sent_distances(self, rows: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
         """``||w - u_i||`` = sqrt(||w||^2 - 2 sum_j xi_ij <w, w_j> + ||u_i||^2), in the

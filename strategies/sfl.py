@@ -72,10 +72,15 @@ class SFLSettings(Settings):
                                   **one_of(*TRAIN_FROM))
 
     def check(self, run: SettingsContext) -> None:
-        """What only the run can rule out: SFL without a graph it is given."""
+        """What only the run can rule out: SFL without a graph it is given; training from
+        the mean of everyone's smoothed models under a collaboration policy."""
         if run.strategy == SFL and run.graph in ("none", "inferred"):
             raise bad("graph", run.graph, "task, file, groups (SFL smooths the clients' models "
                       "over a client graph it is given)")
+        if run.strategy == SFL and run.policy and self.sfl_train_from == "global":
+            raise bad("sfl-train-from", "global", "own with a collaboration-policy (every "
+                      "client training from g, the mean of all the smoothed models, would "
+                      "weigh the members kept apart)")
 
     SERVER_HOLDS = "every client's model and one smoothed copy"
 
@@ -111,6 +116,11 @@ class SFLStrategy(PersonalizedStrategy):
     ``train_from``: :class:`SFLSettings`'; ``kwargs``:
     :class:`strategies.core.base.PersonalizedStrategy`'s.
     """
+
+    # a client that joins after the start starts from g, the mean of the training clients'
+    # smoothed models (what every client trains from), not the initial model, which would
+    # pull its neighbours' smoothing back to the start (the code has no late joiners)
+    JOINER_FROM_MEAN = True
 
     def __init__(self, settings: SFLSettings | None = None, *, adjacency: torch.Tensor,
                  **kwargs) -> None:
@@ -156,12 +166,6 @@ class SFLStrategy(PersonalizedStrategy):
         super().update(server_round, rows, trained)
         self.models = cloud_models(self.propagation().to(self.store.device), self.store)
 
-    def new_client_model(self) -> torch.Tensor:
-        """A client that joins after the start starts from g, the mean of the training
-        clients' smoothed models (what every client trains from), not the initial model,
-        which would pull its neighbours' smoothing back to the start (the code has no late
-        joiners)."""
-        return self.store[self.training_rows.to(self.store.device)].mean(dim=0)
 
     def add_client(self, info, adjacency: torch.Tensor | None = None) -> None:
         """A client that joins after the start (a new member): its place in the graph

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import tasks
 from fedamp_flwr.config import RunConfig
 from fedamp_flwr.server_app import client_graph
 from strategies.core.policy import ApartPolicy, read_policy
+from strategies.core.roster import ClientInfo
 from strategies.core.settings import ConfigError
+from strategies.core.tracking import RunTracking
+from strategies.fedamp import FedAMP
 
 from .conftest import member_sites, run_named
 
@@ -70,9 +74,24 @@ def test_a_method_that_mixes_everyone_refuses_a_policy(tmp_path):
     with pytest.raises(ConfigError, match='graph = "none" leaves it no graph'):
         RunConfig.from_run_config({"strategy": "panacea", "graph": "none",
                                    "collaboration-policy": path})
-    for strategy in ("fedamp", "heurfedamp", "separate", "panacea", "sfl"):
-        cfg = RunConfig.from_run_config({"strategy": strategy, "collaboration-policy": path})
+    with pytest.raises(ConfigError, match="'sfl-train-from' = 'global' is invalid.*own with a "
+                                          "collaboration-policy"):
+        RunConfig.from_run_config({"strategy": "sfl", "collaboration-policy": path})
+    for strategy, extra in (("fedamp", {}), ("heurfedamp", {}), ("separate", {}),
+                            ("panacea", {}), ("sfl", {"sfl-train-from": "own"})):
+        cfg = RunConfig.from_run_config({"strategy": strategy, "collaboration-policy": path,
+                                         **extra})
         assert cfg.apart_policy() == ApartPolicy((("0", "1"),), cfg.apart_policy().digest)
+
+
+def test_a_late_joiner_starts_from_the_mean_of_those_it_is_not_kept_apart_from():
+    clients = {10 + c: ClientInfo(10 + c, c, 3, 10, 10, name=f"m{c}") for c in range(3)}
+    joiner = ClientInfo(20, 3, 4, 10, 10, name="j")
+    for policy, expected in ((None, 2.0), (ApartPolicy((("m0", "j"),)), 3.0),
+                             (ApartPolicy((("m0", "m1", "m2", "j"),)), 9.0)):
+        fedamp = FedAMP(sigma=1.0, tracking=RunTracking(clients=clients, apart=policy))
+        fedamp.models, fedamp._initial = torch.tensor([[0.0], [2.0], [4.0]]), torch.tensor([9.0])
+        assert fedamp.new_client_model(joiner).item() == expected
 
 
 def test_a_given_graph_loses_the_edges_of_pairs_kept_apart(tmp_path):

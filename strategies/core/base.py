@@ -420,10 +420,22 @@ class PersonalizedStrategy(StrategyBase, Strategy):
         """The per-client store at the start: every client holds the initial model."""
         return initial.unsqueeze(0).repeat(len(self.client_ids), 1)
 
-    def new_client_model(self) -> torch.Tensor:
-        """The stored model of a client that joins after the start: the initial model
-        (FedAMP: the mean of the others', see :meth:`strategies.fedamp.FedAMP.new_client_model`)."""
-        return self._initial
+    #: a client that joins after the start starts from the mean of the training clients'
+    #: stored models (FedAMP, SFL), not from the initial model
+    JOINER_FROM_MEAN = False
+
+    def new_client_model(self, info: ClientInfo) -> torch.Tensor:
+        """The stored model of a client that joins after the start: the initial model, or
+        with :attr:`JOINER_FROM_MEAN` the mean of the training clients' stored models but
+        those the collaboration policy keeps apart from it (none left: the initial model)."""
+        rows = self.training_rows
+        if self.apart is not None and len(rows):
+            names = self.tracker.roster.names()
+            known = [names.get(c, str(c)) for c in (self.client_ids[int(r)] for r in rows)]
+            rows = rows[~self.apart.mask([*known, info.name or str(info.client_id)])[-1, :-1]]
+        if not self.JOINER_FROM_MEAN or not len(rows):
+            return self._initial
+        return self.store[rows.to(self.store.device)].mean(dim=0)
 
     def add_client(self, info: ClientInfo, adjacency: torch.Tensor | None = None) -> None:
         """A client that joins after the start gets a row of its own (:meth:`new_client_model`,
@@ -432,7 +444,7 @@ class PersonalizedStrategy(StrategyBase, Strategy):
         if cid in self._row:
             super().add_client(info, adjacency)
             return
-        row = None if self.models is None else self.new_client_model()[None].to(self.models)
+        row = None if self.models is None else self.new_client_model(info)[None].to(self.models)
         super().add_client(info, adjacency)
         self.client_ids.append(cid)
         self._row[cid] = len(self.client_ids) - 1

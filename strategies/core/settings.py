@@ -250,6 +250,8 @@ class SettingsContext:
         Whether the setting has groups of same-distribution clients.
     graph : str
         The ``graph`` key: where the client graph comes from.
+    policy : bool
+        Whether the run has a collaboration policy (``collaboration-policy``).
     """
 
     strategy: str
@@ -258,6 +260,7 @@ class SettingsContext:
     data_label: str
     has_groups: bool
     graph: str = "task"
+    policy: bool = False
 
 
 @dataclass(frozen=True)
