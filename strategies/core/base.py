@@ -133,6 +133,7 @@ class StrategyBase(ClientInstructions):
         self.setup_tracking(tracking.clients, tracking.roles)
         self.tracker.replies.refusals_are_absences = tracking.refusals_are_absences
         self.history.xi_sink = tracking.xi_sink
+        self.history.names = lambda: {i.client_id: i.name for i in self.tracker.roster.clients.values()}
         self.apart = tracking.apart
 
     def setup_tracking(self, clients: dict[int, ClientInfo], roles: Roles | None = None) -> None:

@@ -72,6 +72,8 @@ class RunHistory:
     xi_client_ids: list[int] = field(default_factory=list)
     xi_rounds: list[int] = field(default_factory=list)  # rounds the sink wrote
     xi_sink: Callable[[int, list[int], torch.Tensor], bool] | None = None
+    #: client id -> a member's name ("" in a partitioned run), for the round line
+    names: Callable[[], dict[int, str]] | None = None
     trained: dict[int, int] = field(default_factory=dict)  # client id -> rounds trained
     #: what a method chose during the run (FedAMP's sigma from the data), in metrics.json
     notes: dict[str, Any] = field(default_factory=dict)
@@ -183,10 +185,12 @@ class RunHistory:
         scale, unit = score.scale, ("%" if score.scale == 100.0 else "")  # accuracy in percent
         novel = mean_score(rec, score, novel=True)
         extra = f", novel clients {scale * novel:.4g}{unit}" if novel is not None else ""
-        log(INFO, "Round %d: mean test %s over %d %s %.4g%s (min %.4g%s, max %.4g%s)%s",
+        names = self.names() if self.names is not None else {}
+        lo, hi = min(vals, key=vals.__getitem__), max(vals, key=vals.__getitem__)
+        log(INFO, "Round %d: mean test %s over %d %s %.4g%s (min %.4g%s %s, max %.4g%s %s)%s",
             server_round, score.metric, len(set(vals) - (self.novel | self.attackers)), who,
-            scale * mean, unit, scale * min(vals.values()), unit, scale * max(vals.values()),
-            unit, extra)
+            scale * mean, unit, scale * vals[lo], unit, _named(lo, names), scale * vals[hi],
+            unit, _named(hi, names), extra)
 
     def record_xi(self, server_round: int, client_ids: list[int], xi: torch.Tensor) -> None:
         """Record the collaboration weights of one round (rows and columns: ``client_ids``)."""
@@ -244,3 +248,8 @@ class RunHistory:
                        extra=notes,
                        novel_clients=sorted(self.novel), attackers=sorted(self.attackers), xi=xi)
 
+
+def _named(client_id: int, names: dict[int, str]) -> str:
+    """How the round line names a client: a member's name, else its id."""
+    name = names.get(client_id, "")
+    return f"'{name}'" if name else f"client {client_id}"
