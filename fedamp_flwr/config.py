@@ -442,13 +442,15 @@ class RunConfig:
         self._check_data()
 
     def apart_policy(self) -> ApartPolicy | None:
-        """The run's collaboration policy (``collaboration-policy``), read and checked."""
+        """The run's collaboration policy (``collaboration-policy``), read and checked: the
+        ServerApp's only (the file is on the coordinator's machine; a member never opens
+        it)."""
         return read_policy(self.collaboration_policy) if self.collaboration_policy else None
 
     def _check_policy(self) -> None:
-        """The policy file is good, and the strategy can honour it: by its own weights
-        (FedAMP, HeurFedAMP), by weighing no one (Separate), or through a client graph."""
-        self.apart_policy()
+        """The strategy can honour a policy: by its own weights (FedAMP, HeurFedAMP), by
+        weighing no one (Separate), or through a client graph. No file is read here: every
+        member's ClientApp checks the run config too."""
         entry = strategies.STRATEGIES[self.strategy]
         if entry.keeps_apart or (entry.uses_graph and self.graph != "none"):
             return

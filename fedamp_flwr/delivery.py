@@ -55,6 +55,9 @@ from strategies.core.protocol import (
     ACCURACY,
     CLIENT_INDEX,
     CONFIG,
+    LEARNED_FROM,
+    LEARNED_SELF,
+    LEARNED_WEIGHTS,
     LOSS,
     MODEL,
     MODEL_KEPT,
@@ -99,10 +102,12 @@ def data_schema(cfg: RunConfig, dc: tasks.DataConfig) -> tasks.MemberSchema:
 def model_card(cfg: RunConfig, dc: tasks.DataConfig, *, run: str, token: str, client_id: int,
                member: str | None, server_round: int, why: str,
                scores: dict[str, Any], standardize: dict[str, Any] | None = None,
-               alone: dict[str, Any] | None = None) -> dict[str, Any]:
+               alone: dict[str, Any] | None = None,
+               learned_from: dict[str, Any] | None = None) -> dict[str, Any]:
     """A model's card (:mod:`tasks.export`), but for the weights' name and hash;
     ``standardize``: the inputs' standardizing statistics (the model works on raw rows
-    only with them: ``predict`` applies them); ``alone``: what the member scores alone."""
+    only with them: ``predict`` applies them); ``alone``: what the member scores alone;
+    ``learned_from``: whom the model learned from (:meth:`SaveRequest.of`)."""
     schema = data_schema(cfg, dc)
     main = ACCURACY if ACCURACY in scores else MSE
     return {
@@ -126,6 +131,7 @@ def model_card(cfg: RunConfig, dc: tasks.DataConfig, *, run: str, token: str, cl
         "preprocessing": {**PREPROCESSING, **({"standardize": standardize} if standardize
                                               else {})},
         **({"alone": alone} if alone else {}),
+        **({"learned_from": learned_from} if learned_from else {}),
         "model": {"name": tasks.model_name(dc, cfg.model),
                   "input_shape": list(schema.input_shape), "num_outputs": schema.num_outputs},
         "package": {"name": "fedamp-flwr", "version": package_version()},
@@ -144,6 +150,9 @@ class SaveRequest:
     token: str
     why: str
     better_than: float | None
+    #: whom the model learned from, as the server says (None: it says nothing, or nothing
+    #: this node takes: at most 20 names, weights in [0, 1])
+    learned_from: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, config: ConfigRecord) -> SaveRequest | None:
@@ -156,7 +165,8 @@ class SaveRequest:
         assert isinstance(run, str)
         better = config.get(SAVE_IF_BETTER)
         return cls(run, str(config.get(SAVE_TOKEN, "")), str(config.get(SAVE_REASON, "")),
-                   None if better is None else as_float(better, SAVE_IF_BETTER))
+                   None if better is None else as_float(better, SAVE_IF_BETTER),
+                   _learned_from(config))
 
     def wants(self, scores: dict[str, Any]) -> bool:
         """Whether the tested model is kept: always, or only if it beats the earlier best."""
@@ -165,6 +175,30 @@ class SaveRequest:
         if ACCURACY in scores:
             return float(scores[ACCURACY]) > self.better_than
         return float(scores[MSE]) < self.better_than
+
+
+def _weight(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1
+
+
+def _learned_from(config: ConfigRecord) -> dict[str, Any] | None:
+    """Whom the model learned from, from an evaluate message, checked (a server's word: at
+    most 20 names, each a member name or a client id, weights in [0, 1]); a bad one is
+    logged and left off the card, the model is kept all the same."""
+    names, weights, own = (config.get(k) for k in (LEARNED_FROM, LEARNED_WEIGHTS,
+                                                     LEARNED_SELF))
+    if names is None and weights is None and own is None:
+        return None
+    if not (isinstance(names, list) and isinstance(weights, list) and 0 < len(names) <= 20
+            and len(names) == len(weights) and all(is_name(n) for n in names)
+            and all(_weight(w) for w in weights) and isinstance(own, int | float)
+            and _weight(own)):
+        log(ERROR, "The message's '%s' is not a list of at most 20 names with weights in "
+            "[0, 1]: left off the model's card", LEARNED_FROM)
+        return None
+    return {"own_model": float(own), "others": [
+        {"member": str(n), "weight": as_float(w, LEARNED_WEIGHTS)}
+        for n, w in zip(names, weights, strict=True)]}
 
 
 _TOLD = "fedamp-no-model-dir"
@@ -197,7 +231,12 @@ def keep_tested_model(context: Context, cfg: RunConfig, dc: tasks.DataConfig, co
         written = _write_on_node(where, stem, model, model_card(
             cfg, dc, run=request.run, token=request.token, client_id=client_id, member=member,
             server_round=as_int(config.get(SERVER_ROUND, 0), SERVER_ROUND), why=request.why,
-            scores=scores, **card))
+            scores=scores, learned_from=request.learned_from, **card))
+        if written and request.learned_from:
+            log(INFO, "This model learned most from %s; its own model's weight %.3g",
+                ", ".join(f"'{o['member']}' ({o['weight']:.3g})"
+                          for o in request.learned_from["others"]),
+                request.learned_from["own_model"])
         return {}, {MODEL_KEPT: int(written)}
     if cfg.dataset != tasks.MEMBERS:
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
@@ -265,15 +304,18 @@ class ModelDelivery:
         The members' names by client id (empty: a partitioned run).
     submit : Callable[[Callable[[], None]], None]
         Queues a file write (the ServerApp's background writer).
+    learned : Callable[[], dict[int, tuple[list[int], list[float], float]]]
+        Client id -> whom its model learned from, now (the strategy's ``learned_from``).
     """
 
     def __init__(self, cfg: RunConfig, dc: tasks.DataConfig, run: str, token: str,
                  folder: Path, spec: ArraySpec, history: RunHistory,
-                 names: Callable[[], list[str]], submit: Callable[[Callable[[], None]], None]
-                 ) -> None:
+                 names: Callable[[], list[str]], submit: Callable[[Callable[[], None]], None],
+                 learned: Callable[[], dict[int, tuple[list[int], list[float], float]]]
+                 = dict) -> None:
         self.cfg, self.dc, self.run, self.token = cfg, dc, run, token
         self.folder, self.spec, self.history = folder, spec, history
-        self.names, self.submit = names, submit
+        self.names, self.submit, self.learned = names, submit, learned
         self.mode = cfg.save_models
         self.kept: dict[int, dict[str, Any]] = {}  # client id -> its latest model, where
 
@@ -303,9 +345,15 @@ class ModelDelivery:
         why = why or self.keeps(server_round)
         if why is None:
             return messages
+        learned = self.learned_by_name()
         for m in messages:
             c = ConfigRecord(dict(m.content.config_records[CONFIG]))
             c[SAVE_MODEL], c[SAVE_TOKEN], c[SAVE_REASON] = self.run, self.token, why
+            mine = learned.get(as_int(c.get(CLIENT_INDEX, -1), CLIENT_INDEX))
+            if mine is not None:  # whom its model learned from: names and weights only
+                c[LEARNED_FROM] = [o["member"] for o in mine["others"]]
+                c[LEARNED_WEIGHTS] = [o["weight"] for o in mine["others"]]
+                c[LEARNED_SELF] = mine["own_model"]
             if self.mode == "best-validation":
                 best = self._best_before(server_round, as_int(c.get(CLIENT_INDEX, -1),
                                                               CLIENT_INDEX))
@@ -313,6 +361,15 @@ class ModelDelivery:
                     c[SAVE_IF_BETTER] = best
             m.content[CONFIG] = c
         return messages
+
+    def learned_by_name(self) -> dict[int, dict[str, Any]]:
+        """Client id -> whom its model learned from (a member by name, else its client id)
+        and with what weight, and its own model's weight: a card's ``learned_from``."""
+        names = self.names()
+        return {cid: {"own_model": own, "others": [
+            {"member": names[o] if o < len(names) else str(o), "weight": w}
+            for o, w in zip(others, weights, strict=True)]}
+            for cid, (others, weights, own) in self.learned().items() if others}
 
     @staticmethod
     def take(replies: Iterable[Message]) -> tuple[list[Message], dict[int, tuple[ArrayRecord, dict]]]:
@@ -361,7 +418,7 @@ class ModelDelivery:
             member = names[cid] if cid < len(names) else None
             card = model_card(self.cfg, self.dc, run=self.run, token=self.token, client_id=cid,
                               member=member, server_round=server_round, why=asked or "",
-                              scores=scores)
+                              scores=scores, learned_from=self.learned_by_name().get(cid))
             state = {k: v.clone() for k, v in record.to_torch_state_dict().items()}
             self.submit(functools.partial(_write_model, self.folder, member or str(cid), state,
                                           card))

@@ -310,6 +310,8 @@ class Run:
     def __init__(self, grid: Grid, cfg: RunConfig) -> None:
         self.grid, self.cfg = grid, cfg
         check_server_memory(cfg, max(cfg.min_nodes, 2))  # before a client is waited for
+        # read once, on the coordinator's machine: the run keeps the policy it started with
+        self.policy = cfg.apart_policy()
         self.folder = RunFolder(cfg)
         self.writer = Writer()
         self.delivery: ModelDelivery | None = None
@@ -324,6 +326,8 @@ class Run:
         folder.claim()
         check_server_data(cfg)  # before a checkpoint's model is checked against the data's
         self.checkpoint = folder.load_checkpoint(check=model_fits(cfg)) if cfg.resume else None
+        if self.checkpoint is not None:
+            self.same_policy(self.checkpoint.get("collaboration_policy"))
         log(INFO, "Run '%s': strategy %s, data %s; results in %s%s", folder.name, cfg.strategy,
             cfg.data_label, folder.path, f"; resuming after round {self.checkpoint['round']}"
             if self.checkpoint else "")
@@ -333,6 +337,32 @@ class Run:
                 cfg.validation_fraction)
         self.find()
         self.build()
+
+    def same_policy(self, held: object) -> None:
+        """A resumed run keeps the collaboration policy it started with (its file's sha256)."""
+        had = held.get("sha256") if isinstance(held, dict) else None
+        now = self.policy.digest if self.policy is not None else None
+        if had != now:
+            raise ConfigError(f"run config 'collaboration-policy' = "
+                              f"{self.cfg.collaboration_policy!r}: the run started with "
+                              f"{'a policy of sha256 ' + str(had) if had else 'no policy'}; "
+                              "allowed: the same file, unchanged, when resume = true (a "
+                              "changed policy is a new run)")
+
+    def say_policy(self) -> None:
+        """Where the collaboration policy cannot hold: names no client has (yet), and a
+        members run without a roster (a name goes to whoever proves it first)."""
+        if self.policy is None:
+            return
+        known = set(self.base) if self.base else {str(i) for i in range(self.n)}
+        unknown = sorted(self.policy.names() - known)
+        log(WARNING if unknown else INFO, "collaboration-policy: %d group(s) kept apart%s",
+            len(self.policy.groups), f"; names no client of the run has (yet): {unknown[:10]}"
+            if unknown else "")
+        if self.has_members and not self.cfg.member_roster:
+            log(WARNING, "collaboration-policy without a member-roster: a name is taken by the "
+                "first node to prove it, so a member kept apart could join under a name the "
+                "policy does not hold (give a member-roster, docs/federation.md)")
 
     def find(self) -> None:
         """The clients and members (a checkpoint's first, in their order; the others join)."""
@@ -358,7 +388,7 @@ class Run:
     def build(self) -> None:
         """The model and the strategy, with the clients, the scenario and the reply checks."""
         cfg, n = self.cfg, self.n
-        self.policy = cfg.apart_policy()  # read once: the run keeps the file it started with
+        self.say_policy()
         adjacency = client_graph(cfg, self.dc, self.base or None, self.policy)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)  # Flower's strategies sample nodes with the random module
@@ -417,7 +447,7 @@ class Run:
             self.delivery = ModelDelivery(
                 cfg, self.dc, self.folder.name, self.token, self.folder.path / MODELS_FOLDER,
                 array_spec(self.initial), self.strategy.history, lambda: self.members.names,
-                self.writer.submit)
+                self.writer.submit, self.strategy.learned_from)
 
     def join(self, info: ClientInfo) -> None:
         """A member the run does not know yet joins with the next client id (a graph file
@@ -495,6 +525,8 @@ class Run:
             "member_keys": {name: key.hex() for name, key in members.keys.items()},
             "impostors": list(members.attempts), "impostor_count": members.impostors,
             **({"member_scaling": self.scaling} if self.scaling else {}),
+            **({"collaboration_policy": self.policy.record(self.cfg.collaboration_policy)}
+               if self.policy is not None else {}),
             "arrays": arrays.to_torch_state_dict(), "random_state": random.getstate(),
             "strategy": self.strategy.state_dict(), "run_token": self.token,
             "wall_time_s": self.spent + time.time() - self.started,

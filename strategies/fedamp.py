@@ -82,7 +82,6 @@ class FedAMP(PersonalizedStrategy):
         self.offline_clients = s.fedamp_offline_clients
         self._underflow_warned, self._rescaling = False, False  # the last weights rescaled
         self._rescaled_rounds: list[int] = []  # rounds whose rows were rescaled
-        self._round_xi: torch.Tensor | None = None
         self._clouds: torch.Tensor | None = None  # reused: a fresh one costs page faults
 
     def summary(self) -> None:
@@ -102,23 +101,24 @@ class FedAMP(PersonalizedStrategy):
                 apart: torch.Tensor | None = None) -> tuple[torch.Tensor, Flags]:
         """The (m, m) weights xi of this round (Eq. 6); pairs ``apart`` weigh each other 0."""
         assert self.sigma is not None, "collaboration() needs no weights before sigma"
-        return fedamp_weights(params, self.alpha_at(server_round), self.sigma, self_weight,
-                              apart)
+        return fedamp_weights(params, self.alpha_at(server_round), self.sigma, self_weight, apart)
 
-    def self_weights(self, active: torch.Tensor) -> float | torch.Tensor | None:
-        """xi_ii of the clients in rows ``active``: the fixed number, or "paper"'s
-        1 / (N_i + 1), N_i the other clients of i's group among ``active``."""
+    def self_weights(self, active: torch.Tensor, apart: torch.Tensor | None
+                     ) -> float | torch.Tensor | None:
+        """xi_ii of the rows ``active``: the fixed number, or "paper"'s 1 / (N_i + 1), N_i the
+        others of i's group among ``active`` not kept ``apart`` from i."""
         if self.self_weight != "paper":
             assert not isinstance(self.self_weight, str), "a number, 'paper' or None"
             return self.self_weight
         assert self.groups is not None  # checked in __init__
         group = self.groups[torch.as_tensor(self.client_ids, dtype=torch.long)[active.cpu()]]
-        return 1.0 / torch.bincount(group)[group].double()
+        same = (group[:, None] == group[None, :]) & (True if apart is None else ~apart)
+        return 1.0 / same.sum(dim=1).double()
 
     def personalize(self, server_round: int, rows: torch.Tensor, config: ConfigRecord
                     ) -> tuple[torch.Tensor, ConfigRecord]:
         """Cloud models u_i = sum_j xi_ij w_j of the sampled clients, and lambda / alpha_k."""
-        xi = self._round_xi = self.collaboration(server_round, rows)
+        xi = self.mixing_weights = self.collaboration(server_round, rows)
         self.history.record_xi(server_round, self.client_ids, xi)
         self._clouds = cloud_models(xi[rows.to(xi.device)], self.store, self._clouds)
         return self._clouds, ConfigRecord({**config, PROXIMAL_MU: self.lam / self.alpha_at(
@@ -127,8 +127,9 @@ class FedAMP(PersonalizedStrategy):
     def sent_distances(self, rows: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
         """``||w - u_i||`` = sqrt(||w||^2 - 2 sum_j xi_ij <w, w_j> + ||u_i||^2), in the
         models' dtype: it feeds only the update-norm bound (``max-update-ratio``)."""
-        assert self._round_xi is not None, "personalize() sets this round's xi first"
-        xi = self._round_xi[rows.to(self._round_xi.device)].to(vectors.device, vectors.dtype)
+        xi = self.mixing_weights
+        assert xi is not None, "personalize() sets this round's xi first"
+        xi = xi[rows.to(xi.device)].to(vectors.device, vectors.dtype)
         wu = ((vectors @ self.store.T) * xi).sum(dim=1)
         ww = torch.linalg.vector_norm(vectors, dim=1).square()
         uu = self._sent_norms[rows].to(vectors.device, vectors.dtype).square()
@@ -145,8 +146,9 @@ class FedAMP(PersonalizedStrategy):
         active = self.training_rows if self.offline_clients == "include" or rows is None else rows
         active = active.to(self.store.device)
         params = self.store[:, :p] if len(active) == n else self.store[active, :p]
-        xi_active, flags = self.weights(server_round, params, self.self_weights(active),
-                                        self.apart_mask(active))
+        apart = self.apart_mask(active)
+        xi_active, flags = self.weights(server_round, params, self.self_weights(active, apart),
+                                        apart)
         self._say(server_round, flags)
         if len(active) == n:
             return xi_active

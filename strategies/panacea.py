@@ -288,7 +288,8 @@ class Panacea(PersonalizedStrategy):
                                          momentum=self.server_momentum,
                                          weight_decay=self.server_weight_decay)
         self.adj = None if self.adjacency is None else self.adjacency.to(self.device)
-        self.prop = None if self.adj is None else normalized_adjacency(self.adj)
+        self.prop = self.mixing_weights = None if self.adj is None else normalized_adjacency(
+            self.adj)
         self.pair_gen = torch.Generator().manual_seed(self.seed)
         log(INFO, "Hypernetwork: %d clients, %d parameters; target model of %d values",
             n, sum(p.numel() for p in self.net.parameters()), self.flat.size)
@@ -302,10 +303,9 @@ class Panacea(PersonalizedStrategy):
         if k < self.infer_k:  # a members run with fewer members than graph-k + 1
             log(WARNING, "graph-k = %d but the run has %d clients: each chooses %d",
                 self.infer_k, len(count), k)
-        adj = cosine_knn_graph(mean.numpy(), k) if k >= 1 else np.zeros((1, 1), np.float32)
-        apart = self.apart_mask(torch.arange(len(count)))
-        if apart is not None:  # the collaboration policy: never an edge between a pair apart
-            adj[apart.numpy()] = 0.0
+        apart = self.apart_mask(torch.arange(len(count)))  # the policy: they never choose
+        adj = cosine_knn_graph(mean.numpy(), k, None if apart is None else apart.numpy()) \
+            if k >= 1 else np.zeros((1, 1), np.float32)
         note: dict = {"round": server_round, "k": k,
                       "untrained_clients": [self.client_ids[r] for r in
                                             torch.nonzero(count == 0).flatten().tolist()],
@@ -376,7 +376,7 @@ class Panacea(PersonalizedStrategy):
             self.optimizer.state[new] = state
         if self.adjacency is not None:
             self.adj = self.adjacency.to(self.device)
-            self.prop = normalized_adjacency(self.adj)
+            self.prop = self.mixing_weights = normalized_adjacency(self.adj)
 
     @torch.no_grad()
     def generated(self, rows: torch.Tensor | None = None) -> torch.Tensor:

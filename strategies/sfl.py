@@ -144,7 +144,15 @@ class SFLStrategy(PersonalizedStrategy):
             raise ValueError(f"the graph has {self.adjacency.shape[0]} clients, the run {n}")
         senders = torch.zeros(n, dtype=torch.bool)
         senders[self.training_rows] = True
-        return sfl_propagation(self.adjacency, self.alpha, self.layers, senders)
+        m = sfl_propagation(self.adjacency, self.alpha, self.layers, senders)
+        apart = self.apart_mask(torch.arange(n))
+        if apart is None:
+            return m
+        # the collaboration policy: K hops reach a pair kept apart through a common neighbour;
+        # their weights are zeroed and the rows renormalised (a row left empty: its own model)
+        m = m.masked_fill(apart.to(m.device), 0.0)
+        sums = m.sum(dim=1, keepdim=True)
+        return torch.where(sums > 0, m / sums.clamp_min(1e-300), torch.eye(n, dtype=m.dtype))
 
     def personalize(self, server_round: int, rows: torch.Tensor, config: ConfigRecord
                     ) -> tuple[torch.Tensor, ConfigRecord]:
@@ -164,7 +172,8 @@ class SFLStrategy(PersonalizedStrategy):
     def update(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
         """Store the trained models, then smooth every client's: the store becomes P."""
         super().update(server_round, rows, trained)
-        self.models = cloud_models(self.propagation().to(self.store.device), self.store)
+        self.mixing_weights = self.propagation()
+        self.models = cloud_models(self.mixing_weights.to(self.store.device), self.store)
 
 
     def add_client(self, info, adjacency: torch.Tensor | None = None) -> None:

@@ -95,12 +95,14 @@ def knn_graph(weights: np.ndarray, k: int) -> np.ndarray:
     return adj
 
 
-def cosine_knn_graph(updates: np.ndarray, k: int) -> np.ndarray:
+def cosine_knn_graph(updates: np.ndarray, k: int, apart: np.ndarray | None = None
+                     ) -> np.ndarray:
     """The ``k``-nearest-neighbour graph (as :func:`knn_graph`: each client's ``k`` most
     similar, ties to the lower client id, an edge where either end chose the other) of the
     clients' update vectors (one row each) by cosine similarity. A zero row (a client that
     never trained) chooses no one and no one chooses it: it has no edges; among the others
-    each chooses ``min(k, others)``."""
+    each chooses ``min(k, others)``. ``apart``: (n, n) boolean, pairs that may not choose
+    each other (a collaboration policy): each client chooses among the others."""
     u = np.asarray(updates, dtype=np.float64)
     n = u.shape[0]
     if u.ndim != 2 or not 1 <= k < n:
@@ -111,6 +113,8 @@ def cosine_knn_graph(updates: np.ndarray, k: int) -> np.ndarray:
     unit = np.divide(u, norms[:, None], out=np.zeros_like(u), where=trained[:, None])
     sim = unit @ unit.T
     sim[:, ~trained] = -np.inf
+    if apart is not None:
+        sim[np.asarray(apart, dtype=bool)] = -np.inf
     np.fill_diagonal(sim, -np.inf)
     chosen = np.argsort(-sim, axis=1, kind="stable")[:, :k]
     rows = np.repeat(np.arange(n), k)

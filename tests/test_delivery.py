@@ -193,6 +193,15 @@ def test_each_member_gets_its_own_model_on_its_own_machine_and_left_out_members_
         got = _predicted_score(tmp_path / name / "run" / f"{name}.safetensors",
                                tmp_path / "t.npz", tmp_path / "p.csv", capsys)
         assert got == f"accuracy {last['client_accuracy'][str(cid)]!r}"
+        # whom it learned from: the other members by name, with the last round's xi row
+        xi = np.load(sorted((tmp_path / "coordinator" / "run" / "xi").glob("round-*.npy"))[-1])
+        learned = card["learned_from"]
+        assert learned["own_model"] == pytest.approx(xi[cid, cid], rel=1e-6)
+        assert {o["member"]: o["weight"] for o in learned["others"]} == pytest.approx(
+            {metrics["client_names"][j]: float(xi[cid, j]) for j in range(n) if j != cid},
+            rel=1e-6)
+        said = [r.getMessage() for r in caplog.records if "learned most from" in r.getMessage()]
+        assert any(f"'{learned['others'][0]['member']}'" in m for m in said)
 
 
 def test_a_member_without_model_dir_writes_nothing_and_says_so(tmp_path, caplog):
@@ -282,6 +291,19 @@ def test_a_hostile_save_request_never_writes_outside_the_model_dir(tmp_path, cap
         assert records == {} and said == {MODEL_KEPT: 0}, run
     assert not list(tmp_path.rglob("*.safetensors")) and not (tmp_path / "escape").exists()
     assert "is not a run name" in caplog.text
+    # whom the model learned from, as a hostile server might say it: left off, model kept
+    from strategies.core.protocol import LEARNED_FROM, LEARNED_SELF, LEARNED_WEIGHTS
+
+    for names, weights, own in ((["../x"], [0.5], 0.5), (["a"], [2.0], 0.5),
+                                (["a"] * 21, [0.0] * 21, 1.0), (["a", "b"], [0.1], 0.9)):
+        config = ConfigRecord({SAVE_MODEL: "run", SAVE_TOKEN: "t", SERVER_ROUND: 2,
+                               LEARNED_FROM: names, LEARNED_WEIGHTS: weights, LEARNED_SELF: own})
+        records, said = keep_tested_model(context, cfg, dc, config, model, 0, "site-a",
+                                          {"accuracy": 0.5, "loss": 1.0})
+        assert said == {MODEL_KEPT: 1}
+        card = json.loads((tmp_path / "mine" / "run" / "site-a.json").read_text())
+        assert "learned_from" not in card
+    assert "left off the model's card" in caplog.text
 
 
 @pytest.mark.parametrize("validation", [0.0, 0.25])

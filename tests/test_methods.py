@@ -230,7 +230,7 @@ def test_the_papers_self_weight_is_one_over_the_clients_of_the_group():
     xi = strategy.collaboration(1, rows)
     assert xi[2, 2] == 1.0 and xi[2].sum() == 1.0 and xi[0, 0] == 0.5
     heur, _ = setup_strategy("heurfedamp", n=10, **{"heurfedamp-self-weight": "paper"})
-    assert heur.self_weights(torch.arange(10)).tolist() == [0.5] * 10
+    assert heur.self_weights(torch.arange(10), None).tolist() == [0.5] * 10
 
 
 def test_the_papers_self_weight_needs_groups():

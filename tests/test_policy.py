@@ -31,23 +31,27 @@ def test_every_pair_of_an_apart_group_is_kept_apart_by_name(tmp_path):
     path = _policy(tmp_path, '[[apart]]\nmembers = ["bank-a", "bank-b"]\n\n'
                              '[[apart]]\nmembers = ["c", "d", "e"]\n')
     policy = read_policy(path)
-    assert policy.pairs() == [("bank-a", "bank-b"), ("c", "d"), ("c", "e"), ("d", "e")]
-    assert len(policy.digest) == 64
+    assert policy.groups == (("bank-a", "bank-b"), ("c", "d", "e")) and len(policy.digest) == 64
     mask = policy.mask(["e", "bank-b", "x", "bank-a", "c"])  # d is not in the run
     assert mask.tolist() == [[False, False, False, False, True],
                              [False, False, False, True, False],
                              [False] * 5,
                              [False, True, False, False, False],
                              [True, False, False, False, False]]
-    assert policy.record("p.toml")["apart"][0] == ["bank-a", "bank-b"]
+    assert policy.record("p.toml")["apart"] == [["bank-a", "bank-b"], ["c", "d", "e"]]
+    # a byte-order mark (Windows editors) reads as the same file
+    (tmp_path / "bom.toml").write_bytes(b"\xef\xbb\xbf" + (tmp_path / "policy.toml").read_bytes())
+    assert read_policy(str(tmp_path / "bom.toml")).groups == policy.groups
 
 
 @pytest.mark.parametrize("text, message", [
-    ("[[apart]]\nmembers = ['a']\n", "number 1 is"),
-    ("[[apart]]\nmembers = ['a', 'a']\n", "number 1 is"),
-    ("[[apart]]\nmembers = ['a', 3]\n", "number 1 is"),
-    ("[[apart]]\nmembers = ['a', 'b']\nwhy = 'x'\n", "number 1 is"),
-    ("apart = 'a'\n", "array of tables"),
+    ("[[apart]]\nmembers = ['a']\n", "number 1 'members' is not a list of two or more"),
+    ("[[apart]]\nmembers = ['a', 'a']\n", "number 1 names a member twice"),
+    ("[[apart]]\nmembers = ['a', 3]\n", "number 1 names '3', not a member name"),
+    ("[[apart]]\nmembers = ['Bank A', 'b']\n", "number 1 names 'Bank A', not a member name"),
+    ("[[apart]]\nmembers = ['a', 'b']\nwhy = 'x'\n", r"number 1 has \['members', 'why'\]"),
+    ("apart = 'a'\n", r"no \[\[apart\]\] table"),
+    ("", r"no \[\[apart\]\] table"),
     ("[[together]]\nmembers = ['a', 'b']\n", r"unknown table\(s\) \['together'\]"),
     ("[[apart]\n", "not TOML"),
 ])
@@ -62,8 +66,27 @@ def test_a_policy_too_large_or_absent_is_refused_before_it_is_parsed(tmp_path):
     path = _policy(tmp_path, "#" * (1 << 20) + "\n")
     with pytest.raises(ConfigError, match="more than 1048576 bytes"):
         read_policy(path)
-    with pytest.raises(ConfigError, match="cannot be read"):
+    with pytest.raises(ConfigError, match="not a file"):
         read_policy(str(tmp_path / "absent.toml"))
+
+
+def test_only_the_server_reads_the_policy_file(tmp_path):
+    """A member's ClientApp checks the run config too, on its own machine: no file is opened
+    there. The ServerApp reads it before any round and refuses one it cannot read."""
+    absent = str(tmp_path / "on-the-coordinator.toml")
+    cfg = RunConfig.from_run_config({"strategy": "fedamp", "collaboration-policy": absent})
+    assert cfg.collaboration_policy == absent  # the config alone opens nothing
+    with pytest.raises(ConfigError, match="'collaboration-policy' = .*not a file"):
+        run_named(tmp_path, "run", {"strategy": "fedamp", "collaboration-policy": absent}, 2)
+
+
+def test_a_resumed_run_keeps_the_policy_it_started_with(tmp_path):
+    path = _policy(tmp_path, "[[apart]]\nmembers = ['0', '1']\n")
+    common = {"strategy": "fedamp", "collaboration-policy": path, "local-epochs": 1}
+    run_named(tmp_path, "run", {**common, "num-server-rounds": 1}, 3)
+    _policy(tmp_path, "[[apart]]\nmembers = ['0', '2']\n")
+    with pytest.raises(ConfigError, match="started with a policy of sha256 .*the same file"):
+        run_named(tmp_path, "run", {**common, "num-server-rounds": 2, "resume": True}, 3)
 
 
 def test_a_method_that_mixes_everyone_refuses_a_policy(tmp_path):
@@ -92,6 +115,31 @@ def test_a_late_joiner_starts_from_the_mean_of_those_it_is_not_kept_apart_from()
         fedamp = FedAMP(sigma=1.0, tracking=RunTracking(clients=clients, apart=policy))
         fedamp.models, fedamp._initial = torch.tensor([[0.0], [2.0], [4.0]]), torch.tensor([9.0])
         assert fedamp.new_client_model(joiner).item() == expected
+
+
+def test_sfl_gives_a_pair_kept_apart_no_weight_through_a_common_neighbour():
+    """The path 0 - 2 - 1: three hops of smoothing give 0 a weight of 1's model through 2;
+    kept apart, that weight is 0 and the rows are renormalised."""
+    from strategies.sfl import SFLStrategy
+
+    path = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
+    clients = {10 + c: ClientInfo(10 + c, c, 3, 10, 10) for c in range(3)}
+    free = SFLStrategy(adjacency=path, tracking=RunTracking(clients=clients)).propagation()
+    assert free[0, 1] > 0.2
+    kept = SFLStrategy(adjacency=path, tracking=RunTracking(
+        clients=clients, apart=ApartPolicy((("0", "1"),)))).propagation()
+    assert kept[0, 1] == kept[1, 0] == 0 and torch.allclose(kept.sum(1), torch.ones(3).double())
+    assert torch.allclose(kept[2], free[2])  # a row with no pair apart is unchanged
+
+
+def test_the_papers_self_weight_counts_only_the_group_mates_a_client_may_weigh():
+    """1 / (N_i + 1) with N_i the others of i's group in the mix not kept apart from it."""
+    clients = {10 + c: ClientInfo(10 + c, c, 4, 10, 10) for c in range(4)}
+    fedamp = FedAMP(sigma=1.0, groups=[0, 0, 0, 1], tracking=RunTracking(clients=clients))
+    fedamp.self_weight = "paper"
+    apart = ApartPolicy((("0", "1"),)).mask(["0", "1", "2", "3"])
+    assert fedamp.self_weights(torch.arange(4), None).tolist() == [1 / 3, 1 / 3, 1 / 3, 1.0]
+    assert fedamp.self_weights(torch.arange(4), apart).tolist() == [0.5, 0.5, 1 / 3, 1.0]
 
 
 def test_a_given_graph_loses_the_edges_of_pairs_kept_apart(tmp_path):

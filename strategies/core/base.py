@@ -147,6 +147,11 @@ class StrategyBase(ClientInstructions):
         that use one)."""
         self.tracker.roster.add(info)
 
+    def learned_from(self, most: int = 5) -> dict[int, tuple[list[int], list[float], float]]:
+        """Client id -> whom its model learned from (:meth:`PersonalizedStrategy.learned_from`);
+        empty: a method that does not mix models by weights."""
+        return {}
+
     @property
     def history(self) -> RunHistory:
         """The run's records (``self.tracker.history``)."""
@@ -375,7 +380,7 @@ class PersonalizedStrategy(StrategyBase, Strategy):
             return None
         names = self.tracker.roster.names()
         return self.apart.mask([names.get(c, str(c)) for c in
-                                (self.client_ids[int(r)] for r in rows)])
+                                (self.client_ids[r] for r in rows.tolist())])
 
     @property
     def store(self) -> torch.Tensor:
@@ -424,6 +429,24 @@ class PersonalizedStrategy(StrategyBase, Strategy):
     #: a client that joins after the start starts from the mean of the training clients'
     #: stored models (FedAMP, SFL), not from the initial model
     JOINER_FROM_MEAN = False
+    #: (n, n), rows and columns the store's: the weights with which each client's model took
+    #: from the clients' in the latest round (FedAMP's xi, SFL's smoothing, Panacea's graph
+    #: propagation); None: a method that does not mix by weights
+    mixing_weights: torch.Tensor | None = None
+
+    def learned_from(self, most: int = 5) -> dict[int, tuple[list[int], list[float], float]]:
+        """Client id -> the ``most`` other clients whose models weighed most in its model
+        (their ids and weights, most first, weights > 0 only) and its own model's weight,
+        from :attr:`mixing_weights`; empty without them."""
+        w = self.mixing_weights
+        k = 0 if w is None else min(most, len(w) - 1)
+        if w is None or k < 1 or len(w) != len(self.client_ids):
+            return {}
+        w = w.detach().double().cpu()
+        values, index = (w - torch.diag_embed(w.diagonal())).topk(k, dim=1)
+        ids = torch.as_tensor(self.client_ids)
+        return {cid: (ids[index[r][values[r] > 0]].tolist(), values[r][values[r] > 0].tolist(),
+                      float(w[r, r])) for r, cid in enumerate(self.client_ids)}
 
     def new_client_model(self, info: ClientInfo) -> torch.Tensor:
         """The stored model of a client that joins after the start: the initial model, or
@@ -432,7 +455,7 @@ class PersonalizedStrategy(StrategyBase, Strategy):
         rows = self.training_rows
         if self.apart is not None and len(rows):
             names = self.tracker.roster.names()
-            known = [names.get(c, str(c)) for c in (self.client_ids[int(r)] for r in rows)]
+            known = [names.get(c, str(c)) for c in (self.client_ids[r] for r in rows.tolist())]
             rows = rows[~self.apart.mask([*known, info.name or str(info.client_id)])[-1, :-1]]
         if not self.JOINER_FROM_MEAN or not len(rows):
             return self._initial

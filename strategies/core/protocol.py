@@ -57,6 +57,12 @@ SAVE_TOKEN = "save-token"
 SAVE_REASON = "save-reason"
 SAVE_IF_BETTER = "save-if-better"
 MODEL = "model"
+# In those evaluate messages too, for a method that mixes models by weights (FedAMP's xi row,
+# SFL's smoothing, Panacea's graph propagation): the clients whose models weighed most in this
+# client's, most first (members by name, others by client id), their weights, and the weight
+# of the client's own. Names and weights only: never another member's data or scores.
+LEARNED_FROM, LEARNED_WEIGHTS, LEARNED_SELF = ("learned-from", "learned-from-weights",
+                                               "learned-from-self")
 # Reply metric of an evaluate reply asked to keep its model: 1 if the node wrote it to its
 # model-dir, 0 if it did not (no model-dir, another run's files there, a failed write).
 MODEL_KEPT = "model-kept"
@@ -77,7 +83,8 @@ FEATURE_MEAN, FEATURE_STD = "feature-mean", "feature-std"
 ALONE_LINEAR, ALONE_MODEL = "alone-linear", "alone-model"
 GENERIC_KEYS = frozenset({SERVER_ROUND, CLIENT_UPDATE, LOCAL_EPOCHS, LOCAL_STEPS, BATCH_SIZE,
                           LR, OPTIMIZER, TRAINED_ROUNDS, CLIENT_INDEX, SAVE_MODEL, SAVE_TOKEN,
-                          SAVE_REASON, SAVE_IF_BETTER, DP_RUN, FEATURE_MEAN, FEATURE_STD})
+                          SAVE_REASON, SAVE_IF_BETTER, DP_RUN, FEATURE_MEAN, FEATURE_STD,
+                          LEARNED_FROM, LEARNED_WEIGHTS, LEARNED_SELF})
 
 # Reply metrics
 CLIENT_ID = "client-id"
