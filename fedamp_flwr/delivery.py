@@ -191,10 +191,11 @@ def _learned_from(config: ConfigRecord) -> dict[str, Any] | None:
         return None
     if not (isinstance(names, list) and isinstance(weights, list) and 0 < len(names) <= 20
             and len(names) == len(weights) and all(is_name(n) for n in names)
+            and len(set(names)) == len(names)
             and all(_weight(w) for w in weights) and isinstance(own, int | float)
             and _weight(own)):
-        log(ERROR, "The message's '%s' is not a list of at most 20 names with weights in "
-            "[0, 1]: left off the model's card", LEARNED_FROM)
+        log(ERROR, "The message's '%s' is not a list of at most 20 distinct names with "
+            "weights in [0, 1]: the whole list is left off the model's card", LEARNED_FROM)
         return None
     return {"own_model": float(own), "others": [
         {"member": str(n), "weight": as_float(w, LEARNED_WEIGHTS)}
@@ -402,6 +403,8 @@ class ModelDelivery:
                 self.kept[cid] = {"round": server_round, "on": "its node (model-dir)",
                                   "kept": bool(said), "why": asked}
         rec = self.history.rounds.get(server_round, {})
+        learned = self.learned_by_name() if models else {}
+        names = self.names()
         for node, (record, scores) in sorted(models.items()):
             cid = client_of(node)
             if not isinstance(cid, int):
@@ -414,11 +417,10 @@ class ModelDelivery:
                 log(WARNING, "Round %d: client %d's model not written: %s", server_round, cid,
                     problem)
                 continue
-            names = self.names()
             member = names[cid] if cid < len(names) else None
             card = model_card(self.cfg, self.dc, run=self.run, token=self.token, client_id=cid,
                               member=member, server_round=server_round, why=asked or "",
-                              scores=scores, learned_from=self.learned_by_name().get(cid))
+                              scores=scores, learned_from=learned.get(cid))
             state = {k: v.clone() for k, v in record.to_torch_state_dict().items()}
             self.submit(functools.partial(_write_model, self.folder, member or str(cid), state,
                                           card))

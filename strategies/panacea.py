@@ -67,6 +67,16 @@ from .hypernetwork import GraphHyperNetwork, normalized_adjacency, sample_pairs,
 HYPERNETWORK = "hypernetwork"
 
 
+def _propagated(prop: torch.Tensor | None, layers: int) -> torch.Tensor | None:
+    """Whom each client's embedding takes from through GH's ``layers`` GCN layers: the
+    propagation's power (the layers' weights and nonlinearities left out), rows scaled to
+    sum to 1, float64 on the CPU: a client's card's ``learned_from``."""
+    if prop is None:
+        return None
+    power = torch.linalg.matrix_power(prop.detach().double().cpu(), layers)
+    return power / power.sum(dim=1, keepdim=True)
+
+
 def _positive(v: float) -> bool:
     return v > 0
 
@@ -288,8 +298,8 @@ class Panacea(PersonalizedStrategy):
                                          momentum=self.server_momentum,
                                          weight_decay=self.server_weight_decay)
         self.adj = None if self.adjacency is None else self.adjacency.to(self.device)
-        self.prop = self.mixing_weights = None if self.adj is None else normalized_adjacency(
-            self.adj)
+        self.prop = None if self.adj is None else normalized_adjacency(self.adj)
+        self.learned_weights = _propagated(self.prop, self.settings.panacea_gnn_layers)
         self.pair_gen = torch.Generator().manual_seed(self.seed)
         log(INFO, "Hypernetwork: %d clients, %d parameters; target model of %d values",
             n, sum(p.numel() for p in self.net.parameters()), self.flat.size)
@@ -376,7 +386,8 @@ class Panacea(PersonalizedStrategy):
             self.optimizer.state[new] = state
         if self.adjacency is not None:
             self.adj = self.adjacency.to(self.device)
-            self.prop = self.mixing_weights = normalized_adjacency(self.adj)
+            self.prop = normalized_adjacency(self.adj)
+            self.learned_weights = _propagated(self.prop, self.settings.panacea_gnn_layers)
 
     @torch.no_grad()
     def generated(self, rows: torch.Tensor | None = None) -> torch.Tensor:

@@ -172,8 +172,8 @@ class SFLStrategy(PersonalizedStrategy):
     def update(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
         """Store the trained models, then smooth every client's: the store becomes P."""
         super().update(server_round, rows, trained)
-        self.mixing_weights = self.propagation()
-        self.models = cloud_models(self.mixing_weights.to(self.store.device), self.store)
+        m = self.learned_weights = self.propagation()  # every model is smoothed: all rows
+        self.models = cloud_models(m.to(self.store.device), self.store)
 
 
     def add_client(self, info, adjacency: torch.Tensor | None = None) -> None:

@@ -233,3 +233,16 @@ def test_a_speed_table_that_reaches_outside_its_file_or_asks_for_terabytes_is_re
     (tmp_path / "e.csv").write_text("from,to\n1,2\n3\n")
     with pytest.raises(TrafficDataError, match="filled in every row"):
         read_graph(tmp_path / "e.csv")
+
+
+def test_one_sensor_alone_is_trained_and_tested_against_persistence(tmp_path, capsys):
+    from experiments.traffic_alone import main
+
+    ring = np.roll(np.eye(6, dtype=np.float32), 1, axis=1)
+    np.savez(tmp_path / "metr_la_adjacency.npz", sensor_ids=np.array([f"s{i}" for i in range(6)]),
+             adjacency=ring + ring.T)
+    rows = main(["--data-dir", str(tmp_path), "--sensors", "0,3", "--steps", "5,40",
+                 "--days", "7", "--stride", "24"])
+    assert [r["sensor"] for r in rows] == [0, 3]
+    assert all(0 < r["persistence"] < 1 and r["mse"][40] < r["mse"][5] for r in rows)
+    assert "mean over 2 sensors: persistence" in capsys.readouterr().out

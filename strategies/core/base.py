@@ -414,9 +414,21 @@ class PersonalizedStrategy(StrategyBase, Strategy):
     def update(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
         """Take the valid trained models (len(rows) x d) of clients ``rows``.
 
-        The default stores them as the clients' personalized models.
+        The default stores them as the clients' personalized models (and, where the method
+        mixed this round's models by :attr:`mixing_weights`, their rows of it as whom each
+        stored model learned from, :attr:`learned_weights`).
         """
         self.store[rows] = trained
+        if self.mixing_weights is not None:
+            n = len(self.client_ids)
+            if self.learned_weights is None or len(self.learned_weights) != n:
+                grown = torch.eye(n, dtype=torch.float64)  # a client new to it: its own
+                if self.learned_weights is not None:
+                    old = len(self.learned_weights)
+                    grown[:old, :old] = self.learned_weights
+                self.learned_weights = grown
+            self.learned_weights[rows.cpu()] = self.mixing_weights[rows.to(
+                self.mixing_weights.device)].detach().double().cpu()
 
     def evaluation_models(self) -> torch.Tensor:
         """The (clients x d) models the clients test, row i for ``client_ids[i]``."""
@@ -429,21 +441,25 @@ class PersonalizedStrategy(StrategyBase, Strategy):
     #: a client that joins after the start starts from the mean of the training clients'
     #: stored models (FedAMP, SFL), not from the initial model
     JOINER_FROM_MEAN = False
-    #: (n, n), rows and columns the store's: the weights with which each client's model took
-    #: from the clients' in the latest round (FedAMP's xi, SFL's smoothing, Panacea's graph
-    #: propagation); None: a method that does not mix by weights
+    #: (n, n), rows and columns the store's: this round's weights with which the clients'
+    #: models were mixed before training (FedAMP's xi); None: none this round
     mixing_weights: torch.Tensor | None = None
+    #: (n, n) float64 on the CPU: whom each stored model learned from, the weights of the
+    #: round it was stored in (:meth:`update` from :attr:`mixing_weights`; SFL's smoothing
+    #: and Panacea's graph propagation set it whole); None: a method that does not mix by
+    #: weights
+    learned_weights: torch.Tensor | None = None
 
     def learned_from(self, most: int = 5) -> dict[int, tuple[list[int], list[float], float]]:
         """Client id -> the ``most`` other clients whose models weighed most in its model
         (their ids and weights, most first, weights > 0 only) and its own model's weight,
-        from :attr:`mixing_weights`; empty without them."""
-        w = self.mixing_weights
-        k = 0 if w is None else min(most, len(w) - 1)
-        if w is None or k < 1 or len(w) != len(self.client_ids):
+        from :attr:`learned_weights` (non-finite weights as 0, all clamped to [0, 1]); empty
+        without them."""
+        w, n = self.learned_weights, len(self.client_ids)
+        if w is None or tuple(w.shape) != (n, n) or n < 2:
             return {}
-        w = w.detach().double().cpu()
-        values, index = (w - torch.diag_embed(w.diagonal())).topk(k, dim=1)
+        w = torch.nan_to_num(w.detach().double().cpu(), nan=0.0).clamp(0.0, 1.0)
+        values, index = w.clone().fill_diagonal_(0.0).topk(min(most, n - 1), dim=1)
         ids = torch.as_tensor(self.client_ids)
         return {cid: (ids[index[r][values[r] > 0]].tolist(), values[r][values[r] > 0].tolist(),
                       float(w[r, r])) for r, cid in enumerate(self.client_ids)}

@@ -186,10 +186,11 @@ class RunHistory:
         novel = mean_score(rec, score, novel=True)
         extra = f", novel clients {scale * novel:.4g}{unit}" if novel is not None else ""
         names = self.names() if self.names is not None else {}
-        lo, hi = min(vals, key=vals.__getitem__), max(vals, key=vals.__getitem__)
+        benign = {c: v for c, v in vals.items() if c not in self.novel | self.attackers} or vals
+        lo, hi = min(benign, key=benign.__getitem__), max(benign, key=benign.__getitem__)
         log(INFO, "Round %d: mean test %s over %d %s %.4g%s (min %.4g%s %s, max %.4g%s %s)%s",
             server_round, score.metric, len(set(vals) - (self.novel | self.attackers)), who,
-            scale * mean, unit, scale * vals[lo], unit, _named(lo, names), scale * vals[hi],
+            scale * mean, unit, scale * benign[lo], unit, _named(lo, names), scale * benign[hi],
             unit, _named(hi, names), extra)
 
     def record_xi(self, server_round: int, client_ids: list[int], xi: torch.Tensor) -> None:
