@@ -5,6 +5,8 @@ shared model refuses the run."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -153,15 +155,21 @@ def test_a_given_graph_loses_the_edges_of_pairs_kept_apart(tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["fedamp", "heurfedamp"])
-def test_members_kept_apart_weigh_each_other_zero_in_every_round(tmp_path, strategy):
+def test_members_kept_apart_weigh_each_other_zero_in_every_round(tmp_path, strategy, caplog):
     n = 4
     members_config, nodes = member_sites(tmp_path / "sites", "synthetic", n)
-    path = _policy(tmp_path, '[[apart]]\nmembers = ["client-0", "client-2"]\n')
-    metrics = run_named(tmp_path, "run", {**members_config, "strategy": strategy,
-                                          "collaboration-policy": path, "num-server-rounds": 3,
-                                          "local-epochs": 1}, n, nodes)
+    path = _policy(tmp_path, '[[apart]]\nmembers = ["client-0", "client-2"]\n\n'
+                             '[[apart]]\nmembers = ["client-1", "ghost"]\n')
+    with caplog.at_level(logging.WARNING):
+        metrics = run_named(tmp_path, "run", {**members_config, "strategy": strategy,
+                                              "collaboration-policy": path,
+                                              "num-server-rounds": 3, "local-epochs": 1}, n, nodes)
     assert metrics["finished"]
-    assert metrics["collaboration_policy"]["apart"] == [["client-0", "client-2"]]
+    assert metrics["collaboration_policy"]["apart"] == [["client-0", "client-2"],
+                                                        ["client-1", "ghost"]]
+    # the coordinator is told of a name no member has, and of the missing member-roster
+    assert "names no client of the run has (yet): ['ghost']" in caplog.text
+    assert "collaboration-policy without a member-roster" in caplog.text
     names = metrics["client_names"]
     a, b = names.index("client-0"), names.index("client-2")
     rounds = sorted((tmp_path / "run" / "xi").glob("round-*.npy"))

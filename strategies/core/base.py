@@ -133,7 +133,7 @@ class StrategyBase(ClientInstructions):
         self.setup_tracking(tracking.clients, tracking.roles)
         self.tracker.replies.refusals_are_absences = tracking.refusals_are_absences
         self.history.xi_sink = tracking.xi_sink
-        self.history.names = lambda: {i.client_id: i.name for i in self.tracker.roster.clients.values()}
+        self.history.names = lambda: self.tracker.roster.names()
         self.apart = tracking.apart
 
     def setup_tracking(self, clients: dict[int, ClientInfo], roles: Roles | None = None) -> None:
@@ -378,9 +378,13 @@ class PersonalizedStrategy(StrategyBase, Strategy):
         rows; :mod:`strategies.core.policy`), None without a collaboration policy."""
         if self.apart is None:
             return None
+        return self.apart.mask(self.row_names(rows))
+
+    def row_names(self, rows: torch.Tensor) -> list[str]:
+        """The names of the clients of store rows ``rows`` as a collaboration policy names
+        them: a member's name, a partitioned run's client id as a string ("3")."""
         names = self.tracker.roster.names()
-        return self.apart.mask([names.get(c, str(c)) for c in
-                                (self.client_ids[r] for r in rows.tolist())])
+        return [names.get(c) or str(c) for c in (self.client_ids[r] for r in rows.tolist())]
 
     @property
     def store(self) -> torch.Tensor:
@@ -470,8 +474,7 @@ class PersonalizedStrategy(StrategyBase, Strategy):
         those the collaboration policy keeps apart from it (none left: the initial model)."""
         rows = self.training_rows
         if self.apart is not None and len(rows):
-            names = self.tracker.roster.names()
-            known = [names.get(c, str(c)) for c in (self.client_ids[r] for r in rows.tolist())]
+            known = self.row_names(rows)
             rows = rows[~self.apart.mask([*known, info.name or str(info.client_id)])[-1, :-1]]
         if not self.JOINER_FROM_MEAN or not len(rows):
             return self._initial

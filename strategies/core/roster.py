@@ -84,8 +84,8 @@ class Roster:
         raise KeyError(f"client {client_id} has no node")
 
     def names(self) -> dict[int, str]:
-        """Client id -> a member's name, or a partitioned run's client id as a string."""
-        return {i.client_id: i.name or str(i.client_id) for i in self.clients.values()}
+        """Client id -> a member's name ("" for a partitioned run's client)."""
+        return {i.client_id: i.name for i in self.clients.values()}
 
     def info(self, client_id: int) -> ClientInfo:
         """What the client said in the query round."""
