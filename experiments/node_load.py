@@ -15,9 +15,9 @@ failed``). This drill measures, on this machine with ``--load`` CPU-bound neighb
    (``fedamp_flwr.client_app``), each the median wall time of ``--repeats`` fresh processes;
 2. a loopback fleet (a SuperLink and three members' SuperNodes, each with its own file): a
    FedAMP run of ``--rounds`` rounds, then resumed to twice as many rounds while a fourth
-   member joins; every 0.25 s it counts each SuperNode's ``flwr-clientapp`` processes, and
-   at the end the processes each node started against the messages it handled, and the
-   token failures in its log.
+   member joins; every 0.25 s it counts each SuperNode's ``flwr-clientapp`` processes (the
+   most at once), and at the end the processes each node started (each one's first log
+   line) against the messages it handled, and the token failures in its log.
 
 Prints one line per measure and exits 1 where a node kept more than ``--most`` ClientApp
 processes at once or a run did not finish. The measured numbers: docs/federation.md
@@ -49,6 +49,7 @@ FLOWER_START = "import flwr.supernode.cli, flwr.supernode.runtime.run_clientapp"
 APP_START = FLOWER_START + "; import fedamp_flwr.client_app"
 TOKEN_FAILED = "task-token authentication failed"
 RECEIVED = "Received successfully"  # a SuperNode's log line for each message it pulls
+STARTED = "Start `flwr-clientapp` process"  # each ClientApp process's first log line
 
 
 def start_seconds(code: str, repeats: int, env: dict[str, str]) -> float:
@@ -84,6 +85,7 @@ class Watch:
         self.nodes: dict[str, psutil.Process] = {}
         self.most: dict[str, int] = {}
         self.seen: dict[str, set[int]] = {}
+        self._apps: dict[int, bool] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -92,15 +94,33 @@ class Watch:
         self.most.setdefault(name, 0)
         self.seen.setdefault(name, set())
 
+    def _is_app(self, process: psutil.Process) -> bool:
+        """Whether ``process`` is a ClientApp process, remembered by process id: a process
+        that has just exited (a zombie until its SuperExec reaps it) no longer shows its
+        command line, and must neither be missed nor spoil the other processes' sample."""
+        if process.pid not in self._apps:
+            try:
+                self._apps[process.pid] = _clientapp(process)
+            except psutil.Error:
+                return False
+        return self._apps[process.pid]
+
     def _run(self) -> None:
         while not self._stop.wait(0.25):
             for name, node in list(self.nodes.items()):
                 try:
                     tree = {p.pid: p for p in node.children(recursive=True)}
-                    apps = [pid for pid, p in tree.items() if _clientapp(p) and not (
-                        p.ppid() in tree and _clientapp(tree[p.ppid()]))]  # not its forks
                 except psutil.Error:
                     continue
+                apps = []
+                for pid, process in tree.items():
+                    try:
+                        parent = process.ppid()
+                    except psutil.Error:
+                        parent = None
+                    if self._is_app(process) and not (
+                            parent in tree and self._is_app(tree[parent])):  # not its forks
+                        apps.append(pid)
                 self.most[name] = max(self.most[name], len(apps))
                 self.seen[name].update(apps)
 
@@ -224,7 +244,9 @@ class Fleet:
         found = []
         for name in self.nodes:
             text = (self.out / f"{name}.log").read_text()
-            print(f"{name}: {text.count(RECEIVED)} messages received, {len(watch.seen[name])} "
+            # the processes' own first lines count them; the 0.25 s sampler could miss one
+            started = max(text.count(STARTED), len(watch.seen[name]))
+            print(f"{name}: {text.count(RECEIVED)} messages received, {started} "
                   f"ClientApp processes started, at most {watch.most[name]} at once; "
                   f"{text.count(TOKEN_FAILED)} token failure(s) in its log")
             if watch.most[name] > most:
