@@ -46,6 +46,13 @@
     FAB's manifest with the same sha256, no other file. Exit status 0 only when
     they are the same app.
 
+``fedamp-flwr forget RUN_DIR NAME [--report] [--checkpoint-secret FILE]``
+    The coordinator's: erases a member that withdraws from every file it keeps for a run
+    (:mod:`fedamp_flwr.erasure`) and audits it in the run's ``forgotten.json``; ``--report``
+    changes nothing and says which kept checkpoints predate the member's first
+    contribution. The checkpoints are sealed again with the run's secret (the file, else
+    ``$FEDAMP_CHECKPOINT_SECRET``'s). A live run is refused.
+
 Nothing here connects anywhere; they read only the files named.
 """
 
@@ -378,6 +385,36 @@ def explain_key(key: str, run_config: str) -> int:
     return 0
 
 
+def forget_member(run: str, name: str, report: bool, secret_file: str) -> int:
+    """``forget``: erase (or ``report`` on) member ``name`` of run folder ``run``."""
+    from .erasure import Erasure
+    from .results import read_secret
+
+    try:
+        erasure = Erasure(run, name, read_secret(secret_file, "--checkpoint-secret"))
+        if report:
+            for line in erasure.report():
+                print(line)
+            return 0
+        entry = erasure.forget()
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    changed = [f for f in entry["files"] if not f.get("removed")]
+    removed = [f for f in entry["files"] if f.get("removed")]
+    print(f"Member '{name}' (client {entry['client_id']}) forgotten by run "
+          f"'{Path(run).resolve().name}': {len(changed)} file(s) rewritten, {len(removed)} "
+          f"removed; audit in {Path(run).resolve() / 'forgotten.json'}")
+    if entry["name_still_found_in"]:
+        print(f"warning: the name is still found in {entry['name_still_found_in']}",
+              file=sys.stderr)
+        return 1
+    print("What it cannot undo: the other members' models, the global model or hypernetwork, "
+          "and the run's aggregates were shaped by its updates (fedamp-flwr forget --report: "
+          "the checkpoints from before it).")
+    return 0
+
+
 def parser_of() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedamp-flwr", description="Check a member's data before it joins a run, predict "
@@ -421,6 +458,14 @@ def parser_of() -> argparse.ArgumentParser:
     verify.add_argument("app_dir", help="$FLWR_HOME/apps/<publisher>.<name>.<version>.<hash>")
     verify.add_argument("--fab", required=True, help="the FAB built with flwr build from the "
                         "reviewed source")
+    forget = sub.add_parser("forget", help="erase a member from every file the coordinator "
+                            "keeps for a run (with an audit)")
+    forget.add_argument("run", help="the run's folder (<results-dir>/<run name>)")
+    forget.add_argument("name", help="the member's name (its client-id)")
+    forget.add_argument("--report", action="store_true", help="change nothing: say which kept "
+                        "checkpoints predate the member's first contribution")
+    forget.add_argument("--checkpoint-secret", default="", help="the run's checkpoint secret "
+                        "file (default: $FEDAMP_CHECKPOINT_SECRET's, where the run had one)")
     explained = sub.add_parser("explain", help="where a run-config key's value comes from")
     explained.add_argument("key", help="the run-config key, e.g. learning-rate")
     explained.add_argument("--run-config", default="", help="the run's config as given to flwr "
@@ -433,6 +478,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "explain":
         return explain_key(args.key, args.run_config)
+    if args.command == "forget":
+        return forget_member(args.run, args.name, args.report, args.checkpoint_secret)
     if args.command == "identity":
         return show_identity(args.client_id, args.identity_dir)
     if args.command == "roster":

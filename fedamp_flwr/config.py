@@ -211,6 +211,9 @@ class RunConfig:
     label: str = setting("", "a name for the method in reports")
     resume: bool = setting(False, "continue the run run-name from its checkpoint")
     overwrite: bool = setting(False, "replace what the folder of run-name holds")
+    warm_start: str = setting(
+        "", "another run's folder: this run starts from its newest checkpoint, each returning "
+        'member from its own model, by name ("": from the initial model)')
     checkpoint_every: int = setting(1, "checkpoint and metrics.json every this many rounds",
                                     **integer_in(0, MOST_ROUNDS, "0: no checkpoints"))
     checkpoint_keep: int = setting(2, "checkpoints kept", **integer_in(
@@ -434,6 +437,8 @@ class RunConfig:
                        "after the warm-up, and used in the rounds after it")
         if self.collaboration_policy:
             self._check_policy()
+        if self.warm_start:
+            self._check_warm_start()
         if self.dataset == tasks.MEMBERS:
             self._validate_members()
         elif self.member_roster:
@@ -460,6 +465,18 @@ class RunConfig:
         raise _bad("collaboration-policy", self.collaboration_policy,
                    f'"" for strategy {self.strategy!r} ({why}); a policy with '
                    f"{', '.join(can)} (a graph method with a graph)")
+
+    def _check_warm_start(self) -> None:
+        """A warm start names another run's folder, and a method that can start from one (the
+        folder itself is read by the ServerApp only: it is on the coordinator's machine)."""
+        if self.run_name and Path(self.warm_start).expanduser().resolve() == \
+                self.results_path(self.run_name):
+            raise _bad("warm-start", self.warm_start, "another run's folder (this run's own is "
+                       "continued with resume = true)")
+        if strategies.STRATEGIES[self.strategy].uses_graph and self.graph == "inferred":
+            raise _bad("warm-start", self.warm_start, f'"" for strategy {self.strategy!r} with '
+                       'graph = "inferred" (the graph is inferred from the first rounds\' '
+                       "updates of the initial model; give the graph as a file instead)")
 
     def _check_data(self) -> None:
         """The model fits the data, the data is where the task needs it, attacks have classes."""

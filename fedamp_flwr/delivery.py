@@ -68,6 +68,10 @@ from strategies.core.protocol import (
     SAVE_REASON,
     SAVE_TOKEN,
     SERVER_ROUND,
+    STARTED_FROM,
+    WARM_DIGEST,
+    WARM_ROUND,
+    WARM_RUN,
     as_float,
     as_int,
     is_name,
@@ -103,11 +107,14 @@ def model_card(cfg: RunConfig, dc: tasks.DataConfig, *, run: str, token: str, cl
                member: str | None, server_round: int, why: str,
                scores: dict[str, Any], standardize: dict[str, Any] | None = None,
                alone: dict[str, Any] | None = None,
-               learned_from: dict[str, Any] | None = None) -> dict[str, Any]:
+               learned_from: dict[str, Any] | None = None,
+               started: dict[str, Any] | None = None) -> dict[str, Any]:
     """A model's card (:mod:`tasks.export`), but for the weights' name and hash;
     ``standardize``: the inputs' standardizing statistics (the model works on raw rows
     only with them: ``predict`` applies them); ``alone``: what the member scores alone;
-    ``learned_from``: whom the model learned from (:meth:`SaveRequest.of`)."""
+    ``learned_from``: whom the model learned from (:meth:`SaveRequest.of`); ``started``: how
+    it started (a warm start's run, round and sha256 as ``warm_start``; ``from``, the start
+    itself, as ``started_from``)."""
     schema = data_schema(cfg, dc)
     main = ACCURACY if ACCURACY in scores else MSE
     return {
@@ -132,6 +139,9 @@ def model_card(cfg: RunConfig, dc: tasks.DataConfig, *, run: str, token: str, cl
                                               else {})},
         **({"alone": alone} if alone else {}),
         **({"learned_from": learned_from} if learned_from else {}),
+        **({"warm_start": {k: started[k] for k in ("run", "round", "sha256")}}
+           if started and "run" in started else {}),
+        **({"started_from": started["from"]} if started and "from" in started else {}),
         "model": {"name": tasks.model_name(dc, cfg.model),
                   "input_shape": list(schema.input_shape), "num_outputs": schema.num_outputs},
         "package": {"name": "fedamp-flwr", "version": package_version()},
@@ -153,6 +163,8 @@ class SaveRequest:
     #: whom the model learned from, as the server says (None: it says nothing, or nothing
     #: this node takes: at most 20 names, weights in [0, 1])
     learned_from: dict[str, Any] | None = None
+    #: how the model started, as the server says (:func:`_started`)
+    started: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, config: ConfigRecord) -> SaveRequest | None:
@@ -166,7 +178,7 @@ class SaveRequest:
         better = config.get(SAVE_IF_BETTER)
         return cls(run, str(config.get(SAVE_TOKEN, "")), str(config.get(SAVE_REASON, "")),
                    None if better is None else as_float(better, SAVE_IF_BETTER),
-                   _learned_from(config))
+                   _learned_from(config), _started(config))
 
     def wants(self, scores: dict[str, Any]) -> bool:
         """Whether the tested model is kept: always, or only if it beats the earlier best."""
@@ -202,6 +214,30 @@ def _learned_from(config: ConfigRecord) -> dict[str, Any] | None:
         for n, w in zip(names, weights, strict=True)]}
 
 
+def _started(config: ConfigRecord) -> dict[str, Any] | None:
+    """How the model started, from an evaluate message, checked: a warm start's run name,
+    round and sha256, and at most 120 printable characters of the start itself; a part that
+    is not is left off the card."""
+    out: dict[str, Any] = {}
+    run, rnd, digest = (config.get(k) for k in (WARM_RUN, WARM_ROUND, WARM_DIGEST))
+    if run is not None:
+        if is_name(run, RUN_NAME_MOST) and isinstance(rnd, int) and not isinstance(rnd, bool) \
+                and rnd >= 0 and isinstance(digest, str) and len(digest) == 64 \
+                and all(c in "0123456789abcdef" for c in digest):
+            out.update(run=run, round=rnd, sha256=digest)
+        else:
+            log(ERROR, "The message's '%s' is not a run name, a round and a sha256: left off "
+                "the model's card", WARM_RUN)
+    said = config.get(STARTED_FROM)
+    if said is not None:
+        if isinstance(said, str) and 0 < len(said) <= 120 and said.isprintable():
+            out["from"] = said
+        else:
+            log(ERROR, "The message's '%s' is not a short line of text: left off the model's "
+                "card", STARTED_FROM)
+    return out or None
+
+
 _TOLD = "fedamp-no-model-dir"
 
 
@@ -232,7 +268,7 @@ def keep_tested_model(context: Context, cfg: RunConfig, dc: tasks.DataConfig, co
         written = _write_on_node(where, stem, model, model_card(
             cfg, dc, run=request.run, token=request.token, client_id=client_id, member=member,
             server_round=as_int(config.get(SERVER_ROUND, 0), SERVER_ROUND), why=request.why,
-            scores=scores, learned_from=request.learned_from, **card))
+            scores=scores, learned_from=request.learned_from, started=request.started, **card))
         if written and request.learned_from:
             log(INFO, "This model learned most from %s; its own model's weight %.3g",
                 ", ".join(f"'{o['member']}' ({o['weight']:.3g})"
@@ -307,16 +343,18 @@ class ModelDelivery:
         Queues a file write (the ServerApp's background writer).
     learned : Callable[[], dict[int, tuple[list[int], list[float], float]]]
         Client id -> whom its model learned from, now (the strategy's ``learned_from``).
+    started : Callable[[], dict[int, dict[str, Any]]]
+        Client id -> how its model started (:func:`model_card`'s ``started``).
     """
 
     def __init__(self, cfg: RunConfig, dc: tasks.DataConfig, run: str, token: str,
                  folder: Path, spec: ArraySpec, history: RunHistory,
                  names: Callable[[], list[str]], submit: Callable[[Callable[[], None]], None],
                  learned: Callable[[], dict[int, tuple[list[int], list[float], float]]]
-                 = dict) -> None:
+                 = dict, started: Callable[[], dict[int, dict[str, Any]]] = dict) -> None:
         self.cfg, self.dc, self.run, self.token = cfg, dc, run, token
         self.folder, self.spec, self.history = folder, spec, history
-        self.names, self.submit, self.learned = names, submit, learned
+        self.names, self.submit, self.learned, self.started = names, submit, learned, started
         self.mode = cfg.save_models
         self.kept: dict[int, dict[str, Any]] = {}  # client id -> its latest model, where
 
@@ -346,7 +384,7 @@ class ModelDelivery:
         why = why or self.keeps(server_round)
         if why is None:
             return messages
-        learned = self.learned_by_name()
+        learned, started = self.learned_by_name(), self.started()
         for m in messages:
             c = ConfigRecord(dict(m.content.config_records[CONFIG]))
             c[SAVE_MODEL], c[SAVE_TOKEN], c[SAVE_REASON] = self.run, self.token, why
@@ -355,6 +393,12 @@ class ModelDelivery:
                 c[LEARNED_FROM] = [o["member"] for o in mine["others"]]
                 c[LEARNED_WEIGHTS] = [o["weight"] for o in mine["others"]]
                 c[LEARNED_SELF] = mine["own_model"]
+            start = started.get(as_int(c.get(CLIENT_INDEX, -1), CLIENT_INDEX), {})
+            if "run" in start:
+                c[WARM_RUN], c[WARM_ROUND], c[WARM_DIGEST] = (start["run"], start["round"],
+                                                              start["sha256"])
+            if "from" in start:
+                c[STARTED_FROM] = start["from"]
             if self.mode == "best-validation":
                 best = self._best_before(server_round, as_int(c.get(CLIENT_INDEX, -1),
                                                               CLIENT_INDEX))
@@ -404,6 +448,7 @@ class ModelDelivery:
                                   "kept": bool(said), "why": asked}
         rec = self.history.rounds.get(server_round, {})
         learned = self.learned_by_name() if models else {}
+        started = self.started() if models else {}
         names = self.names()
         for node, (record, scores) in sorted(models.items()):
             cid = client_of(node)
@@ -420,7 +465,8 @@ class ModelDelivery:
             member = names[cid] if cid < len(names) else None
             card = model_card(self.cfg, self.dc, run=self.run, token=self.token, client_id=cid,
                               member=member, server_round=server_round, why=asked or "",
-                              scores=scores, learned_from=learned.get(cid))
+                              scores=scores, learned_from=learned.get(cid),
+                              started=started.get(cid))
             state = {k: v.clone() for k, v in record.to_torch_state_dict().items()}
             self.submit(functools.partial(_write_model, self.folder, member or str(cid), state,
                                           card))

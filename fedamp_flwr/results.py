@@ -36,6 +36,7 @@ again only with ``resume = true`` (continue it from its checkpoint; only
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
 import io
@@ -55,7 +56,7 @@ from flwr.supercore import log
 
 from strategies.core.records import RunFile
 from tasks.export import sha256_of
-from tasks.files import atomic_write, strict_json
+from tasks.files import atomic_write, private_folder, strict_json
 
 from .config import ConfigError, RunConfig
 
@@ -78,6 +79,8 @@ def write_json(path: Path, record: dict[str, Any]) -> None:
 
 
 XI_FOLDER = "xi"
+LOCK = ".lock"  # held (flock) by the ServerApp of a live run
+FORGOTTEN = "forgotten.json"  # the audit of the members a run has forgotten (erasure.py)
 MODELS_FOLDER = "models"  # each client's model and card (fedamp_flwr/delivery.py)
 
 
@@ -132,8 +135,13 @@ def checkpoint_secret(cfg: RunConfig) -> bytes | None:
     ``checkpoint-secret`` names, else ``$FEDAMP_CHECKPOINT_SECRET``'s, else None (checkpoints
     carry a plain sha256). A ConfigError names the key where the file cannot be read, holds
     fewer than :data:`SECRET_LEAST` bytes, or can be read by other accounts."""
-    path, key = (cfg.checkpoint_secret, "run config 'checkpoint-secret'") \
-        if cfg.checkpoint_secret else (os.environ.get(SECRET_ENV, ""), f"${SECRET_ENV}")
+    return read_secret(cfg.checkpoint_secret, "run config 'checkpoint-secret'")
+
+
+def read_secret(given: str, key: str) -> bytes | None:
+    """The checkpoint secret of the file ``given`` (``key`` names it in an error), else of
+    ``$FEDAMP_CHECKPOINT_SECRET``'s, else None."""
+    path, key = (given, key) if given else (os.environ.get(SECRET_ENV, ""), f"${SECRET_ENV}")
     if not path:
         return None
     where = Path(path).expanduser()
@@ -194,6 +202,7 @@ class RunFolder:
                 self.name = f"{base}-{i}"
         self.path = cfg.results_path(self.name)
         self._secret: tuple[bytes | None] | None = None
+        self._lock: Any = None
 
     @property
     def secret(self) -> bytes | None:
@@ -217,12 +226,18 @@ class RunFolder:
 
     def claim(self) -> None:
         """Check that this run may use the folder; raise ConfigError naming the keys if not.
+        The folder is then this ServerApp's (:meth:`hold`) until :meth:`release`.
 
         With ``overwrite = true`` the old metrics and checkpoint are removed.
         """
+        self.hold()
         held = self.previous()
         has_checkpoint = bool(self.checkpoints())
         if self.cfg.resume:
+            if (self.path / FORGOTTEN).is_file():
+                raise ConfigError(
+                    f"run config 'resume' = true: {self.path} has forgotten a member "
+                    f"({FORGOTTEN}); allowed: a new run with warm-start = '{self.path}'")
             if not has_checkpoint:
                 raise ConfigError(
                     f"run config 'resume' = true, but {self.path} holds no checkpoint "
@@ -248,6 +263,22 @@ class RunFolder:
         raise ConfigError(
             f"run config 'run-name' = {self.name!r}: {self.path} already holds {state}; allowed: "
             f"another run-name, resume = true to continue it, or overwrite = true to replace it")
+
+    def hold(self) -> None:
+        """Hold the folder for this run (an exclusive ``flock`` on its ``.lock``, released
+        when the process ends, or by :meth:`release`): a second ServerApp of the same run,
+        or ``fedamp-flwr forget``, is refused while it runs."""
+        private_folder(self.path)
+        self._lock = hold_folder(self.path)
+        if self._lock is None:
+            raise ConfigError(f"run config 'run-name' = {self.name!r}: {self.path} is in use by "
+                              "another run of the ServerApp, now; allowed: another run-name, or "
+                              "wait for that run to end")
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     # -- checkpoints ---------------------------------------------------------
     def checkpoints(self) -> list[Path]:
@@ -344,6 +375,18 @@ class RunFolder:
             rows = ["u,v"] + [f"{label(u)},{label(v)}" for u, v in graph["edges"]]
             text = ("\n".join(rows) + "\n").encode()
             atomic_write(self.path / "graph-inferred.csv", lambda f: f.write(text), private=True)
+
+
+def hold_folder(path: Path) -> Any:
+    """An open ``.lock`` file of the run folder ``path`` holding an exclusive ``flock``, or
+    None where another process holds it (the run is live)."""
+    lock = os.fdopen(os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o600), "r+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        return None
+    return lock
 
 
 class UnsafeCheckpoint(RuntimeError):

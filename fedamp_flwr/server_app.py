@@ -6,6 +6,7 @@ import copy
 import random
 import time
 from logging import ERROR, INFO, WARNING
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,6 +44,7 @@ from .identity import IdentityError, fingerprint, key_text, read_roster
 from .membership import KEPT_ATTEMPTS, Membership
 from .results import MODELS_FOLDER, RunFolder, UnsafeCheckpoint, Writer, XiFiles, snapshot
 from .rounds import RoundsFailedError, online_view, run_rounds
+from .seasons import WarmStart, check_family, family, read_warm_start
 from .sizes import check_server_memory
 from .transport import send_and_receive
 
@@ -295,9 +297,12 @@ def main(grid: Grid, context: Context) -> None:
 
 def _main(grid: Grid, context: Context) -> None:
     run = Run(grid, RunConfig.from_run_config(context.run_config))
-    run.setup()
-    run.restore()
-    run.report(run.execute())
+    try:
+        run.setup()
+        run.restore()
+        run.report(run.execute())
+    finally:
+        run.folder.release()
 
 
 class Run:
@@ -328,6 +333,10 @@ class Run:
         self.checkpoint = folder.load_checkpoint(check=model_fits(cfg)) if cfg.resume else None
         if self.checkpoint is not None:
             self.same_policy(self.checkpoint.get("collaboration_policy"))
+        # a new season's run starts from another run's last state (a resumed one has its own)
+        self.warm = read_warm_start(cfg, folder.secret, model_fits(cfg)) \
+            if cfg.warm_start and self.checkpoint is None else None
+        self.warm_record = self.checkpoint.get("warm_start") if self.checkpoint else None
         log(INFO, "Run '%s': strategy %s, data %s; results in %s%s", folder.name, cfg.strategy,
             cfg.data_label, folder.path, f"; resuming after round {self.checkpoint['round']}"
             if self.checkpoint else "")
@@ -375,7 +384,9 @@ class Run:
             del members.attempts[:-KEPT_ATTEMPTS]
             members.impostors += max(int(checkpoint.get("impostor_count", 0)), len(before))
         self.members = members
-        self.scaling = member_scaling(cfg, clients, checkpoint)
+        # the models a warm start brings were trained on its run's scaling: it is kept
+        self.scaling = member_scaling(cfg, clients, checkpoint or (
+            self.warm.state if self.warm is not None else None))
         self.has_members = bool(members.names)
         # a checkpoint's members first: the strategy resumes with them, newer ones join after
         self.base = known if checkpoint and members.names else list(members.names)
@@ -416,6 +427,8 @@ class Run:
         self.strategy = strategies.build_strategy(
             cfg.strategy, cfg.settings, run_setup(cfg, n, param_keys, adjacency, tracking))
         self.members.names = list(self.base)
+        if self.warm is not None:
+            check_family(self.warm, self.strategy, cfg.strategy, self.warm_key)
 
     def restore(self) -> None:
         """Continue from the checkpoint (its strategy state, model, random state, rounds),
@@ -439,6 +452,8 @@ class Run:
             self.arrays = with_dtypes(ArrayRecord(checkpoint["arrays"]), dtypes_of(self.initial))
             random.setstate(checkpoint["random_state"])
             self.done, self.spent = checkpoint["round"], checkpoint["wall_time_s"]
+        elif self.warm is not None:
+            self.start_warm(self.warm)
         for info in sorted(self.joining, key=lambda i: i.client_id):
             self.join(info)
         self.started = time.time()
@@ -447,7 +462,35 @@ class Run:
             self.delivery = ModelDelivery(
                 cfg, self.dc, self.folder.name, self.token, self.folder.path / MODELS_FOLDER,
                 array_spec(self.initial), self.strategy.history, lambda: self.members.names,
-                self.writer.submit, self.strategy.learned_from)
+                self.writer.submit, self.strategy.learned_from, self.card_starts)
+
+    @property
+    def warm_key(self) -> str:
+        return f"run config 'warm-start' = {self.cfg.warm_start!r}"
+
+    def start_warm(self, warm: WarmStart) -> None:
+        """Start from ``warm``'s state: each returning client's by name, the global model."""
+        names = self.base or [str(i) for i in range(self.n)]
+        try:
+            self.strategy.warm_start(warm.state["strategy"], warm.rows(names), self.initial)
+        except (ValueError, KeyError, RuntimeError, IndexError) as err:
+            raise ConfigError(f"{self.warm_key}: run {warm.run!r} does not fit this run's "
+                              f"strategy {self.cfg.strategy!r}: {err}") from None
+        self.arrays = with_dtypes(ArrayRecord(warm.state["arrays"]), dtypes_of(self.initial))
+        self.warm_record = warm.record(names)
+        log(INFO, "Warm start from run '%s' (round %d, checkpoint sha256 %s...): returning %s; "
+            "new %s", warm.run, warm.round, warm.digest[:12], self.warm_record["returning"],
+            self.warm_record["new"])
+        warm.state = {}  # the other run's tensors are not kept beyond the start
+
+    def card_starts(self) -> dict[int, dict[str, Any]]:
+        """Client id -> how its model started, for its card (a warm start's run, round and
+        digest; a late joiner's first model)."""
+        warm = ({"run": self.warm_record["run"], "round": self.warm_record["round"],
+                 "sha256": self.warm_record["sha256"]} if self.warm_record else {})
+        ids = set(self.strategy.started_from) | (set(range(self.num_clients)) if warm else set())
+        return {cid: {**warm, **({"from": self.strategy.started_from[cid]}
+                                 if cid in self.strategy.started_from else {})} for cid in ids}
 
     def join(self, info: ClientInfo) -> None:
         """A member the run does not know yet joins with the next client id (a graph file
@@ -494,7 +537,7 @@ class Run:
             impostor_count=members.impostors if members.attempts else None,
             member_scaling=self.scaling or None, seed=cfg.seed, config=cfg.to_dict(),
             collaboration_policy=self.policy.record(cfg.collaboration_policy)
-            if self.policy is not None else None,
+            if self.policy is not None else None, warm_start=self.warm_record,
             extra=cfg.settings.record(cfg.context()), completed_rounds=completed,
             finished=completed == cfg.num_server_rounds,
             coverage=history.coverage(self.num_clients),
@@ -527,6 +570,8 @@ class Run:
             **({"member_scaling": self.scaling} if self.scaling else {}),
             **({"collaboration_policy": self.policy.record(self.cfg.collaboration_policy)}
                if self.policy is not None else {}),
+            **({"warm_start": self.warm_record} if self.warm_record else {}),
+            "state_kind": family(self.strategy, self.cfg.strategy),
             "arrays": arrays.to_torch_state_dict(), "random_state": random.getstate(),
             "strategy": self.strategy.state_dict(), "run_token": self.token,
             "wall_time_s": self.spent + time.time() - self.started,

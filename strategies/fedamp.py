@@ -59,8 +59,8 @@ class FedAMP(PersonalizedStrategy):
     """
 
     client_update = PROXIMAL
-    # a late joiner's first model (the paper has none): the others' mean, so that Eq. 6 mixes
-    # them into its u_i (the initial model's distance would weigh them ~0)
+    # a newcomer's first model (the paper has none): the others' mean (measured against the
+    # initial model: docs/federation.md, "Seasons")
     JOINER_FROM_MEAN = True
     method = "fedamp"  # whose keys (sigma, self weight) are this strategy's
     SETTINGS: type[_AMPSettings]  # its settings class (registered with it below)

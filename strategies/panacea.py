@@ -175,6 +175,9 @@ class HypernetworkClient(ClientUpdate[PanaceaSettings]):
                        clip_norm=float(s.panacea_client_clip)), {}
 
 
+_EMBEDDINGS = "embeddings.weight"  # GH's table of the clients' embeddings h^(0)
+
+
 class Panacea(PersonalizedStrategy):
     """Panacea (and, by its arguments, Panacea-GN and pFedHN) as a Flower strategy.
 
@@ -218,6 +221,10 @@ class Panacea(PersonalizedStrategy):
 
     client_update = HYPERNETWORK
     settings: PanaceaSettings
+    STATE_KIND, STATE_KIND_OWN = "the hypernetwork", True
+    #: a newcomer's embedding placed by its graph neighbours (:meth:`_placed`); False: the
+    #: paper's novel clients' own draws (experiments/seasons.py measures both)
+    PLACE_NEWCOMERS: bool = True
 
     def __init__(self, settings: PanaceaSettings, *, adjacency: torch.Tensor | None,
                  generator: bool, infer_k: int = 0, warmup_rounds: int = 0,
@@ -373,6 +380,11 @@ class Panacea(PersonalizedStrategy):
         old = self.hnet.embeddings.weight
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + info.client_id)
         extra = torch.randn(1, old.shape[1], generator=gen).to(old)
+        n = old.shape[0]
+        if self.adjacency is not None:  # placed by its trained graph neighbours
+            trained = self.training_rows[self.training_rows < n]
+            extra = self._placed(extra, self.adjacency[n:, trained], old.detach()[trained],
+                                 [info.client_id])
         new = nn.Parameter(torch.cat([old.detach(), extra]))
         self.hnet.embeddings.weight = new
         self.hnet.embeddings.num_embeddings = new.shape[0]
@@ -388,6 +400,54 @@ class Panacea(PersonalizedStrategy):
             self.adj = self.adjacency.to(self.device)
             self.prop = normalized_adjacency(self.adj)
             self.learned_weights = _propagated(self.prop, self.settings.panacea_gnn_layers)
+
+    def _placed(self, own: torch.Tensor, edges: torch.Tensor, neighbours: torch.Tensor,
+                clients: list[int]) -> torch.Tensor:
+        """New clients' embeddings h^(0) (``own``: their draws, N(0, 1)) placed by their graph
+        neighbours: the mean of the trained embeddings ``neighbours`` each has an edge to
+        (``edges``: new x trained, 0/1); a client with none keeps its draw. Deviation: the
+        paper's novel clients keep their draws, and only GH's GCN brings their neighbours in.
+        :attr:`started_from` says which, by client id."""
+        weights = (edges > 0).to(own.dtype).cpu()
+        counts = weights.sum(dim=1)
+        placed = own.detach().clone()
+        has = (counts > 0) & self.PLACE_NEWCOMERS
+        counts = counts * has
+        if bool(has.any()):
+            placed[has.to(placed.device)] = ((weights[has] / counts[has, None]).to(placed)
+                                             @ neighbours.to(placed))
+        for cid, k in zip(clients, counts.tolist(), strict=True):
+            self.started_from[cid] = (f"its embedding placed by {int(k)} graph neighbours"
+                                      if k else "its own embedding, drawn")
+        return placed
+
+    def warm_start(self, state: dict, old_rows, initial) -> None:
+        """GH (encoder, generator, heads) from the other run's, each returning client's
+        embedding h^(0) from its row there, and a client new to this run's placed by its
+        returning graph neighbours (:meth:`_placed`). The server's optimizer and its momentum
+        start afresh, as in any new run."""
+        old = state.get("hnet")
+        self._ensure_models(initial)
+        if self.inferring or not isinstance(old, dict) or _EMBEDDINGS not in old:
+            raise ValueError("it keeps no hypernetwork this run can start from" if not
+                             self.inferring else "this run's graph is still to be inferred")
+        mine = self.net.state_dict()
+        differ = sorted(k for k in set(mine) | set(old) if k not in mine or k not in old or (
+            k != _EMBEDDINGS and tuple(mine[k].shape) != tuple(old[k].shape)))
+        if differ or mine[_EMBEDDINGS].shape[1] != old[_EMBEDDINGS].shape[1]:
+            raise ValueError(f"its hypernetwork is not this run's (differs in "
+                             f"{differ[:3] or [_EMBEDDINGS]}: the method's sizes, graph or "
+                             "generator)")
+        emb = mine[_EMBEDDINGS].clone()
+        back = [r for r, o in enumerate(old_rows) if o is not None]
+        new = [r for r, o in enumerate(old_rows) if o is None]
+        emb[back] = old[_EMBEDDINGS][[o for o in old_rows if o is not None]].to(emb)
+        for r in back:
+            self.started_from[self.client_ids[r]] = "its own embedding"
+        if new and back and self.adjacency is not None:
+            emb[new] = self._placed(emb[new], self.adjacency[new][:, back], emb[back],
+                                    [self.client_ids[r] for r in new])
+        self.net.load_state_dict({**{k: v.to(mine[k]) for k, v in old.items()}, _EMBEDDINGS: emb})
 
     @torch.no_grad()
     def generated(self, rows: torch.Tensor | None = None) -> torch.Tensor:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from experiments.processes import stop_tree
 
@@ -200,3 +201,70 @@ def test_members_fleet_fedamp_heurfedamp_panacea_misfit_impostors_restart(proces
         assert _member_models(processes, name, "fedamp") == [f"{name}.json", f"{name}.safetensors"]
         card = json.loads((tmp / f"{name}-models" / "fedamp" / f"{name}.json").read_text())
         assert card["round"] == 4
+
+    # 4. the next season: site-c has left, site-d joins; the run starts from the FedAMP run's
+    #    last state by name (warm-start), with site-a and site-d kept apart
+    stop_tree(nodes["site-c"].pid, timeout=10)
+    files["site-d"] = _member_file(tmp / "site-d.npz", 3)
+    nodes["site-d"] = _supernode(processes, port, files["site-d"], "site-d", "site-d")
+    policy = tmp / "policy.toml"
+    policy.write_text('[[apart]]\nmembers = ["site-a", "site-d"]\n')
+    log = _run(processes, f"{common} strategy='fedamp' num-server-rounds=2 run-name='season-2' "
+                          f"warm-start='{results / 'fedamp'}' collaboration-policy='{policy}'")
+    season = _metrics(results, "season-2", log)
+    warm = season["warm_start"]
+    assert (warm["run"], warm["round"], warm["returning"], warm["new"]) == (
+        "fedamp", 4, ["site-a", "site-b"], ["site-d"]), log[-3000:]
+    first, last = season["rounds"][0]["client_accuracy"], resumed["rounds"][3]["client_accuracy"]
+    for name in ("site-a", "site-b"):  # the warm start works: no worse than where they were
+        assert first[str(season["client_names"].index(name))] >= \
+            last[str(names.index(name))] - 0.02, (first, last)
+    newcomer = first[str(season["client_names"].index("site-d"))]
+    assert newcomer > _initial_accuracy(season, files["site-d"]), (first, log[-3000:])
+    ids = np.load(results / "season-2" / "xi" / "client_ids.npy").tolist()
+    a, d = (ids.index(season["client_names"].index(n)) for n in ("site-a", "site-d"))
+    for path in sorted((results / "season-2" / "xi").glob("round-*.npy")):
+        xi = np.load(path)
+        assert xi[a, d] == 0 and xi[d, a] == 0, path.name
+    for name in ("site-a", "site-b", "site-d"):  # each card: how it started, whom it learned from
+        card = json.loads((tmp / f"{name}-models" / "season-2" / f"{name}.json").read_text())
+        assert card["warm_start"] == {k: warm[k] for k in ("run", "round", "sha256")}
+        assert card["started_from"] == ("its own model" if name != "site-d" else  # not site-a's
+                                        "the mean of the models of 1 returning member(s)")
+        assert card["learned_from"]["others"], card
+    # kept apart: site-d's card never names site-a
+    card = json.loads((tmp / "site-d-models" / "season-2" / "site-d.json").read_text())
+    assert "site-a" not in json.dumps(card["learned_from"])
+
+    # 5. site-c withdraws its consent: the coordinator forgets it in the FedAMP run
+    held = {p.name: torch.load(p, weights_only=True)["strategy"]["models"][2].clone()
+            for p in (results / "fedamp" / "checkpoint").glob("*.pt")}
+    out = subprocess.run([str(Path(FLWR).parent / "fedamp-flwr"), "forget",
+                          str(results / "fedamp"), "site-c"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    found = [str(p.relative_to(results / "fedamp")) for p in (results / "fedamp").rglob("*")
+             if p.is_file() and b"site-c" in p.read_bytes()]
+    assert found == ["forgotten.json"]
+    for path in (results / "fedamp" / "checkpoint").glob("*.pt"):
+        state = torch.load(path, weights_only=True)
+        for row in held.values():
+            assert not (state["strategy"]["models"] == row).all(dim=1).any(), path.name
+
+
+def _initial_accuracy(season: dict, data: Path) -> float:
+    """What the run's initial model scores on a member's test rows (inputs standardized by
+    the run's pooled statistics, as the member's ClientApp does)."""
+    import tasks
+    from fedamp_flwr.config import RunConfig
+
+    cfg = RunConfig.from_run_config(season["config"])
+    torch.manual_seed(cfg.seed)
+    model = tasks.build_model(cfg.data_config(len(season["client_names"])), cfg.model)
+    scaling = season["member_scaling"]
+    with np.load(data) as site:
+        x = (site["x_test"] - np.asarray(scaling["mean"])) / np.asarray(scaling["std"])
+        y = site["y_test"]
+    with torch.no_grad():
+        guess = model(torch.as_tensor(x, dtype=torch.float32)).argmax(dim=1).numpy()
+    return float((guess == y).mean())

@@ -142,6 +142,7 @@ def test_each_key_of_a_runs_records_is_spelled_in_one_module():
         "run_name", "strategy", "label", "dataset", "partitioning", "num_clients", "seed",
         "config", "finished", "rounds", "models", "xi", "wall_time_s", "client_names",
         "member_keys", "impostors", "impostor_count", "member_scaling", "collaboration_policy",
+        "warm_start",
         "alone", "extra"}
     spelled = sorted(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}"
                      for name, path in _modules().items() if name != "strategies.core.records"

@@ -125,6 +125,10 @@ class StrategyBase(ClientInstructions):
     max_update_ratio: float = 100.0
     update_noise: float = 0.0
     apart: ApartPolicy | None = None  # the run's collaboration policy (RunTracking.apart)
+    #: the kind of state the method keeps, which a warm start carries from run to run
+    #: (:meth:`warm_start`); ``STATE_KIND_OWN``: only a run of the same method has it
+    STATE_KIND: ClassVar[str] = "one global model"
+    STATE_KIND_OWN: ClassVar[bool] = False
 
     def track(self, tracking: RunTracking) -> None:
         """Track the run ``tracking`` describes (what the constructors do with theirs)."""
@@ -135,6 +139,9 @@ class StrategyBase(ClientInstructions):
         self.history.xi_sink = tracking.xi_sink
         self.history.names = lambda: self.tracker.roster.names()
         self.apart = tracking.apart
+        #: client id -> how its model started, where not from the initial model (a warm
+        #: start's, a late joiner's): its card says so
+        self.started_from: dict[int, str] = {}
 
     def setup_tracking(self, clients: dict[int, ClientInfo], roles: Roles | None = None) -> None:
         """Start tracking a run: the node-to-client map and the scenario roles."""
@@ -151,6 +158,13 @@ class StrategyBase(ClientInstructions):
         """Client id -> whom its model learned from (:meth:`PersonalizedStrategy.learned_from`);
         empty: a method that does not mix models by weights."""
         return {}
+
+    def warm_start(self, state: dict[str, Any], old_rows: Sequence[int | None],
+                   initial: ArrayRecord) -> None:
+        """Start from another run's strategy state (``state``, its :meth:`state_dict`);
+        ``old_rows[i]``: the row there of this run's ``i``-th client (by client id), None for
+        a client new to this run. A method with one global model keeps nothing per client:
+        the run starts from that run's global model (the ServerApp's ``arrays``)."""
 
     @property
     def history(self) -> RunHistory:
@@ -345,6 +359,8 @@ class PersonalizedStrategy(StrategyBase, Strategy):
         empty, a test's ``setup_tracking`` gives the clients).
     """
 
+    STATE_KIND = "a model per client"
+
     def __init__(
         self,
         fraction_train: float = 1.0,
@@ -478,7 +494,43 @@ class PersonalizedStrategy(StrategyBase, Strategy):
             rows = rows[~self.apart.mask([*known, info.name or str(info.client_id)])[-1, :-1]]
         if not self.JOINER_FROM_MEAN or not len(rows):
             return self._initial
+        self.started_from[info.client_id] = f"the mean of the models of {len(rows)} member(s)"
         return self.store[rows.to(self.store.device)].mean(dim=0)
+
+    def warm_start(self, state: dict[str, Any], old_rows: Sequence[int | None],
+                   initial: ArrayRecord) -> None:
+        """Each returning client's row from the other run's store (``state["models"]``); a
+        client new to this run, with :attr:`JOINER_FROM_MEAN`, the mean of the returning
+        clients' models but those the collaboration policy keeps apart from it (else, or with
+        none left, the initial model). :attr:`started_from` says which, by client id."""
+        old = state.get("models")
+        self._ensure_models(initial)
+        if not isinstance(old, torch.Tensor) or old.ndim != 2 or \
+                old.shape[1] != self.store.shape[1]:
+            raise ValueError("it keeps no per-client models of this model's size "
+                             f"({self.store.shape[1]} values)")
+        back = torch.tensor([r for r, o in enumerate(old_rows) if o is not None], dtype=torch.long)
+        new = torch.tensor([r for r, o in enumerate(old_rows) if o is None], dtype=torch.long)
+        if len(back):
+            source = torch.tensor([o for o in old_rows if o is not None], dtype=torch.long)
+            self.store[back] = old[source].to(self.store)
+        for r in back.tolist():
+            self.started_from[self.client_ids[r]] = "its own model"
+        for r in new.tolist():
+            self.started_from[self.client_ids[r]] = "the initial model (new to the run)"
+        if not (len(new) and len(back) and self.JOINER_FROM_MEAN):
+            return
+        apart = self.apart_mask(torch.cat([new, back]))  # newcomers x returning: not apart
+        allowed = (torch.ones(len(new), len(back), dtype=torch.bool) if apart is None
+                   else ~apart[: len(new), len(new):])
+        weights = allowed.to(self.store.dtype)
+        counts = weights.sum(dim=1)
+        has = counts > 0
+        mean = (weights[has] / counts[has, None]).to(self.store.device) @ self.store[back]
+        self.store[new[has]] = mean
+        for r, k in zip(new[has].tolist(), counts[has].tolist(), strict=True):
+            self.started_from[self.client_ids[r]] = (f"the mean of the models of {int(k)} "
+                                                     "returning member(s)")
 
     def add_client(self, info: ClientInfo, adjacency: torch.Tensor | None = None) -> None:
         """A client that joins after the start gets a row of its own (:meth:`new_client_model`,

@@ -63,6 +63,11 @@ MODEL = "model"
 # of the client's own. Names and weights only: never another member's data or scores.
 LEARNED_FROM, LEARNED_WEIGHTS, LEARNED_SELF = ("learned-from", "learned-from-weights",
                                                "learned-from-self")
+# In those evaluate messages too: how the client's model started, for its card: a warm
+# start's run, round and checkpoint sha256 (run config warm-start), and the start itself
+# ("its own model", "the mean of 2 returning members' models", ...).
+WARM_RUN, WARM_ROUND, WARM_DIGEST, STARTED_FROM = ("warm-run", "warm-round", "warm-sha256",
+                                                   "started-from")
 # Reply metric of an evaluate reply asked to keep its model: 1 if the node wrote it to its
 # model-dir, 0 if it did not (no model-dir, another run's files there, a failed write).
 MODEL_KEPT = "model-kept"
@@ -84,7 +89,8 @@ ALONE_LINEAR, ALONE_MODEL = "alone-linear", "alone-model"
 GENERIC_KEYS = frozenset({SERVER_ROUND, CLIENT_UPDATE, LOCAL_EPOCHS, LOCAL_STEPS, BATCH_SIZE,
                           LR, OPTIMIZER, TRAINED_ROUNDS, CLIENT_INDEX, SAVE_MODEL, SAVE_TOKEN,
                           SAVE_REASON, SAVE_IF_BETTER, DP_RUN, FEATURE_MEAN, FEATURE_STD,
-                          LEARNED_FROM, LEARNED_WEIGHTS, LEARNED_SELF})
+                          LEARNED_FROM, LEARNED_WEIGHTS, LEARNED_SELF, WARM_RUN, WARM_ROUND,
+                          WARM_DIGEST, STARTED_FROM})
 
 # Reply metrics
 CLIENT_ID = "client-id"

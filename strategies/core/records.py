@@ -153,7 +153,8 @@ def headlines(rounds: Iterable[Mapping[str, Any]]) -> dict[str, float]:
 #: RunFile's fields left out of the file where they are None (a run without members, a
 #: federated task's partitioning, a run that keeps no models or weights)
 _ONLY_WHEN_SET = ("partitioning", "client_names", "left_out", "member_keys", "impostors",
-                  "impostor_count", "member_scaling", "collaboration_policy", "models", "xi")
+                  "impostor_count", "member_scaling", "collaboration_policy", "warm_start",
+                  "models", "xi")
 
 
 @dataclass
@@ -166,7 +167,9 @@ class RunFile:
     ``left_out`` (node -> why it could not join), ``member_keys`` (name -> the public key
     that proved it) and ``member_roster``, ``impostors`` (the newest refused claims) and
     ``impostor_count``, ``member_scaling`` (the members' pooled scaling);
-    ``collaboration_policy`` (its file, digest and the pairs kept apart). Then ``seed`` and
+    ``collaboration_policy`` (its file, digest and the pairs kept apart); ``warm_start``
+    (the run it started from: its name, round and checkpoint digest, the returning and the
+    new members). Then ``seed`` and
     ``config`` (the resolved run config); ``extra``, the method's own records and notes
     (FedAMP's ``sigma`` and ``<method>_sigma``, Panacea's ``inferred_graph``), written at
     the top level; ``completed_rounds``, ``finished``, ``coverage`` (whom the headline
@@ -195,6 +198,7 @@ class RunFile:
     impostor_count: int | None = None
     member_scaling: dict[str, Any] | None = None
     collaboration_policy: dict[str, Any] | None = None
+    warm_start: dict[str, Any] | None = None
     seed: int | None = None
     config: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -279,7 +283,8 @@ def _is_number(value: Any) -> bool:
 _NONE_DEFAULTS = {"task_kind": str, "partitioning": str, "num_clients": int,
                   "client_names": list, "left_out": dict, "member_keys": dict,
                   "member_roster": str, "impostors": list, "impostor_count": int,
-                  "member_scaling": dict, "collaboration_policy": dict, "seed": int,
+                  "member_scaling": dict, "collaboration_policy": dict, "warm_start": dict,
+                  "seed": int,
                   "coverage": dict, "models": dict, "wall_time_s": float, "alone": dict, "xi": dict}
 
 

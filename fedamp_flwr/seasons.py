@@ -1,0 +1,127 @@
+"""A consortium over seasons: a run that starts from another run's last state, by member name
+(``warm-start``), and the record of the members a run has forgotten (``fedamp-flwr forget``,
+:mod:`fedamp_flwr.erasure`).
+
+A warm start reads the newest intact checkpoint of the run folder ``warm-start`` names, as a
+resume reads its own (its digest or the coordinator's seal, finite tensors), checks that it
+fits this run before round 1 (the task, the members' schema, the model's keys and shapes, the
+method's kind of state), and hands the strategy that run's state with the row of each
+returning member (:meth:`strategies.core.base.StrategyBase.warm_start`). Everything else is
+new: the run's name, seed, rounds, history, and the server's optimizer state.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from logging import WARNING
+from pathlib import Path
+from typing import Any
+
+from flwr.supercore import log
+
+from strategies.core.base import StrategyBase
+from tasks.export import sha256_of
+
+from .config import ConfigError, RunConfig
+from .results import FORGOTTEN, _read_checkpoint, checkpoint_files
+
+#: what two seasons must share: the task, the members' data schema, the model
+SEASON_KEYS = ("dataset", "model", "member-input-shape", "member-task", "member-outputs",
+               "member-class-names", "member-label-column", "member-feature-columns",
+               "member-categories", "member-scaling")
+
+
+def forgotten_names(run_dir: Path) -> list[str]:
+    """The names a run's ``forgotten.json`` records (none: the file is absent)."""
+    path = run_dir / FORGOTTEN
+    if not path.is_file():
+        return []
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8")).get("forgotten", [])
+        return [str(e["member"]) for e in entries]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+        raise ConfigError(f"{path} cannot be read ({type(err).__name__}: {err}); it records the "
+                          "members erased from the run") from None
+
+
+def family(strategy: StrategyBase, name: str) -> str:
+    """The kind of state a method keeps (its :attr:`~StrategyBase.STATE_KIND`); a method
+    whose kind is its own (a hypernetwork) starts only from a run of the same method."""
+    kind = strategy.STATE_KIND
+    return f"{kind} of {name}" if strategy.STATE_KIND_OWN else kind
+
+
+def state_family(state: dict[str, Any]) -> str:
+    """:func:`family` of a checkpoint (written with it; an older one: its strategy's own)."""
+    return str(state.get("state_kind") or
+               f"the state of {state.get('config', {}).get('strategy', '?')}")
+
+
+@dataclass
+class WarmStart:
+    """The run a warm start starts from: its folder's name, the round and sha256 of the
+    checkpoint read, the names by row (a forgotten member's is ""), and the state."""
+
+    run: str
+    round: int
+    digest: str
+    names: list[str]
+    state: dict[str, Any]
+
+    def rows(self, names: Sequence[str]) -> list[int | None]:
+        """Each of this run's clients' row in that run (by name), None for one new to it."""
+        where = {n: r for r, n in enumerate(self.names) if n}
+        return [where.get(n) for n in names]
+
+    def record(self, names: Sequence[str]) -> dict[str, Any]:
+        """metrics.json's and the checkpoint's ``warm_start``."""
+        rows = self.rows(names)
+        return {"run": self.run, "round": self.round, "sha256": self.digest,
+                "returning": [n for n, r in zip(names, rows, strict=True) if r is not None],
+                "new": [n for n, r in zip(names, rows, strict=True) if r is None]}
+
+
+def read_warm_start(cfg: RunConfig, secret: bytes | None,
+                    fits: Callable[[dict[str, Any]], str | None]) -> WarmStart:
+    """The newest intact checkpoint of the run folder ``warm-start`` names, checked against
+    this run (``fits``: the model's keys and shapes); a ConfigError names the key and what
+    does not fit."""
+    key = f"run config 'warm-start' = {cfg.warm_start!r}"
+    folder = Path(cfg.warm_start).expanduser().resolve()
+    files = checkpoint_files(folder) if folder.is_dir() else []
+    if not files:
+        raise ConfigError(f"{key}: {folder} holds no checkpoint (checkpoint/round-*.pt); "
+                          "allowed: the folder of a run that wrote one (checkpoint-every > 0)")
+    gone = forgotten_names(folder)
+    refused = []
+    for path in files:
+        state, problem = _read_checkpoint(path, secret, folder.name)
+        if problem is None:
+            problem = fits(state)
+        if problem is None and gone and set(gone) & set(state.get("client_names", [])):
+            problem = "it still holds a member the run has forgotten (forgotten.json)"
+        if problem is None:
+            break
+        refused.append(f"{path.name}: {problem}")
+        log(WARNING, "Warm start: checkpoint %s refused: %s; trying the one before", path, problem)
+    else:
+        raise ConfigError(f"{key}: no intact checkpoint ({'; '.join(refused)})")
+    theirs = state.get("config", {})
+    differ = [k for k in SEASON_KEYS if cfg.value(k) != theirs.get(k, cfg.value(k))]
+    if differ:
+        raise ConfigError(f"{key}: that run does not fit this one: " + ", ".join(
+            f"'{k}' = {cfg.value(k)!r} here, {theirs.get(k)!r} there" for k in differ)
+            + "; allowed: the same task, members' schema and model")
+    names = [str(n) for n in state.get("client_names") or
+             [str(i) for i in range(int(state.get("num_clients", 0)))]]
+    return WarmStart(folder.name, int(state["round"]), sha256_of(path), names, state)
+
+
+def check_family(warm: WarmStart, strategy: StrategyBase, name: str, key: str) -> None:
+    """The method can start from that run's kind of state; a ConfigError says what differs."""
+    mine, theirs = family(strategy, name), state_family(warm.state)
+    if mine != theirs:
+        raise ConfigError(f"{key}: run {warm.run!r} keeps {theirs}, strategy {name!r} "
+                          f"{mine}; allowed: a run of a method that keeps {mine}")

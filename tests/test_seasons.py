@@ -1,0 +1,217 @@
+"""A consortium over seasons, in process (the real ServerApp and ClientApp): a run that starts
+from another run's last state by member name (``warm-start``), a newcomer's first model, and
+what a warm start refuses. The loopback fleet's two seasons: tests/test_members_fleet.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedamp_flwr.config import ConfigError, RunConfig
+from fedamp_flwr.inprocess import InProcessGrid
+
+from .test_members import _app
+from .test_members_fleet import _initial_accuracy, _member_file
+
+
+def _season(tmp_path: Path, strategy: str, n: int = 4, **extra) -> tuple[dict, list[dict]]:
+    """``n`` members' files (3 classes around centres of each member's own, as in
+    tests/test_members_fleet.py) and the run config of a season of ``strategy``."""
+    folder = tmp_path / "sites"
+    folder.mkdir(exist_ok=True)
+    nodes = [{"data-path": str(_member_file(folder / f"client-{i}.npz", i)),
+              "client-id": f"client-{i}"} for i in range(n)]
+    cfg = {"dataset": "members", "member-input-shape": "6", "member-outputs": 3,
+           "batch-size": 20, "strategy": strategy, "local-epochs": 1, "min-nodes": 3,
+           "results-dir": str(tmp_path), "server-device": "cpu", **extra}
+    return cfg, nodes
+
+
+def _store(run_dir: Path) -> torch.Tensor:
+    newest = sorted((run_dir / "checkpoint").glob("round-*.pt"))[-1]
+    return torch.load(newest, weights_only=True)["strategy"]["models"]
+
+
+def test_a_fedamp_season_starts_from_the_last_by_member_name(tmp_path, caplog):
+    cfg, nodes = _season(tmp_path, "fedamp")
+    s1 = {**cfg, "num-server-rounds": 5, "run-name": "s1"}
+    first = _app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
+    last = first["rounds"][-1]["client_accuracy"]
+    kept = _store(tmp_path / "s1")
+    # season 2: client-2 gone, client-3 new, the members in another order; one round
+    season = {**cfg, "num-server-rounds": 1, "run-name": "s2", "seed": 7,
+              "warm-start": str(tmp_path / "s1"), "checkpoint-every": 1}
+    with caplog.at_level(logging.INFO):
+        second = _app(InProcessGrid(season, node_configs=[nodes[3], nodes[1], nodes[0]]), season)
+    names = second["client_names"]
+    assert names == ["client-0", "client-1", "client-3"]
+    warm = second["warm_start"]
+    assert (warm["run"], warm["round"], warm["returning"], warm["new"]) == (
+        "s1", 5, ["client-0", "client-1"], ["client-3"])
+    assert len(warm["sha256"]) == 64 and "Warm start from run 's1' (round 5" in caplog.text
+    # the returning members' first round is no worse than their last (their models go on)
+    now = second["rounds"][0]["client_accuracy"]
+    for name, before in (("client-0", last["0"]), ("client-1", last["1"])):
+        cid = names.index(name)
+        assert now[str(cid)] >= before - 0.02, (name, now, last)
+    # the newcomer starts from the returning members' mean (docs/federation.md, "Seasons"),
+    # and its first round is above what the initial model gives it
+    assert now["2"] > _initial_accuracy(second, Path(nodes[3]["data-path"])), now
+    # a resumed second season keeps its warm start's record, and does not start again
+    again = {**season, "num-server-rounds": 2, "resume": True}
+    resumed = _app(InProcessGrid(again, node_configs=[nodes[0], nodes[1], nodes[3]]), again)
+    assert resumed["warm_start"] == warm and resumed["rounds"][0] == second["rounds"][0]
+    assert kept.shape[0] == 3
+
+
+def test_an_sfl_newcomer_starts_from_the_mean_of_the_members_not_kept_apart(tmp_path):
+    graph = tmp_path / "graph.csv"
+    graph.write_text("u,v\nclient-0,client-1\nclient-1,client-2\nclient-2,client-3\n")
+    cfg, nodes = _season(tmp_path, "sfl", graph="file", **{"graph-file": str(graph),
+                                                          "sfl-train-from": "own"})
+    s1 = {**cfg, "num-server-rounds": 2, "run-name": "s1"}
+    _app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
+    old = _store(tmp_path / "s1")
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[[apart]]\nmembers = ["client-3", "client-0"]\n')
+    from strategies.sfl import SFLStrategy
+    seen = {}
+    real = SFLStrategy.warm_start
+
+    def spy(self, state, rows, initial):
+        real(self, state, rows, initial)
+        seen["store"], seen["from"] = self.store.clone(), dict(self.started_from)
+    SFLStrategy.warm_start = spy
+    try:
+        s2 = {**cfg, "num-server-rounds": 1, "run-name": "s2", "warm-start": str(tmp_path / "s1"),
+              "collaboration-policy": str(policy)}
+        _app(InProcessGrid(s2, node_configs=nodes), s2)
+    finally:
+        SFLStrategy.warm_start = real
+    store = seen["store"]
+    assert torch.equal(store[:3], old)  # each returning member's own row, by value
+    assert torch.allclose(store[3], old[1:3].mean(dim=0))  # not client-0's: kept apart
+    assert seen["from"] == {0: "its own model", 1: "its own model", 2: "its own model",
+                            3: "the mean of the models of 2 returning member(s)"}
+
+
+def test_panacea_places_a_newcomers_embedding_by_its_graph_neighbours(tmp_path):
+    graph = tmp_path / "graph.csv"
+    graph.write_text("u,v\nclient-0,client-1\nclient-1,client-2\nclient-2,client-3\n")
+    cfg, nodes = _season(tmp_path, "panacea", graph="file", **{
+        "graph-file": str(graph), "panacea-server-lr": 0.01, "local-steps": 3,
+        "save-models": "final"})
+    s1 = {**cfg, "num-server-rounds": 2, "run-name": "s1"}
+    _app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
+    held = torch.load(sorted((tmp_path / "s1" / "checkpoint").glob("*.pt"))[-1],
+                      weights_only=True)["strategy"]["hnet"]
+    s2 = {**cfg, "num-server-rounds": 1, "run-name": "s2", "warm-start": str(tmp_path / "s1"),
+          "panacea-server-steps": 1}
+    kept = [{**node, "model-dir": str(tmp_path / "models")} for node in nodes[1:]]
+    metrics = _app(InProcessGrid(s2, node_configs=kept), s2)
+    assert metrics["warm_start"]["new"] == ["client-3"]
+    cards = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "models" / "s2").glob("*.json")}
+    assert cards["client-3"]["started_from"] == "its embedding placed by 1 graph neighbours"
+    assert cards["client-1"]["started_from"] == "its own embedding"
+    assert cards["client-1"]["warm_start"] == {k: metrics["warm_start"][k]
+                                               for k in ("run", "round", "sha256")}
+    assert held["embeddings.weight"].shape[0] == 3
+
+
+def test_what_a_warm_start_refuses_before_round_one(tmp_path):
+    cfg, nodes = _season(tmp_path, "fedamp", **{"fedamp-sigma": 1.0})
+    s1 = {**cfg, "num-server-rounds": 1, "run-name": "s1"}
+    _app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
+    cases = [
+        ({"warm-start": str(tmp_path / "nowhere")}, "holds no checkpoint"),
+        ({"strategy": "fedavg", "warm-start": str(tmp_path / "s1")},
+         "keeps a model per client, strategy 'fedavg' one global model"),
+        ({"model": "mlp-16", "warm-start": str(tmp_path / "s1")},
+         "does not fit the run's model"),
+    ]
+    for extra, said in cases:
+        s2 = {**cfg, "num-server-rounds": 1, "run-name": "s2", **extra}
+        with pytest.raises(ConfigError, match=said):
+            _app(InProcessGrid(s2, node_configs=nodes[:3]), s2)
+    with pytest.raises(ConfigError, match="another run's folder"):
+        RunConfig.from_run_config({**cfg, "run-name": "s1", "warm-start": str(tmp_path / "s1")})
+    with pytest.raises(ConfigError, match='graph = "inferred"'):
+        RunConfig.from_run_config({**cfg, "strategy": "panacea", "graph": "inferred",
+                                   "num-server-rounds": 4, "warm-start": str(tmp_path / "s1")})
+
+
+def _tensors(value, out):
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _tensors(v, out)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _tensors(v, out)
+    return out
+
+
+@pytest.mark.parametrize("strategy, extra", [
+    ("fedamp", {"fedamp-sigma": 1.0}),
+    ("panacea", {"graph": "file", "panacea-server-lr": 0.01, "local-steps": 3}),
+])
+def test_forget_erases_a_member_from_every_file_of_the_run(tmp_path, strategy, extra, capsys):
+    from fedamp_flwr.cli import main as cli
+    from fedamp_flwr.results import hold_folder
+
+    graph = tmp_path / "graph.csv"
+    graph.write_text("u,v\nclient-0,client-1\nclient-1,client-2\nclient-2,client-3\n")
+    cfg, nodes = _season(tmp_path, strategy, **{"graph-file": str(graph), **extra})
+    s1 = {**cfg, "num-server-rounds": 3, "run-name": "s1", "checkpoint-keep": 3}
+    before = _app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
+    run = tmp_path / "s1"
+    held = {p.name: torch.load(p, weights_only=True) for p in (run / "checkpoint").glob("*.pt")}
+    if strategy == "fedamp":
+        rows = [s["strategy"]["models"][2].clone() for s in held.values()]
+    else:
+        rows = [s["strategy"]["hnet"]["embeddings.weight"][2].clone() for s in held.values()]
+    assert cli(["forget", str(run), "client-2", "--report"]) == 0
+    said = capsys.readouterr().out
+    assert "its first contribution was round 1" in said and "shaped by it" in said
+    lock = hold_folder(run)  # a live run: its ServerApp holds the folder
+    assert cli(["forget", str(run), "client-2"]) == 2
+    assert "the run is live" in capsys.readouterr().err
+    lock.close()
+    assert cli(["forget", str(run), "client-2"]) == 0
+    assert "forgotten by run 's1'" in capsys.readouterr().out
+    # its name is only in forgotten.json, every other file searched byte by byte
+    found = [p.name for p in run.rglob("*") if p.is_file() and b"client-2" in p.read_bytes()]
+    assert found == ["forgotten.json"]
+    audit = json.loads((run / "forgotten.json").read_text())["forgotten"][0]
+    assert (audit["member"], audit["client_id"], audit["name_still_found_in"]) == ("client-2", 2, [])
+    assert all(f["sha256_before"] != f.get("sha256_after") for f in audit["files"])
+    # none of its rows in any kept checkpoint, compared by value; each still verifies
+    from fedamp_flwr.results import _read_checkpoint
+    for path in sorted((run / "checkpoint").glob("*.pt")):
+        state, problem = _read_checkpoint(path, None, "s1")
+        assert problem is None, problem
+        for tensor in _tensors(state, []):
+            flat = tensor.reshape(-1, tensor.shape[-1]) if tensor.ndim else tensor.reshape(1, 1)
+            for row in rows:
+                if flat.shape[-1] == row.shape[-1] and flat.dtype == row.dtype:
+                    assert not (flat == row).all(dim=1).any(), path.name
+    after = json.loads((run / "metrics.json").read_text())
+    assert after["client_names"] == ["client-0", "client-1", ""]
+    for rec in after["rounds"]:
+        assert set(rec["client_accuracy"]) == {"0", "1"} and 2 not in rec["trained_clients"]
+        assert rec["mean_accuracy"] == pytest.approx(np.mean(list(rec["client_accuracy"].values())))
+    assert before["client_names"][2] == "client-2"
+    # the forgotten run is not resumed; a new season warm-starts from it: client-2 is new there
+    resume = {**s1, "num-server-rounds": 4, "resume": True}
+    with pytest.raises(ConfigError, match="has forgotten a member"):
+        _app(InProcessGrid(resume, node_configs=nodes[:3]), resume)
+    s2 = {**cfg, "num-server-rounds": 1, "run-name": "s2", "warm-start": str(run)}
+    second = _app(InProcessGrid(s2, node_configs=nodes[:3]), s2)
+    assert second["warm_start"]["returning"] == ["client-0", "client-1"]
+    assert second["warm_start"]["new"] == ["client-2"]
