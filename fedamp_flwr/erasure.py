@@ -18,8 +18,10 @@ the pooled input scaling, the rounds' training loss were all shaped by it. ``--r
 the kept checkpoints from before its first contribution: a run that ``warm-start``s from one
 of them (or a fresh run) holds nothing of it.
 
-``forgotten.json`` audits each erasure: who (the name and its client id), when, each file
-changed or removed with its sha256 before and after, and what the search found. A run that
+``forgotten.json`` audits each erasure, written before the first file is changed ("erasing")
+and completed after ("done"): who (the name, and the client id every sealed checkpoint gives
+it), when, each file changed or removed with its sha256 before and after, and where a search
+for the name (as a name, not inside a longer one) still found it. A run that
 forgot a member cannot be resumed (a new run warm-starts from it), and a warm start refuses
 a checkpoint that still names a forgotten member. A live run (its ServerApp holds the
 folder's ``.lock``) is refused.
@@ -36,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from strategies.core.history import RunHistory
 from strategies.core.protocol import is_name
 from strategies.core.records import (
     METRICS,
@@ -53,6 +56,7 @@ from .config import ConfigError
 from .results import (
     CHECKPOINT_FORMAT,
     FORGOTTEN,
+    LOCK,
     XI_FOLDER,
     _read_checkpoint,
     checkpoint_files,
@@ -66,7 +70,11 @@ GONE = "(a forgotten member)"  # what replaces the name in a line of text
 
 
 def _per_client_rows(strategy: dict[str, Any], cid: int) -> None:
-    """Zero client ``cid``'s row of every per-client tensor of a strategy's state."""
+    """Zero client ``cid``'s row of every per-client tensor of a strategy's state (-1: none)."""
+    if cid < 0:
+        return
+    if isinstance(strategy.get("started_from"), dict):
+        strategy["started_from"].pop(str(cid), None)
     for key in ("models", "update_sum", "update_count"):
         if isinstance(strategy.get(key), torch.Tensor) and len(strategy[key]) > cid:
             strategy[key][cid] = 0
@@ -75,13 +83,14 @@ def _per_client_rows(strategy: dict[str, Any], cid: int) -> None:
         graph[cid, :] = 0
         graph[:, cid] = 0
     hnet = strategy.get("hnet")
-    if isinstance(hnet, dict) and "embeddings.weight" in hnet:
+    if isinstance(hnet, dict) and len(hnet.get("embeddings.weight", ())) > cid:
         hnet["embeddings.weight"][cid] = 0
         # the optimizer numbers GH's parameters in their order: the embeddings come first
         index = [k for k, v in hnet.items() if v.is_floating_point()].index("embeddings.weight")
         state = strategy.get("optimizer", {}).get("state", {}).get(index, {})
-        if isinstance(state.get("momentum_buffer"), torch.Tensor):
-            state["momentum_buffer"][cid] = 0
+        momentum = state.get("momentum_buffer")
+        if isinstance(momentum, torch.Tensor) and len(momentum) > cid:
+            momentum[cid] = 0
 
 
 def _round(rec: dict[str, Any], cid: int, novel: set[int], attackers: set[int]) -> None:
@@ -120,21 +129,21 @@ def _xi(matrix: Any, ids: list[int], cid: int) -> Any:
 def _records(run: dict[str, Any], cid: int, name: str) -> None:
     """The name and client ``cid`` out of a metrics.json's or a checkpoint's fields."""
     names = run.get("client_names")
-    if isinstance(names, list) and cid < len(names):
+    if isinstance(names, list) and 0 <= cid < len(names) and names[cid] == name:
         names[cid] = ""
     for key in ("member_keys",):
         if isinstance(run.get(key), dict):
             run[key].pop(name, None)
     for key in ("impostors",):
         if isinstance(run.get(key), list):
-            run[key] = [a for a in run[key] if name not in json.dumps(a)]
+            run[key] = [a for a in run[key] if not _names(json.dumps(a), name)]
     models = run.get("models")
     if isinstance(models, dict) and isinstance(models.get("clients"), dict):
         models["clients"].pop(str(cid), None)
     policy = run.get("collaboration_policy")
-    if isinstance(policy, dict) and isinstance(policy.get("groups"), list):
-        policy["groups"] = [g for g in ([n for n in group if n != name]
-                                        for group in policy["groups"]) if len(g) > 1]
+    if isinstance(policy, dict) and isinstance(policy.get("apart"), list):
+        policy["apart"] = [g for g in ([n for n in group if n != name]
+                                       for group in policy["apart"]) if len(g) > 1]
     warm = run.get("warm_start")
     if isinstance(warm, dict):
         for key in ("returning", "new"):
@@ -167,14 +176,22 @@ def _without_key(value: Any, key: str) -> Any:
     return value
 
 
+def _quoted(name: str) -> re.Pattern[str]:
+    return re.compile(r"""(['"])""" + re.escape(name) + r"\1")
+
+
+def _names(text: str, name: str) -> bool:
+    """Whether a line of text names the member (quoted, as this app's lines name members)."""
+    return bool(_quoted(name).search(text))
+
+
 def _text(value: Any, name: str) -> Any:
-    """Every line of text of ``value`` with the quoted name replaced (dict keys that are the
-    name dropped)."""
-    pattern = re.compile(r"""(['"])""" + re.escape(name) + r"\1")
+    """Every line of text of ``value`` with the quoted name replaced (the fields that hold
+    the name itself are :func:`_records`')."""
     if isinstance(value, str):
-        return GONE if value == name else pattern.sub(GONE, value)
+        return _quoted(name).sub(GONE, value)
     if isinstance(value, dict):
-        return {k: _text(v, name) for k, v in value.items() if k != name}
+        return {k: _text(v, name) for k, v in value.items()}
     if isinstance(value, list):
         return [_text(v, name) for v in value]
     return value
@@ -187,14 +204,18 @@ def _scrub_run(data: dict[str, Any], cid: int, name: str) -> dict[str, Any]:
     file.novel_clients = [c for c in file.novel_clients if c != cid]
     file.attackers = [c for c in file.attackers if c != cid]
     if file.left_out:
-        file.left_out = {k: v for k, v in file.left_out.items() if name not in v}
+        file.left_out = {k: v for k, v in file.left_out.items() if not _names(v, name)}
     if file.alone:
         file.alone.pop(str(cid), None)
-    if file.coverage:
-        file.coverage = _without_key(file.coverage, str(cid))
     for rec in file.rounds:
         _round(rec, cid, novel, attackers)
     file.headlines = headlines(file.rounds)
+    if file.coverage and file.num_clients:  # again, over the others
+        history = RunHistory(novel=frozenset(novel), attackers=frozenset(attackers))
+        history.load_state({"rounds": file.rounds})
+        file.coverage = history.coverage(file.num_clients)
+        file.coverage["never_evaluated"].pop(cid, None)
+        file.coverage["benign_clients"] -= cid not in novel | attackers
     run = file.to_dict()
     _records(run, cid, name)
     xi = run.get("xi")
@@ -254,29 +275,40 @@ class Erasure:
         for path in sorted(checkpoint_files(self.folder)):
             round_ = int(path.stem.split("-")[1])
             before = first is None or round_ < first
-            said = "before it: holds nothing of it" if before else "shaped by it"
+            said = ("before it: none of its updates (the pooled input scaling may hold its "
+                    "column statistics)" if before else "shaped by it")
             lines.append(f"  {path.name}: {said}")
         if not any("before it" in line for line in lines[1:]):
             lines.append("  no kept checkpoint predates it: only a fresh run holds nothing of it")
-        lines.append("A run from one that predates it: warm-start = '<that run folder>' after "
-                     "keeping only that checkpoint; or a fresh run without it.")
+        lines.append("A run from one that predates it: move the later checkpoints out of the "
+                     "folder (keep its name: a sealed checkpoint is bound to it), then "
+                     "warm-start = '<the folder>'; or a fresh run without it.")
         return lines
 
     def _plan(self) -> list[tuple[Path, bytes | None]]:
         """Each file to change and its new bytes (None: to remove), every one read and made
-        before any is written."""
+        before any is written. A checkpoint (sealed: what metrics.json says is not) that
+        places the member at another client id stops it."""
         plan: list[tuple[Path, bytes | None]] = []
+        file = RunFile.from_dict(self.run)
+        roles = set(file.novel_clients), set(file.attackers)
         for path in checkpoint_files(self.folder):
             state, problem = _read_checkpoint(path, self.secret, self.folder.name)
+            names = state.get("client_names") or []
+            if problem is None and self.name in names and names.index(self.name) != self.cid:
+                problem = (f"it holds member {self.name!r} as client {names.index(self.name)}, "
+                           f"metrics.json as client {self.cid}")
             if problem is not None:
                 raise ConfigError(f"RUN_DIR = '{self.folder}': checkpoint {path.name} cannot be "
                                   f"rewritten: {problem}; nothing was changed")
-            plan.append((path, self._checkpoint_bytes(state)))
+            # a checkpoint from before the member joined holds no row of it
+            plan.append((path, _checkpoint_bytes(state, self.cid if self.name in names else -1,
+                                                 self.name, *roles)))
         for path in sorted((self.folder / "checkpoint").glob("*.refused")):
             plan.append((path, None))
         run = _scrub_run(json.loads(json.dumps(self.run)), self.cid, self.name)
-        text = json.dumps(strict_json(run), indent=1, allow_nan=False).encode()
-        plan.append((self.folder / "metrics.json", text))
+        plan.append((self.folder / "metrics.json",
+                     json.dumps(strict_json(run), indent=1, allow_nan=False).encode()))
         xi = self.folder / XI_FOLDER
         if (xi / "client_ids.npy").is_file():
             ids = np.load(xi / "client_ids.npy", allow_pickle=False).tolist()
@@ -288,58 +320,89 @@ class Erasure:
             rows = graph.read_text().splitlines()
             kept = [r for r in rows if self.name not in r.split(",")]
             plan.append((graph, ("\n".join(kept) + "\n").encode()))
-        for path in sorted((self.folder / "models").glob(f"{self.name}.*")):
-            plan.append((path, None))
+        for suffix in (".safetensors", ".json"):  # a partitioned run's server-written model
+            if (self.folder / "models" / f"{self.name}{suffix}").is_file():
+                plan.append((self.folder / "models" / f"{self.name}{suffix}", None))
         return plan
 
-    def _checkpoint_bytes(self, state: dict[str, Any]) -> bytes:
-        import io
-
-        out = io.BytesIO()
-        file = RunFile.from_dict(self.run)
-        torch.save({"format": CHECKPOINT_FORMAT, **_scrub_checkpoint(
-            state, self.cid, self.name, set(file.novel_clients), set(file.attackers))}, out)
-        return out.getvalue()
+    def _audit(self) -> dict[str, Any]:
+        """forgotten.json as it is (checked: a run's erasures, each of a member)."""
+        path = self.folder / FORGOTTEN
+        if not path.is_file():
+            return {"forgotten": []}
+        try:
+            held = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(held, dict) and isinstance(held.get("forgotten"), list) and all(
+                    isinstance(e, dict) and is_name(e.get("member")) for e in held["forgotten"]):
+                return held
+            problem = "not a list of erasures"
+        except (OSError, ValueError) as err:
+            problem = str(err)
+        raise ConfigError(f"RUN_DIR = '{self.folder}': its {FORGOTTEN} cannot be read "
+                          f"({problem}); nothing was changed")
 
     def forget(self) -> dict[str, Any]:
-        """Erase the member; write and return its audit entry (``forgotten.json``)."""
+        """Erase the member; write and return its audit entry (``forgotten.json``: written
+        first, "erasing", then completed, so that an erasure cut short is never silent and the
+        run is already refused to resume)."""
         lock = hold_folder(self.folder)
         if lock is None:
             raise ConfigError(f"RUN_DIR = '{self.folder}': the run is live (its ServerApp holds "
                               "the folder); allowed: once the run has stopped")
         try:
-            first = self.first_round()
+            held = self._audit()
             plan = self._plan()  # every file read and checked: nothing written yet
-            files = []
-            for path, data in plan:
-                before = sha256_of(path)
+            files = [{"file": str(path.relative_to(self.folder)), "sha256_before": sha256_of(path),
+                      **({"removed": True} if data is None else {})} for path, data in plan]
+            entry = {"member": self.name, "client_id": self.cid,
+                     "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "status": "erasing",
+                     "first_contribution_round": self.first_round(), "files": files}
+            held["forgotten"].append(entry)
+            write_json(self.folder / FORGOTTEN, held)
+            for (path, data), record in zip(plan, files, strict=True):
                 if data is None:
                     path.unlink()
-                    if digest_path(path).exists() and path.suffix == ".pt":
-                        digest_path(path).unlink()
-                    files.append({"file": str(path.relative_to(self.folder)),
-                                  "sha256_before": before, "removed": True})
+                    if path.suffix == ".pt":
+                        digest_path(path).unlink(missing_ok=True)
                     continue
                 _write(path, data)
                 if path.suffix == ".pt":
                     _write(digest_path(path), f"{seal(path, self.secret, self.folder.name)}  "
                                               f"{path.name}\n".encode())
-                files.append({"file": str(path.relative_to(self.folder)),
-                              "sha256_before": before, "sha256_after": sha256_of(path)})
-            still = [str(p.relative_to(self.folder)) for p in sorted(self.folder.rglob("*"))
-                     if p.is_file() and p.name not in (FORGOTTEN, ".lock")
-                     and self.name.encode() in p.read_bytes()]
-            entry = {"member": self.name, "client_id": self.cid,
-                     "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                     "first_contribution_round": first, "files": files,
-                     "name_still_found_in": still}
-            path = self.folder / FORGOTTEN
-            held = json.loads(path.read_text()) if path.is_file() else {"forgotten": []}
-            held["forgotten"].append(entry)
-            write_json(path, held)
+                record["sha256_after"] = sha256_of(path)
+            entry.update(status="done", name_still_found_in=self._search())
+            write_json(self.folder / FORGOTTEN, held)
             return entry
         finally:
             lock.close()
+
+    def _search(self) -> list[str]:
+        """The folder's files (regular ones; links are not followed) that still hold the
+        name as a name (not inside a longer one), but forgotten.json."""
+        edge = rb"[A-Za-z0-9_.@-]"
+        pattern = re.compile(b"(?<!" + edge + b")" + re.escape(self.name.encode()) +
+                             b"(?!" + edge + b")")
+        found = []
+        for path in sorted(self.folder.rglob("*")):
+            if path.is_symlink() or not path.is_file() or path.name in (FORGOTTEN, LOCK):
+                continue
+            try:
+                if pattern.search(path.read_bytes()):
+                    found.append(str(path.relative_to(self.folder)))
+            except OSError as err:
+                found.append(f"{path.relative_to(self.folder)} (unreadable: {err})")
+        return found
+
+
+def _checkpoint_bytes(state: dict[str, Any], cid: int, name: str, novel: set[int],
+                      attackers: set[int]) -> bytes:
+    """A checkpoint's file without the member (``cid`` -1: it holds no row of it)."""
+    import io
+
+    out = io.BytesIO()
+    torch.save({"format": CHECKPOINT_FORMAT,
+                **_scrub_checkpoint(state, cid, name, novel, attackers)}, out)
+    return out.getvalue()
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -253,6 +253,10 @@ class RunFolder:
             shutil.rmtree(self.path / MODELS_FOLDER, ignore_errors=True)
             # a simulation's clients' privacy ledgers are the run's (a member's are on its node)
             shutil.rmtree(self.path / "privacy", ignore_errors=True)
+            (self.path / "graph-inferred.csv").unlink(missing_ok=True)
+            if (self.path / FORGOTTEN).is_file():  # the audit of the run replaced: kept apart
+                stamp = time.strftime("%Y%m%d-%H%M%S")
+                (self.path / FORGOTTEN).replace(self.path / f"forgotten-until-{stamp}.json")
             return
         state = ("a finished run" if held and held.finished else
                  f"a metrics.json it cannot read ({held.extra['unreadable']})"
@@ -380,12 +384,15 @@ class RunFolder:
 def hold_folder(path: Path) -> Any:
     """An open ``.lock`` file of the run folder ``path`` holding an exclusive ``flock``, or
     None where another process holds it (the run is live)."""
-    lock = os.fdopen(os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o600), "r+")
+    lock = os.fdopen(os.open(path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600), "r+")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except BlockingIOError:
         lock.close()
         return None
+    except OSError as err:  # a file system without flock: nothing can hold it
+        log(WARNING, "%s cannot be locked (%s): a second run of it, or fedamp-flwr forget, "
+            "is not kept out while it runs", path, err)
     return lock
 
 

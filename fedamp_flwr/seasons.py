@@ -25,7 +25,7 @@ from strategies.core.base import StrategyBase
 from tasks.export import sha256_of
 
 from .config import ConfigError, RunConfig
-from .results import FORGOTTEN, _read_checkpoint, checkpoint_files
+from .results import FORGOTTEN, _read_checkpoint, checkpoint_files, hold_folder
 
 #: what two seasons must share: the task, the members' data schema, the model
 SEASON_KEYS = ("dataset", "model", "member-input-shape", "member-task", "member-outputs",
@@ -94,6 +94,18 @@ def read_warm_start(cfg: RunConfig, secret: bytes | None,
     if not files:
         raise ConfigError(f"{key}: {folder} holds no checkpoint (checkpoint/round-*.pt); "
                           "allowed: the folder of a run that wrote one (checkpoint-every > 0)")
+    lock = hold_folder(folder)  # not while that run goes on, or forget rewrites it
+    if lock is None:
+        raise ConfigError(f"{key}: run {folder.name!r} is live (its ServerApp, or fedamp-flwr "
+                          "forget, holds the folder); allowed: once it has stopped")
+    try:
+        return _read(cfg, key, folder, files, secret, fits)
+    finally:
+        lock.close()
+
+
+def _read(cfg: RunConfig, key: str, folder: Path, files: list[Path], secret: bytes | None,
+          fits: Callable[[dict[str, Any]], str | None]) -> WarmStart:
     gone = forgotten_names(folder)
     refused = []
     for path in files:
@@ -122,6 +134,8 @@ def read_warm_start(cfg: RunConfig, secret: bytes | None,
 def check_family(warm: WarmStart, strategy: StrategyBase, name: str, key: str) -> None:
     """The method can start from that run's kind of state; a ConfigError says what differs."""
     mine, theirs = family(strategy, name), state_family(warm.state)
+    if "state_kind" not in warm.state and warm.state.get("config", {}).get("strategy") == name:
+        return  # a checkpoint of an older version: the same method keeps the same state
     if mine != theirs:
         raise ConfigError(f"{key}: run {warm.run!r} keeps {theirs}, strategy {name!r} "
                           f"{mine}; allowed: a run of a method that keeps {mine}")

@@ -481,16 +481,29 @@ class Run:
         log(INFO, "Warm start from run '%s' (round %d, checkpoint sha256 %s...): returning %s; "
             "new %s", warm.run, warm.round, warm.digest[:12], self.warm_record["returning"],
             self.warm_record["new"])
-        warm.state = {}  # the other run's tensors are not kept beyond the start
+
+    def warm_join(self, info: ClientInfo) -> None:
+        """A member that joins under way: returning (its own row of the warm start's run) or
+        new to the run, in the warm start's record."""
+        if self.warm is None or self.warm_record is None or not info.name:
+            return
+        (old,) = self.warm.rows([info.name])
+        if old is not None:
+            self.strategy.warm_row(self.warm.state["strategy"], old, info.client_id)
+        self.warm_record["returning" if old is not None else "new"].append(info.name)
 
     def card_starts(self) -> dict[int, dict[str, Any]]:
         """Client id -> how its model started, for its card (a warm start's run, round and
         digest; a late joiner's first model)."""
-        warm = ({"run": self.warm_record["run"], "round": self.warm_record["round"],
-                 "sha256": self.warm_record["sha256"]} if self.warm_record else {})
-        ids = set(self.strategy.started_from) | (set(range(self.num_clients)) if warm else set())
-        return {cid: {**warm, **({"from": self.strategy.started_from[cid]}
-                                 if cid in self.strategy.started_from else {})} for cid in ids}
+        record, names = self.warm_record, self.members.names or [
+            str(i) for i in range(self.num_clients)]
+        warm = {k: record[k] for k in ("run", "round", "sha256")} if record else {}
+        seasoned = {c for c, n in enumerate(names)
+                    if record and n in record["returning"] + record["new"]}
+        return {cid: {**(warm if cid in seasoned else {}),
+                      **({"from": self.strategy.started_from[cid]}
+                         if cid in self.strategy.started_from else {})}
+                for cid in set(self.strategy.started_from) | seasoned}
 
     def join(self, info: ClientInfo) -> None:
         """A member the run does not know yet joins with the next client id (a graph file
@@ -512,6 +525,7 @@ class Run:
             return
         self.strategy.add_client(info, graph)
         members.joined(info)
+        self.warm_join(info)
 
     @property
     def num_clients(self) -> int:

@@ -447,7 +447,18 @@ class Panacea(PersonalizedStrategy):
         if new and back and self.adjacency is not None:
             emb[new] = self._placed(emb[new], self.adjacency[new][:, back], emb[back],
                                     [self.client_ids[r] for r in new])
+        else:
+            self.started_from.update({self.client_ids[r]: "its own embedding, drawn" for r in new})
         self.net.load_state_dict({**{k: v.to(mine[k]) for k, v in old.items()}, _EMBEDDINGS: emb})
+
+    @torch.no_grad()
+    def warm_row(self, state: dict, old_row: int, client_id: int) -> None:
+        old = state.get("hnet", {}).get(_EMBEDDINGS)
+        if self.hnet is not None and isinstance(old, torch.Tensor) and 0 <= old_row < len(old) \
+                and old.shape[1] == self.hnet.embeddings.weight.shape[1]:
+            self.hnet.embeddings.weight[self._row[client_id]] = old[old_row].to(
+                self.hnet.embeddings.weight)
+            self.started_from[client_id] = "its own embedding"
 
     @torch.no_grad()
     def generated(self, rows: torch.Tensor | None = None) -> torch.Tensor:

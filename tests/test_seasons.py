@@ -215,3 +215,64 @@ def test_forget_erases_a_member_from_every_file_of_the_run(tmp_path, strategy, e
     second = _app(InProcessGrid(s2, node_configs=nodes[:3]), s2)
     assert second["warm_start"]["returning"] == ["client-0", "client-1"]
     assert second["warm_start"]["new"] == ["client-2"]
+
+
+@pytest.mark.parametrize("strategy, extra", [
+    ("fedamp", {}), ("panacea", {"graph": "file", "panacea-server-lr": 0.01, "local-steps": 3}),
+])
+def test_a_returning_member_that_joins_under_way_takes_its_own_model(tmp_path, strategy, extra):
+    from .test_members import JoiningGrid
+
+    graph = tmp_path / "graph.csv"
+    graph.write_text("u,v\nclient-0,client-1\nclient-1,client-2\nclient-2,client-3\n")
+    cfg, nodes = _season(tmp_path, strategy, **{"graph-file": str(graph), **extra})
+    s1 = {**cfg, "num-server-rounds": 2, "run-name": "s1"}
+    _app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
+    held = torch.load(sorted((tmp_path / "s1" / "checkpoint").glob("*.pt"))[-1],
+                      weights_only=True)["strategy"]
+    # season 2: client-0, client-1 and the new client-3 start; client-2 comes back in round 2
+    s2 = {**cfg, "num-server-rounds": 2, "run-name": "s2", "warm-start": str(tmp_path / "s1"),
+          "checkpoint-every": 1}
+    second = _app(JoiningGrid(s2, [nodes[0], nodes[1], nodes[3], nodes[2]], joins_at=2), s2)
+    assert second["warm_start"]["returning"] == ["client-0", "client-1", "client-2"]
+    assert second["warm_start"]["new"] == ["client-3"]
+    first, last = (torch.load(p, weights_only=True)["strategy"]
+                   for p in sorted((tmp_path / "s2" / "checkpoint").glob("*.pt")))
+    cid = second["client_names"].index("client-2")
+    assert cid not in second["rounds"][0]["trained_clients"]  # it joined in round 2
+    assert last["started_from"][str(cid)] == ("its own model" if strategy == "fedamp"
+                                              else "its own embedding")
+    assert str(cid) not in first["started_from"]
+    if strategy == "panacea":  # GH has its row from round 2 on
+        assert [len(s["hnet"]["embeddings.weight"]) for s in (held, first, last)] == [3, 3, 4]
+
+
+def test_forget_takes_the_members_place_from_the_sealed_checkpoints_and_names_exactly(tmp_path):
+    from fedamp_flwr.erasure import Erasure, _scrub_run
+
+    cfg, nodes = _season(tmp_path, "fedamp")
+    s1 = {**cfg, "num-server-rounds": 1, "run-name": "s1"}
+    _app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
+    run = tmp_path / "s1"
+    metrics = json.loads((run / "metrics.json").read_text())
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    # whoever can write metrics.json (not sealed) swaps two names: forget refuses, changes nothing
+    swapped = dict(metrics, client_names=["client-0", "client-2", "client-1"])
+    (run / "metrics.json").write_text(json.dumps(swapped))
+    with pytest.raises(ConfigError, match="holds member 'client-2' as client 2, metrics.json "
+                                          "as client 1; nothing was changed"):
+        Erasure(run, "client-2", None).forget()
+    assert not (run / "forgotten.json").exists()
+    assert all(p.read_bytes() == b for p, b in before.items() if p.name != "metrics.json")
+    # a name inside another's ("site-1" in "site-10") and a run-config value equal to a name
+    record = {"client_names": ["site-1", "site-10"], "config": {"model": "site-1"},
+              "impostors": [{"node": 7, "why": "claims member 'site-10': its key ...", "at": "x"}],
+              "left_out": {"9": "member 'site-10' cannot join"},
+              "collaboration_policy": {"file": "p", "sha256": "0", "apart": [["site-1", "b", "c"]]},
+              "rounds": [{"round": 1, "trained_clients": [0, 1],
+                          "client_accuracy": {"0": 0.5, "1": 1.0}, "mean_accuracy": 0.75}]}
+    out = _scrub_run(record, 0, "site-1")
+    assert out["client_names"] == ["", "site-10"] and out["config"]["model"] == "site-1"
+    assert out["impostors"] == record["impostors"] and out["left_out"] == record["left_out"]
+    assert out["collaboration_policy"]["apart"] == [["b", "c"]]
+    assert out["rounds"][0]["mean_accuracy"] == 1.0 and out["bmta"] == 100.0

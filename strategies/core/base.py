@@ -166,6 +166,10 @@ class StrategyBase(ClientInstructions):
         a client new to this run. A method with one global model keeps nothing per client:
         the run starts from that run's global model (the ServerApp's ``arrays``)."""
 
+    def warm_row(self, state: dict[str, Any], old_row: int, client_id: int) -> None:
+        """A returning client that joins the run under way (after :meth:`add_client`) takes
+        its row ``old_row`` of the other run's ``state`` (:meth:`warm_start`)."""
+
     @property
     def history(self) -> RunHistory:
         """The run's records (``self.tracker.history``)."""
@@ -173,11 +177,13 @@ class StrategyBase(ClientInstructions):
 
     def state_dict(self) -> dict[str, Any]:
         """The strategy's state between rounds, for a checkpoint (tensors and plain values)."""
-        return {"history": self.history.to_state()}
+        return {"history": self.history.to_state(),
+                "started_from": {str(c): w for c, w in self.started_from.items()}}
 
     def load_state_dict(self, state: dict[str, Any], initial_arrays: ArrayRecord) -> None:
         """Continue from :meth:`state_dict` (after ``setup_tracking`` of the resumed run)."""
         self.history.load_state(state["history"])
+        self.started_from = {int(c): str(w) for c, w in state.get("started_from", {}).items()}
 
     def _screen_train(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
         """The training replies that pass every check, the method's own included."""
@@ -531,6 +537,13 @@ class PersonalizedStrategy(StrategyBase, Strategy):
         for r, k in zip(new[has].tolist(), counts[has].tolist(), strict=True):
             self.started_from[self.client_ids[r]] = (f"the mean of the models of {int(k)} "
                                                      "returning member(s)")
+
+    def warm_row(self, state: dict[str, Any], old_row: int, client_id: int) -> None:
+        old = state.get("models")
+        if self.models is not None and isinstance(old, torch.Tensor) and old.ndim == 2 \
+                and old.shape[1] == self.store.shape[1] and 0 <= old_row < len(old):
+            self.store[self._row[client_id]] = old[old_row].to(self.store)
+            self.started_from[client_id] = "its own model"
 
     def add_client(self, info: ClientInfo, adjacency: torch.Tensor | None = None) -> None:
         """A client that joins after the start gets a row of its own (:meth:`new_client_model`,
