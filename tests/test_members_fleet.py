@@ -8,7 +8,9 @@ client-id with a key of its own (it is refused at once, the member trains); ever
 SuperNode stopped, the FedAMP run resumed while an impostor claims an absent member's
 name (it gets nothing, and that member's stored model is kept to the byte), then every
 member restarted in another order (new node ids) and the run resumed again, every member
-keeping its client id and its personalized model. Panacea over a graph file, or a graph
+keeping its client id and its personalized model. Then the next season: site-c gone and
+site-d new, a run warm-started from the FedAMP run with site-a and site-d kept apart, and
+site-c forgotten by the FedAMP run (fedamp-flwr forget). Panacea over a graph file, or a graph
 inferred, that names the members runs the same server and client code in process
 (tests/test_members.py, tests/test_graph_inference.py). No SuperNode authentication here
 (the hardened fleet, with it, is tests/test_fleet_e2e.py).
