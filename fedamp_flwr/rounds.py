@@ -245,6 +245,21 @@ def run_rounds(
         if failure:
             log(WARNING, "Round %d: %s (%d of max-failed-rounds = %d in a row)", server_round,
                 failure, failed_in_a_row, max_failed_rounds)
-        log(INFO, "Round %d done in %.2fs", server_round, time.monotonic() - round_started)
+        log(INFO, "Round %d done in %.2fs%s", server_round, time.monotonic() - round_started,
+            eta(time.monotonic() - started, server_round - first_round + 1,
+                last_round - server_round))
     log(INFO, "Rounds %d to %d done in %.2fs", first_round, last_round, time.monotonic() - started)
     return arrays
+
+
+def eta(seconds: float, done: int, left: int) -> str:
+    """The rest of a round's log line: the rounds left and how long they take at the mean
+    pace of the ``done`` rounds so far (``seconds`` in all), e.g. "; 8 rounds left, about
+    0:04:10 (ETA 14:32)"; "" when none is left."""
+    if left <= 0 or done <= 0:
+        return ""
+    rest = seconds / done * left
+    clock = time.strftime("%H:%M", time.localtime(time.time() + rest))
+    return (f"; {left} round{'s' if left > 1 else ''} left, about "
+            f"{int(rest) // 3600}:{int(rest) // 60 % 60:02d}:{int(rest) % 60:02d} "
+            f"(ETA {clock}, at this run's mean pace)")

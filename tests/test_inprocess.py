@@ -46,3 +46,22 @@ def test_the_inprocess_engine_runs_mods_and_lifespans(tmp_path):
                              "client lifespan": n * (1 + 2 * rounds),
                              "server enter": 1, "server exit": 1})
     assert (tmp_path / "mods" / "metrics.json").is_file()
+
+
+def test_each_round_line_says_the_rounds_left_and_when_they_end(tmp_path, caplog):
+    import logging
+    import re
+
+    from fedamp_flwr.rounds import eta
+
+    # 4 rounds in 100 s: 8 more at that pace take 200 s
+    assert re.fullmatch(r"; 8 rounds left, about 0:03:20 \(ETA \d\d:\d\d, at this run's mean "
+                        r"pace\)", eta(100.0, 4, 8))
+    assert eta(7300.0, 1, 1).startswith("; 1 round left, about 2:01:40 ")
+    assert eta(5.0, 3, 0) == ""
+    with caplog.at_level(logging.INFO):
+        run_inprocess({"strategy": "fedavg", "num-server-rounds": 3, "local-epochs": 1,
+                       "results-dir": str(tmp_path), "run-name": "r", "server-device": "cpu"}, 2)
+    lines = [r.getMessage() for r in caplog.records if " done in " in r.getMessage()]
+    assert "2 rounds left, about" in lines[0] and "1 round left" in lines[1]
+    assert lines[2].startswith("Round 3 done in ") and "left" not in lines[2]
