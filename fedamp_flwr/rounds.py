@@ -245,11 +245,16 @@ def run_rounds(
         if failure:
             log(WARNING, "Round %d: %s (%d of max-failed-rounds = %d in a row)", server_round,
                 failure, failed_in_a_row, max_failed_rounds)
-        log(INFO, "Round %d done in %.2fs%s", server_round, time.monotonic() - round_started,
-            eta(time.monotonic() - started, server_round - first_round + 1,
-                last_round - server_round))
+        _say_done(server_round, round_started, started, first_round, last_round)
     log(INFO, "Rounds %d to %d done in %.2fs", first_round, last_round, time.monotonic() - started)
     return arrays
+
+
+def _say_done(server_round: int, round_started: float, started: float, first_round: int,
+              last_round: int) -> None:
+    now = time.monotonic()
+    log(INFO, "Round %d done in %.2fs%s", server_round, now - round_started,
+        eta(now - started, server_round - first_round + 1, last_round - server_round))
 
 
 def eta(seconds: float, done: int, left: int) -> str:
