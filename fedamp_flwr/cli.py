@@ -400,6 +400,10 @@ def forget_member(run: str, name: str, report: bool, secret_file: str) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as err:  # a damaged run file
+        print(f"error: RUN_DIR = {run!r}: {type(err).__name__}: {err} (see forgotten.json for "
+              "what was done)", file=sys.stderr)
+        return 2
     changed = [f for f in entry["files"] if not f.get("removed")]
     removed = [f for f in entry["files"] if f.get("removed")]
     print(f"Member '{name}' (client {entry['client_id']}) forgotten by run "

@@ -29,6 +29,7 @@ folder's ``.lock``) is refused.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import time
@@ -136,7 +137,7 @@ def _records(run: dict[str, Any], cid: int, name: str) -> None:
             run[key].pop(name, None)
     for key in ("impostors",):
         if isinstance(run.get(key), list):
-            run[key] = [a for a in run[key] if not _names(json.dumps(a), name)]
+            run[key] = [a for a in run[key] if not _names(repr(a), name)]
     models = run.get("models")
     if isinstance(models, dict) and isinstance(models.get("clients"), dict):
         models["clients"].pop(str(cid), None)
@@ -306,7 +307,7 @@ class Erasure:
                                                  self.name, *roles)))
         for path in sorted((self.folder / "checkpoint").glob("*.refused")):
             plan.append((path, None))
-        run = _scrub_run(json.loads(json.dumps(self.run)), self.cid, self.name)
+        run = _scrub_run(copy.deepcopy(self.run), self.cid, self.name)
         plan.append((self.folder / "metrics.json",
                      json.dumps(strict_json(run), indent=1, allow_nan=False).encode()))
         xi = self.folder / XI_FOLDER

@@ -32,9 +32,14 @@ def _season(tmp_path: Path, strategy: str, n: int = 4, **extra) -> tuple[dict, l
     return cfg, nodes
 
 
-def _store(run_dir: Path) -> torch.Tensor:
+def _newest(run_dir: Path) -> dict:
+    """The strategy state of a run's newest checkpoint (tensors only: no code from the file)."""
     newest = sorted((run_dir / "checkpoint").glob("round-*.pt"))[-1]
-    return torch.load(newest, weights_only=True)["strategy"]["models"]
+    return torch.load(newest, weights_only=True)["strategy"]
+
+
+def _store(run_dir: Path) -> torch.Tensor:
+    return _newest(run_dir)["models"]
 
 
 def test_a_fedamp_season_starts_from_the_last_by_member_name(tmp_path, caplog):
@@ -108,8 +113,7 @@ def test_panacea_places_a_newcomers_embedding_by_its_graph_neighbours(tmp_path):
         "save-models": "final"})
     s1 = {**cfg, "num-server-rounds": 2, "run-name": "s1"}
     _app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
-    held = torch.load(sorted((tmp_path / "s1" / "checkpoint").glob("*.pt"))[-1],
-                      weights_only=True)["strategy"]["hnet"]
+    held = _newest(tmp_path / "s1")["hnet"]
     s2 = {**cfg, "num-server-rounds": 1, "run-name": "s2", "warm-start": str(tmp_path / "s1"),
           "panacea-server-steps": 1}
     kept = [{**node, "model-dir": str(tmp_path / "models")} for node in nodes[1:]]
@@ -228,8 +232,7 @@ def test_a_returning_member_that_joins_under_way_takes_its_own_model(tmp_path, s
     cfg, nodes = _season(tmp_path, strategy, **{"graph-file": str(graph), **extra})
     s1 = {**cfg, "num-server-rounds": 2, "run-name": "s1"}
     _app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
-    held = torch.load(sorted((tmp_path / "s1" / "checkpoint").glob("*.pt"))[-1],
-                      weights_only=True)["strategy"]
+    held = _newest(tmp_path / "s1")
     # season 2: client-0, client-1 and the new client-3 start; client-2 comes back in round 2
     s2 = {**cfg, "num-server-rounds": 2, "run-name": "s2", "warm-start": str(tmp_path / "s1"),
           "checkpoint-every": 1}
