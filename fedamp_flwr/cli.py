@@ -409,6 +409,8 @@ def forget_member(run: str, name: str, report: bool, secret_file: str) -> int:
     print(f"Member '{name}' (client {entry['client_id']}) forgotten by run "
           f"'{Path(run).resolve().name}': {len(changed)} file(s) rewritten, {len(removed)} "
           f"removed; audit in {Path(run).resolve() / 'forgotten.json'}")
+    if entry.get("not_erased"):
+        print(f"warning: not erased here: {entry['not_erased']}", file=sys.stderr)
     if entry["name_still_found_in"]:
         print(f"warning: the name is still found in {entry['name_still_found_in']}",
               file=sys.stderr)

@@ -222,6 +222,14 @@ class RunConfig:
                             "last", **integer_in(0, MOST_ROUNDS, "0: not written"))
     xi_dtype: str = setting("float32", "the weight matrices' dtype", **one_of("float32",
                                                                             "float16"))
+    tensorboard: bool = setting(False, "TensorBoard event files in the run's folder's "
+                                "tensorboard/ (the tensorboard extra)")
+    mlflow: bool = setting(False, "the run's records to an MLflow run (the mlflow extra)")
+    mlflow_uri: str = setting(
+        "", 'the MLflow tracking URI ("": a file store in <results-dir>/mlruns)',
+        ok=lambda v: v == "" or (":" in v and "\n" not in v),
+        allowed='"" (a file store in <results-dir>/mlruns) or a tracking URI with its scheme '
+        "(file:/path, sqlite:///path.db, http://host:5000)")
     # The rounds
     num_server_rounds: int = setting(10, "rounds", **integer_in(1, MOST_ROUNDS))
     round_timeout: float = setting(
@@ -439,6 +447,7 @@ class RunConfig:
             self._check_policy()
         if self.warm_start:
             self._check_warm_start()
+        self._check_dashboards()
         if self.dataset == tasks.MEMBERS:
             self._validate_members()
         elif self.member_roster:
@@ -477,6 +486,18 @@ class RunConfig:
             raise _bad("warm-start", self.warm_start, f'"" for strategy {self.strategy!r} with '
                        'graph = "inferred" (the graph is inferred from the first rounds\' '
                        "updates of the initial model; give the graph as a file instead)")
+
+    def _check_dashboards(self) -> None:
+        """The MLflow keys together (the packages are the ServerApp's: a member's node needs
+        neither, :func:`fedamp_flwr.dashboards.check_packages`)."""
+        if self.mlflow_uri and not self.mlflow:
+            raise _bad("mlflow-uri", self.mlflow_uri, '"" unless mlflow = true')
+
+    def mlflow_store(self) -> str:
+        """The MLflow tracking URI of the run: ``mlflow-uri``, else a file store in
+        ``<results-dir>/mlruns``."""
+        return self.mlflow_uri or (Path(self.results_dir).expanduser().resolve()
+                                   / "mlruns").as_uri()
 
     def _check_data(self) -> None:
         """The model fits the data, the data is where the task needs it, attacks have classes."""

@@ -58,6 +58,7 @@ from .results import (
     CHECKPOINT_FORMAT,
     FORGOTTEN,
     LOCK,
+    TENSORBOARD_FOLDER,
     XI_FOLDER,
     _read_checkpoint,
     checkpoint_files,
@@ -321,6 +322,9 @@ class Erasure:
             rows = graph.read_text().splitlines()
             kept = [r for r in rows if self.name not in r.split(",")]
             plan.append((graph, ("\n".join(kept) + "\n").encode()))
+        boards = self.folder / TENSORBOARD_FOLDER  # a view of metrics.json, by member name
+        plan += [(p, None) for p in sorted(boards.rglob("*")) if p.is_file() and
+                 not p.is_symlink()] if boards.is_dir() and not boards.is_symlink() else []
         for suffix in (".safetensors", ".json"):  # a partitioned run's server-written model
             if (self.folder / "models" / f"{self.name}{suffix}").is_file():
                 plan.append((self.folder / "models" / f"{self.name}{suffix}", None))
@@ -372,6 +376,12 @@ class Erasure:
                                               f"{path.name}\n".encode())
                 record["sha256_after"] = sha256_of(path)
             entry.update(status="done", name_still_found_in=self._search())
+            config = self.run.get("config") if isinstance(self.run.get("config"), dict) else {}
+            if config.get("mlflow") is True:  # a store this command does not own
+                entry["not_erased"] = (f"the run's MLflow run (tracking URI "
+                                       f"{config.get('mlflow-uri') or '<results-dir>/mlruns'}, "
+                                       f"tag fedamp.run = '{self.folder.name}') holds the "
+                                       "member's metrics: delete that MLflow run there")
             write_json(self.folder / FORGOTTEN, held)
             return entry
         finally:

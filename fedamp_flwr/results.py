@@ -82,6 +82,7 @@ XI_FOLDER = "xi"
 LOCK = ".lock"  # held (flock) by the ServerApp of a live run
 FORGOTTEN = "forgotten.json"  # the audit of the members a run has forgotten (erasure.py)
 MODELS_FOLDER = "models"  # each client's model and card (fedamp_flwr/delivery.py)
+TENSORBOARD_FOLDER = "tensorboard"  # event files (fedamp_flwr/dashboards.py)
 
 
 def load_xi(run_dir: str | Path) -> tuple[list[int], dict[int, np.ndarray]]:
@@ -109,6 +110,7 @@ class XiFiles:
     def __init__(self, folder: Path, every: int, dtype: str, last_round: int) -> None:
         self.folder, self.every, self.last = folder / XI_FOLDER, every, last_round
         self.dtype = np.dtype(dtype)
+        self.latest: tuple[int, np.ndarray] | None = None  # the newest written: its round
 
     def __call__(self, server_round: int, client_ids: list[int], xi: torch.Tensor) -> bool:
         if not self.every or (server_round % self.every and server_round != self.last):
@@ -120,7 +122,12 @@ class XiFiles:
         matrix = xi.detach().cpu().numpy().astype(self.dtype)
         atomic_write(self.folder / f"round-{server_round:04d}.npy",
                      lambda f: np.save(f, matrix), private=True)
+        self.latest = (server_round, matrix)
         return True
+
+    def of_round(self, server_round: int) -> np.ndarray | None:
+        """The matrix written for ``server_round`` (None: none was)."""
+        return self.latest[1] if self.latest and self.latest[0] == server_round else None
 
 
 #: the environment's name for the file of the coordinator's checkpoint secret

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 import time
@@ -38,6 +39,7 @@ from tasks.graphs import GraphError, build_graph, group_graph
 from tasks.tabular import pooled
 
 from .config import ConfigError, RunConfig
+from .dashboards import Dashboards, check_packages
 from .delivery import ModelDelivery, new_token
 from .discovery import ClientSetupError, discover_clients, discover_members
 from .identity import IdentityError, fingerprint, key_text, read_roster
@@ -302,7 +304,10 @@ def _main(grid: Grid, context: Context) -> None:
         run.restore()
         run.report(run.execute())
     finally:
-        run.folder.release()
+        try:
+            run.close_boards()
+        finally:
+            run.folder.release()
 
 
 class Run:
@@ -315,6 +320,7 @@ class Run:
     def __init__(self, grid: Grid, cfg: RunConfig) -> None:
         self.grid, self.cfg = grid, cfg
         check_server_memory(cfg, max(cfg.min_nodes, 2))  # before a client is waited for
+        check_packages(cfg)  # the dashboards asked for
         # read once, on the coordinator's machine: the run keeps the policy it started with
         self.policy = cfg.apart_policy()
         self.folder = RunFolder(cfg)
@@ -322,6 +328,7 @@ class Run:
         self.delivery: ModelDelivery | None = None
         self.arrays: ArrayRecord | None = None
         self.done, self.spent, self.started = 0, 0.0, time.time()
+        self.boards: Dashboards | None = None
 
     def setup(self) -> None:
         """The run folder claimed, the checkpoint read, the clients found, the strategy built."""
@@ -420,10 +427,10 @@ class Run:
         noise = noise_allowance(cfg.dp_clip, cfg.dp_noise_multiplier, sum(  # dp = "update":
             p.numel() for p in model.state_dict().values() if torch.is_floating_point(p))) \
             if cfg.dp == "update" else 0.0  # a member's own noise is not a hostile update
-        tracking = RunTracking(
-            self.clients, roles, cfg.max_update_ratio, noise, self.members.schema is not None,
-            XiFiles(self.folder.path, cfg.xi_every, cfg.xi_dtype, cfg.num_server_rounds),
-            self.policy)
+        self.xi_files = XiFiles(self.folder.path, cfg.xi_every, cfg.xi_dtype,
+                                cfg.num_server_rounds)
+        tracking = RunTracking(self.clients, roles, cfg.max_update_ratio, noise,
+                               self.members.schema is not None, self.xi_files, self.policy)
         self.strategy = strategies.build_strategy(
             cfg.strategy, cfg.settings, run_setup(cfg, n, param_keys, adjacency, tracking))
         self.members.names = list(self.base)
@@ -463,6 +470,8 @@ class Run:
                 cfg, self.dc, self.folder.name, self.token, self.folder.path / MODELS_FOLDER,
                 array_spec(self.initial), self.strategy.history, lambda: self.members.names,
                 self.writer.submit, self.strategy.learned_from, self.card_starts)
+        self.boards = Dashboards.open(cfg, self.folder.path, self.done + 1, self.token,
+                                      lambda: self.members.names or None)
 
     @property
     def warm_key(self) -> str:
@@ -571,6 +580,19 @@ class Run:
         if checkpoint or not cfg.checkpoint_every:  # with its checkpoint, else every round
             metrics = copy.deepcopy(self.record(server_round).to_dict())  # the next round adds to them
             self.writer.submit(lambda: self.folder.write_metrics(metrics))
+        if self.boards is not None:  # every round, after its metrics.json
+            rec = copy.deepcopy(self.strategy.history.rounds.get(server_round, {}))
+            xi, boards = self.xi_files.of_round(server_round), self.boards
+            self.writer.submit(lambda: boards.round(server_round, rec, xi))
+
+    def close_boards(self) -> None:
+        """The dashboards told how the run ended, with the models' cards (after every write)."""
+        if self.boards is not None:
+            with contextlib.suppress(Exception):  # a failed write was raised by execute()
+                self.writer.close()
+            models = self.delivery.record() if self.delivery is not None else None
+            self.boards.close(self.folder.path, models,
+                              bool(self.strategy.history.rounds.get(self.cfg.num_server_rounds)))
 
     def checkpoint_now(self, server_round: int, arrays: ArrayRecord) -> None:
         """Copy the run's state now; the writer's thread writes it."""

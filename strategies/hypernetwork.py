@@ -145,6 +145,7 @@ def server_step(
     lambda_d: float = 0.0,
     pairs: torch.Tensor | None = None,
     clip_norm: float = 0.0,
+    losses: dict[str, float] | None = None,
 ) -> float:
     """One update of psi toward the clients' trained models.
 
@@ -157,7 +158,9 @@ def server_step(
     Returns
     -------
     float
-        The mean over rows of 1/2 ||theta_t - trained_t||^2 before the step.
+        The mean over rows of 1/2 ||theta_t - trained_t||^2 before the step; with
+        ``losses``, that loss goes there as ``model`` and the graph reconstruction loss L_d
+        as ``graph`` (where the generator has a term).
     """
     params = [p for p in hnet.parameters() if p.requires_grad]
     z = hnet.encode(prop)
@@ -168,6 +171,8 @@ def server_step(
     grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, raw)]
     if hnet.generator is not None and lambda_d > 0 and adj is not None and pairs is not None:
         loss_d = graph_reconstruction_loss(hnet.generator(z), adj, pairs)
+        if losses is not None:
+            losses["graph"] = float(loss_d.detach())
         psi_e = hnet.encoder_parameters()
         extra = torch.autograd.grad(loss_d, psi_e, allow_unused=True)
         index = {id(p): i for i, p in enumerate(params)}
@@ -180,4 +185,7 @@ def server_step(
     if clip_norm > 0:
         nn.utils.clip_grad_norm_(params, clip_norm)
     optimizer.step()
-    return 0.5 * float((residual ** 2).sum()) / len(rows)
+    model_loss = 0.5 * float((residual ** 2).sum()) / len(rows)
+    if losses is not None:
+        losses["model"] = model_loss
+    return model_loss

@@ -526,15 +526,16 @@ class Panacea(PersonalizedStrategy):
                 return
             self._infer_graph(server_round)  # then GH's first server steps, on these models
         rows = rows.to(self.device)
-        loss = 0.0
+        losses: dict[str, float] = {}
         for _ in range(self.server_steps):
             pairs = (sample_pairs(self.adj, self.pair_gen) if self.use_generator and self.adj is not None
                      else None)
-            loss = server_step(self.net, self.optimizer, self.prop, rows,
-                               trained[:, : self.flat.num_params], self.adj, self.lambda_d, pairs,
-                               self.server_clip)
+            server_step(self.net, self.optimizer, self.prop, rows,
+                        trained[:, : self.flat.num_params], self.adj, self.lambda_d, pairs,
+                        self.server_clip, losses)
+        self.history.record_server_losses(server_round, losses)  # the last step's
         log(INFO, "Round %d: server step on %d clients, mean 1/2 ||theta - trained||^2 = %.4g",
-            server_round, len(rows), loss)
+            server_round, len(rows), losses.get("model", 0.0))
         if not all(bool(torch.isfinite(p).all()) for p in self.net.parameters()):
             raise RuntimeError(
                 f"round {server_round}: the hypernetwork's parameters are no longer finite after "

@@ -20,6 +20,7 @@ from .records import (
     MEAN_TRAIN_LOSS,
     METRICS,
     REJECTED,
+    SERVER_LOSSES,
     TRAINED,
     RunFile,
     client_key,
@@ -48,7 +49,8 @@ class RunHistory:
     clients (neither novel nor attackers); ``novel_mean_<m>`` over the novel
     clients when there are any; ``train_loss``; ``trained_clients``;
     ``client_dp_epsilon`` (client id to the epsilon it reported spent, with ``dp``);
-    ``global_norm`` (the global model's norm, strategies that keep one); and,
+    ``global_norm`` (the global model's norm, strategies that keep one); ``server_losses``
+(a method's own losses on the server, by name: Panacea's); and,
     when clients did not take part, ``absent_clients`` (training) and
     ``absent_evaluation`` (client id to the reason: node unavailable, an
     error reply, no reply in time, or a rejected reply, which is also under
@@ -98,6 +100,10 @@ class RunHistory:
     def record_norm(self, server_round: int, norm: float) -> None:
         """Record the norm of the round's global model (strategies with one)."""
         self._round(server_round)[GLOBAL_NORM] = norm
+
+    def record_server_losses(self, server_round: int, losses: dict[str, float]) -> None:
+        """Record the losses a method minimised on the server this round, by name."""
+        self._round(server_round)[SERVER_LOSSES] = {k: float(v) for k, v in losses.items()}
 
     def times_trained(self, client_id: int) -> int:
         """In how many rounds so far the client's training reply was used."""

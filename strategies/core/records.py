@@ -13,6 +13,7 @@ report (``accuracy`` for classification, ``mse`` for regression, ``loss``):
   ``novel_mean_<m>`` over the novel clients;
 
 and :data:`TRAINED`, :data:`MEAN_TRAIN_LOSS`, :data:`DP_SPENT`, :data:`GLOBAL_NORM`,
+:data:`SERVER_LOSSES` (a method's own losses on the server: Panacea's),
 :data:`ABSENT` and :data:`REJECTED` by phase.
 
 A run's headline (``metrics.json``'s top level, :func:`headlines`): the best mean over the
@@ -46,6 +47,10 @@ CLIENT_MAPS = ("client_", "absent_", "rejected")
 #: epsilon each reported spent (``dp``), the global model's norm (strategies with one)
 TRAINED, MEAN_TRAIN_LOSS, DP_SPENT, GLOBAL_NORM = ("trained_clients", "train_loss",
                                                    "client_dp_epsilon", "global_norm")
+#: a round's record: the losses a method minimises on the server, by name (Panacea: ``model``,
+#: the mean 1/2 ||theta - trained||^2 of its last server step, and ``graph``, the graph
+#: reconstruction loss L_d of its generator)
+SERVER_LOSSES = "server_losses"
 #: by phase ("train", "evaluate"): client id -> why it did not take part / why its reply was
 #: rejected (also among the absent)
 ABSENT = {"train": "absent_clients", "evaluate": "absent_evaluation"}
