@@ -54,6 +54,7 @@ preset with a ``tuned.json``'s values.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shlex
 import signal
@@ -128,6 +129,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "on held-out validation data (docs/tuning.md)")
     p.add_argument("--validation-fraction", type=float, default=VALIDATION_FRACTION,
                    help="--tune: share of each client's training data held out to score trials")
+    p.add_argument("--tensorboard", action="store_true",
+                   help="every run writes TensorBoard event files (runs/<name>/tensorboard/): "
+                        "tensorboard --logdir <output>/runs compares them")
+    p.add_argument("--mlflow", action="store_true",
+                   help="every run logs to MLflow, a file store in <output>/mlruns unless --set "
+                        "mlflow-uri=URI says otherwise")
     p.add_argument("--tuned", type=Path, default=None, metavar="FILE",
                    help="run with the values of a tuned.json (from --tune) for each method and "
                         "data setting it names; --set and --rounds still win")
@@ -148,7 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     output = Path(args.output or ROOT / "results" / default_out).resolve()
     try:
         grid = apply_overrides(PRESETS[args.preset], args.strategies, args.seeds, args.rounds,
-                               args.set, args.num_supernodes, args.datasets, args.scenarios)
+                               args.set + dashboard_settings(args, output), args.num_supernodes,
+                               args.datasets, args.scenarios)
         runs = grid_runs(args, grid, output)
     except (ConfigError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
@@ -197,11 +205,28 @@ def check_args(args: argparse.Namespace) -> int:
     if not 0 < args.validation_fraction < 1:
         raise SystemExit(f"error: --validation-fraction {args.validation_fraction} is invalid; "
                          "allowed: a number in (0, 1)")
+    for flag, on, package in (("--tensorboard", args.tensorboard, "tensorboard"),
+                              ("--mlflow", args.mlflow, "mlflow")):
+        if on and importlib.util.find_spec(package) is None:
+            raise SystemExit(f"error: {flag} needs the {package} package, which is not "
+                             f"installed; allowed: pip install 'fedamp-flwr[{package}]', or "
+                             f"without {flag}")
     if args.budget and (args.rounds or any(
             s.partition("=")[0].strip() == "num-server-rounds" for s in args.set)):
         raise SystemExit("error: --rounds (or --set num-server-rounds) and --budget together are "
                          "invalid: a budget sets the rounds; allowed: one of them")
     return jobs
+
+
+def dashboard_settings(args: argparse.Namespace, output: Path) -> list[str]:
+    """``--set`` values of ``--tensorboard`` and ``--mlflow`` (the grid's MLflow store: in its
+    output folder, unless ``--set mlflow-uri`` names one)."""
+    out = ["tensorboard=true"] if args.tensorboard else []
+    if args.mlflow:
+        out.append("mlflow=true")
+        if not any(s.partition("=")[0].strip() == "mlflow-uri" for s in args.set):
+            out.append(f"mlflow-uri={(output / 'mlruns').as_uri()}")
+    return out
 
 
 def grid_runs(args: argparse.Namespace, grid: Grid, output: Path) -> list[Run]:

@@ -81,14 +81,22 @@ class Children:
         self._live: set[subprocess.Popen] = set()
         self.stopping = threading.Event()
 
-    def run(self, args: Sequence[str], env: dict[str, str]) -> int | None:
-        """Run ``args`` to its end; its exit code, or None if the jobs were stopped."""
+    def run(self, args: Sequence[str], env: dict[str, str],
+            on_line: Callable[[str], None] | None = None) -> int | None:
+        """Run ``args`` to its end; its exit code, or None if the jobs were stopped.
+        ``on_line``: gets each line the child prints (stdout and stderr), else they are the
+        child's own."""
         with self._lock:
             if self.stopping.is_set():
                 return None
-            proc = subprocess.Popen(list(args), env=env)
+            piped = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True,
+                     "errors": "replace"} if on_line is not None else {}
+            proc = subprocess.Popen(list(args), env=env, **piped)  # type: ignore[call-overload]
             self._live.add(proc)
         try:
+            if on_line is not None:
+                for line in proc.stdout:
+                    on_line(line.rstrip("\n"))
             code = proc.wait()
         finally:
             with self._lock:

@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from experiments.flower_cli import (
 from experiments.jobs import Children, pool, threads_per_job
 from experiments.presets import Run
 from experiments.processes import SuperLink
+from experiments.progress import ROUND_DONE, GridProgress
 from fedamp_flwr.config import RunConfig, default_values
 from fedamp_flwr.results import checkpoint_files
 from strategies.core.records import RunFile
@@ -40,6 +42,8 @@ from strategies.core.records import RunFile
 ROOT = Path(__file__).resolve().parents[1]
 # Each run's outcome (Flower's run id and status), beside its metrics.json.
 STATUS_FILE = report.STATUS_FILE
+# What changes where a run's records go, not the run: a finished run is not run again for them.
+DASHBOARD_KEYS = ("tensorboard", "mlflow", "mlflow-uri")
 # The status of a run that Flower refused to start (flwr run failed).
 NOT_SUBMITTED = "not-submitted"
 
@@ -56,7 +60,7 @@ def previous_run(output: Path, run: Run) -> RunFile | None:
         return None
     config = metrics.config
     same = all(config.get(k) == v for k, v in run.run_config.items()
-               if k != "num-server-rounds")
+               if k not in ("num-server-rounds", *DASHBOARD_KEYS))
     # the keys left at "auto" must resolve as they did (a tuning or a task's defaults may
     # have changed what "auto" gives since)
     resolved = RunConfig.from_run_config(run.run_config).to_dict()
@@ -92,11 +96,16 @@ def federation_config(num_clients: int, cpus: float, gpus: float) -> str:
     return " ".join(parts)
 
 
-def _progress(prefix: str):
-    """A log-line handler that prints the ServerApp's per-round test line under ``prefix``."""
+def _progress(prefix: str, emit: Callable[[str], None] | None = None):
+    """A log-line handler that passes the ServerApp's per-round test line and its round's end
+    (:data:`experiments.progress.ROUND_DONE`) under ``prefix`` to ``emit`` (default: print)."""
     def show(line: str) -> None:
-        if "mean test" in line:
-            print(f"{prefix}   {line.split('INFO :', 1)[-1].strip()}", flush=True)
+        if "mean test" in line or ROUND_DONE.search(line):
+            text = f"{prefix}   {line.split('INFO :', 1)[-1].strip()}"
+            if emit is None:
+                print(text, flush=True)
+            else:
+                emit(text)
     return show
 
 
@@ -113,7 +122,8 @@ def _start(output: Path, run: Run, prefix: str) -> tuple[Path, dict[str, Any], b
 
 
 def run_one(link: SuperLink, output: Path, run: Run, fed_config: str, prefix: str,
-            timeout: float, app: Path = ROOT) -> RunOutcome:
+            timeout: float, app: Path = ROOT, emit: Callable[[str], None] | None = None
+            ) -> RunOutcome:
     """One run of ``app`` through Flower's CLI (:class:`experiments.flower_cli.FlowerRun`),
     continuing a half-finished one from its checkpoint; prints a line per round.
 
@@ -125,7 +135,7 @@ def run_one(link: SuperLink, output: Path, run: Run, fed_config: str, prefix: st
     log_path = run_dir / "log.txt"
     if not resumed:
         log_path.write_text("")
-    flower = FlowerRun(link.env, app, run_config, fed_config, log_path, _progress(prefix))
+    flower = FlowerRun(link.env, app, run_config, fed_config, log_path, _progress(prefix, emit))
     try:
         flower.submit()
     except FlowerCliError as err:
@@ -156,13 +166,14 @@ def run_one(link: SuperLink, output: Path, run: Run, fed_config: str, prefix: st
     return outcome
 
 
-def run_one_inprocess(output: Path, run: Run, prefix: str) -> RunOutcome:
+def run_one_inprocess(output: Path, run: Run, prefix: str,
+                      emit: Callable[[str], None] | None = None) -> RunOutcome:
     """One run of this app's ServerApp and ClientApp in this process (``--engine inprocess``);
     prints a line per round; its outcome goes to ``runs/<name>/status.json`` too."""
     from fedamp_flwr.inprocess import run_inprocess  # torch and the app: only in process
 
     run_dir, run_config, _ = _start(output, run, prefix)
-    show = _progress(prefix)
+    show = _progress(prefix, emit)
 
     class Progress(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
@@ -240,8 +251,19 @@ def run_grid(runs: list[Run], output: Path, cpus: float, gpus: float, ray_addres
     print(f"{len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run", flush=True)
     if not todo:
         return []
+    with GridProgress(todo, min(jobs, len(todo))) as progress:
+        ok = _run_all(todo, output, cpus, gpus, ray_address, timeout, engine, jobs, progress)
+    if progress.live:  # the bars are gone: the grid's end in the terminal's scrollback
+        print(f"grid: {progress.summary()}", flush=True)
+    return [run.name for run, good in zip(todo, ok) if not good]
+
+
+def _run_all(todo: list[Run], output: Path, cpus: float, gpus: float, ray_address: str | None,
+             timeout: float, engine: str, jobs: int, progress: GridProgress) -> list[bool]:
+    """:func:`run_grid`'s runs: whether each succeeded."""
     if jobs > 1 and len(todo) > 1:
-        ok = _run_parallel(todo, output, cpus, gpus, ray_address, timeout, engine, jobs)
+        ok = _run_parallel(todo, output, cpus, gpus, ray_address, timeout, engine, jobs,
+                           progress)
     else:
         link_or_none: contextlib.AbstractContextManager[SuperLink | None] = (
             SuperLink(output / ".flwr-home", ray_address) if engine == "flower"
@@ -251,17 +273,25 @@ def run_grid(runs: list[Run], output: Path, cpus: float, gpus: float, ray_addres
                 prefix = f"[{i + 1}/{len(todo)}] {run.name}"
                 print(f"{prefix}: {run.num_clients} clients", flush=True)
                 started = time.monotonic()
+                progress.start(run)
                 fed = federation_config(run.num_clients, cpus, gpus)
-                outcome = (run_one(link, output, run, fed, prefix, timeout) if link is not None
-                           else run_one_inprocess(output, run, prefix))
-                return _report(output, run, outcome, prefix, started)
+
+                def emit(text: str) -> None:
+                    progress.line(run, text)
+
+                outcome = (run_one(link, output, run, fed, prefix, timeout, emit=emit)
+                           if link is not None else run_one_inprocess(output, run, prefix, emit))
+                good = _report(output, run, outcome, prefix, started)
+                progress.end(run, good)
+                return good
 
             ok = pool(todo, 1, one)
-    return [run.name for run, good in zip(todo, ok) if not good]
+    return ok
 
 
 def _run_parallel(todo: list[Run], output: Path, cpus: float, gpus: float,
-                  ray_address: str | None, timeout: float, engine: str, jobs: int) -> list[bool]:
+                  ray_address: str | None, timeout: float, engine: str, jobs: int,
+                  progress: GridProgress) -> list[bool]:
     """:func:`run_grid` with several jobs: one child process per run, ``jobs`` at a time."""
     threads = threads_per_job(jobs)
     print(f"{jobs} jobs at a time, {threads} CPU thread(s) each", flush=True)
@@ -276,6 +306,7 @@ def _run_parallel(todo: list[Run], output: Path, cpus: float, gpus: float,
         try:
             print(f"{prefix}: {run.num_clients} clients (job {slot + 1})", flush=True)
             started = time.monotonic()
+            progress.start(run)
             spec = {"output": str(output), "name": run.name, "num_clients": run.num_clients,
                     "run_config": run.run_config, "prefix": prefix, "engine": engine,
                     "timeout": timeout, "threads": threads, "ray_address": ray_address,
@@ -286,14 +317,16 @@ def _run_parallel(todo: list[Run], output: Path, cpus: float, gpus: float,
                                                                 os.environ.get("PYTHONPATH")])))
             code = children.run([sys.executable, "-m", "experiments.runner",
                                  json.dumps(spec, allow_nan=False)],
-                                env)
+                                env, on_line=lambda text: progress.line(run, text))
         finally:
             with slot_lock:
                 slots.append(slot)
         if code is None:  # interrupted: the run resumes with the grid
             return False
         outcome = read_outcome(output, run, code)
-        return _report(output, run, outcome, prefix, started)
+        good = _report(output, run, outcome, prefix, started)
+        progress.end(run, good)
+        return good
 
     try:
         return pool(todo, jobs, one)

@@ -1,0 +1,211 @@
+"""A grid's progress (``simulation.py``): runs done, running and failed, each running run's
+rounds, and an ETA from the rounds' measured seconds.
+
+In a terminal, rich draws a bar for the grid and one for each running run, and the runs'
+lines scroll above them; elsewhere (CI, ``nohup``, a file) every event is one log line:
+a run started, a round of it done (with the grid's state), a run ended.
+
+The ETA (:func:`grid_eta`) is what the runs left take at the pace measured so far, laid out
+on the jobs as the grid lays them out (each next run on the job that is free first):
+
+* a running run: its rounds left at its own mean seconds per round (before its first
+  round ends: the pace of the runs of its strategy and dataset, else of all runs);
+* a run not started: its rounds at that pace, plus the seconds a run spends outside its
+  rounds (start, data, models), measured on the runs that ended.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+import sys
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from experiments.presets import Run
+
+#: a round's end, as the ServerApp logs it (fedamp_flwr.rounds._say_done)
+ROUND_DONE = re.compile(r"Round (\d+) done in ([0-9.]+)s")
+
+
+def rounds_of(run: Run) -> int:
+    return int(run.run_config.get("num-server-rounds", 10))
+
+
+def group_of(run: Run) -> tuple[str, str]:
+    """The runs whose rounds take alike: a strategy on a dataset."""
+    c = run.run_config
+    return str(c.get("strategy", "?")), str(c.get("dataset", "?"))
+
+
+@dataclass
+class RunState:
+    run: Run
+    started: float | None = None
+    ended: float | None = None
+    failed: bool = False
+    done: int = 0  # the newest round done (a resumed run: counted from its checkpoint)
+    seconds: list[float] = field(default_factory=list)  # the rounds measured in this grid
+
+    @property
+    def total(self) -> int:
+        return rounds_of(self.run)
+
+
+def clock(seconds: float) -> str:
+    s = max(0, int(round(seconds)))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def grid_eta(states: Iterable[RunState], jobs: int, now: float) -> float | None:
+    """Seconds until the grid ends at the measured pace (None: no round measured yet)."""
+    states = list(states)
+    measured = [s for st in states for s in st.seconds]
+    if not measured:
+        return None
+    overall = sum(measured) / len(measured)
+    by_group: dict[tuple[str, str], list[float]] = {}
+    for st in states:
+        by_group.setdefault(group_of(st.run), []).extend(st.seconds)
+
+    def pace(st: RunState) -> float:
+        own = st.seconds or by_group.get(group_of(st.run)) or []
+        return sum(own) / len(own) if own else overall
+
+    ended = [st for st in states if st.ended is not None and st.started is not None]
+    overheads = [max(0.0, (st.ended - st.started) - sum(st.seconds))  # type: ignore[operator]
+                 for st in ended if st.seconds and not st.failed]
+    overhead = sum(overheads) / len(overheads) if overheads else 0.0
+    running = [st for st in states if st.started is not None and st.ended is None]
+    pending = [st for st in states if st.started is None]
+    # each job's seconds left: a running run's rounds left, less what its round under way
+    # has already taken
+    loads = []
+    for st in running:
+        since = now - st.started if st.started is not None else 0.0
+        in_round = since - sum(st.seconds) if st.seconds else 0.0
+        left = (st.total - st.done) * pace(st) - max(0.0, min(in_round, pace(st)))
+        loads.append(max(0.0, left))
+    slots = max(jobs, 1)
+    loads += [0.0] * max(0, slots - len(loads))
+    heapq.heapify(loads)
+    for st in pending:
+        heapq.heappush(loads, heapq.heappop(loads) + st.total * pace(st) + overhead)
+    return max(loads) if loads else 0.0
+
+
+class GridProgress:
+    """The grid's progress, fed by :meth:`start`, :meth:`line` and :meth:`end` from the jobs'
+    threads; drawn by rich in a terminal (``live``), else one line per event to ``out``."""
+
+    def __init__(self, runs: Sequence[Run], jobs: int, out: TextIO | None = None,
+                 live: bool | None = None) -> None:
+        self.out = out or sys.stdout
+        self.jobs = jobs
+        self.states = {r.name: RunState(r) for r in runs}
+        self.order = {r.name: i for i, r in enumerate(runs)}
+        self.live = self.out.isatty() if live is None else live
+        self._lock = threading.RLock()
+        self._bars: Any = None
+        self._tasks: dict[str, Any] = {}
+        self._grid: Any = None
+
+    # --- what the jobs tell ---
+    def start(self, run: Run) -> None:
+        with self._lock:
+            st = self.states[run.name]
+            st.started, st.ended, st.done = time.monotonic(), None, 0
+            if self._bars is not None:
+                self._tasks[run.name] = self._bars.add_task(self._name(run), total=st.total)
+            self._refresh()
+
+    def line(self, run: Run, text: str) -> None:
+        """One of a run's lines: a round's end is counted (and said with the grid's state);
+        other lines are shown as they are."""
+        match = ROUND_DONE.search(text)
+        with self._lock:
+            if match is None:
+                self.say(text)
+                return
+            st = self.states[run.name]
+            st.done = int(match.group(1))
+            st.seconds.append(float(match.group(2)))
+            if self._bars is not None:
+                self._bars.update(self._tasks[run.name], completed=st.done)
+                self._refresh()
+            else:
+                self.say(f"{self._name(run)}: round {st.done}/{st.total} done in "
+                         f"{float(match.group(2)):.1f}s; grid: {self.summary()}")
+
+    def end(self, run: Run, ok: bool) -> None:
+        with self._lock:
+            st = self.states[run.name]
+            st.ended, st.failed = time.monotonic(), not ok
+            if self._bars is not None and run.name in self._tasks:
+                self._bars.remove_task(self._tasks.pop(run.name))
+                self._refresh()
+            else:
+                self.say(f"grid: {self.summary()}")
+
+    def say(self, text: str) -> None:
+        """A line above the bars (or a log line)."""
+        with self._lock:
+            if self._bars is not None:
+                self._bars.console.print(text, markup=False, highlight=False)
+            else:
+                print(text, file=self.out, flush=True)
+
+    # --- what it shows ---
+    def counts(self) -> tuple[int, int, int, int]:
+        """Runs done, running, failed, and in all."""
+        st = list(self.states.values())
+        return (sum(s.ended is not None and not s.failed for s in st),
+                sum(s.started is not None and s.ended is None for s in st),
+                sum(s.failed for s in st), len(st))
+
+    def eta(self) -> float | None:
+        return grid_eta(self.states.values(), self.jobs, time.monotonic())
+
+    def summary(self) -> str:
+        done, running, failed, total = self.counts()
+        eta = self.eta()
+        when = ("ETA after the first round" if eta is None else
+                f"ETA {clock(eta)} ({time.strftime('%H:%M', time.localtime(time.time() + eta))})")
+        return f"{done}/{total} runs done, {running} running, {failed} failed; {when}"
+
+    def _name(self, run: Run) -> str:
+        return f"[{self.order[run.name] + 1}/{len(self.states)}] {run.name}"
+
+    def _refresh(self) -> None:
+        if self._bars is not None:
+            done, running, failed, total = self.counts()
+            self._bars.update(self._grid, completed=done + failed)
+
+    # --- the terminal's bars ---
+    def __enter__(self) -> GridProgress:
+        if self.live:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            grid = self
+
+            class Described(TextColumn):  # the grid's line, its ETA as of each drawing
+                def render(self, task: Any) -> Any:
+                    from rich.text import Text
+
+                    return Text(f"grid: {grid.summary()}" if task.id == grid._grid
+                                else task.description)
+
+            self._bars = Progress(Described(""), BarColumn(), MofNCompleteColumn(),
+                                  console=Console(file=self.out), refresh_per_second=2)
+            self._grid = self._bars.add_task("grid", total=len(self.states))
+            self._bars.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._bars is not None:
+            self._bars.stop()
+            self._bars = None

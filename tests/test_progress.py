@@ -1,0 +1,93 @@
+"""A grid's progress (experiments/progress.py): the ETA worked by hand, the bars in a terminal,
+one line per event elsewhere; and a 2-run grid with --tensorboard and --mlflow whose runs both
+show their clients' curves in one TensorBoard and one MLflow experiment."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pytest
+from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+import simulation
+from experiments.presets import Run
+from experiments.progress import GridProgress, RunState, grid_eta
+from fedamp_flwr.dashboards import EXPERIMENT
+
+
+def _run(name: str, rounds: int, strategy: str = "fedamp", dataset: str = "mnist") -> Run:
+    return Run(name, 3, {"strategy": strategy, "dataset": dataset, "num-server-rounds": rounds})
+
+
+def test_the_eta_by_hand():
+    now = 100.0
+    # A: 4 of 10 rounds at 2 s, its 5th under way for 1 s: 6 x 2 - 1 = 11 s left
+    a = RunState(_run("a", 10), started=now - 9, done=4, seconds=[2.0] * 4)
+    # B: started, no round yet: its group's pace (A's, 2 s) x 5 rounds = 10 s
+    b = RunState(_run("b", 5), started=now - 1)
+    # C: not started, another strategy: the pace of all rounds, 2 s, x 3 = 6 s, on the job
+    # that is free first (B's, at 10 s): 16 s
+    c = RunState(_run("c", 3, strategy="fedavg"))
+    assert grid_eta([a, b, c], jobs=2, now=now) == pytest.approx(16.0)
+    # D ended: one round of 1 s in 5 s, so a run spends 4 s outside its rounds; the pace of
+    # all rounds is now (4 x 2 + 1) / 5 = 1.8 s: C takes 3 x 1.8 + 4 = 9.4 s after B's 10
+    d = RunState(_run("d", 1, strategy="x"), started=0.0, ended=5.0, done=1, seconds=[1.0])
+    assert grid_eta([a, b, c, d], jobs=2, now=now) == pytest.approx(19.4)
+    # one job: C after A, 11 + 9.4
+    assert grid_eta([a, c, d], jobs=1, now=now) == pytest.approx(20.4)
+    assert grid_eta([RunState(_run("e", 3))], jobs=1, now=now) is None  # nothing measured
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_events_as_lines_or_bars(live):
+    out = io.StringIO()
+    runs = [_run("a", 2), _run("b", 2)]
+    with GridProgress(runs, jobs=1, out=out, live=live) as progress:
+        progress.start(runs[0])
+        progress.line(runs[0], "[1/2] a   INFO : Round 1: mean test accuracy 50%")
+        progress.line(runs[0], "[1/2] a   Round 1 done in 2.50s; 1 round left")
+        progress.line(runs[0], "[1/2] a   Round 2 done in 1.50s")
+        progress.end(runs[0], True)
+        progress.start(runs[1])
+        assert progress.counts() == (1, 1, 0, 2)
+        assert progress.eta() == pytest.approx(4.0, abs=0.5)  # b: 2 rounds at a's 2 s
+        progress.end(runs[1], False)
+    text = out.getvalue()
+    assert "Round 1: mean test accuracy 50%" in text
+    if not live:
+        assert "[1/2] a: round 1/2 done in 2.5s; grid: 0/2 runs done, 1 running, 0 failed; " \
+               "ETA 0:00:08" in text  # a: 1 round at 2.5 s, then b: 2 rounds
+        assert "grid: 1/2 runs done, 0 running, 1 failed" in text
+    else:  # rich drew the bars: the grid's line with its counts
+        assert "grid: " in text and "runs done" in text
+
+
+def test_a_two_run_grid_compares_in_one_tensorboard_and_one_mlflow_experiment(tmp_path, capsys):
+    out = tmp_path / "grid"
+    assert simulation.main(["--engine", "inprocess", "--preset", "quick", "--datasets",
+                            "synthetic", "--strategies", "fedavg,fedamp", "--rounds", "2",
+                            "--num-supernodes", "3", "--set", "local-epochs=1",
+                            "--set", "test-samples=50", "--output", str(out),
+                            "--tensorboard", "--mlflow"]) == 0
+    printed = capsys.readouterr().out
+    assert "round 2/2 done in" in printed and "grid: 2/2 runs done, 0 running, 0 failed" in printed
+    boards = EventMultiplexer(size_guidance={"scalars": 0}).AddRunsFromDirectory(str(out / "runs"))
+    boards.Reload()
+    runs = boards.Runs()
+    assert len(runs) == 2
+    for name in runs:
+        assert {f"client_accuracy/{c}" for c in range(3)} <= set(runs[name]["scalars"])
+        assert [e.step for e in boards.Scalars(name, "client_accuracy/1")] == [1, 2]
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=(out / "mlruns").as_uri())
+    found = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
+    assert sorted(r.data.params["strategy"] for r in found) == ['"fedamp"', '"fedavg"']
+    # a finished grid asked again with the dashboards off runs nothing again
+    assert simulation.main(["--engine", "inprocess", "--preset", "quick", "--datasets",
+                            "synthetic", "--strategies", "fedavg,fedamp", "--rounds", "2",
+                            "--num-supernodes", "3", "--set", "local-epochs=1",
+                            "--set", "test-samples=50", "--output", str(out)]) == 0
+    assert "2 runs, 2 already done, 0 to run" in capsys.readouterr().out
