@@ -129,16 +129,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "on held-out validation data (docs/tuning.md)")
     p.add_argument("--validation-fraction", type=float, default=VALIDATION_FRACTION,
                    help="--tune: share of each client's training data held out to score trials")
+    _dashboard_options(p)
+    p.add_argument("--tuned", type=Path, default=None, metavar="FILE",
+                   help="run with the values of a tuned.json (from --tune) for each method and "
+                        "data setting it names; --set and --rounds still win")
+    return p.parse_args(argv)
+
+
+def _dashboard_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensorboard", action="store_true",
                    help="every run writes TensorBoard event files (runs/<name>/tensorboard/): "
                         "tensorboard --logdir <output>/runs compares them")
     p.add_argument("--mlflow", action="store_true",
                    help="every run logs to MLflow, a file store in <output>/mlruns unless --set "
                         "mlflow-uri=URI says otherwise")
-    p.add_argument("--tuned", type=Path, default=None, metavar="FILE",
-                   help="run with the values of a tuned.json (from --tune) for each method and "
-                        "data setting it names; --set and --rounds still win")
-    return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,12 +6,10 @@ lines scroll above them; elsewhere (CI, ``nohup``, a file) every event is one lo
 a run started, a round of it done (with the grid's state), a run ended.
 
 The ETA (:func:`grid_eta`) is what the runs left take at the pace measured so far, laid out
-on the jobs as the grid lays them out (each next run on the job that is free first):
-
-* a running run: its rounds left at its own mean seconds per round (before its first
-  round ends: the pace of the runs of its strategy and dataset, else of all runs);
-* a run not started: its rounds at that pace, plus the seconds a run spends outside its
-  rounds (start, data, models), measured on the runs that ended.
+on the jobs as the grid lays them out (each next run on the job that is free first): a run's
+rounds at its own pace (its strategy and dataset's before it has one, else all runs'), plus
+what a run spends before its first round and after its last (start, data, delivering the
+models), measured on the runs that ended.
 """
 
 from __future__ import annotations
@@ -49,6 +47,13 @@ class RunState:
     failed: bool = False
     done: int = 0  # the newest round done (a resumed run: counted from its checkpoint)
     seconds: list[float] = field(default_factory=list)  # the rounds measured in this grid
+    first_at: float | None = None  # when its first round (in this grid) ended
+    last_at: float | None = None  # when its newest round ended
+
+    @property
+    def steady(self) -> list[float]:
+        """Its rounds after the first (which also loads the data), or the first alone."""
+        return self.seconds[1:] or self.seconds
 
     @property
     def total(self) -> int:
@@ -60,40 +65,49 @@ def clock(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
+def _mean(values: Sequence[float], default: float = 0.0) -> float:
+    return sum(values) / len(values) if values else default
+
+
 def grid_eta(states: Iterable[RunState], jobs: int, now: float) -> float | None:
-    """Seconds until the grid ends at the measured pace (None: no round measured yet)."""
+    """Seconds until the grid ends at the measured pace (None: no round measured yet).
+
+    A run's pace is the mean of its rounds after its first (which also loads its data); its
+    head, the seconds from its start to its first round's end less that pace; its tail, from
+    its last round's end to its end (the models delivered, the files written). A run not
+    started takes head + rounds x pace + tail; a running one the rest of that; head and
+    tail are the means over the runs that ended.
+    """
     states = list(states)
-    measured = [s for st in states for s in st.seconds]
-    if not measured:
+    if not any(st.seconds for st in states):
         return None
-    overall = sum(measured) / len(measured)
+    overall = _mean([s for st in states for s in st.steady])
     by_group: dict[tuple[str, str], list[float]] = {}
     for st in states:
-        by_group.setdefault(group_of(st.run), []).extend(st.seconds)
+        by_group.setdefault(group_of(st.run), []).extend(st.steady)
 
     def pace(st: RunState) -> float:
-        own = st.seconds or by_group.get(group_of(st.run)) or []
-        return sum(own) / len(own) if own else overall
+        return _mean(st.steady or by_group.get(group_of(st.run)) or [], overall)
 
-    ended = [st for st in states if st.ended is not None and st.started is not None]
-    overheads = [max(0.0, (st.ended - st.started) - sum(st.seconds))  # type: ignore[operator]
-                 for st in ended if st.seconds and not st.failed]
-    overhead = sum(overheads) / len(overheads) if overheads else 0.0
-    running = [st for st in states if st.started is not None and st.ended is None]
-    pending = [st for st in states if st.started is None]
-    # each job's seconds left: a running run's rounds left, less what its round under way
-    # has already taken
+    ended = [st for st in states if st.ended is not None and st.first_at is not None
+             and not st.failed]
+    head = _mean([max(0.0, st.first_at - st.started - pace(st))  # type: ignore[operator]
+                  for st in ended])
+    tail = _mean([max(0.0, st.ended - st.last_at) for st in ended])  # type: ignore[operator]
     loads = []
-    for st in running:
-        since = now - st.started if st.started is not None else 0.0
-        in_round = since - sum(st.seconds) if st.seconds else 0.0
-        left = (st.total - st.done) * pace(st) - max(0.0, min(in_round, pace(st)))
-        loads.append(max(0.0, left))
-    slots = max(jobs, 1)
-    loads += [0.0] * max(0, slots - len(loads))
+    for st in states:
+        if st.started is None or st.ended is not None:
+            continue
+        if st.last_at is None:  # its first round under way
+            left = max(0.0, head + pace(st) - (now - st.started)) + (st.total - 1) * pace(st)
+        else:
+            left = max(0.0, (st.total - st.done) * pace(st) - (now - st.last_at))
+        loads.append(left + tail)
+    loads += [0.0] * max(0, max(jobs, 1) - len(loads))
     heapq.heapify(loads)
-    for st in pending:
-        heapq.heappush(loads, heapq.heappop(loads) + st.total * pace(st) + overhead)
+    for st in states:
+        if st.started is None:  # each next run on the job that is free first
+            heapq.heappush(loads, heapq.heappop(loads) + head + st.total * pace(st) + tail)
     return max(loads) if loads else 0.0
 
 
@@ -118,6 +132,7 @@ class GridProgress:
         with self._lock:
             st = self.states[run.name]
             st.started, st.ended, st.done = time.monotonic(), None, 0
+            st.seconds, st.first_at, st.last_at = [], None, None
             if self._bars is not None:
                 self._tasks[run.name] = self._bars.add_task(self._name(run), total=st.total)
             self._refresh()
@@ -133,6 +148,8 @@ class GridProgress:
             st = self.states[run.name]
             st.done = int(match.group(1))
             st.seconds.append(float(match.group(2)))
+            st.last_at = time.monotonic()
+            st.first_at = st.first_at or st.last_at
             if self._bars is not None:
                 self._bars.update(self._tasks[run.name], completed=st.done)
                 self._refresh()

@@ -53,6 +53,13 @@
     contribution. The checkpoints are sealed again with the run's secret (the file, else
     ``$FEDAMP_CHECKPOINT_SECRET``'s). A live run is refused.
 
+``fedamp-flwr report RUN_DIR [--out FILE] [--member NAME | --members]``
+    The coordinator's: one self-contained HTML page of a run (:mod:`fedamp_flwr.run_page`:
+    its headline, each client's curve, absences, xi or the inferred graph, each member's
+    epsilon, the run config), ``report.html`` in the run's folder; ``--member NAME``: that
+    member's page, with its numbers alone, to hand to it (``report-<NAME>.html``);
+    ``--members``: one such page per member.
+
 Nothing here connects anywhere; they read only the files named.
 """
 
@@ -62,6 +69,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -385,6 +393,32 @@ def explain_key(key: str, run_config: str) -> int:
     return 0
 
 
+def report_page(run: str, out: str | None, member: str | None, members: bool) -> int:
+    """``report``: the run's page, a member's, or one per member."""
+    from .run_page import RunPage, write_page  # matplotlib: only here
+
+    try:
+        if members:
+            if out:
+                raise ConfigError("--out with --members is invalid: each member's page is "
+                                  "report-<NAME>.html in the run's folder; allowed: one of them")
+            names = [n for n in RunPage(Path(run).expanduser().resolve()).names if n]
+            if not names:
+                raise ConfigError(f"RUN_DIR = {run!r}: the run has no members (a partitioned "
+                                  "simulation names none); allowed: without --members")
+            for name in names:
+                print(f"Wrote {write_page(run, None, name)}")
+            return 0
+        print(f"Wrote {write_page(run, out, member)}")
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"error: the page cannot be written: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def forget_member(run: str, name: str, report: bool, secret_file: str) -> int:
     """``forget``: erase (or ``report`` on) member ``name`` of run folder ``run``."""
     from .erasure import Erasure
@@ -425,7 +459,7 @@ def parser_of() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedamp-flwr", description="Check a member's data before it joins a run, predict "
         "with a delivered model, turn a FedAMP run's weights into a client graph, state a "
-        "member's spent privacy.")
+        "member's spent privacy; a run's page, a member's erasure.")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check-data", help="check a member's data against a run's schema "
                            "before joining")
@@ -464,6 +498,16 @@ def parser_of() -> argparse.ArgumentParser:
     verify.add_argument("app_dir", help="$FLWR_HOME/apps/<publisher>.<name>.<version>.<hash>")
     verify.add_argument("--fab", required=True, help="the FAB built with flwr build from the "
                         "reviewed source")
+    _coordinators_commands(sub)
+    explained = sub.add_parser("explain", help="where a run-config key's value comes from")
+    explained.add_argument("key", help="the run-config key, e.g. learning-rate")
+    explained.add_argument("--run-config", default="", help="the run's config as given to flwr "
+                           "run, e.g. \"strategy='pfedhn' dataset='tpt48'\"")
+    return parser
+
+
+def _coordinators_commands(sub: Any) -> None:
+    """The coordinator's commands on a run's folder: forget, report."""
     forget = sub.add_parser("forget", help="erase a member from every file the coordinator "
                             "keeps for a run (with an audit)")
     forget.add_argument("run", help="the run's folder (<results-dir>/<run name>)")
@@ -472,11 +516,14 @@ def parser_of() -> argparse.ArgumentParser:
                         "checkpoints predate the member's first contribution")
     forget.add_argument("--checkpoint-secret", default="", help="the run's checkpoint secret "
                         "file (default: $FEDAMP_CHECKPOINT_SECRET's, where the run had one)")
-    explained = sub.add_parser("explain", help="where a run-config key's value comes from")
-    explained.add_argument("key", help="the run-config key, e.g. learning-rate")
-    explained.add_argument("--run-config", default="", help="the run's config as given to flwr "
-                           "run, e.g. \"strategy='pfedhn' dataset='tpt48'\"")
-    return parser
+    page = sub.add_parser("report", help="a run's page (HTML, self-contained), or a member's")
+    page.add_argument("run", help="the run's folder (<results-dir>/<run name>)")
+    page.add_argument("--out", default=None, help="the page to write (default "
+                      "<run>/report.html, or report-<NAME>.html with --member)")
+    who = page.add_mutually_exclusive_group()
+    who.add_argument("--member", default=None, help="a member's page: its own numbers alone")
+    who.add_argument("--members", action="store_true", help="a page per member, beside "
+                     "report.html")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -484,6 +531,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "explain":
         return explain_key(args.key, args.run_config)
+    if args.command == "report":
+        return report_page(args.run, args.out, args.member, args.members)
     if args.command == "forget":
         return forget_member(args.run, args.name, args.report, args.checkpoint_secret)
     if args.command == "identity":

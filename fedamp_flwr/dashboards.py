@@ -115,7 +115,7 @@ def round_scalars(rec: Mapping[str, Any], names: Sequence[str] | None = None) ->
     if _number(rec.get(MEAN_TRAIN_LOSS)):
         out[MEAN_TRAIN_LOSS] = float(rec[MEAN_TRAIN_LOSS])
     if isinstance(rec.get(TRAINED), list):
-        out["trained_clients"] = float(len(rec[TRAINED]))
+        out[TRAINED] = float(len(rec[TRAINED]))  # how many
     if _number(rec.get(GLOBAL_NORM)):
         out[GLOBAL_NORM] = float(rec[GLOBAL_NORM])
     for phase in ABSENT:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 
 import pytest
 from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
@@ -22,20 +23,23 @@ def _run(name: str, rounds: int, strategy: str = "fedamp", dataset: str = "mnist
 
 def test_the_eta_by_hand():
     now = 100.0
-    # A: 4 of 10 rounds at 2 s, its 5th under way for 1 s: 6 x 2 - 1 = 11 s left
-    a = RunState(_run("a", 10), started=now - 9, done=4, seconds=[2.0] * 4)
-    # B: started, no round yet: its group's pace (A's, 2 s) x 5 rounds = 10 s
+    # A: 4 of 10 rounds, 2 s each after its first; its 5th under way for 1 s: 6 x 2 - 1 = 11 s
+    a = RunState(_run("a", 10), started=now - 9, done=4, seconds=[3.0, 2.0, 2.0, 2.0],
+                 first_at=now - 7, last_at=now - 1)
+    # B: started 1 s ago, no round yet: its group's pace (A's, 2 s): 2 - 1 + 4 x 2 = 9 s
     b = RunState(_run("b", 5), started=now - 1)
     # C: not started, another strategy: the pace of all rounds, 2 s, x 3 = 6 s, on the job
-    # that is free first (B's, at 10 s): 16 s
+    # that is free first (B's, at 9 s): 15 s
     c = RunState(_run("c", 3, strategy="fedavg"))
-    assert grid_eta([a, b, c], jobs=2, now=now) == pytest.approx(16.0)
-    # D ended: one round of 1 s in 5 s, so a run spends 4 s outside its rounds; the pace of
-    # all rounds is now (4 x 2 + 1) / 5 = 1.8 s: C takes 3 x 1.8 + 4 = 9.4 s after B's 10
-    d = RunState(_run("d", 1, strategy="x"), started=0.0, ended=5.0, done=1, seconds=[1.0])
-    assert grid_eta([a, b, c, d], jobs=2, now=now) == pytest.approx(19.4)
-    # one job: C after A, 11 + 9.4
-    assert grid_eta([a, c, d], jobs=1, now=now) == pytest.approx(20.4)
+    assert grid_eta([a, b, c], jobs=2, now=now) == pytest.approx(15.0)
+    # D ended: its one round of 1 s ended 3 s after its start (a head of 2 s), and the run 2 s
+    # later (a tail of 2 s); all rounds' pace: (3 x 2 + 1) / 4 = 1.75 s.
+    # A: 11 + 2 = 13; B: 2 + 2 - 1 + 8 + 2 = 13; C: 2 + 3 x 1.75 + 2 = 9.25 after 13
+    d = RunState(_run("d", 1, strategy="x"), started=0.0, ended=5.0, done=1, seconds=[1.0],
+                 first_at=3.0, last_at=3.0)
+    assert grid_eta([a, b, c, d], jobs=2, now=now) == pytest.approx(22.25)
+    assert grid_eta([a, c, d], jobs=1, now=now) == pytest.approx(22.25)  # C after A
+    assert grid_eta([a, c, d], jobs=2, now=now) == pytest.approx(13.0)  # C beside A
     assert grid_eta([RunState(_run("e", 3))], jobs=1, now=now) is None  # nothing measured
 
 
@@ -51,13 +55,14 @@ def test_events_as_lines_or_bars(live):
         progress.end(runs[0], True)
         progress.start(runs[1])
         assert progress.counts() == (1, 1, 0, 2)
-        assert progress.eta() == pytest.approx(4.0, abs=0.5)  # b: 2 rounds at a's 2 s
+        assert progress.eta() == pytest.approx(3.0, abs=0.5)  # b: 2 rounds at a's 1.5 s
         progress.end(runs[1], False)
     text = out.getvalue()
     assert "Round 1: mean test accuracy 50%" in text
     if not live:
-        assert "[1/2] a: round 1/2 done in 2.5s; grid: 0/2 runs done, 1 running, 0 failed; " \
-               "ETA 0:00:08" in text  # a: 1 round at 2.5 s, then b: 2 rounds
+        # a: 1 round left at 2.5 s, then b: 2 rounds at that pace, 7.5 s
+        assert re.search(r"\[1/2\] a: round 1/2 done in 2.5s; grid: 0/2 runs done, 1 running, "
+                         r"0 failed; ETA 0:00:0[78] ", text)
         assert "grid: 1/2 runs done, 0 running, 1 failed" in text
     else:  # rich drew the bars: the grid's line with its counts
         assert "grid: " in text and "runs done" in text

@@ -1,0 +1,317 @@
+"""One page per run: ``fedamp-flwr report RUN_DIR [--out FILE] [--member NAME]``.
+
+A self-contained HTML page (``report.html`` in the run's folder by default), made from
+the run's ``metrics.json`` and the files beside it: no script, no network (its plots are
+inline PNGs, and its Content-Security-Policy lets it load nothing else). It shows:
+
+* the headline: BMTA (best mean test accuracy) or the best mean test MSE, over whom
+  (``coverage``: clients in the best round, of the benign ones) and at what budget
+  (rounds, local epochs or steps), and the novel clients' where the run has them;
+* each client's test curve with the mean, the absences by reason per round, FedAMP's
+  weights xi (the last round written) or the inferred client graph, each member's epsilon;
+* a table of the clients (best, last, rounds evaluated, absences, epsilon, alone), and the
+  run config.
+
+``--member NAME`` makes a member's page, for the coordinator to hand to that member: only
+that member's row, curve, absences and epsilon, and no other client's name or numbers (no
+mean, no weights or graph: they are made of the others' models). Every string of the run's
+files is escaped: a name or a reason is shown, never run.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from strategies.core.records import (
+    ABSENT,
+    DP_SPENT,
+    RunFile,
+    Score,
+    client_key,
+    mean_score,
+)
+
+from .config import ConfigError
+from .results import load_xi
+
+PAGE = "report.html"
+_CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+h1{font-size:1.5em;margin-bottom:.2em}.sub{color:#555;margin-top:0}
+#headline{font-size:1.6em;background:#eef5ee;border-left:6px solid #2a7;padding:.5em 1em;
+margin:1em 0}#headline small{display:block;font-size:.55em;color:#444}
+img{max-width:100%;border:1px solid #ddd;margin:.5em 0}
+table{border-collapse:collapse;font-size:.9em;margin:.5em 0}
+td,th{border:1px solid #ccc;padding:.2em .6em;text-align:right}
+td:first-child,th:first-child{text-align:left}
+.note{color:#555;font-size:.9em}"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _png(fig: Any) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _img(fig: Any, alt: str) -> str:
+    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{_png(fig)}">'
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+class RunPage:
+    """A run's page (:meth:`html`), or a member's (``member``: its name)."""
+
+    def __init__(self, folder: Path, member: str | None = None) -> None:
+        self.folder = folder
+        try:
+            self.run = RunFile.read(folder / "metrics.json")
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"RUN_DIR = '{folder}': its metrics.json cannot be read ({err}); "
+                              "allowed: a run's folder") from None
+        self.names = [str(n) for n in (self.run.client_names or [])]
+        self.member = member
+        self.cid: int | None = None
+        if member is not None:
+            if member not in self.names:
+                raise ConfigError(f"--member {member!r}: run '{folder.name}' has no member of "
+                                  f"that name ({len(self.names)} members)")
+            self.cid = self.names.index(member)
+        self.score: Score = self.run.score
+        self.rounds = sorted(self.run.rounds, key=lambda r: int(r.get("round", 0)))
+
+    # --- numbers ---
+    def name(self, cid: Any) -> str:
+        i = int(cid)
+        return self.names[i] if 0 <= i < len(self.names) and self.names[i] else f"client {i}"
+
+    def clients(self) -> list[int]:
+        """The clients the page shows: the member alone, or every one with a value."""
+        if self.cid is not None:
+            return [self.cid]
+        seen = {int(c) for r in self.rounds for c in (r.get(client_key(self.score.metric)) or {})}
+        return sorted(seen | set(range(self.run.num_clients or 0)))
+
+    def curve(self, cid: int) -> tuple[list[int], list[float]]:
+        xs, ys = [], []
+        for r in self.rounds:
+            values = r.get(client_key(self.score.metric)) or {}
+            value = values.get(cid, values.get(str(cid)))
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                xs.append(int(r["round"]))
+                ys.append(self.score.scale * float(value))
+        return xs, ys
+
+    def absences(self, cid: int | None = None) -> list[tuple[int, str, str]]:
+        """(round, phase, reason) of every absence (``cid``: of that client only)."""
+        out = []
+        for r in self.rounds:
+            for phase, key in ABSENT.items():
+                for c, why in (r.get(key) or {}).items():
+                    if cid is None or int(c) == cid:
+                        out.append((int(r["round"]), phase, str(why)))
+        return out
+
+    def epsilon(self, cid: int) -> float | None:
+        spent = [float(v) for r in self.rounds for c, v in (r.get(DP_SPENT) or {}).items()
+                 if int(c) == cid and isinstance(v, int | float)]
+        return max(spent) if spent else None
+
+    # --- sections ---
+    def headline(self) -> str:
+        run, score = self.run, self.score
+        what = "BMTA" if score.higher_is_better else "Best mean test MSE"
+        unit = "%" if score.higher_is_better else ""
+        config = run.config
+        budget = (f"{run.completed_rounds} of {config.get('num-server-rounds', '?')} rounds, "
+                  + (f"{config.get('local-steps')} local steps" if config.get("local-steps")
+                     else f"{config.get('local-epochs', '?')} local epoch(s)") + " a round")
+        if self.cid is not None:
+            xs, ys = self.curve(self.cid)
+            if not ys:
+                return (f'<div id="headline">{_e(self.member)}: no test result in this run'
+                        f"<small>{_e(budget)}</small></div>")
+            top = score.best(ys)
+            at = xs[ys.index(top)]
+            alone = (run.alone or {}).get(str(self.cid)) or (run.alone or {}).get(
+                self.cid) or {}  # type: ignore[call-overload]
+            alone_text = "; alone: " + ", ".join(
+                f"{score.scale * float(v):.4g}{unit} ({_e(k)})" for k, v in alone.items()
+                if isinstance(v, int | float)) if alone else ""
+            return (f'<div id="headline">{_e(self.member)}: best test {_e(score.metric)} '
+                    f"{top:.4g}{unit} (round {at}), last {ys[-1]:.4g}{unit}"
+                    f"<small>{_e(budget)}{alone_text}</small></div>")
+        _, best = run.headline()
+        cover = run.coverage or {}
+        over = (f"over {cover.get('clients_in_best_round', '?')} of "
+                f"{cover.get('benign_clients', '?')} clients (round {cover.get('best_round')})")
+        value = f"{best:.4g}{unit}" if best is not None else "none (no round has a mean)"
+        _, novel = run.headline(novel=True)
+        extra = f"; novel clients: {novel:.4g}{unit}" if novel is not None else ""
+        return (f'<div id="headline">{what} {value}<small>{_e(over)}, {_e(budget)}'
+                f"{_e(extra)}</small></div>")
+
+    def curves(self) -> str:
+        plt = _plt()
+        fig, ax = plt.subplots(figsize=(8, 4.2))
+        clients = self.clients()
+        for cid in clients:
+            xs, ys = self.curve(cid)
+            if xs:
+                ax.plot(xs, ys, lw=2 if self.cid is not None else 0.8,
+                        alpha=1.0 if self.cid is not None else 0.45,
+                        label=self.name(cid) if len(clients) <= 12 else None)
+        if self.cid is None:
+            means = [(int(r["round"]), self.score.scale * m) for r in self.rounds
+                     if (m := mean_score(r, self.score)) is not None]
+            if means:
+                ax.plot(*zip(*means), color="black", lw=2.5, label="mean (benign clients)")
+        label = "test accuracy (%)" if self.score.higher_is_better else "test MSE"
+        ax.set(xlabel="round", ylabel=label, title="Each client's test curve"
+               if self.cid is None else f"{self.member}'s test curve")
+        if not self.score.higher_is_better:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small", ncol=2)
+        return _img(fig, "test curves")
+
+    def absence_plot(self) -> str:
+        found = self.absences(self.cid)
+        if not found:
+            return '<p class="note">No client was absent in any round.</p>'
+        if self.cid is not None:
+            rows = "".join(f"<tr><td>{r}</td><td>{_e(p)}</td><td>{_e(w)}</td></tr>"
+                           for r, p, w in found)
+            return ("<table><tr><th>round</th><th>phase</th><th>why</th></tr>"
+                    f"{rows}</table>")
+        from .dashboards import reason_kind
+
+        plt = _plt()
+        kinds = Counter(f"{p}: {reason_kind(w)}" for _, p, w in found)
+        rounds = [int(r["round"]) for r in self.rounds]
+        fig, ax = plt.subplots(figsize=(8, 3.2))
+        bottom = np.zeros(len(rounds))
+        for kind in sorted(kinds):
+            counts = np.array([sum(1 for r, p, w in found if r == k and
+                                   f"{p}: {reason_kind(w)}" == kind) for k in rounds], float)
+            ax.bar(rounds, counts, bottom=bottom, label=kind)
+            bottom += counts
+        ax.set(xlabel="round", ylabel="clients absent", title="Absences by reason")
+        ax.legend(fontsize="small")
+        return _img(fig, "absences by reason")
+
+    def weights(self) -> str:
+        """FedAMP's xi (the last round written) or the inferred graph: the coordinator's."""
+        if self.cid is not None:
+            return ""
+        plt = _plt()
+        try:
+            matrices = load_xi(self.folder)[1]
+        except (OSError, ValueError):
+            matrices = {}
+        graph = self.run.extra.get("inferred_graph")
+        edges = graph.get("edges") if isinstance(graph, dict) else None
+        if matrices:
+            last = max(matrices)
+            matrix, title = np.asarray(matrices[last], float), f"FedAMP's weights xi, round {last}"
+        elif isinstance(edges, list) and self.run.num_clients:
+            n = self.run.num_clients
+            matrix = np.zeros((n, n))
+            for edge in edges:
+                if isinstance(edge, list) and len(edge) == 2 and all(
+                        isinstance(i, int) and 0 <= i < n for i in edge):
+                    matrix[edge[0], edge[1]] = matrix[edge[1], edge[0]] = 1.0
+            title = "The inferred client graph (edges)"
+        else:
+            return ""
+        fig, ax = plt.subplots(figsize=(5.5, 4.6))
+        image = ax.imshow(matrix, cmap="viridis", interpolation="nearest")
+        fig.colorbar(image, ax=ax)
+        ax.set(title=title, xlabel="client j", ylabel="client i")
+        return f"<h2>Who learns from whom</h2>{_img(fig, title)}"
+
+    def epsilon_plot(self) -> str:
+        spent = {cid: e for cid in self.clients() if (e := self.epsilon(cid)) is not None}
+        if not spent:
+            return ""
+        plt = _plt()
+        fig, ax = plt.subplots(figsize=(8, 3))
+        ax.bar([self.name(c) for c in spent], list(spent.values()), color="#c63")
+        ax.set(ylabel="epsilon spent", title="Each member's privacy spent (the most it reported)")
+        ax.tick_params(axis="x", labelrotation=60, labelsize="small")
+        return f"<h2>Privacy</h2>{_img(fig, 'epsilon per member')}"
+
+    def table(self) -> str:
+        rows = []
+        for cid in self.clients():
+            xs, ys = self.curve(cid)
+            eps = self.epsilon(cid)
+            best, last = (f"{self.score.best(ys):.4g}", f"{ys[-1]:.4g}") if ys else ("-", "-")
+            rows.append(f"<tr><td>{_e(self.name(cid))}</td><td>{best}</td><td>{last}</td>"
+                        f"<td>{len(xs)}</td><td>{len(self.absences(cid))}</td>"
+                        f"<td>{'-' if eps is None else f'{eps:.3g}'}</td></tr>")
+        what = "accuracy (%)" if self.score.higher_is_better else self.score.metric
+        return (f"<h2>Clients</h2><table><tr><th>client</th><th>best {_e(what)}</th>"
+                "<th>last</th><th>rounds evaluated</th><th>absences</th><th>epsilon</th></tr>"
+                + "".join(rows) + "</table>")
+
+    def config_table(self) -> str:
+        rows = "".join(f"<tr><td>{_e(k)}</td><td>{_e(json.dumps(v))}</td></tr>"
+                       for k, v in sorted(self.run.config.items()))
+        return f"<details><summary>Run config</summary><table>{rows}</table></details>"
+
+    def html(self) -> str:
+        run = self.run
+        title = f"{run.run_name or self.folder.name}" + (f": {self.member}" if self.member else "")
+        sub = (f"{run.label or run.strategy} on {run.dataset}"
+               + (f" ({run.partitioning})" if run.partitioning else "")
+               + f", {run.num_clients} clients, seed {run.seed}; "
+               + ("finished" if run.finished else f"not finished ({run.completed_rounds} rounds)")
+               + (f"; {run.wall_time_s:.0f} s" if run.wall_time_s else ""))
+        if self.member:
+            sub += ". A member's page: only this member's numbers."
+        body = [f"<h1>{_e(title)}</h1>", f'<p class="sub">{_e(sub)}</p>', self.headline(),
+                "<h2>Test curves</h2>", self.curves(), "<h2>Absences</h2>", self.absence_plot(),
+                self.weights(), self.epsilon_plot(), self.table(), self.config_table()]
+        csp = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+        return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+                f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
+                f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
+                + "\n".join(b for b in body if b) + "</body></html>")
+
+
+def write_page(run_dir: str | Path, out: str | Path | None = None,
+               member: str | None = None) -> Path:
+    """Write the run's page (a member's with ``member``); its path. ``out``: default
+    ``<run>/report.html`` (``report-<member>.html`` for a member's)."""
+    folder = Path(run_dir).expanduser().resolve()
+    page = RunPage(folder, member).html()
+    path = Path(out) if out else folder / (f"report-{member}.html" if member else PAGE)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(path)
+    return path
+
