@@ -49,6 +49,7 @@ from typing import Any, Protocol
 import numpy as np
 from flwr.supercore import log
 
+from strategies.core.protocol import is_name
 from strategies.core.records import (
     ABSENT,
     DP_SPENT,
@@ -89,11 +90,17 @@ def safe_name(text: str) -> str:
     return _UNSAFE.sub("_", text)[:100] or "_"
 
 
+def member_key(name: str, client_id: int) -> str:
+    """A member's name in a metric's name: the same but for ``@``, which becomes ``:`` (no name
+    has one, so two members never share a curve); the client id where it is no name."""
+    return name.replace("@", ":") if is_name(name) else str(client_id)
+
+
 def reason_kind(reason: str) -> str:
     """The kind of an absence's reason: its words before any colon or parenthesis, numbers
     left out ("rejected: update norm 12 > ..." -> ``rejected``)."""
     head = re.split(r"[:(]", str(reason), maxsplit=1)[0]
-    return safe_name("_".join(_NUMBERS.sub("", head).split()).lower()) or "other"
+    return safe_name("_".join(_NUMBERS.sub("", head).split()).lower())[:40] or "other"
 
 
 def round_scalars(rec: Mapping[str, Any], names: Sequence[str] | None = None) -> dict[str, float]:
@@ -101,7 +108,7 @@ def round_scalars(rec: Mapping[str, Any], names: Sequence[str] | None = None) ->
     module docstring; ``names``: client id -> member name (None: by client id)."""
     def name(cid: Any) -> str:
         i = int(cid)
-        return safe_name(names[i]) if names and 0 <= i < len(names) else str(i)
+        return member_key(names[i], i) if names and 0 <= i < len(names) else str(i)
 
     out: dict[str, float] = {}
     for metric in METRICS:

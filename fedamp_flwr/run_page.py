@@ -68,6 +68,12 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def _whole_rounds(ax: Any) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _img(fig: Any, alt: str) -> str:
     return f'<img alt="{_e(alt)}" src="data:image/png;base64,{_png(fig)}">'
 
@@ -144,6 +150,7 @@ class RunPage:
         run, score = self.run, self.score
         what = "BMTA" if score.higher_is_better else "Best mean test MSE"
         unit = "%" if score.higher_is_better else ""
+        number = ".2f" if score.higher_is_better else ".4g"
         config = run.config
         budget = (f"{run.completed_rounds} of {config.get('num-server-rounds', '?')} rounds, "
                   + (f"{config.get('local-steps')} local steps" if config.get("local-steps")
@@ -161,15 +168,15 @@ class RunPage:
                 f"{score.scale * float(v):.4g}{unit} ({_e(k)})" for k, v in alone.items()
                 if isinstance(v, int | float)) if alone else ""
             return (f'<div id="headline">{_e(self.member)}: best test {_e(score.metric)} '
-                    f"{top:.4g}{unit} (round {at}), last {ys[-1]:.4g}{unit}"
+                    f"{top:{number}}{unit} (round {at}), last {ys[-1]:{number}}{unit}"
                     f"<small>{_e(budget)}{alone_text}</small></div>")
         _, best = run.headline()
         cover = run.coverage or {}
         over = (f"over {cover.get('clients_in_best_round', '?')} of "
                 f"{cover.get('benign_clients', '?')} clients (round {cover.get('best_round')})")
-        value = f"{best:.4g}{unit}" if best is not None else "none (no round has a mean)"
+        value = f"{best:{number}}{unit}" if best is not None else "none (no round has a mean)"
         _, novel = run.headline(novel=True)
-        extra = f"; novel clients: {novel:.4g}{unit}" if novel is not None else ""
+        extra = f"; novel clients: {novel:{number}}{unit}" if novel is not None else ""
         return (f'<div id="headline">{what} {value}<small>{_e(over)}, {_e(budget)}'
                 f"{_e(extra)}</small></div>")
 
@@ -194,6 +201,7 @@ class RunPage:
         if not self.score.higher_is_better:
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
+        _whole_rounds(ax)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small", ncol=2)
         return _img(fig, "test curves")
@@ -201,7 +209,9 @@ class RunPage:
     def absence_plot(self) -> str:
         found = self.absences(self.cid)
         if not found:
-            return '<p class="note">No client was absent in any round.</p>'
+            said = ("This member was never absent." if self.cid is not None else
+                    "No client was absent in any round.")
+            return f'<p class="note">{said}</p>'
         if self.cid is not None:
             rows = "".join(f"<tr><td>{r}</td><td>{_e(p)}</td><td>{_e(w)}</td></tr>"
                            for r, p, w in found)
@@ -220,6 +230,7 @@ class RunPage:
             ax.bar(rounds, counts, bottom=bottom, label=kind)
             bottom += counts
         ax.set(xlabel="round", ylabel="clients absent", title="Absences by reason")
+        _whole_rounds(ax)
         ax.legend(fontsize="small")
         return _img(fig, "absences by reason")
 
@@ -251,6 +262,10 @@ class RunPage:
         image = ax.imshow(matrix, cmap="viridis", interpolation="nearest")
         fig.colorbar(image, ax=ax)
         ax.set(title=title, xlabel="client j", ylabel="client i")
+        ticks = np.arange(0, len(matrix), max(1, -(-len(matrix) // 20)))
+        labels = [self.name(t) for t in ticks]
+        ax.set_xticks(ticks, labels, rotation=60, fontsize="small")
+        ax.set_yticks(ticks, labels, fontsize="small")
         return f"<h2>Who learns from whom</h2>{_img(fig, title)}"
 
     def epsilon_plot(self) -> str:
@@ -259,10 +274,21 @@ class RunPage:
             return ""
         plt = _plt()
         fig, ax = plt.subplots(figsize=(8, 3))
-        ax.bar([self.name(c) for c in spent], list(spent.values()), color="#c63")
-        ax.set(ylabel="epsilon spent", title="Each member's privacy spent (the most it reported)")
-        ax.tick_params(axis="x", labelrotation=60, labelsize="small")
-        return f"<h2>Privacy</h2>{_img(fig, 'epsilon per member')}"
+        if self.cid is not None:  # the member's own, round by round
+            xs = [int(r["round"]) for r in self.rounds for c in (r.get(DP_SPENT) or {})
+                  if int(c) == self.cid]
+            ys = [float(v) for r in self.rounds for c, v in (r.get(DP_SPENT) or {}).items()
+                  if int(c) == self.cid]
+            ax.plot(xs, ys, marker="o", color="#c63")
+            ax.set(xlabel="round", ylabel="epsilon spent",
+                   title=f"{self.member}'s privacy spent, as it reported it")
+            _whole_rounds(ax)
+        else:
+            ax.bar([self.name(c) for c in spent], list(spent.values()), color="#c63")
+            ax.set(ylabel="epsilon spent",
+                   title="Each member's privacy spent (the most it reported)")
+            ax.tick_params(axis="x", labelrotation=60, labelsize="small")
+        return f"<h2>Privacy</h2>{_img(fig, 'epsilon spent')}"
 
     def table(self) -> str:
         rows = []

@@ -36,7 +36,7 @@ def test_the_scalars_of_a_round_by_hand():
     got = round_scalars(rec, ["site-a", "site@b", "c"])
     assert got == {
         "mean_accuracy": 0.75, "novel_mean_accuracy": 0.25, "mean_loss": 1.5,
-        "client_accuracy/site-a": 0.5, "client_accuracy/site_b": 0.75, "client_accuracy/c": 1.0,
+        "client_accuracy/site-a": 0.5, "client_accuracy/site:b": 0.75, "client_accuracy/c": 1.0,
         "client_loss/site-a": 1.5, "train_loss": 0.4, "trained_clients": 2.0,
         "global_norm": 2.0, "absent_train/all": 3.0, "absent_train/node_not_connected": 1.0,
         "absent_train/rejected": 2.0, "rejected_train": 2.0, "absent_evaluate/all": 1.0,
@@ -47,6 +47,10 @@ def test_the_scalars_of_a_round_by_hand():
     assert round_scalars({"client_mse": {7: 0.5}})["client_mse/7"] == 0.5
     assert reason_kind("rejected: update norm 12 > 3x median") == "rejected"
     assert reason_kind("node unavailable") == "node_unavailable"
+    # a name with @ and the name an impostor would take for it stay two curves
+    two = round_scalars({"client_loss": {0: 1.0, 1: 2.0}}, ["a@b", "a_b"])
+    assert {k: v for k, v in two.items() if k.startswith("client_loss/")} == {
+        "client_loss/a:b": 1.0, "client_loss/a_b": 2.0}
     picture = heat_image(np.array([[1.0, 0.0], [0.5, 0.25]]))
     assert picture.shape == (256, 256, 3) and picture.dtype == np.uint8
     assert (picture[0, 0] != picture[0, 200]).any()  # 1 and 0 differ in colour

@@ -63,7 +63,7 @@ def _members_run(tmp_path: Path) -> Path:
     run_config, nodes = member_sites(tmp_path / "sites", "synthetic", 3)
     for i, node in enumerate(nodes):
         node["privacy-dir"] = str(tmp_path / f"ledger-{i}")
-    nodes[2]["dp-max-epsilon"] = 30.0  # it stops before the run ends: an absence
+    nodes[2]["dp-max-epsilon"] = 19.0  # it stops after 2 of 4 rounds: absences
     run_named(tmp_path, "fedamp-members", {**run_config, "strategy": "fedamp",
                                            "local-epochs": 1, "num-server-rounds": 4,
                                            "dp": "update", "dp-noise-multiplier": 0.5}, 3, nodes)
@@ -78,7 +78,7 @@ def test_a_fedamp_members_run_and_a_members_page(tmp_path, capsys):
     assert main(["report", str(folder)]) == 0
     assert main(["report", str(folder), "--members"]) == 0
     seen = _open(folder / "report.html", tmp_path / "run.png")
-    assert seen["headline"].startswith(f"BMTA {metrics['bmta']:.4g}%")
+    assert seen["headline"].startswith(f"BMTA {metrics['bmta']:.2f}%")
     assert f"over {metrics['coverage']['clients_in_best_round']} of 3 clients" in seen["headline"]
     assert "4 of 4 rounds, 1 local epoch(s) a round" in seen["headline"]
     # curves, absences, xi and epsilon: every plot decoded, nothing fetched but the page
@@ -95,8 +95,9 @@ def test_a_fedamp_members_run_and_a_members_page(tmp_path, capsys):
     assert not any(other in page for other in names if other != member)
     mine = _open(folder / f"report-{member}.html", tmp_path / "member.png")
     best = 100 * max(r["client_accuracy"][str(1)] for r in metrics["rounds"])
-    assert mine["headline"].startswith(f"{member}: best test accuracy {best:.4g}%")
+    assert mine["headline"].startswith(f"{member}: best test accuracy {best:.2f}%")
     assert len(mine["images"]) == 2 and all(c and w > 200 for c, w, _ in mine["images"])
+    assert "This member was never absent." in mine["text"]
     assert mine["tried"] == [(folder / f"report-{member}.html").as_uri()]
     # the member that ran out of budget sees its own absences, by round, with why
     last = (folder / f"report-{names[2]}.html").read_text()
@@ -113,7 +114,9 @@ def test_a_panacea_run_with_an_inferred_graph(tmp_path):
     seen = _open(tmp_path / "page.html", tmp_path / "panacea.png")
     assert seen["headline"].startswith("BMTA ")
     assert "The inferred client graph" in (tmp_path / "page.html").read_text()
-    assert len(seen["images"]) == 3 and all(c and w > 200 for c, w, _ in seen["images"])
+    assert "No client was absent in any round." in seen["text"]
+    # the curves and the graph
+    assert len(seen["images"]) == 2 and all(c and w > 200 for c, w, _ in seen["images"])
 
 
 def test_a_runs_strings_are_shown_never_run_and_bad_arguments_are_one_line(tmp_path, capsys):
