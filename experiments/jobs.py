@@ -95,8 +95,11 @@ class Children:
             self._live.add(proc)
         try:
             if on_line is not None:
-                for line in proc.stdout:
-                    on_line(line.rstrip("\n"))
+                for line in proc.stdout:  # to its end, whatever a line does: a full pipe
+                    try:                  # would hold the child up
+                        on_line(line.rstrip("\n"))
+                    except Exception as err:
+                        print(f"{line.rstrip()} ({type(err).__name__}: {err})", flush=True)
             code = proc.wait()
         finally:
             with self._lock:

@@ -14,14 +14,17 @@ models), measured on the runs that ended.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import re
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
+
+import numpy as np
 
 from experiments.presets import Run
 
@@ -31,6 +34,29 @@ ROUND_DONE = re.compile(r"Round (\d+) done in ([0-9.]+)s")
 
 def rounds_of(run: Run) -> int:
     return int(run.run_config.get("num-server-rounds", 10))
+
+
+def work_of(run: Run) -> float:
+    """A round's local work, by the run config: its local steps, else its local epochs (1
+    where it names neither): the trials of one method differ in it."""
+    c = run.run_config
+    for key in ("local-steps", "local-epochs"):
+        value = c.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    return 1.0
+
+
+def fitted(points: Sequence[tuple[float, float]], work: float) -> float:
+    """A round's seconds at ``work``, from (work, seconds) of runs measured: a line through
+    them where they did different work (at least a tenth of the fastest), else their mean
+    scaled by the work."""
+    works = [w for w, _ in points]
+    paces = [p for _, p in points]
+    if len(set(works)) >= 2:
+        slope, intercept = np.polyfit(works, paces, 1)
+        return max(float(slope * work + intercept), 0.1 * min(paces))
+    return _mean(paces) * work / works[0]
 
 
 def group_of(run: Run) -> tuple[str, str]:
@@ -45,6 +71,7 @@ class RunState:
     started: float | None = None
     ended: float | None = None
     failed: bool = False
+    resumed_from: int = 0  # the rounds its checkpoint holds, when the grid started
     done: int = 0  # the newest round done (a resumed run: counted from its checkpoint)
     seconds: list[float] = field(default_factory=list)  # the rounds measured in this grid
     first_at: float | None = None  # when its first round (in this grid) ended
@@ -58,6 +85,11 @@ class RunState:
     @property
     def total(self) -> int:
         return rounds_of(self.run)
+
+    @property
+    def to_run(self) -> int:
+        """The rounds it runs in this grid."""
+        return max(0, self.total - self.resumed_from)
 
 
 def clock(seconds: float) -> str:
@@ -82,12 +114,16 @@ def grid_eta(states: Iterable[RunState], jobs: int, now: float) -> float | None:
     if not any(st.seconds for st in states):
         return None
     overall = _mean([s for st in states for s in st.steady])
-    by_group: dict[tuple[str, str], list[float]] = {}
+    points: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for st in states:
-        by_group.setdefault(group_of(st.run), []).extend(st.steady)
+        if st.steady:
+            points.setdefault(group_of(st.run), []).append((work_of(st.run), _mean(st.steady)))
 
     def pace(st: RunState) -> float:
-        return _mean(st.steady or by_group.get(group_of(st.run)) or [], overall)
+        if st.steady:
+            return _mean(st.steady)
+        measured = points.get(group_of(st.run))
+        return fitted(measured, work_of(st.run)) if measured else overall
 
     ended = [st for st in states if st.ended is not None and st.first_at is not None
              and not st.failed]
@@ -99,7 +135,8 @@ def grid_eta(states: Iterable[RunState], jobs: int, now: float) -> float | None:
         if st.started is None or st.ended is not None:
             continue
         if st.last_at is None:  # its first round under way
-            left = max(0.0, head + pace(st) - (now - st.started)) + (st.total - 1) * pace(st)
+            left = (max(0.0, head + pace(st) - (now - st.started))
+                    + max(0, st.to_run - 1) * pace(st))
         else:
             left = max(0.0, (st.total - st.done) * pace(st) - (now - st.last_at))
         loads.append(left + tail)
@@ -107,7 +144,7 @@ def grid_eta(states: Iterable[RunState], jobs: int, now: float) -> float | None:
     heapq.heapify(loads)
     for st in states:
         if st.started is None:  # each next run on the job that is free first
-            heapq.heappush(loads, heapq.heappop(loads) + head + st.total * pace(st) + tail)
+            heapq.heappush(loads, heapq.heappop(loads) + head + st.to_run * pace(st) + tail)
     return max(loads) if loads else 0.0
 
 
@@ -116,10 +153,12 @@ class GridProgress:
     threads; drawn by rich in a terminal (``live``), else one line per event to ``out``."""
 
     def __init__(self, runs: Sequence[Run], jobs: int, out: TextIO | None = None,
-                 live: bool | None = None) -> None:
+                 live: bool | None = None, resumed: Mapping[str, int] | None = None) -> None:
         self.out = out or sys.stdout
         self.jobs = jobs
-        self.states = {r.name: RunState(r) for r in runs}
+        self.states = {r.name: RunState(r, resumed_from=(resumed or {}).get(r.name, 0))
+                       for r in runs}
+        self._view: tuple[RunState, ...] = ()  # a copy, for rich's thread (no lock there)
         self.order = {r.name: i for i, r in enumerate(runs)}
         self.live = self.out.isatty() if live is None else live
         self._lock = threading.RLock()
@@ -131,10 +170,11 @@ class GridProgress:
     def start(self, run: Run) -> None:
         with self._lock:
             st = self.states[run.name]
-            st.started, st.ended, st.done = time.monotonic(), None, 0
+            st.started, st.ended, st.done = time.monotonic(), None, st.resumed_from
             st.seconds, st.first_at, st.last_at = [], None, None
             if self._bars is not None:
-                self._tasks[run.name] = self._bars.add_task(self._name(run), total=st.total)
+                self._tasks[run.name] = self._bars.add_task(self._name(run), total=st.total,
+                                                            completed=st.done)
             self._refresh()
 
     def line(self, run: Run, text: str) -> None:
@@ -150,9 +190,9 @@ class GridProgress:
             st.seconds.append(float(match.group(2)))
             st.last_at = time.monotonic()
             st.first_at = st.first_at or st.last_at
+            self._refresh()
             if self._bars is not None:
                 self._bars.update(self._tasks[run.name], completed=st.done)
-                self._refresh()
             else:
                 self.say(f"{self._name(run)}: round {st.done}/{st.total} done in "
                          f"{float(match.group(2)):.1f}s; grid: {self.summary()}")
@@ -161,9 +201,9 @@ class GridProgress:
         with self._lock:
             st = self.states[run.name]
             st.ended, st.failed = time.monotonic(), not ok
+            self._refresh()
             if self._bars is not None and run.name in self._tasks:
                 self._bars.remove_task(self._tasks.pop(run.name))
-                self._refresh()
             else:
                 self.say(f"grid: {self.summary()}")
 
@@ -177,14 +217,14 @@ class GridProgress:
 
     # --- what it shows ---
     def counts(self) -> tuple[int, int, int, int]:
-        """Runs done, running, failed, and in all."""
-        st = list(self.states.values())
+        """Runs done, running, failed, and in all (as of the newest event)."""
+        st = self._view or tuple(self.states.values())
         return (sum(s.ended is not None and not s.failed for s in st),
                 sum(s.started is not None and s.ended is None for s in st),
                 sum(s.failed for s in st), len(st))
 
     def eta(self) -> float | None:
-        return grid_eta(self.states.values(), self.jobs, time.monotonic())
+        return grid_eta(self._view or self.states.values(), self.jobs, time.monotonic())
 
     def summary(self) -> str:
         done, running, failed, total = self.counts()
@@ -197,6 +237,9 @@ class GridProgress:
         return f"[{self.order[run.name] + 1}/{len(self.states)}] {run.name}"
 
     def _refresh(self) -> None:
+        """After an event (under the lock): the copy the summary reads, and the grid's bar."""
+        self._view = tuple(dataclasses.replace(st, seconds=list(st.seconds))
+                           for st in self.states.values())
         if self._bars is not None:
             done, running, failed, total = self.counts()
             self._bars.update(self._grid, completed=done + failed)

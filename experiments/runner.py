@@ -251,7 +251,8 @@ def run_grid(runs: list[Run], output: Path, cpus: float, gpus: float, ray_addres
     print(f"{len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run", flush=True)
     if not todo:
         return []
-    with GridProgress(todo, min(jobs, len(todo))) as progress:
+    resumed = {r.name: resumable(output, r) for r in todo}
+    with GridProgress(todo, min(jobs, len(todo)), resumed=resumed) as progress:
         ok = _run_all(todo, output, cpus, gpus, ray_address, timeout, engine, jobs, progress)
     if progress.live:  # the bars are gone: the grid's end in the terminal's scrollback
         print(f"grid: {progress.summary()}", flush=True)

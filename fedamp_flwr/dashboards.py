@@ -42,6 +42,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any, Protocol
@@ -62,6 +63,7 @@ from strategies.core.records import (
     client_key,
     mean_key,
 )
+from strategies.core.screening import REASON_KINDS
 
 from .config import ConfigError, RunConfig
 from .results import MODELS_FOLDER, TENSORBOARD_FOLDER
@@ -70,8 +72,9 @@ from .results import MODELS_FOLDER, TENSORBOARD_FOLDER
 EXPERIMENT = "fedamp-flwr"
 #: the MLflow tags that find a run again on resume
 RUN_TAG, TOKEN_TAG = "fedamp.run", "fedamp.token"
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.\- /]")
-_NUMBERS = re.compile(r"\d+(\.\d+)?(e[-+]?\d+)?")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
+#: a scalar every round has: the steps an MLflow run holds
+ALWAYS = "absent_train/all"
 
 
 def check_packages(cfg: RunConfig) -> None:
@@ -97,10 +100,12 @@ def member_key(name: str, client_id: int) -> str:
 
 
 def reason_kind(reason: str) -> str:
-    """The kind of an absence's reason: its words before any colon or parenthesis, numbers
-    left out ("rejected: update norm 12 > ..." -> ``rejected``)."""
-    head = re.split(r"[:(]", str(reason), maxsplit=1)[0]
-    return safe_name("_".join(_NUMBERS.sub("", head).split()).lower())[:40] or "other"
+    """The kind of an absence's reason, one of :data:`REASON_KINDS` it begins with (the
+    longest), else ``other``: a client's own words never make a metric's name."""
+    text = str(reason)
+    kind = next((k for k in sorted(REASON_KINDS, key=len, reverse=True)
+                 if text.startswith(k)), "other")
+    return "_".join(re.sub(r"[^a-z0-9 ]", "", kind.lower()).split())
 
 
 def round_scalars(rec: Mapping[str, Any], names: Sequence[str] | None = None) -> dict[str, float]:
@@ -157,6 +162,9 @@ def heat_image(matrix: np.ndarray, least: int = 256) -> np.ndarray:
 
 
 class Sink(Protocol):
+    #: True: it takes only the rounds a checkpoint holds (it cannot take a step back)
+    durable: bool
+
     def params(self, config: Mapping[str, Any]) -> None: ...
     def scalars(self, step: int, values: Mapping[str, float]) -> None: ...
     def image(self, step: int, tag: str, picture: np.ndarray) -> None: ...
@@ -165,14 +173,16 @@ class Sink(Protocol):
 
 
 class TensorBoardSink:
-    """Event files in ``folder``; from ``first_round`` > 1 (a resume) with TensorBoard's
-    purge marker there, so each round's step is read once."""
+    """Event files in ``folder``, each round as it ends; with TensorBoard's purge marker at
+    ``first_round`` (a resumed run's first: what the killed run wrote from there is dropped,
+    so each round's step is read once)."""
+
+    durable = False
 
     def __init__(self, folder: Path, first_round: int) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(folder), purge_step=first_round if first_round > 1
-                                    else None)
+        self.writer = SummaryWriter(str(folder), purge_step=first_round)
         self.first = first_round
 
     def params(self, config: Mapping[str, Any]) -> None:
@@ -196,8 +206,12 @@ class TensorBoardSink:
 
 
 class MlflowSink:
-    """One MLflow run per run of this app (tags :data:`RUN_TAG`, :data:`TOKEN_TAG`): a resumed
-    run continues it and leaves out the steps it has."""
+    """One MLflow run per run of this app (tags :data:`RUN_TAG`, :data:`TOKEN_TAG`), given the
+    rounds a checkpoint holds: a resumed run continues it from its checkpoint's round, so no
+    step is logged twice, and :meth:`missing` says which of the checkpoint's rounds the killed
+    run had not logged yet."""
+
+    durable = True
 
     def __init__(self, uri: str, run_name: str, token: str) -> None:
         if uri.startswith("file:"):  # MLflow 3 keeps its file store behind this switch
@@ -216,6 +230,7 @@ class MlflowSink:
                 experiment_id = experiment.experiment_id
         else:
             experiment_id = experiment.experiment_id
+        # the run's name is a checked name and its token hex: nothing to quote
         found = self.client.search_runs(
             [experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run_name}' and "
             f"tags.`{TOKEN_TAG}` = '{token}'", max_results=1)
@@ -227,8 +242,13 @@ class MlflowSink:
             self.run_id = self.client.create_run(
                 experiment_id, run_name=run_name,
                 tags={RUN_TAG: run_name, TOKEN_TAG: token}).info.run_id
-        self._had: dict[str, set[int]] = {}
-        self.uri = uri
+
+    def missing(self, steps: Sequence[int]) -> list[int]:
+        """Which of ``steps`` the run has not logged (every round logs ``absent_train/all``)."""
+        if not self.resumed:
+            return list(steps)
+        had = {m.step for m in self.client.get_metric_history(self.run_id, ALWAYS)}
+        return [s for s in steps if s not in had]
 
     def params(self, config: Mapping[str, Any]) -> None:
         if self.resumed:  # MLflow's parameters are written once
@@ -239,21 +259,13 @@ class MlflowSink:
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i:i + 100])
 
-    def _logged(self, key: str) -> set[int]:
-        if key not in self._had:
-            self._had[key] = ({m.step for m in self.client.get_metric_history(self.run_id, key)}
-                              if self.resumed else set())
-        return self._had[key]
-
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        new = [Metric(k, v, now, step) for k, v in values.items() if step not in self._logged(k)]
+        new = [Metric(k, v, now, step) for k, v in values.items()]
         for i in range(0, len(new), 1000):
             self.client.log_batch(self.run_id, metrics=new[i:i + 1000])
-        for m in new:
-            self._had[m.key].add(step)
 
     def image(self, step: int, tag: str, picture: np.ndarray) -> None:
         self.client.log_image(self.run_id, picture, key=tag, step=step)
@@ -267,16 +279,22 @@ class MlflowSink:
 
 
 class Dashboards:
-    """The run's dashboards (:meth:`open`), fed a round's record at a time by the ServerApp's
-    writer thread. A sink that raises is named in one WARNING and left out."""
+    """The run's dashboards (:meth:`open`), on a thread of their own (a slow server never holds
+    up a round or a checkpoint). Each round goes to TensorBoard as it ends (:meth:`round`),
+    and to MLflow once a checkpoint holds it (:meth:`durable`). A sink that raises is named in
+    one WARNING and left out."""
 
-    def __init__(self, sinks: dict[str, Sink], names: Callable[[], Sequence[str] | None]) -> None:
-        self.sinks, self.names = sinks, names
+    def __init__(self, sinks: dict[str, Sink]) -> None:
+        self.sinks = sinks
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedamp-dashboards")
+        self._held: dict[int, tuple[dict[str, float], np.ndarray | None]] = {}
 
     @classmethod
     def open(cls, cfg: RunConfig, folder: Path, first_round: int, token: str,
-             names: Callable[[], Sequence[str] | None]) -> Dashboards | None:
-        """The dashboards ``cfg`` asks for (None: none), the run config given to each."""
+             done: Mapping[int, Mapping[str, Any]], names: Sequence[str] | None
+             ) -> Dashboards | None:
+        """The dashboards ``cfg`` asks for (None: none), the run config given to each; a
+        resumed run's rounds ``done`` (its checkpoint's) that MLflow lacks logged."""
         makers: dict[str, Callable[[], Sink]] = {}
         if cfg.tensorboard:
             makers["TensorBoard"] = lambda: TensorBoardSink(folder / TENSORBOARD_FOLDER,
@@ -285,39 +303,80 @@ class Dashboards:
             makers["MLflow"] = lambda: MlflowSink(cfg.mlflow_store(), folder.name, token)
         if not makers:
             return None
-        board = cls({}, names)
+        board = cls({})
         for what, make in makers.items():
             try:
                 board.sinks[what] = make()
             except Exception as err:  # a server gone, a store it cannot write
                 log(WARNING, "%s: cannot start (%s: %s); the run goes on without it", what,
                     type(err).__name__, err)
-        board._each("params", cfg.to_dict())
+        board._each("params", None, cfg.to_dict())
+        mlflow = board.sinks.get("MLflow")
+        if isinstance(mlflow, MlflowSink) and done:
+            try:
+                late = mlflow.missing(sorted(done))
+            except Exception as err:
+                late = []
+                board._failed("MLflow", "missing", err)
+            for step in late:
+                board._held[step] = (round_scalars(done[step], names), None)
+            board._durable(max(done))
         where = [f"TensorBoard in {folder / TENSORBOARD_FOLDER}" if "TensorBoard" in board.sinks
                  else "", f"MLflow at {cfg.mlflow_store()} (experiment {EXPERIMENT!r}, run "
-                 f"{board.sinks['MLflow'].run_id})"  # type: ignore[attr-defined]
-                 if "MLflow" in board.sinks else ""]
+                 f"{mlflow.run_id})" if isinstance(mlflow, MlflowSink) else ""]
         if any(where):
             log(INFO, "Dashboards: %s", "; ".join(w for w in where if w))
         return board
 
-    def _each(self, method: str, *args: Any) -> None:
-        for what in list(self.sinks):
-            try:
-                getattr(self.sinks[what], method)(*args)
-            except Exception as err:
-                log(WARNING, "%s: %s failed (%s: %s); its records stop here (metrics.json is "
-                    "whole)", what, method, type(err).__name__, err)
-                del self.sinks[what]
+    def _failed(self, what: str, method: str, err: Exception) -> None:
+        log(WARNING, "%s: %s failed (%s: %s); its records stop here (metrics.json is whole)",
+            what, method, type(err).__name__, err)
+        self.sinks.pop(what, None)
 
-    def round(self, step: int, rec: Mapping[str, Any], xi: np.ndarray | None = None) -> None:
-        """One round's record (and FedAMP's xi of the round, where written)."""
-        self._each("scalars", step, round_scalars(rec, self.names()))
-        if xi is not None:
-            self._each("image", step, "xi", heat_image(xi))
+    def _each(self, method: str, durable: bool | None, *args: Any) -> None:
+        """``method`` of each sink (``durable``: of those that are, or are not; None: all)."""
+        for what, sink in list(self.sinks.items()):
+            if durable is None or sink.durable == durable:
+                try:
+                    getattr(sink, method)(*args)
+                except Exception as err:
+                    self._failed(what, method, err)
+
+    def round(self, step: int, rec: Mapping[str, Any], xi: np.ndarray | None,
+              names: Sequence[str] | None) -> None:
+        """One round's record (a copy), FedAMP's xi of the round where written, the members'
+        names: to the sinks that take a round as it ends, and held for the others."""
+        self._pool.submit(self._round, step, rec, xi, names)
+
+    def _round(self, step: int, rec: Mapping[str, Any], xi: np.ndarray | None,
+               names: Sequence[str] | None) -> None:
+        try:
+            values = round_scalars(rec, names)
+            picture = heat_image(xi) if xi is not None else None
+        except Exception as err:  # a record this code cannot read: said, never fatal
+            log(WARNING, "Dashboards: round %d not shown (%s: %s)", step, type(err).__name__, err)
+            return
+        self._held[step] = (values, picture)
+        self._each("scalars", False, step, values)
+        if picture is not None:
+            self._each("image", False, step, "xi", picture)
+
+    def durable(self, step: int) -> None:
+        """The rounds up to ``step`` are in a checkpoint (or, without checkpoints, in
+        metrics.json): to the sinks that take only those."""
+        self._pool.submit(self._durable, step)
+
+    def _durable(self, step: int) -> None:
+        for k in sorted(k for k in self._held if k <= step):
+            values, picture = self._held.pop(k)
+            self._each("scalars", True, k, values)
+            if picture is not None:
+                self._each("image", True, k, "xi", picture)
 
     def close(self, folder: Path, models: Mapping[str, Any] | None, finished: bool) -> None:
-        """The models' cards (and metrics.json's ``models``) as artifacts; the runs ended."""
+        """After every round given: the models' cards (and metrics.json's ``models``) as
+        artifacts, and the runs ended (a round no checkpoint holds is left out)."""
+        self._pool.shutdown(wait=True)
         kept = folder / MODELS_FOLDER
         cards = sorted(kept.glob("*.json")) if kept.is_dir() else []
         with tempfile.TemporaryDirectory() as tmp:
@@ -325,5 +384,5 @@ class Dashboards:
                 cards.append(Path(tmp) / "models.json")
                 cards[-1].write_text(json.dumps(models, indent=1, default=str))
             if cards:
-                self._each("artifacts", cards)
-        self._each("close", finished)
+                self._each("artifacts", None, cards)
+        self._each("close", None, finished)

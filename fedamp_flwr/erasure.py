@@ -322,6 +322,9 @@ class Erasure:
             rows = graph.read_text().splitlines()
             kept = [r for r in rows if self.name not in r.split(",")]
             plan.append((graph, ("\n".join(kept) + "\n").encode()))
+        plan += [(page, None) for page in sorted(self.folder.glob("report*.html"))  # pages
+                 if page.is_file() and not page.is_symlink() and
+                 self._pattern().search(page.read_bytes())]
         boards = self.folder / TENSORBOARD_FOLDER  # a view of metrics.json, by member name
         plan += [(p, None) for p in sorted(boards.rglob("*")) if p.is_file() and
                  not p.is_symlink()] if boards.is_dir() and not boards.is_symlink() else []
@@ -387,12 +390,16 @@ class Erasure:
         finally:
             lock.close()
 
+    def _pattern(self) -> re.Pattern[bytes]:
+        """The name as a name in a file's bytes (not inside a longer one)."""
+        edge = rb"[A-Za-z0-9_.@-]"
+        return re.compile(b"(?<!" + edge + b")" + re.escape(self.name.encode()) +
+                          b"(?!" + edge + b")")
+
     def _search(self) -> list[str]:
         """The folder's files (regular ones; links are not followed) that still hold the
         name as a name (not inside a longer one), but forgotten.json."""
-        edge = rb"[A-Za-z0-9_.@-]"
-        pattern = re.compile(b"(?<!" + edge + b")" + re.escape(self.name.encode()) +
-                             b"(?!" + edge + b")")
+        pattern = self._pattern()
         found = []
         for path in sorted(self.folder.rglob("*")):
             if path.is_symlink() or not path.is_file() or path.name in (FORGOTTEN, LOCK):

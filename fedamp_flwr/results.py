@@ -68,7 +68,7 @@ RESUMABLE_CHANGES = ("num-server-rounds", "resume", "overwrite", "max-failed-rou
                      "min-clients-evaluated",
                      "min-nodes", "round-timeout", "node-wait-timeout", "checkpoint-every",
                      "checkpoint-keep", "xi-every", "save-models", "member-roster",
-                     "checkpoint-secret")
+                     "checkpoint-secret", "tensorboard", "mlflow", "mlflow-uri")
 
 
 def write_json(path: Path, record: dict[str, Any]) -> None:
@@ -261,6 +261,9 @@ class RunFolder:
             # a simulation's clients' privacy ledgers are the run's (a member's are on its node)
             shutil.rmtree(self.path / "privacy", ignore_errors=True)
             (self.path / "graph-inferred.csv").unlink(missing_ok=True)
+            shutil.rmtree(self.path / TENSORBOARD_FOLDER, ignore_errors=True)  # its views
+            for page in self.path.glob("report*.html"):
+                page.unlink(missing_ok=True)
             if (self.path / FORGOTTEN).is_file():  # the audit of the run replaced: kept apart
                 stamp = time.strftime("%Y%m%d-%H%M%S")
                 (self.path / FORGOTTEN).replace(self.path / f"forgotten-until-{stamp}.json")

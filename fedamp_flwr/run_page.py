@@ -43,6 +43,11 @@ from .config import ConfigError
 from .results import load_xi
 
 PAGE = "report.html"
+#: the run config a member's page shows
+MEMBER_KEYS = ("strategy", "dataset", "num-server-rounds", "local-epochs", "local-steps",
+               "batch-size", "learning-rate", "optimizer", "seed", "dp", "dp-clip",
+               "dp-noise-multiplier", "dp-delta", "save-models", "validation-fraction",
+               "fraction-train")
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 h1{font-size:1.5em;margin-bottom:.2em}.sub{color:#555;margin-top:0}
 #headline{font-size:1.6em;background:#eef5ee;border-left:6px solid #2a7;padding:.5em 1em;
@@ -107,6 +112,7 @@ class RunPage:
             self.cid = self.names.index(member)
         self.score: Score = self.run.score
         self.rounds = sorted(self.run.rounds, key=lambda r: int(r.get("round", 0)))
+        self._index()
 
     # --- numbers ---
     def name(self, cid: Any) -> str:
@@ -130,20 +136,28 @@ class RunPage:
                 ys.append(self.score.scale * float(value))
         return xs, ys
 
-    def absences(self, cid: int | None = None) -> list[tuple[int, str, str]]:
-        """(round, phase, reason) of every absence (``cid``: of that client only)."""
-        out = []
+    def _index(self) -> None:
+        """Each client's absences (round, phase, why) and epsilons (round, value), in one
+        pass over the rounds."""
+        self._absent: dict[int, list[tuple[int, str, str]]] = {}
+        self._spent: dict[int, list[tuple[int, float]]] = {}
         for r in self.rounds:
+            k = int(r.get("round", 0))
             for phase, key in ABSENT.items():
                 for c, why in (r.get(key) or {}).items():
-                    if cid is None or int(c) == cid:
-                        out.append((int(r["round"]), phase, str(why)))
-        return out
+                    self._absent.setdefault(int(c), []).append((k, phase, str(why)))
+            for c, v in (r.get(DP_SPENT) or {}).items():
+                if isinstance(v, int | float) and not isinstance(v, bool):
+                    self._spent.setdefault(int(c), []).append((k, float(v)))
+
+    def absences(self, cid: int | None = None) -> list[tuple[int, str, str]]:
+        """(round, phase, reason) of every absence (``cid``: of that client only)."""
+        if cid is not None:
+            return self._absent.get(cid, [])
+        return sorted(a for found in self._absent.values() for a in found)
 
     def epsilon(self, cid: int) -> float | None:
-        spent = [float(v) for r in self.rounds for c, v in (r.get(DP_SPENT) or {}).items()
-                 if int(c) == cid and isinstance(v, int | float)]
-        return max(spent) if spent else None
+        return max((v for _, v in self._spent.get(cid, [])), default=None)
 
     # --- sections ---
     def headline(self) -> str:
@@ -220,13 +234,12 @@ class RunPage:
         from .dashboards import reason_kind
 
         plt = _plt()
-        kinds = Counter(f"{p}: {reason_kind(w)}" for _, p, w in found)
+        tally = Counter((f"{p}: {reason_kind(w)}", r) for r, p, w in found)
         rounds = [int(r["round"]) for r in self.rounds]
         fig, ax = plt.subplots(figsize=(8, 3.2))
         bottom = np.zeros(len(rounds))
-        for kind in sorted(kinds):
-            counts = np.array([sum(1 for r, p, w in found if r == k and
-                                   f"{p}: {reason_kind(w)}" == kind) for k in rounds], float)
+        for kind in sorted({k for k, _ in tally}):
+            counts = np.array([tally[(kind, k)] for k in rounds], float)
             ax.bar(rounds, counts, bottom=bottom, label=kind)
             bottom += counts
         ax.set(xlabel="round", ylabel="clients absent", title="Absences by reason")
@@ -251,10 +264,9 @@ class RunPage:
         elif isinstance(edges, list) and self.run.num_clients:
             n = self.run.num_clients
             matrix = np.zeros((n, n))
-            for edge in edges:
-                if isinstance(edge, list) and len(edge) == 2 and all(
-                        isinstance(i, int) and 0 <= i < n for i in edge):
-                    matrix[edge[0], edge[1]] = matrix[edge[1], edge[0]] = 1.0
+            pairs = np.array([e for e in edges if isinstance(e, list) and len(e) == 2 and all(
+                isinstance(i, int) and 0 <= i < n for i in e)], dtype=np.int64).reshape(-1, 2)
+            matrix[pairs[:, 0], pairs[:, 1]] = matrix[pairs[:, 1], pairs[:, 0]] = 1.0
             title = "The inferred client graph (edges)"
         else:
             return ""
@@ -275,11 +287,8 @@ class RunPage:
         plt = _plt()
         fig, ax = plt.subplots(figsize=(8, 3))
         if self.cid is not None:  # the member's own, round by round
-            xs = [int(r["round"]) for r in self.rounds for c in (r.get(DP_SPENT) or {})
-                  if int(c) == self.cid]
-            ys = [float(v) for r in self.rounds for c, v in (r.get(DP_SPENT) or {}).items()
-                  if int(c) == self.cid]
-            ax.plot(xs, ys, marker="o", color="#c63")
+            own = self._spent.get(self.cid, [])
+            ax.plot([k for k, _ in own], [v for _, v in own], marker="o", color="#c63")
             ax.set(xlabel="round", ylabel="epsilon spent",
                    title=f"{self.member}'s privacy spent, as it reported it")
             _whole_rounds(ax)
@@ -305,8 +314,12 @@ class RunPage:
                 + "".join(rows) + "</table>")
 
     def config_table(self) -> str:
+        """The run config; on a member's page only how the run trained and its privacy (no
+        paths, URIs or files of the coordinator's)."""
+        config = self.run.config if self.cid is None else {
+            k: v for k, v in self.run.config.items() if k in MEMBER_KEYS}
         rows = "".join(f"<tr><td>{_e(k)}</td><td>{_e(json.dumps(v))}</td></tr>"
-                       for k, v in sorted(self.run.config.items()))
+                       for k, v in sorted(config.items()))
         return f"<details><summary>Run config</summary><table>{rows}</table></details>"
 
     def html(self) -> str:

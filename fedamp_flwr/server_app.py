@@ -299,13 +299,15 @@ def main(grid: Grid, context: Context) -> None:
 
 def _main(grid: Grid, context: Context) -> None:
     run = Run(grid, RunConfig.from_run_config(context.run_config))
+    finished = False
     try:
         run.setup()
         run.restore()
-        run.report(run.execute())
+        run.report(result := run.execute())
+        finished = result.finished
     finally:
         try:
-            run.close_boards()
+            run.close_boards(finished)
         finally:
             run.folder.release()
 
@@ -470,8 +472,10 @@ class Run:
                 cfg, self.dc, self.folder.name, self.token, self.folder.path / MODELS_FOLDER,
                 array_spec(self.initial), self.strategy.history, lambda: self.members.names,
                 self.writer.submit, self.strategy.learned_from, self.card_starts)
+        history = self.strategy.history.rounds
         self.boards = Dashboards.open(cfg, self.folder.path, self.done + 1, self.token,
-                                      lambda: self.members.names or None)
+                                      {k: r for k, r in history.items() if k <= self.done},
+                                      list(self.members.names) or None)
 
     @property
     def warm_key(self) -> str:
@@ -580,19 +584,26 @@ class Run:
         if checkpoint or not cfg.checkpoint_every:  # with its checkpoint, else every round
             metrics = copy.deepcopy(self.record(server_round).to_dict())  # the next round adds to them
             self.writer.submit(lambda: self.folder.write_metrics(metrics))
-        if self.boards is not None:  # every round, after its metrics.json
-            rec = copy.deepcopy(self.strategy.history.rounds.get(server_round, {}))
-            xi, boards = self.xi_files.of_round(server_round), self.boards
-            self.writer.submit(lambda: boards.round(server_round, rec, xi))
+        if self.boards is not None:  # every round; MLflow's once its checkpoint is written
+            boards = self.boards
+            boards.round(server_round, copy.deepcopy(self.strategy.history.rounds.get(
+                server_round, {})), self.xi_files.of_round(server_round),
+                list(self.members.names) or None)
+            if checkpoint or not cfg.checkpoint_every:
+                self.writer.submit(lambda: boards.durable(server_round))
 
-    def close_boards(self) -> None:
-        """The dashboards told how the run ended, with the models' cards (after every write)."""
-        if self.boards is not None:
+    def close_boards(self, finished: bool) -> None:
+        """The dashboards told how the run ended, with the models' cards (after every write);
+        a failure here is said, never raised over the run's own outcome."""
+        if self.boards is None:
+            return
+        try:
             with contextlib.suppress(Exception):  # a failed write was raised by execute()
                 self.writer.close()
             models = self.delivery.record() if self.delivery is not None else None
-            self.boards.close(self.folder.path, models,
-                              bool(self.strategy.history.rounds.get(self.cfg.num_server_rounds)))
+            self.boards.close(self.folder.path, models, finished)
+        except Exception as err:
+            log(WARNING, "Dashboards: not closed (%s: %s)", type(err).__name__, err)
 
     def checkpoint_now(self, server_round: int, arrays: ArrayRecord) -> None:
         """Copy the run's state now; the writer's thread writes it."""

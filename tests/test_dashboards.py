@@ -47,6 +47,11 @@ def test_the_scalars_of_a_round_by_hand():
     assert round_scalars({"client_mse": {7: 0.5}})["client_mse/7"] == 0.5
     assert reason_kind("rejected: update norm 12 > 3x median") == "rejected"
     assert reason_kind("node unavailable") == "node_unavailable"
+    assert reason_kind("no reply within the round timeout (3 s)") == \
+        "no_reply_within_the_round_timeout"
+    # a client's own words (an error reply's reason) never make a metric's name
+    for words in ("../../x", "/abs", ".", "a/./b", "x" * 500, "rejected"[:-1]):
+        assert reason_kind(words) == "other"
     # a name with @ and the name an impostor would take for it stay two curves
     two = round_scalars({"client_loss": {0: 1.0, 1: 2.0}}, ["a@b", "a_b"])
     assert {k: v for k, v in two.items() if k.startswith("client_loss/")} == {
@@ -150,7 +155,44 @@ def test_forget_removes_the_event_files_and_names_the_mlflow_run(tmp_path, capsy
     data = json.loads((tmp_path / "run" / "metrics.json").read_text())
     data["client_names"] = ["site-a", "site-b", "site-c"]  # as a members run names them
     (tmp_path / "run" / "metrics.json").write_text(json.dumps(data))
+    assert main(["report", str(tmp_path / "run")]) == 0
+    assert main(["report", str(tmp_path / "run"), "--members"]) == 0
     assert main(["forget", str(tmp_path / "run"), "site-b"]) in (0, 1)
     err = capsys.readouterr().err
     assert "not erased here: the run's MLflow run" in err
     assert not any(p.is_file() for p in (tmp_path / "run" / "tensorboard").rglob("*"))
+    # the pages that name it are gone; another member's stays
+    pages = sorted(p.name for p in (tmp_path / "run").glob("report*.html"))
+    assert pages == ["report-site-a.html", "report-site-c.html"]
+    audit = json.loads((tmp_path / "run" / "forgotten.json").read_text())["forgotten"][-1]
+    assert not any("report" in f or "tensorboard" in f for f in audit["name_still_found_in"])
+
+
+def test_dashboards_turned_on_at_a_resume_take_the_checkpoints_rounds(tmp_path):
+    cfg = config(tmp_path, "fedamp", **{"num-server-rounds": 4})
+    grid = FaultyGrid(cfg, 3, crash_at=(3, MessageType.TRAIN))
+    with pytest.raises(Crash):
+        run(grid, cfg)
+    metrics = run(grid, {**cfg, "resume": True, "tensorboard": True, "mlflow": True})
+    assert metrics["completed_rounds"] == 4
+    client, found = _mlflow_run(tmp_path / "mlruns")
+    history = client.get_metric_history(found.info.run_id, "mean_accuracy")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4]  # 1-2 from the checkpoint
+    assert [e.step for e in _tensorboard(tmp_path / "run" / "tensorboard").Scalars(
+        "mean_accuracy")] == [3, 4]
+
+
+def test_a_run_started_again_over_its_folder_shows_its_own_rounds_once(tmp_path):
+    cfg = config(tmp_path, "fedavg", **{"num-server-rounds": 2, "tensorboard": True})
+    run(LocalGrid(cfg, 3), cfg)
+    assert main_report(tmp_path / "run") == 0
+    run(LocalGrid(cfg, 3), {**cfg, "overwrite": True})
+    assert [e.step for e in _tensorboard(tmp_path / "run" / "tensorboard").Scalars(
+        "mean_accuracy")] == [1, 2]
+    assert not (tmp_path / "run" / "report.html").exists()  # the old run's page, gone
+
+
+def main_report(folder) -> int:
+    from fedamp_flwr.cli import main
+
+    return main(["report", str(folder)])

@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_multiplexer import EventMultiple
 
 import simulation
 from experiments.presets import Run
-from experiments.progress import GridProgress, RunState, grid_eta
+from experiments.progress import GridProgress, RunState, fitted, grid_eta
 from fedamp_flwr.dashboards import EXPERIMENT
 
 
@@ -41,6 +41,26 @@ def test_the_eta_by_hand():
     assert grid_eta([a, c, d], jobs=1, now=now) == pytest.approx(22.25)  # C after A
     assert grid_eta([a, c, d], jobs=2, now=now) == pytest.approx(13.0)  # C beside A
     assert grid_eta([RunState(_run("e", 3))], jobs=1, now=now) is None  # nothing measured
+
+
+def test_a_trials_pace_follows_its_local_work():
+    # one method's trials measured at 50 and 100 local steps: 1.5 s and 2.8 s a round
+    assert fitted([(50, 1.5), (100, 2.8)], 25) == pytest.approx(0.85)
+    assert fitted([(50, 1.5), (100, 2.8)], 1) == pytest.approx(0.226)
+    assert fitted([(50, 1.0)], 100) == pytest.approx(2.0)  # one work measured: in proportion
+    assert fitted([(50, 1.5), (100, 0.5)], 200) == pytest.approx(0.05)  # never below a tenth
+    # in the ETA: C (25 steps) after A (50 steps, 1.5 s a round, its last round just ended)
+    # and B (100 steps, 2.8 s a round, ended): 2 rounds at 0.85 s
+    run = lambda name, steps: Run(name, 3, {"strategy": "s", "dataset": "d",  # noqa: E731
+                                            "num-server-rounds": 2, "local-steps": steps})
+    a = RunState(run("a", 50), started=0.0, done=1, seconds=[1.5], first_at=1.5, last_at=10.0)
+    b = RunState(run("b", 100), started=0.0, ended=5.6, done=2, seconds=[2.8, 2.8],
+                 first_at=2.8, last_at=5.6)
+    c = RunState(run("c", 25))
+    assert grid_eta([a, b, c], jobs=1, now=10.0) == pytest.approx(1.5 + 2 * 0.85)
+    # a run resumed from its checkpoint's round 1: one round left to run
+    assert grid_eta([a, b, RunState(run("c", 25), resumed_from=1)], jobs=1, now=10.0) == \
+        pytest.approx(1.5 + 0.85)
 
 
 @pytest.mark.parametrize("live", [False, True])

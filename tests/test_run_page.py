@@ -93,6 +93,8 @@ def test_a_fedamp_members_run_and_a_members_page(tmp_path, capsys):
     member = names[1]
     page = (folder / f"report-{member}.html").read_text()
     assert not any(other in page for other in names if other != member)
+    # the run config it shows is how the run trained, none of the coordinator's paths
+    assert "local-epochs" in page and "results-dir" not in page and str(tmp_path) not in page
     mine = _open(folder / f"report-{member}.html", tmp_path / "member.png")
     best = 100 * max(r["client_accuracy"][str(1)] for r in metrics["rounds"])
     assert mine["headline"].startswith(f"{member}: best test accuracy {best:.2f}%")

@@ -134,7 +134,7 @@ def test_each_key_of_a_runs_records_is_spelled_in_one_module():
     keys = {records.client_key(m) for m in records.METRICS} | {
         records.mean_key(m, novel) for m in records.METRICS for novel in (False, True)} | set(
         records.HEADLINES) | {records.TRAINED, records.MEAN_TRAIN_LOSS, records.DP_SPENT,
-                              records.GLOBAL_NORM, *records.ABSENT.values(),
+                              records.GLOBAL_NORM, records.SERVER_LOSSES, *records.ABSENT.values(),
                               records.REJECTED["evaluate"]} | {"client_", "mean_", "novel_mean_"}
     # metrics.json's top level (records.RunFile), but for the words that also name a key of
     # another file (the checkpoint, a model card, status.json) or a run-config key

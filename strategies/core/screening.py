@@ -37,6 +37,12 @@ _ERROR_NAMES = {
 }
 
 
+#: how every reason a client is absent for begins (the rest is the case's own words): the
+#: kinds the run's dashboards count absences by
+REASON_KINDS = (*(n for n in _ERROR_NAMES.values() if n), "node not connected",
+                "no reply within the round timeout", "no reply", "rejected", "error code")
+
+
 def error_reason(msg: Message) -> str:
     """A Flower error reply in words: what happened, and the reply's own reason."""
     name = _ERROR_NAMES.get(msg.error.code, f"error code {msg.error.code}")
