@@ -6,10 +6,11 @@ lines scroll above them; elsewhere (CI, ``nohup``, a file) every event is one lo
 a run started, a round of it done (with the grid's state), a run ended.
 
 The ETA (:func:`grid_eta`) is what the runs left take at the pace measured so far, laid out
-on the jobs as the grid lays them out (each next run on the job that is free first): a run's
-rounds at its own pace (its strategy and dataset's before it has one, else all runs'), plus
-what a run spends before its first round and after its last (start, data, delivering the
-models), measured on the runs that ended.
+on the jobs as the grid lays them out (each next run on the job that is free first): a
+running run's rounds at its own pace; a run not started at the pace its method's runs
+measured, fitted on each run's local work (local steps, else epochs: a tuning grid's trials
+differ in it), else all runs'; plus what a run spends before its first round and after its
+last (start, data, delivering the models), measured on the runs that ended.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def grid_eta(states: Iterable[RunState], jobs: int, now: float) -> float | None:
     head, the seconds from its start to its first round's end less that pace; its tail, from
     its last round's end to its end (the models delivered, the files written). A run not
     started takes head + rounds x pace + tail; a running one the rest of that; head and
-    tail are the means over the runs that ended.
+    tail are the means over the ended runs of its method (else of all).
     """
     states = list(states)
     if not any(st.seconds for st in states):
@@ -122,29 +123,43 @@ def grid_eta(states: Iterable[RunState], jobs: int, now: float) -> float | None:
     def pace(st: RunState) -> float:
         if st.steady:
             return _mean(st.steady)
+        # its method's runs at its local work, else all runs' mean (the work of one method
+        # says little of another's seconds)
         measured = points.get(group_of(st.run))
         return fitted(measured, work_of(st.run)) if measured else overall
 
     ended = [st for st in states if st.ended is not None and st.first_at is not None
              and not st.failed]
-    head = _mean([max(0.0, st.first_at - st.started - pace(st))  # type: ignore[operator]
-                  for st in ended])
-    tail = _mean([max(0.0, st.ended - st.last_at) for st in ended])  # type: ignore[operator]
+    heads: dict[Any, list[float]] = {}
+    tails: dict[Any, list[float]] = {}
+    for st in ended:  # by its method's runs, and (None) over all
+        for key in (group_of(st.run), None):
+            heads.setdefault(key, []).append(max(0.0, st.first_at - st.started  # type: ignore[operator]
+                                                 - pace(st)))
+            tails.setdefault(key, []).append(max(0.0, st.ended - st.last_at))  # type: ignore[operator]
+
+    def head(st: RunState) -> float:
+        return _mean(heads.get(group_of(st.run)) or heads.get(None) or [])
+
+    def tail(st: RunState) -> float:
+        return _mean(tails.get(group_of(st.run)) or tails.get(None) or [])
+
     loads = []
     for st in states:
         if st.started is None or st.ended is not None:
             continue
         if st.last_at is None:  # its first round under way
-            left = (max(0.0, head + pace(st) - (now - st.started))
-                    + max(0, st.to_run - 1) * pace(st))
-        else:
-            left = max(0.0, (st.total - st.done) * pace(st) - (now - st.last_at))
-        loads.append(left + tail)
+            left = (max(0.0, head(st) + pace(st) - (now - st.started))
+                    + max(0, st.to_run - 1) * pace(st) + tail(st))
+        else:  # its rounds left, then its tail, less the time since its last round
+            left = max(0.0, (st.total - st.done) * pace(st) + tail(st) - (now - st.last_at))
+        loads.append(left)
     loads += [0.0] * max(0, max(jobs, 1) - len(loads))
     heapq.heapify(loads)
     for st in states:
         if st.started is None:  # each next run on the job that is free first
-            heapq.heappush(loads, heapq.heappop(loads) + head + st.to_run * pace(st) + tail)
+            heapq.heappush(loads, heapq.heappop(loads) + head(st) + st.to_run * pace(st)
+                           + tail(st))
     return max(loads) if loads else 0.0
 
 
