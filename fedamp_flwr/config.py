@@ -493,6 +493,10 @@ class RunConfig:
         if self.mlflow_uri and not self.mlflow:
             raise _bad("mlflow-uri", self.mlflow_uri, '"" unless mlflow = true')
 
+    def mlflow_shown(self) -> str:
+        """:meth:`mlflow_store` as logs and files may say it: without a password."""
+        return redact_uri(self.mlflow_store())
+
     def mlflow_store(self) -> str:
         """The MLflow tracking URI of the run: ``mlflow-uri``, else a file store in
         ``<results-dir>/mlruns``."""
@@ -680,3 +684,17 @@ def default_values() -> dict[str, Any]:
     out = {key: f.default for key, f in RunConfig.generic_fields().items()}
     out.update({key: f.default for key, f in method_keys().items()})
     return out
+
+
+def redact_uri(uri: str) -> str:
+    """``uri`` without the password of its user part (``http://user:***@host``)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(uri)
+        if parts.password is None:
+            return uri
+        host = parts.netloc.rsplit("@", 1)[1]
+        return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+    except ValueError:
+        return "<an unreadable URI>"

@@ -65,7 +65,7 @@ from strategies.core.records import (
 )
 from strategies.core.screening import REASON_KINDS
 
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, redact_uri
 from .results import MODELS_FOLDER, TENSORBOARD_FOLDER
 
 #: the MLflow experiment every run of this app logs to
@@ -310,7 +310,7 @@ class Dashboards:
             except Exception as err:  # a server gone, a store it cannot write
                 log(WARNING, "%s: cannot start (%s: %s); the run goes on without it", what,
                     type(err).__name__, err)
-        board._each("params", None, cfg.to_dict())
+        board._each("params", None, {**cfg.to_dict(), "mlflow-uri": redact_uri(cfg.mlflow_uri)})
         mlflow = board.sinks.get("MLflow")
         if isinstance(mlflow, MlflowSink) and done:
             try:
@@ -322,7 +322,7 @@ class Dashboards:
                 board._held[step] = (round_scalars(done[step], names), None)
             board._durable(max(done))
         where = [f"TensorBoard in {folder / TENSORBOARD_FOLDER}" if "TensorBoard" in board.sinks
-                 else "", f"MLflow at {cfg.mlflow_store()} (experiment {EXPERIMENT!r}, run "
+                 else "", f"MLflow at {cfg.mlflow_shown()} (experiment {EXPERIMENT!r}, run "
                  f"{mlflow.run_id})" if isinstance(mlflow, MlflowSink) else ""]
         if any(where):
             log(INFO, "Dashboards: %s", "; ".join(w for w in where if w))

@@ -53,7 +53,7 @@ from strategies.core.records import (
 from tasks.export import sha256_of
 from tasks.files import atomic_write, strict_json
 
-from .config import ConfigError
+from .config import ConfigError, redact_uri
 from .results import (
     CHECKPOINT_FORMAT,
     FORGOTTEN,
@@ -381,8 +381,8 @@ class Erasure:
             entry.update(status="done", name_still_found_in=self._search())
             config = self.run.get("config") if isinstance(self.run.get("config"), dict) else {}
             if config.get("mlflow") is True:  # a store this command does not own
-                entry["not_erased"] = (f"the run's MLflow run (tracking URI "
-                                       f"{config.get('mlflow-uri') or '<results-dir>/mlruns'}, "
+                uri = redact_uri(str(config.get("mlflow-uri") or "")) or "<results-dir>/mlruns"
+                entry["not_erased"] = (f"the run's MLflow run (tracking URI {uri}, "
                                        f"tag fedamp.run = '{self.folder.name}') holds the "
                                        "member's metrics: delete that MLflow run there")
             write_json(self.folder / FORGOTTEN, held)

@@ -39,7 +39,7 @@ from strategies.core.records import (
     mean_score,
 )
 
-from .config import ConfigError
+from .config import ConfigError, redact_uri
 from .results import load_xi
 
 PAGE = "report.html"
@@ -316,7 +316,8 @@ class RunPage:
     def config_table(self) -> str:
         """The run config; on a member's page only how the run trained and its privacy (no
         paths, URIs or files of the coordinator's)."""
-        config = self.run.config if self.cid is None else {
+        config = {**self.run.config, "mlflow-uri": redact_uri(str(self.run.config.get(
+            "mlflow-uri", "")))} if self.cid is None else {
             k: v for k, v in self.run.config.items() if k in MEMBER_KEYS}
         rows = "".join(f"<tr><td>{_e(k)}</td><td>{_e(json.dumps(v))}</td></tr>"
                        for k, v in sorted(config.items()))

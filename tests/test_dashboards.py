@@ -16,7 +16,7 @@ from flwr.app import MessageType
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fedamp_flwr import dashboards
-from fedamp_flwr.config import ConfigError
+from fedamp_flwr.config import ConfigError, redact_uri
 from fedamp_flwr.dashboards import EXPERIMENT, heat_image, reason_kind, round_scalars
 
 from .conftest import LocalGrid
@@ -56,6 +56,9 @@ def test_the_scalars_of_a_round_by_hand():
     two = round_scalars({"client_loss": {0: 1.0, 1: 2.0}}, ["a@b", "a_b"])
     assert {k: v for k, v in two.items() if k.startswith("client_loss/")} == {
         "client_loss/a:b": 1.0, "client_loss/a_b": 2.0}
+    # a tracking URI's password is never shown
+    assert redact_uri("http://me:secret@host:5000/x") == "http://me:***@host:5000/x"
+    assert redact_uri("file:///tmp/mlruns") == "file:///tmp/mlruns"
     picture = heat_image(np.array([[1.0, 0.0], [0.5, 0.25]]))
     assert picture.shape == (256, 256, 3) and picture.dtype == np.uint8
     assert (picture[0, 0] != picture[0, 200]).any()  # 1 and 0 differ in colour
