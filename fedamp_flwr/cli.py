@@ -395,17 +395,19 @@ def explain_key(key: str, run_config: str) -> int:
 
 def report_page(run: str, out: str | None, member: str | None, members: bool) -> int:
     """``report``: the run's page, a member's, or one per member."""
-    from .run_page import RunPage, write_page  # matplotlib: only here
+    from .run_page import member_names, write_page  # matplotlib: only here
 
     try:
         if members:
             if out:
                 raise ConfigError("--out with --members is invalid: each member's page is "
                                   "report-<NAME>.html in the run's folder; allowed: one of them")
-            names = [n for n in RunPage(Path(run).expanduser().resolve()).names if n]
+            names = member_names(run)
             if not names:
-                raise ConfigError(f"RUN_DIR = {run!r}: the run has no members (a partitioned "
-                                  "simulation names none); allowed: without --members")
+                raise ConfigError(f"RUN_DIR = {run!r}: the run names no member a page can be "
+                                  "made for (a partitioned simulation names none; a name that "
+                                  "is no member name, or that two clients hold, is left out); "
+                                  "allowed: without --members")
             for name in names:
                 print(f"Wrote {write_page(run, None, name)}")
             return 0
@@ -413,8 +415,8 @@ def report_page(run: str, out: str | None, member: str | None, members: bool) ->
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except OSError as err:
-        print(f"error: the page cannot be written: {err}", file=sys.stderr)
+    except (OSError, ValueError) as err:  # a folder it cannot write, a path it cannot take
+        print(f"error: the page cannot be written: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
     return 0
 

@@ -30,19 +30,29 @@ from typing import Any
 
 import numpy as np
 
+from strategies.core.protocol import is_name
 from strategies.core.records import (
     ABSENT,
     DP_SPENT,
+    METRICS,
+    REJECTED,
     RunFile,
     Score,
     client_key,
+    is_client_map,
+    mean_key,
     mean_score,
 )
+from strategies.core.settings import MOST_CLIENTS, MOST_ROUNDS
+from tasks.files import atomic_write
 
 from .config import ConfigError, redact_uri
 from .results import load_xi
 
 PAGE = "report.html"
+#: the most clients whose weights or graph a page draws, and whose curves it draws
+MOST_DRAWN = 2000
+MEANS = {mean_key(m, novel) for m in METRICS for novel in (False, True)}
 #: the run config a member's page shows
 MEMBER_KEYS = ("strategy", "dataset", "num-server-rounds", "local-epochs", "local-steps",
                "batch-size", "learning-rate", "optimizer", "seed", "dp", "dp-clip",
@@ -66,11 +76,58 @@ def _e(value: Any) -> str:
 def _png(fig: Any) -> str:
     import matplotlib.pyplot as plt
 
+    for text in fig.findobj(lambda o: hasattr(o, "set_parse_math")):
+        text.set_parse_math(False)  # a name's $...$ is text, never math
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
+
+
+def _square(matrix: Any) -> bool:
+    """A drawable matrix of weights: 2-D, square, real, at most :data:`MOST_DRAWN` a side."""
+    m = np.asarray(matrix)
+    return (m.ndim == 2 and m.shape[0] == m.shape[1] and 0 < m.shape[0] <= MOST_DRAWN
+            and m.dtype.kind in "fiu")
+
+
+def _client(key: Any) -> int | None:
+    """A client id of a record's map (an int, or its digits as JSON writes it), or None."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        value = key
+    elif isinstance(key, str) and key.isdigit() and len(key) <= 6:
+        value = int(key)
+    else:
+        return None
+    return value if 0 <= value < MOST_CLIENTS else None
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and bool(
+        np.isfinite(value))
+
+
+def clean_round(rec: Any) -> dict[str, Any] | None:
+    """The parts of a round's record the page shows, of the types it draws (None: no round):
+    an int ``round``; each map of clients with int ids and finite numbers (absences: their
+    reasons as text); the means that are finite numbers. What a damaged or hand-edited file
+    holds besides is left out, never raised."""
+    k = rec.get("round") if isinstance(rec, dict) else None
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 < k <= MOST_ROUNDS:
+        return None
+    out: dict[str, Any] = {"round": k}
+    texts = set(ABSENT.values()) | set(REJECTED.values())
+    for key, value in rec.items():
+        if key in texts and isinstance(value, dict):
+            out[key] = {c: str(v)[:300] for c0, v in value.items()
+                        if (c := _client(c0)) is not None}
+        elif is_client_map(key) and isinstance(value, dict):
+            out[key] = {c: float(v) for c0, v in value.items()
+                        if (c := _client(c0)) is not None and _finite(v)}
+        elif key in MEANS and _finite(value):
+            out[key] = float(value)
+    return out
 
 
 def _whole_rounds(ax: Any) -> None:
@@ -99,19 +156,26 @@ class RunPage:
         self.folder = folder
         try:
             self.run = RunFile.read(folder / "metrics.json")
-        except (OSError, ValueError) as err:
-            raise ConfigError(f"RUN_DIR = '{folder}': its metrics.json cannot be read ({err}); "
-                              "allowed: a run's folder") from None
-        self.names = [str(n) for n in (self.run.client_names or [])]
+        except (OSError, ValueError, RecursionError) as err:
+            raise ConfigError(f"RUN_DIR = '{folder}': its metrics.json cannot be read "
+                              f"({type(err).__name__}: {str(err)[:200]}); allowed: a run's "
+                              "folder") from None
+        # a name that is no member name (a forgotten member's "", a damaged file's) is none
+        self.names = [n if is_name(n) else "" for n in (self.run.client_names or [])]
         self.member = member
         self.cid: int | None = None
         if member is not None:
-            if member not in self.names:
-                raise ConfigError(f"--member {member!r}: run '{folder.name}' has no member of "
-                                  f"that name ({len(self.names)} members)")
+            if not is_name(member) or self.names.count(member) != 1:
+                raise ConfigError(f"--member {member[:80]!r}: run '{folder.name}' has no member "
+                                  f"of that name ({len([n for n in self.names if n])} members)")
             self.cid = self.names.index(member)
         self.score: Score = self.run.score
-        self.rounds = sorted(self.run.rounds, key=lambda r: int(r.get("round", 0)))
+        self.rounds = sorted((c for r in self.run.rounds if (c := clean_round(r)) is not None),
+                             key=lambda r: r["round"])
+        seen = max((c for r in self.rounds for c in r.get(client_key(self.score.metric), {})),
+                   default=-1) + 1
+        count = self.run.num_clients if isinstance(self.run.num_clients, int) else 0
+        self.n = len(self.names) or max(seen, min(max(count, 0), MOST_CLIENTS))
         self._index()
 
     # --- numbers ---
@@ -123,16 +187,15 @@ class RunPage:
         """The clients the page shows: the member alone, or every one with a value."""
         if self.cid is not None:
             return [self.cid]
-        seen = {int(c) for r in self.rounds for c in (r.get(client_key(self.score.metric)) or {})}
-        return sorted(seen | set(range(self.run.num_clients or 0)))
+        return list(range(self.n))
 
     def curve(self, cid: int) -> tuple[list[int], list[float]]:
         xs, ys = [], []
         for r in self.rounds:
             values = r.get(client_key(self.score.metric)) or {}
-            value = values.get(cid, values.get(str(cid)))
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                xs.append(int(r["round"]))
+            value = values.get(cid)
+            if value is not None:
+                xs.append(r["round"])
                 ys.append(self.score.scale * float(value))
         return xs, ys
 
@@ -142,13 +205,12 @@ class RunPage:
         self._absent: dict[int, list[tuple[int, str, str]]] = {}
         self._spent: dict[int, list[tuple[int, float]]] = {}
         for r in self.rounds:
-            k = int(r.get("round", 0))
+            k = r["round"]
             for phase, key in ABSENT.items():
-                for c, why in (r.get(key) or {}).items():
-                    self._absent.setdefault(int(c), []).append((k, phase, str(why)))
-            for c, v in (r.get(DP_SPENT) or {}).items():
-                if isinstance(v, int | float) and not isinstance(v, bool):
-                    self._spent.setdefault(int(c), []).append((k, float(v)))
+                for c, why in r.get(key, {}).items():
+                    self._absent.setdefault(c, []).append((k, phase, why))
+            for c, v in r.get(DP_SPENT, {}).items():
+                self._spent.setdefault(c, []).append((k, v))
 
     def absences(self, cid: int | None = None) -> list[tuple[int, str, str]]:
         """(round, phase, reason) of every absence (``cid``: of that client only)."""
@@ -176,11 +238,12 @@ class RunPage:
                         f"<small>{_e(budget)}</small></div>")
             top = score.best(ys)
             at = xs[ys.index(top)]
-            alone = (run.alone or {}).get(str(self.cid)) or (run.alone or {}).get(
-                self.cid) or {}  # type: ignore[call-overload]
+            alone = (run.alone or {}).get(str(self.cid))
+            alone = {k: v for k, v in alone.items() if _finite(v)} \
+                if isinstance(alone, dict) else {}
             alone_text = "; alone: " + ", ".join(
                 f"{score.scale * float(v):.4g}{unit} ({_e(k)})" for k, v in alone.items()
-                if isinstance(v, int | float)) if alone else ""
+            ) if alone else ""
             return (f'<div id="headline">{_e(self.member)}: best test {_e(score.metric)} '
                     f"{top:{number}}{unit} (round {at}), last {ys[-1]:{number}}{unit}"
                     f"<small>{_e(budget)}{alone_text}</small></div>")
@@ -198,14 +261,14 @@ class RunPage:
         plt = _plt()
         fig, ax = plt.subplots(figsize=(8, 4.2))
         clients = self.clients()
-        for cid in clients:
+        for cid in clients[:MOST_DRAWN]:
             xs, ys = self.curve(cid)
             if xs:
                 ax.plot(xs, ys, lw=2 if self.cid is not None else 0.8,
                         alpha=1.0 if self.cid is not None else 0.45,
                         label=self.name(cid) if len(clients) <= 12 else None)
         if self.cid is None:
-            means = [(int(r["round"]), self.score.scale * m) for r in self.rounds
+            means = [(r["round"], self.score.scale * m) for r in self.rounds
                      if (m := mean_score(r, self.score)) is not None]
             if means:
                 ax.plot(*zip(*means), color="black", lw=2.5, label="mean (benign clients)")
@@ -235,7 +298,7 @@ class RunPage:
 
         plt = _plt()
         tally = Counter((f"{p}: {reason_kind(w)}", r) for r, p, w in found)
-        rounds = [int(r["round"]) for r in self.rounds]
+        rounds = [r["round"] for r in self.rounds]
         fig, ax = plt.subplots(figsize=(8, 3.2))
         bottom = np.zeros(len(rounds))
         for kind in sorted({k for k, _ in tally}):
@@ -251,18 +314,22 @@ class RunPage:
         """FedAMP's xi (the last round written) or the inferred graph: the coordinator's."""
         if self.cid is not None:
             return ""
+        if self.n > MOST_DRAWN:
+            return (f'<h2>Who learns from whom</h2><p class="note">{self.n} clients: more than '
+                    f"{MOST_DRAWN}, not drawn (xi/ and metrics.json hold them).</p>")
         plt = _plt()
         try:
             matrices = load_xi(self.folder)[1]
         except (OSError, ValueError):
             matrices = {}
+        matrices = {k: m for k, m in matrices.items() if _square(m)}
         graph = self.run.extra.get("inferred_graph")
         edges = graph.get("edges") if isinstance(graph, dict) else None
         if matrices:
             last = max(matrices)
             matrix, title = np.asarray(matrices[last], float), f"FedAMP's weights xi, round {last}"
-        elif isinstance(edges, list) and self.run.num_clients:
-            n = self.run.num_clients
+        elif isinstance(edges, list) and self.n:
+            n = self.n
             matrix = np.zeros((n, n))
             pairs = np.array([e for e in edges if isinstance(e, list) and len(e) == 2 and all(
                 isinstance(i, int) and 0 <= i < n for i in e)], dtype=np.int64).reshape(-1, 2)
@@ -328,7 +395,8 @@ class RunPage:
         title = f"{run.run_name or self.folder.name}" + (f": {self.member}" if self.member else "")
         sub = (f"{run.label or run.strategy} on {run.dataset}"
                + (f" ({run.partitioning})" if run.partitioning else "")
-               + f", {run.num_clients} clients, seed {run.seed}; "
+               + (f", {run.num_clients} clients" if self.cid is None else "")
+               + f", seed {run.seed}; "
                + ("finished" if run.finished else f"not finished ({run.completed_rounds} rounds)")
                + (f"; {run.wall_time_s:.0f} s" if run.wall_time_s else ""))
         if self.member:
@@ -346,12 +414,17 @@ class RunPage:
 def write_page(run_dir: str | Path, out: str | Path | None = None,
                member: str | None = None) -> Path:
     """Write the run's page (a member's with ``member``); its path. ``out``: default
-    ``<run>/report.html`` (``report-<member>.html`` for a member's)."""
+    ``<run>/report.html`` (``report-<member>.html`` for a member's), written as the run's
+    other files are (private, atomic, never through a link)."""
     folder = Path(run_dir).expanduser().resolve()
-    page = RunPage(folder, member).html()
-    path = Path(out) if out else folder / (f"report-{member}.html" if member else PAGE)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(path)
+    page = RunPage(folder, member).html().encode()
+    path = Path(out).expanduser() if out else folder / (
+        f"report-{member}.html" if member is not None else PAGE)
+    atomic_write(path, lambda f: f.write(page), private=True)
     return path
 
+
+def member_names(run_dir: str | Path) -> list[str]:
+    """The run's members a page can be made for: each valid name that is one member's."""
+    names = RunPage(Path(run_dir).expanduser().resolve()).names
+    return [n for n in names if n and names.count(n) == 1]

@@ -95,6 +95,9 @@ def test_a_fedamp_members_run_and_a_members_page(tmp_path, capsys):
     assert not any(other in page for other in names if other != member)
     # the run config it shows is how the run trained, none of the coordinator's paths
     assert "local-epochs" in page and "results-dir" not in page and str(tmp_path) not in page
+    clients = page.split("<h2>Clients</h2>")[1].split("</table>")[0]
+    assert clients.count("<tr>") == 2 and "3 clients" not in page  # its row; not the count
+    assert (folder / f"report-{member}.html").stat().st_mode & 0o077 == 0  # private
     mine = _open(folder / f"report-{member}.html", tmp_path / "member.png")
     best = 100 * max(r["client_accuracy"][str(1)] for r in metrics["rounds"])
     assert mine["headline"].startswith(f"{member}: best test accuracy {best:.2f}%")
@@ -137,3 +140,32 @@ def test_a_runs_strings_are_shown_never_run_and_bad_arguments_are_one_line(tmp_p
     assert "--member 'nobody': run" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "its metrics.json cannot be read" in capsys.readouterr().err
+
+
+def test_a_damaged_or_hostile_run_file_is_drawn_or_refused_in_one_line(tmp_path, capsys):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "metrics.json").write_text(json.dumps({
+        "run_name": "r", "strategy": "fedavg", "dataset": "x", "num_clients": 10**12,
+        "client_names": ["$x^{$", "a", "a", "", "../evil", "site-ok"],
+        "rounds": [{"round": "x"}, {"round": 2, "client_accuracy": [1, 2]},
+                   {"round": 1, "client_accuracy": {"5": 0.5, "x": 1, "1": "s", "2": None},
+                    "absent_clients": {"5": "boom", "zz": 1}, "client_dp_epsilon": [1]},
+                   {"client_accuracy": {"0": 1}}, "not a round"],
+        "inferred_graph": {"edges": [[0, 1], [5, 99], "x"]}, "alone": {"5": [1, 2]}}))
+    assert main(["report", str(folder)]) == 0  # what can be read is drawn, the rest left out
+    # names that are no member names, or that two clients hold, get no page
+    assert main(["report", str(folder), "--members"]) == 0
+    assert sorted(p.name for p in folder.glob("report-*")) == ["report-site-ok.html"]
+    for bad in ("a", "$x^{$", "", "../evil"):
+        assert main(["report", str(folder), "--member", bad]) == 2
+    assert main(["report", str(folder), "--out", "/"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error: ") == 5 and "Traceback" not in err
+    # a link planted where the page goes is replaced, never written through
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    (folder / "report.html").unlink()
+    (folder / "report.html").symlink_to(victim)
+    assert main(["report", str(folder)]) == 0
+    assert victim.read_text() == "mine" and not (folder / "report.html").is_symlink()
