@@ -54,7 +54,6 @@ preset with a ``tuned.json``'s values.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import shlex
 import signal
@@ -69,6 +68,7 @@ from experiments.jobs import parse_jobs
 from experiments.presets import PRESETS, ConfigError, Grid, Run, apply_overrides, expand
 from experiments.runner import run_grid
 from experiments.tuning import VALIDATION_FRACTION, apply_tuned, choose, tuning_runs
+from fedamp_flwr.dashboards import missing_extras
 from strategies.core.registry import budget_tuned
 
 ROOT = Path(__file__).resolve().parent
@@ -209,12 +209,10 @@ def check_args(args: argparse.Namespace) -> int:
     if not 0 < args.validation_fraction < 1:
         raise SystemExit(f"error: --validation-fraction {args.validation_fraction} is invalid; "
                          "allowed: a number in (0, 1)")
-    for flag, on, package in (("--tensorboard", args.tensorboard, "tensorboard"),
-                              ("--mlflow", args.mlflow, "mlflow")):
-        if on and importlib.util.find_spec(package) is None:
-            raise SystemExit(f"error: {flag} needs the {package} package, which is not "
-                             f"installed; allowed: pip install 'fedamp-flwr[{package}]', or "
-                             f"without {flag}")
+    for package in missing_extras(args.tensorboard, args.mlflow):
+        raise SystemExit(f"error: --{package} needs the {package} package, which is not "
+                         f"installed; allowed: pip install 'fedamp-flwr[{package}]', or "
+                         f"without --{package}")
     if args.budget and (args.rounds or any(
             s.partition("=")[0].strip() == "num-server-rounds" for s in args.set)):
         raise SystemExit("error: --rounds (or --set num-server-rounds) and --budget together are "

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"second half: {len(second_half)} readings, the largest error {worst:.0%}")
     if args.out:
         args.out.write_text(json.dumps({"grid": grid, "seconds": round(end, 1),
-                                        "readings": readings}, indent=1))
+                                        "readings": readings}, indent=1, allow_nan=False))
     return 0
 
 

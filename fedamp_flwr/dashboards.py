@@ -64,9 +64,10 @@ from strategies.core.records import (
     mean_key,
 )
 from strategies.core.screening import REASON_KINDS
+from tasks.files import strict_json
 
 from .config import ConfigError, RunConfig, redact_uri
-from .results import MODELS_FOLDER, TENSORBOARD_FOLDER
+from .results import MODELS_FOLDER, TENSORBOARD_FOLDER, write_json
 
 #: the MLflow experiment every run of this app logs to
 EXPERIMENT = "fedamp-flwr"
@@ -77,15 +78,20 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 ALWAYS = "absent_train/all"
 
 
+def missing_extras(tensorboard: bool, mlflow: bool) -> list[str]:
+    """The dashboards asked for whose package (an optional extra of the same name) is not
+    installed."""
+    return [name for name, on in (("tensorboard", tensorboard), ("mlflow", mlflow))
+            if on and importlib.util.find_spec(name) is None]
+
+
 def check_packages(cfg: RunConfig) -> None:
     """A dashboard asked for has its package (an optional extra): a ConfigError naming the
     key, before any work. The ServerApp's only: a member's node needs neither."""
-    for key, on, package in (("tensorboard", cfg.tensorboard, "tensorboard"),
-                             ("mlflow", cfg.mlflow, "mlflow")):
-        if on and importlib.util.find_spec(package) is None:
-            raise ConfigError(f"run config '{key}' = true needs the {package} package, which is "
-                              f"not installed; allowed: false, or install it (pip install "
-                              f"'fedamp-flwr[{package}]')")
+    for package in missing_extras(cfg.tensorboard, cfg.mlflow):
+        raise ConfigError(f"run config '{package}' = true needs the {package} package, which "
+                          f"is not installed; allowed: false, or install it (pip install "
+                          f"'fedamp-flwr[{package}]')")
 
 
 def safe_name(text: str) -> str:
@@ -255,7 +261,8 @@ class MlflowSink:
             return
         from mlflow.entities import Param
 
-        items = [Param(k, json.dumps(v)[:6000]) for k, v in sorted(config.items())]
+        items = [Param(k, json.dumps(strict_json(v), allow_nan=False)[:6000])
+                 for k, v in sorted(config.items())]
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i:i + 100])
 
@@ -382,7 +389,7 @@ class Dashboards:
         with tempfile.TemporaryDirectory() as tmp:
             if models is not None:
                 cards.append(Path(tmp) / "models.json")
-                cards[-1].write_text(json.dumps(models, indent=1, default=str))
+                write_json(cards[-1], dict(models))
             if cards:
                 self._each("artifacts", None, cards)
         self._each("close", None, finished)
