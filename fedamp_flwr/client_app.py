@@ -347,7 +347,8 @@ def _job(msg: Message, context: Context,
                     state=context.state, server_round=server_round, seed=seed,
                     epochs=as_int(c.get(LOCAL_EPOCHS, cfg.local_epochs), LOCAL_EPOCHS),
                     steps=as_int(c.get(LOCAL_STEPS, cfg.local_steps), LOCAL_STEPS), optim=optim,
-                    settings=update.settings.from_message(c))
+                    settings=update.settings.from_message(c), run_seed=cfg.seed,
+                    client_id=client_id)
     return update, job, client_id, dataclasses.replace(setup, scaling=scaling)
 
 

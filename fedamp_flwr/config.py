@@ -48,6 +48,7 @@ from strategies.core.settings import (
     one_of,
     setting,
 )
+from tasks.graphs import SIMILARITIES
 from tasks.models import model_problem
 from tasks.recipes import PARTITIONINGS
 from tasks.scenarios import Roles, scenario_roles
@@ -70,6 +71,9 @@ DP_MODES = ("none", "update", "dp-sgd")
 GENERIC_AUTO: dict[str, Any] = {"local-epochs": 5, "local-steps": 0, "batch-size": 100,
                                 "learning-rate": 1e-3, "optimizer": "adam"}
 
+#: the guard of an inferred graph compares it with this strategy (no graph) as the run config
+#: would run it
+NO_GRAPH_PATH = "pfedhn"
 _bad = bad  # the shared ConfigError of a key (strategies.core.settings)
 __all__ = ["ConfigError", "RunConfig", "auto_layers", "auto_values", "explain", "parse_shape"]
 
@@ -272,6 +276,13 @@ class RunConfig:
                            **integer_in(1, MOST_CLIENTS, "and below the number of clients"))
     graph_warmup_rounds: int = setting(2, 'graph = "inferred": rounds before the graph is built',
                                        **integer_in(1, MOST_ROUNDS))
+    graph_similarity: str = setting(
+        "centered", 'graph = "inferred": how updates are compared (centered: their cosine '
+        "less the clients' mean update)", **one_of(*SIMILARITIES))
+    graph_guard_rounds: int = setting(
+        4, 'graph = "inferred": rounds after the warm-up in which the inferred graph and no '
+        "graph both train; the one better on held-out training rows goes on (0: no guard)",
+        **integer_in(0, MOST_ROUNDS, "0: the inferred graph is used unchecked"))
     collaboration_policy: str = setting(
         "", "a TOML file of members kept apart ([[apart]] members = [...]): they never weigh "
         'each other\'s models ("": none)')
@@ -316,6 +327,9 @@ class RunConfig:
     settings: Settings = field(default_factory=NoSettings, metadata={"key": False})
     #: every method's key, checked and resolved (what to_dict records of them)
     method_values: Mapping[str, Any] = field(default_factory=dict, metadata={"key": False})
+    #: graph = "inferred" with its guard: this run config as ``strategy = "pfedhn"`` runs it
+    #: (the guard's no-graph path)
+    no_graph: RunConfig | None = field(default=None, metadata={"key": False})
     drop_rate: float = setting(0.0, "chance that a sampled client drops out of a round",
                                ok=lambda v: 0 <= v < 1, allowed="a number in [0, 1)")
     heterogeneous_epochs: bool = setting(False, "clients train for different epochs")
@@ -370,6 +384,10 @@ class RunConfig:
             if settings_cls is chosen:
                 settings = own
         cfg = dataclasses.replace(cfg, settings=settings, method_values=method_values)
+        if cfg.graph == "inferred" and strategies.STRATEGIES[cfg.strategy].uses_graph and \
+                cfg.graph_guard_rounds > 0:
+            cfg = dataclasses.replace(cfg, no_graph=cls.from_run_config(
+                {**run_config, "strategy": NO_GRAPH_PATH}))
         check_client_memory(cfg)  # every process builds the model (fedamp_flwr/sizes.py)
         return cfg
 
@@ -443,6 +461,9 @@ class RunConfig:
             raise _bad("graph-warmup-rounds", self.graph_warmup_rounds, f"fewer than "
                        f"num-server-rounds ({self.num_server_rounds}): the graph is inferred "
                        "after the warm-up, and used in the rounds after it")
+        if self.graph == "inferred" and strategies.STRATEGIES[self.strategy].uses_graph and \
+                self.graph_guard_rounds > 0:
+            self._check_guard()
         if self.collaboration_policy:
             self._check_policy()
         if self.warm_start:
@@ -460,6 +481,17 @@ class RunConfig:
         ServerApp's only (the file is on the coordinator's machine; a member never opens
         it)."""
         return read_policy(self.collaboration_policy) if self.collaboration_policy else None
+
+    def _check_guard(self) -> None:
+        """The guard's rounds fit in the run, and its validation losses are never sent under dp
+        (they are not made private)."""
+        if self.graph_warmup_rounds + self.graph_guard_rounds >= self.num_server_rounds:
+            raise _bad("graph-guard-rounds", self.graph_guard_rounds, "fewer than "
+                       f"num-server-rounds ({self.num_server_rounds}) less graph-warmup-rounds "
+                       f"({self.graph_warmup_rounds}), or 0: the graph is chosen after them")
+        if self.dp != "none":
+            raise _bad("graph-guard-rounds", self.graph_guard_rounds, f"0 with dp = {self.dp!r} "
+                       "(the guard's validation losses are not made private)")
 
     def _check_policy(self) -> None:
         """The strategy can honour a policy: by its own weights (FedAMP, HeurFedAMP), by

@@ -55,6 +55,8 @@ from strategies.core.protocol import (
     ACCURACY,
     CLIENT_INDEX,
     CONFIG,
+    GRAPH_EDGES,
+    GRAPH_USED,
     LEARNED_FROM,
     LEARNED_SELF,
     LEARNED_WEIGHTS,
@@ -108,13 +110,15 @@ def model_card(cfg: RunConfig, dc: tasks.DataConfig, *, run: str, token: str, cl
                scores: dict[str, Any], standardize: dict[str, Any] | None = None,
                alone: dict[str, Any] | None = None,
                learned_from: dict[str, Any] | None = None,
-               started: dict[str, Any] | None = None) -> dict[str, Any]:
+               started: dict[str, Any] | None = None,
+               graph: dict[str, Any] | None = None) -> dict[str, Any]:
     """A model's card (:mod:`tasks.export`), but for the weights' name and hash;
     ``standardize``: the inputs' standardizing statistics (the model works on raw rows
     only with them: ``predict`` applies them); ``alone``: what the member scores alone;
     ``learned_from``: whom the model learned from (:meth:`SaveRequest.of`); ``started``: how
     it started (a warm start's run, round and sha256 as ``warm_start``; ``from``, the start
-    itself, as ``started_from``)."""
+    itself, as ``started_from``); ``graph``: the client's edges in the run's inferred client
+    graph and whether the run uses it (``inferred_graph``)."""
     schema = data_schema(cfg, dc)
     main = ACCURACY if ACCURACY in scores else MSE
     return {
@@ -139,6 +143,7 @@ def model_card(cfg: RunConfig, dc: tasks.DataConfig, *, run: str, token: str, cl
                                               else {})},
         **({"alone": alone} if alone else {}),
         **({"learned_from": learned_from} if learned_from else {}),
+        **({"inferred_graph": graph} if graph else {}),
         **({"warm_start": {k: started[k] for k in ("run", "round", "sha256")}}
            if started and "run" in started else {}),
         **({"started_from": started["from"]} if started and "from" in started else {}),
@@ -165,6 +170,8 @@ class SaveRequest:
     learned_from: dict[str, Any] | None = None
     #: how the model started, as the server says (:func:`_started`)
     started: dict[str, Any] | None = None
+    #: its edges in the run's inferred client graph, as the server says (:func:`_graph`)
+    graph: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, config: ConfigRecord) -> SaveRequest | None:
@@ -178,7 +185,7 @@ class SaveRequest:
         better = config.get(SAVE_IF_BETTER)
         return cls(run, str(config.get(SAVE_TOKEN, "")), str(config.get(SAVE_REASON, "")),
                    None if better is None else as_float(better, SAVE_IF_BETTER),
-                   _learned_from(config), _started(config))
+                   _learned_from(config), _started(config), _graph(config))
 
     def wants(self, scores: dict[str, Any]) -> bool:
         """Whether the tested model is kept: always, or only if it beats the earlier best."""
@@ -238,6 +245,23 @@ def _started(config: ConfigRecord) -> dict[str, Any] | None:
     return out or None
 
 
+def _graph(config: ConfigRecord) -> dict[str, Any] | None:
+    """The client's edges in the run's inferred graph, from an evaluate message, checked (a
+    server's word: at most 200 distinct names, a short line on its use); a bad one is logged
+    and left off the card."""
+    edges, used = config.get(GRAPH_EDGES), config.get(GRAPH_USED)
+    if edges is None and used is None:
+        return None
+    edges = [] if edges is None else edges
+    if not (isinstance(edges, list) and len(edges) <= 200 and all(is_name(n) for n in edges)
+            and len(set(edges)) == len(edges) and isinstance(used, str)
+            and 0 < len(used) <= 120 and used.isprintable()):
+        log(ERROR, "The message's '%s' is not a list of at most 200 distinct names with a "
+            "short line on their use: left off the model's card", GRAPH_EDGES)
+        return None
+    return {"edges": [str(n) for n in edges], "used": used}
+
+
 _TOLD = "fedamp-no-model-dir"
 
 
@@ -257,6 +281,10 @@ def keep_tested_model(context: Context, cfg: RunConfig, dc: tasks.DataConfig, co
         return {}, {MODEL_KEPT: 0}
     if request is None or not request.wants(scores):
         return {}, {}
+    if request.graph is not None:
+        log(INFO, "This node's edges in the run's inferred client graph: %s (%s)",
+            ", ".join(f"'{n}'" for n in request.graph["edges"]) or "none",
+            request.graph["used"])
     folder = context.node_config.get(MODEL_DIR)
     if isinstance(folder, str) and folder.strip():
         base = Path(folder.strip()).expanduser().resolve()
@@ -268,7 +296,8 @@ def keep_tested_model(context: Context, cfg: RunConfig, dc: tasks.DataConfig, co
         written = _write_on_node(where, stem, model, model_card(
             cfg, dc, run=request.run, token=request.token, client_id=client_id, member=member,
             server_round=as_int(config.get(SERVER_ROUND, 0), SERVER_ROUND), why=request.why,
-            scores=scores, learned_from=request.learned_from, started=request.started, **card))
+            scores=scores, learned_from=request.learned_from, started=request.started,
+            graph=request.graph, **card))
         if written and request.learned_from:
             log(INFO, "This model learned most from %s; its own model's weight %.3g",
                 ", ".join(f"'{o['member']}' ({o['weight']:.3g})"
@@ -351,10 +380,13 @@ class ModelDelivery:
                  folder: Path, spec: ArraySpec, history: RunHistory,
                  names: Callable[[], list[str]], submit: Callable[[Callable[[], None]], None],
                  learned: Callable[[], dict[int, tuple[list[int], list[float], float]]]
-                 = dict, started: Callable[[], dict[int, dict[str, Any]]] = dict) -> None:
+                 = dict, started: Callable[[], dict[int, dict[str, Any]]] = dict,
+                 edges: Callable[[], tuple[dict[int, list[int]], str] | None] = lambda: None
+                 ) -> None:
         self.cfg, self.dc, self.run, self.token = cfg, dc, run, token
         self.folder, self.spec, self.history = folder, spec, history
         self.names, self.submit, self.learned, self.started = names, submit, learned, started
+        self.edges = edges
         self.mode = cfg.save_models
         self.kept: dict[int, dict[str, Any]] = {}  # client id -> its latest model, where
 
@@ -384,7 +416,7 @@ class ModelDelivery:
         why = why or self.keeps(server_round)
         if why is None:
             return messages
-        learned, started = self.learned_by_name(), self.started()
+        learned, started, graph = self.learned_by_name(), self.started(), self.graph_by_name()
         for m in messages:
             c = ConfigRecord(dict(m.content.config_records[CONFIG]))
             c[SAVE_MODEL], c[SAVE_TOKEN], c[SAVE_REASON] = self.run, self.token, why
@@ -399,6 +431,11 @@ class ModelDelivery:
                                                               start["sha256"])
             if "from" in start:
                 c[STARTED_FROM] = start["from"]
+            edges = graph.get(as_int(c.get(CLIENT_INDEX, -1), CLIENT_INDEX))
+            if edges is not None:  # its own edges in the inferred graph: names only
+                if edges["edges"]:
+                    c[GRAPH_EDGES] = edges["edges"]
+                c[GRAPH_USED] = edges["used"]
             if self.mode == "best-validation":
                 best = self._best_before(server_round, as_int(c.get(CLIENT_INDEX, -1),
                                                               CLIENT_INDEX))
@@ -406,6 +443,16 @@ class ModelDelivery:
                     c[SAVE_IF_BETTER] = best
             m.content[CONFIG] = c
         return messages
+
+    def graph_by_name(self) -> dict[int, dict[str, Any]]:
+        """Client id -> its edges in the run's inferred graph (members by name, else client
+        ids) and whether the run uses it: a card's ``inferred_graph``."""
+        found = self.edges()
+        if found is None:
+            return {}
+        names, (edges, used) = self.names(), found
+        return {cid: {"edges": [names[o] if o < len(names) else str(o) for o in others][:200],
+                      "used": used} for cid, others in edges.items()}
 
     def learned_by_name(self) -> dict[int, dict[str, Any]]:
         """Client id -> whom its model learned from (a member by name, else its client id)
@@ -449,6 +496,7 @@ class ModelDelivery:
         rec = self.history.rounds.get(server_round, {})
         learned = self.learned_by_name() if models else {}
         started = self.started() if models else {}
+        graph = self.graph_by_name() if models else {}
         names = self.names()
         for node, (record, scores) in sorted(models.items()):
             cid = client_of(node)
@@ -466,7 +514,7 @@ class ModelDelivery:
             card = model_card(self.cfg, self.dc, run=self.run, token=self.token, client_id=cid,
                               member=member, server_round=server_round, why=asked or "",
                               scores=scores, learned_from=learned.get(cid),
-                              started=started.get(cid))
+                              started=started.get(cid), graph=graph.get(cid))
             state = {k: v.clone() for k, v in record.to_torch_state_dict().items()}
             self.submit(functools.partial(_write_model, self.folder, member or str(cid), state,
                                           card))

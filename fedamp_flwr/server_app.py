@@ -83,6 +83,11 @@ def run_setup(cfg: RunConfig, num_clients: int, param_keys: list[str],
         data_setting=cfg.data_setting, groups=cfg.groups(num_clients),
         graph_k=cfg.graph_k if infer else 0,
         graph_warmup_rounds=cfg.graph_warmup_rounds if infer else 0,
+        graph_guard_rounds=cfg.graph_guard_rounds if infer else 0,
+        graph_similarity=cfg.graph_similarity,
+        graph_guard_path=None if cfg.no_graph is None else (cfg.no_graph.settings, {
+            "local-steps": cfg.no_graph.local_steps, "local-epochs": cfg.no_graph.local_epochs,
+            "batch-size": cfg.no_graph.batch_size}),
         true_adjacency=true_graph(cfg, cfg.data_config(num_clients)) if infer else None,
         tracking=tracking or RunTracking(),
     )
@@ -471,7 +476,8 @@ class Run:
             self.delivery = ModelDelivery(
                 cfg, self.dc, self.folder.name, self.token, self.folder.path / MODELS_FOLDER,
                 array_spec(self.initial), self.strategy.history, lambda: self.members.names,
-                self.writer.submit, self.strategy.learned_from, self.card_starts)
+                self.writer.submit, self.strategy.learned_from, self.card_starts,
+                self.strategy.graph_edges)
         history = self.strategy.history.rounds
         self.boards = Dashboards.open(cfg, self.folder.path, self.done + 1, self.token,
                                       {k: r for k, r in history.items() if k <= self.done},

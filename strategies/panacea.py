@@ -36,21 +36,28 @@ at each step (the first step equals the paper's).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from logging import INFO, WARNING
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.supercore import log
 from torch import nn
 
+from tasks import ClientData
 from tasks.graphs import cosine_knn_graph, edge_agreement
+from tasks.loading import held_rows
 from tasks.registry import TRAFFIC_GENERATED, TRAFFIC_GRAPHS
+from tasks.train import evaluate
 
 from .core.base import PersonalizedStrategy
-from .core.client import ClientJob, ClientUpdate, register_client_update
+from .core.client import ClientJob, ClientUpdate, instruction_problem, register_client_update
+from .core.protocol import BATCH_SIZE, CLIENT_UPDATE, CONFIG, LOCAL_EPOCHS, LOCAL_STEPS, as_int
 from .core.registry import RunSetup, personal_kwargs, register_strategy
 from .core.settings import (
     MOST_LAYERS,
@@ -61,6 +68,28 @@ from .core.settings import (
     Settings,
     integer_in,
     setting,
+)
+from .graph_guard import (
+    GENERIC_TRAIN,
+    GRAPH,
+    GUARD,
+    GUARD_MARGIN,
+    GUARD_SHARE,
+    HOLD_OUT,
+    NONE,
+    OTHER,
+    SIDE,
+    SIDE_CONFIG,
+    VALIDATION,
+    WARMUP,
+    Arm,
+    choose,
+    guard_arms,
+    held_out_error,
+    hold_out_share,
+    round_means,
+    side_problem,
+    validation_record,
 )
 from .hypernetwork import GraphHyperNetwork, normalized_adjacency, sample_pairs, server_step
 
@@ -153,7 +182,6 @@ class PanaceaSettings(Settings):
         return 3 * (n * embed + gnn + mlp + generator + heads) + 2 * n * num_params
 
 
-@register_client_update
 class HypernetworkClient(ClientUpdate[PanaceaSettings]):
     """The client half of Panacea, Panacea-GN and pFedHN: plain SGD from the generated model.
 
@@ -161,21 +189,113 @@ class HypernetworkClient(ClientUpdate[PanaceaSettings]):
     ``local-epochs``) with SGD at ``panacea-client-lr`` (momentum, weight decay and
     gradient-norm clipping: ``panacea-client-momentum``, ``-weight-decay``,
     ``-clip``, 0 for none) and replies the trained model; it is tested on the
-    generated model as received.
+    generated model as received. The guard of an inferred graph
+    (:mod:`strategies.graph_guard`): a message may also carry a side model
+    (``panacea-side``) with its training's keys (``panacea-side-config``) and the share of
+    rows to hold out (``panacea-hold-out``, the same rows every round). The client then
+    also trains the side model, on its rows less the held-out ones, and replies it; where the
+    message carries a second model to compare (``panacea-other``) it first tests both on the
+    held-out rows and replies their errors (``panacea-validation``). The received model
+    trains on every row, as without a guard.
     """
 
     name = HYPERNETWORK
     settings = PanaceaSettings
 
     def train(self, job: ClientJob[PanaceaSettings]) -> tuple[float, dict]:
-        s = job.settings
-        return job.fit(optimizer="sgd", lr=float(s.panacea_client_lr),
-                       momentum=float(s.panacea_client_momentum),
-                       weight_decay=float(s.panacea_client_weight_decay),
-                       clip_norm=float(s.panacea_client_clip)), {}
+        share = hold_out_share(job.config.get(HOLD_OUT, 0.0))
+        side, other = (job.content.array_records.get(k) for k in (SIDE, OTHER))
+        side_config = job.content.config_records.get(SIDE_CONFIG)
+        if (side is None) != (side_config is None) or (other is not None and side is None) \
+                or (share == 0) != (side is None):
+            raise ValueError(f"the train message carries {'panacea-side' if side else 'no side'}"
+                             f" model, {'a' if side_config else 'no'} side config and "
+                             f"'{HOLD_OUT}' = {share:g}: a side model comes with its config and "
+                             "a share > 0, and a model to compare only with a side model")
+        records = {} if side is None else self._side(job, share, side, side_config, other)
+        return _fit(job), records
+
+    def _side(self, job: ClientJob[PanaceaSettings], share: float, side: ArrayRecord,
+              config: ConfigRecord | None, other: ArrayRecord | None) -> dict:
+        """The guard's side training on the rows less the held-out ones; first, with a model to
+        compare, both models' errors on the held-out rows."""
+        assert config is not None
+        problem = instruction_problem(ConfigRecord({**dict(config), CLIENT_UPDATE: self.name,
+                                                    HOLD_OUT: share}), train=True)
+        if problem is not None:
+            raise ValueError(f"'{SIDE_CONFIG}': {problem}")
+        held, rest = held_rows(len(job.data.y_train), share, job.run_seed, job.client_id,
+                               HOLD_OUT)
+        model = copy.deepcopy(job.model)
+        model.load_state_dict(side.to_torch_state_dict())
+        records: dict = {}
+        if other is not None:
+            twin = copy.deepcopy(job.model)
+            twin.load_state_dict(other.to_torch_state_dict())
+            x, y, device = job.data.x_train[held], job.data.y_train[held], job.optim.device
+            mine, theirs = (evaluate(m, x, y, device=device) for m in (model, twin))
+            records[VALIDATION] = validation_record(held_out_error(mine.loss, mine.accuracy),
+                                                    held_out_error(theirs.loss, theirs.accuracy))
+        part = ClientData(job.data.x_train[rest], job.data.y_train[rest], job.data.x_test,
+                          job.data.y_test)
+        optim = dataclasses.replace(job.optim, batch_size=as_int(
+            config.get(BATCH_SIZE, job.optim.batch_size), BATCH_SIZE))
+        _fit(dataclasses.replace(
+            job, model=model, data=part, targets=job.targets[rest], optim=optim,
+            settings=PanaceaSettings.from_message(config),
+            steps=as_int(config.get(LOCAL_STEPS, job.steps), LOCAL_STEPS),
+            epochs=as_int(config.get(LOCAL_EPOCHS, job.epochs), LOCAL_EPOCHS)))
+        records[SIDE] = ArrayRecord(OrderedDict((k, v.detach().cpu())
+                                                for k, v in model.state_dict().items()))
+        return records
+
+
+def _fit(job: ClientJob[PanaceaSettings]) -> float:
+    """The family's local training: SGD with the message's ``panacea-client-*`` keys."""
+    s = job.settings
+    return job.fit(optimizer="sgd", lr=float(s.panacea_client_lr),
+                   momentum=float(s.panacea_client_momentum),
+                   weight_decay=float(s.panacea_client_weight_decay),
+                   clip_norm=float(s.panacea_client_clip))
+
+
+# besides its settings' keys, every train message of the family says what to hold out
+HypernetworkClient.train_keys = (*HypernetworkClient.train_keys, HOLD_OUT)
+register_client_update(HypernetworkClient)
 
 
 _EMBEDDINGS = "embeddings.weight"  # GH's table of the clients' embeddings h^(0)
+
+
+def _grown(adjacency: torch.Tensor) -> torch.Tensor:
+    """``adjacency`` with one more client, without edges."""
+    n = adjacency.shape[0]
+    grown = adjacency.new_zeros(n + 1, n + 1)
+    grown[:n, :n] = adjacency
+    return grown
+
+
+def _sizes(s: PanaceaSettings, gnn_layers: int) -> dict:
+    """GH's sizes from the settings ``s``, with ``gnn_layers`` GNN layers (0: no graph)."""
+    return dict(embed_dim=s.panacea_embed_dim, gnn_layers=gnn_layers, hidden=s.panacea_hidden,
+                mlp_layers=s.panacea_mlp_layers)
+
+
+def _grow(net: GraphHyperNetwork, optimizer: torch.optim.Optimizer, extra: torch.Tensor) -> None:
+    """One more client in ``net``: its embedding ``extra`` appended; the optimizer's momentum
+    of the others kept, the new row's starting at zero."""
+    old = net.embeddings.weight
+    new = nn.Parameter(torch.cat([old.detach(), extra]))
+    net.embeddings.weight = new
+    net.embeddings.num_embeddings = new.shape[0]
+    for group in optimizer.param_groups:
+        group["params"] = [new if p is old else p for p in group["params"]]
+    state = optimizer.state.pop(old, None)
+    if state is not None:
+        if state.get("momentum_buffer") is not None:
+            buf = state["momentum_buffer"]
+            state["momentum_buffer"] = torch.cat([buf, torch.zeros_like(buf[:1])])
+        optimizer.state[new] = state
 
 
 class Panacea(PersonalizedStrategy):
@@ -215,6 +335,19 @@ class Panacea(PersonalizedStrategy):
         warm-up round have no edges.
     true_adjacency : torch.Tensor | None
         The task's own graph, against which an inferred graph is measured.
+    similarity : str
+        How the warm-up's mean updates are compared (:data:`tasks.graphs.SIMILARITIES`).
+    guard_rounds : int
+        > 0: the inferred graph's guard (:mod:`strategies.graph_guard`): the run trains as
+        pFedHN (``guard_path``) from round 1, and on the side the warm-up (from the initial
+        model) and, for ``guard_rounds`` rounds, the inferred graph's and no graph's
+        hypernetworks at this run's settings, each on half the clients, on their rows less
+        a held-out share; after the last, the graph's takes over the run only if it beat no
+        graph's on the held-out rows.
+    guard_path : tuple | None
+        The guard's no-graph path: pFedHN's settings as this run config would run
+        ``strategy = "pfedhn"``, and that run's ``local-steps``, ``local-epochs`` and
+        ``batch-size`` (its train messages carry them); None: this run's own settings.
     **kwargs
         Passed to :class:`strategies.core.base.PersonalizedStrategy`.
     """
@@ -228,40 +361,74 @@ class Panacea(PersonalizedStrategy):
 
     def __init__(self, settings: PanaceaSettings, *, adjacency: torch.Tensor | None,
                  generator: bool, infer_k: int = 0, warmup_rounds: int = 0,
-                 true_adjacency: torch.Tensor | None = None, **kwargs) -> None:
+                 true_adjacency: torch.Tensor | None = None, similarity: str = "cosine",
+                 guard_rounds: int = 0,
+                 guard_path: tuple[PanaceaSettings, dict] | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.infer_k, self.warmup_rounds = infer_k, warmup_rounds
+        self.similarity, self.guard_rounds = similarity, guard_rounds
+        #: the guard's two hypernetworks (graph_guard.GRAPH, NONE), in its rounds
+        self.arms: dict[str, Arm] = {}
+        self.guard_record: list[dict] = []  # each guard round's mean held-out errors
+        self.decided: str | None = None  # after the guard: graph_guard.GRAPH or NONE
+        self.inferred: torch.Tensor | None = None  # the guard's inferred graph
+        self._side: dict[int, tuple[int, torch.Tensor]] = {}  # row -> (arm, side model sent)
+        self._back: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # client id ->
+        # (its side model trained, its held-out errors)
         self.true_adjacency, self.wants_generator = true_adjacency, generator
         self._update_sum: torch.Tensor | None = None  # warm-up: per client, sum of its updates
         self._update_count: torch.Tensor | None = None
-        s = self.settings = settings
+        #: the guard's no-graph path: pFedHN's settings for this run and its generic keys of
+        #: the train messages (local-steps, local-epochs, batch-size)
+        self.path: tuple[PanaceaSettings, dict] = guard_path or (settings, {})
+        self.own = settings  # the run's own (Panacea's): the guard's hypernetworks train at them
+        #: the guard's stage: "warm-up", "guard", or "" (none, or decided)
+        self.stage = WARMUP if infer_k > 0 and guard_rounds > 0 else ""
+        self._apply(self.path[0] if self.stage else settings)  # the guard's run: pFedHN
+        self.adjacency = adjacency
+        self.sizes = _sizes(self.settings,
+                            settings.panacea_gnn_layers if adjacency is not None else 0)
+        self.use_generator = generator and adjacency is not None
+        self.hnet: GraphHyperNetwork | None = None
+
+    def _apply(self, s: PanaceaSettings) -> None:
+        """The method's settings in use: the run's, or, once the guard chose no graph, the
+        no-graph path's."""
+        self.settings = s
         self.server_weight_decay = float(s.panacea_server_weight_decay)
         self.server_clip = float(s.panacea_server_clip)
         self.client_momentum = float(s.panacea_client_momentum)
         self.client_weight_decay = float(s.panacea_client_weight_decay)
         self.client_clip = float(s.panacea_client_clip)
-        self.adjacency = adjacency
-        self.sizes = dict(embed_dim=s.panacea_embed_dim,
-                          gnn_layers=s.panacea_gnn_layers if adjacency is not None else 0,
-                          hidden=s.panacea_hidden, mlp_layers=s.panacea_mlp_layers)
-        self.use_generator = generator and adjacency is not None
         self.lambda_d = s.panacea_lambda_d
         self.server_lr, self.server_momentum = float(s.panacea_server_lr), s.panacea_server_momentum
         self.server_steps = int(s.panacea_server_steps)
         self.client_lr = float(s.panacea_client_lr)
-        self.hnet: GraphHyperNetwork | None = None
 
     @property
     def inferring(self) -> bool:
-        """Whether the graph is still to be inferred (the warm-up rounds)."""
-        return self.infer_k > 0 and self.adjacency is None
+        """Whether the graph is still to be inferred, unguarded (``graph-guard-rounds`` = 0):
+        the warm-up rounds, in which GH is not built yet."""
+        return self.infer_k > 0 and self.adjacency is None and self.guard_rounds == 0
+
+    reply_records = (SIDE, VALIDATION)
+
+    def train_keys(self) -> dict:
+        """Every train message says what share of its rows a client holds out for its side
+        training (0 but in the guard's warm-up and guard rounds; :meth:`configure_train`)."""
+        return {**super().train_keys(), HOLD_OUT: 0.0}
 
     def summary(self) -> None:
         super().summary()
-        if self.inferring:
-            log(INFO, "\t├── graph inferred: the %d-nearest-neighbour graph of the clients' "
-                "updates in the first %d round(s), from the same initial model",
-                self.infer_k, self.warmup_rounds)
+        if self.infer_k > 0 and not self.decided:
+            log(INFO, "\t├── graph inferred: the %d-nearest-neighbour graph (%s similarity) of "
+                "the clients' updates in the first %d round(s), from the same initial model%s",
+                self.infer_k, self.similarity, self.warmup_rounds,
+                f"; guarded: the run trains as pFedHN while, on the side, the graph's and no "
+                f"graph's hypernetworks train {self.guard_rounds} round(s); the graph takes "
+                f"over only if it beats no graph by more than {GUARD_MARGIN:.0%} on "
+                f"{GUARD_SHARE:.0%} of the clients' training rows held out"
+                if self.guard_rounds else "; used unchecked (graph-guard-rounds = 0)")
         log(INFO, "\t└── graph %s, generator %s, sizes %s, server SGD lr %g (momentum %g, weight "
             "decay %g, clip %g) x %d steps; clients: SGD lr %g (momentum %g, weight decay %g, "
             "clip %g)",
@@ -282,6 +449,9 @@ class Panacea(PersonalizedStrategy):
         the graph is inferred, only the warm-up's sums of updates."""
         n = len(self.client_ids)
         self.buffers = initial[self.flat.num_params :]
+        if self.stage == WARMUP:
+            self._update_sum = torch.zeros(n, self.flat.num_params, dtype=torch.float64)
+            self._update_count = torch.zeros(n, dtype=torch.long)
         if self.inferring:
             self._update_sum = torch.zeros(n, self.flat.num_params, dtype=torch.float64)
             self._update_count = torch.zeros(n, dtype=torch.long)
@@ -293,17 +463,10 @@ class Panacea(PersonalizedStrategy):
         n = len(self.client_ids)
         if self.adjacency is not None and tuple(self.adjacency.shape) != (n, n):
             raise ValueError(f"the graph has {self.adjacency.shape[0]} clients, the run {n}")
-        params = self.flat.float_keys[: self.flat.num_param_keys]
-        sizes = [int(np.prod(self.flat.shapes[k])) for k in params]
         # Floating-point buffers (batch-norm statistics) are not generated: a
         # linear head could make a running variance negative. They stay at
         # the initial model's values (self.buffers).
-        torch.manual_seed(self.seed)
-        self.hnet = GraphHyperNetwork(n, sizes, generator=self.use_generator, **self.sizes)
-        self.net.to(self.device)
-        self.optimizer = torch.optim.SGD(self.net.parameters(), lr=self.server_lr,
-                                         momentum=self.server_momentum,
-                                         weight_decay=self.server_weight_decay)
+        self.hnet, self.optimizer = self._make_net(self.sizes, self.use_generator)
         self.adj = None if self.adjacency is None else self.adjacency.to(self.device)
         self.prop = None if self.adj is None else normalized_adjacency(self.adj)
         self.learned_weights = _propagated(self.prop, self.settings.panacea_gnn_layers)
@@ -311,8 +474,32 @@ class Panacea(PersonalizedStrategy):
         log(INFO, "Hypernetwork: %d clients, %d parameters; target model of %d values",
             n, sum(p.numel() for p in self.net.parameters()), self.flat.size)
 
-    def _infer_graph(self, server_round: int) -> None:
-        """The warm-up is over: the graph of the clients' mean updates; GH built on it."""
+    def _make_net(self, sizes: dict, generator: bool, s: PanaceaSettings | None = None
+                  ) -> tuple[GraphHyperNetwork, torch.optim.Optimizer]:
+        """A hypernetwork of ``sizes`` over the run's clients (seeded by the run), and its SGD
+        (at the settings ``s``; None: the ones in use)."""
+        s = s or self.settings
+        params = self.flat.float_keys[: self.flat.num_param_keys]
+        heads = [int(np.prod(self.flat.shapes[k])) for k in params]
+        torch.manual_seed(self.seed)
+        net = GraphHyperNetwork(len(self.client_ids), heads, generator=generator, **sizes)
+        net.to(self.device)
+        return net, torch.optim.SGD(net.parameters(), lr=float(s.panacea_server_lr),
+                                    momentum=s.panacea_server_momentum,
+                                    weight_decay=float(s.panacea_server_weight_decay))
+
+    def _make_arms(self, adjacency: torch.Tensor) -> dict[str, Arm]:
+        """The guard's hypernetworks at the run's own settings: on the inferred graph (with the
+        graph generator for Panacea), and Panacea-GN on an empty graph (pFedHN's network), so
+        that the two differ in the graph alone."""
+        adj = adjacency.float().to(self.device)
+        graph = self._make_net(_sizes(self.own, self.own.panacea_gnn_layers),
+                               self.wants_generator, self.own)
+        none = self._make_net(_sizes(self.own, 0), False, self.own)
+        return {GRAPH: Arm(*graph, adj, self.wants_generator), NONE: Arm(*none, None, False)}
+
+    def _infer_graph(self, server_round: int) -> torch.Tensor:
+        """The warm-up is over: the graph of the clients' mean updates, recorded."""
         assert self._update_sum is not None and self._update_count is not None
         count = self._update_count
         mean = self._update_sum / count.clamp(min=1)[:, None].double()
@@ -321,9 +508,9 @@ class Panacea(PersonalizedStrategy):
             log(WARNING, "graph-k = %d but the run has %d clients: each chooses %d",
                 self.infer_k, len(count), k)
         apart = self.apart_mask(torch.arange(len(count)))  # the policy: they never choose
-        adj = cosine_knn_graph(mean.numpy(), k, None if apart is None else apart.numpy()) \
-            if k >= 1 else np.zeros((1, 1), np.float32)
-        note: dict = {"round": server_round, "k": k,
+        adj = cosine_knn_graph(mean.numpy(), k, None if apart is None else apart.numpy(),
+                               self.similarity) if k >= 1 else np.zeros((1, 1), np.float32)
+        note: dict = {"round": server_round, "k": k, "similarity": self.similarity,
                       "untrained_clients": [self.client_ids[r] for r in
                                             torch.nonzero(count == 0).flatten().tolist()],
                       "edges": [[self.client_ids[int(a)], self.client_ids[int(b)]]
@@ -340,14 +527,14 @@ class Panacea(PersonalizedStrategy):
             "(k = %d)%s", server_round, len(note["edges"]), self.infer_k,
             "; against the task's graph: precision {precision:.3f}, recall {recall:.3f}".format(
                 **note["against_truth"]) if "against_truth" in note else "")
-        self._adopt(torch.from_numpy(adj))
+        self._update_sum = self._update_count = None
+        return torch.from_numpy(adj)
 
     def _adopt(self, adjacency: torch.Tensor) -> None:
         """Use ``adjacency`` from now on: GH (with its GNN and, for Panacea, D) built on it."""
         self.adjacency = adjacency.float()
         self.sizes["gnn_layers"] = self.settings.panacea_gnn_layers
         self.use_generator = self.wants_generator
-        self._update_sum = self._update_count = None
         self._build_net()
 
     def add_client(self, info, adjacency: torch.Tensor | None = None) -> None:
@@ -367,10 +554,7 @@ class Panacea(PersonalizedStrategy):
         elif self.infer_k > 0 and self.adjacency is not None:  # after it: no edges of its own
             log(WARNING, "%s joins after the client graph was inferred: it has no edges (its "
                 "embedding is trained alone)", info.label)
-            n = self.adjacency.shape[0]
-            grown = torch.zeros(n + 1, n + 1)
-            grown[:n, :n] = self.adjacency
-            self.adjacency = grown
+            self.adjacency = _grown(self.adjacency)
         elif self.adjacency is not None:
             if adjacency is None:
                 raise ValueError(f"{info.label} joins, but the run's graph does not say where")
@@ -385,17 +569,13 @@ class Panacea(PersonalizedStrategy):
             trained = self.training_rows[self.training_rows < n]
             extra = self._placed(extra, self.adjacency[n:, trained], old.detach()[trained],
                                  [info.client_id])
-        new = nn.Parameter(torch.cat([old.detach(), extra]))
-        self.hnet.embeddings.weight = new
-        self.hnet.embeddings.num_embeddings = new.shape[0]
-        for group in self.optimizer.param_groups:
-            group["params"] = [new if p is old else p for p in group["params"]]
-        state = self.optimizer.state.pop(old, None)
-        if state is not None:
-            if state.get("momentum_buffer") is not None:
-                buf = state["momentum_buffer"]
-                state["momentum_buffer"] = torch.cat([buf, torch.zeros_like(buf[:1])])
-            self.optimizer.state[new] = state
+        _grow(self.hnet, self.optimizer, extra)
+        for arm in self.arms.values():  # the guard's: their own draws, no edges
+            _grow(arm.net, arm.optimizer, torch.randn(1, old.shape[1], generator=gen).to(old))
+            if arm.adj is not None:
+                arm.adj = _grown(arm.adj)
+        if self.inferred is not None:
+            self.inferred = _grown(self.inferred)
         if self.adjacency is not None:
             self.adj = self.adjacency.to(self.device)
             self.prop = normalized_adjacency(self.adj)
@@ -480,10 +660,77 @@ class Panacea(PersonalizedStrategy):
         """``||w - theta_t||``: GH has not changed since it generated what was sent."""
         return (vectors - self.generated(rows)).norm(dim=1)
 
+    def configure_train(self, server_round, arrays, config, grid):
+        """As every personalized strategy's. While the run trains as pFedHN (the guard's warm-up
+        and guard rounds, and after it chose no graph) the messages carry pFedHN's keys; in the
+        guard's rounds also the side model to train (the initial model, or its arm's), its
+        training's keys (the run's own), the other arm's model to test, and the share of rows
+        to hold out (:mod:`strategies.graph_guard`)."""
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        own = {**self.own.message_values(TRAIN), **{k: config[k] for k in GENERIC_TRAIN
+                                                    if k in config}}
+        if self.settings is self.path[0] and self.path[0] is not self.own:  # pFedHN's keys
+            for msg in messages:
+                msg.content[CONFIG] = ConfigRecord({**dict(msg.content[CONFIG]), **self.path[1]})
+        self._side, self._back = {}, {}
+        if not self.stage or not messages:
+            return messages
+        clients = self.tracker.roster.clients
+        rows = torch.tensor([self._row[clients[m.metadata.dst_node_id].client_id]
+                             for m in messages], dtype=torch.long)
+        arms = guard_arms(rows, server_round)
+        trains, other = self._side_models(rows, arms)
+        for msg, row, arm, vec, test in zip(messages, rows.tolist(), arms.tolist(), trains, other,
+                                            strict=True):
+            msg.content[CONFIG] = ConfigRecord({**dict(msg.content[CONFIG]),
+                                                HOLD_OUT: GUARD_SHARE})
+            msg.content[SIDE] = self.flat.unflatten(vec)
+            msg.content[SIDE_CONFIG] = ConfigRecord(own)
+            if test is not None:
+                msg.content[OTHER] = self.flat.unflatten(test)
+            self._side[row] = (arm, vec)
+        return messages
+
+    def _side_models(self, rows: torch.Tensor, arms: torch.Tensor
+                     ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """The side models of ``rows``: to train (the warm-up's initial model, or the arm's)
+        and to test (the other arm's; none in the warm-up)."""
+        if self.stage == WARMUP:
+            return self._initial[None].expand(len(rows), -1).clone(), [None] * len(rows)
+        graph = self.arms[GRAPH].generate(rows, self.buffers)
+        none = self.arms[NONE].generate(rows, self.buffers).to(graph)
+        pick = (arms == 0).to(graph.device)[:, None]
+        return torch.where(pick, graph, none), list(torch.where(pick, none, graph))
+
+    def method_reply_problem(self, msg: Message) -> str | None:
+        """In the guard's rounds a reply carries its side model trained (and, after the
+        warm-up, the two held-out errors), kept for :meth:`update`; other replies neither."""
+        cid = self.tracker.roster.known_client_of(msg)
+        side, losses = msg.content.array_records.get(SIDE), msg.content.array_records.get(
+            VALIDATION)
+        if self._row.get(cid) not in self._side:
+            return None if side is None and losses is None else \
+                f"'{SIDE}' or '{VALIDATION}' in a reply to a message that sent no side model"
+        held, problem = side_problem(self.stage == GUARD, side, self.tracker.replies.spec,
+                                     losses)
+        if problem is None:
+            assert side is not None
+            self._back[cid] = (self.flat.flatten(side).to(self.device), held)
+        return problem
+
     def state_dict(self) -> dict:
         """GH (embeddings, encoder, generator, heads), its optimizer and the pair sampler; an
         inferred graph, or the warm-up's sums of updates."""
         state = super().state_dict()
+        if self.infer_k > 0 and self.guard_rounds > 0:
+            guard: dict = {"stage": self.stage, "decided": self.decided or "",
+                           "record": list(self.guard_record), "inferred": self.inferred,
+                           "arms": {name: {"hnet": arm.net.state_dict(),
+                                           "optimizer": arm.optimizer.state_dict()}
+                                    for name, arm in self.arms.items()}}
+            if self.stage == WARMUP and self._update_sum is not None:
+                guard.update(sums=self._update_sum.clone(), counts=self._update_count)
+            state["graph_guard"] = guard
         if self.infer_k > 0:
             if self.adjacency is not None:
                 state["inferred_adjacency"] = self.adjacency.detach().cpu()
@@ -496,11 +743,19 @@ class Panacea(PersonalizedStrategy):
         return state
 
     def load_state_dict(self, state: dict, initial_arrays) -> None:
+        guard = state.get("graph_guard") if self.infer_k > 0 and self.guard_rounds > 0 else None
+        if isinstance(guard, dict):
+            self.stage, self.decided = guard["stage"], guard["decided"] or None
+            self.guard_record, self.inferred = list(guard["record"]), guard["inferred"]
+            if self.decided == GRAPH:  # GH is the graph's, at the run's own settings
+                self._apply(self.own)
         if self.infer_k > 0 and "inferred_adjacency" in state:  # GH is built on it
             self.adjacency = state["inferred_adjacency"].float()
-            self.sizes["gnn_layers"] = self.settings.panacea_gnn_layers
+            self.sizes = _sizes(self.settings, self.settings.panacea_gnn_layers)
             self.use_generator = self.wants_generator
         super().load_state_dict(state, initial_arrays)
+        if isinstance(guard, dict):
+            self._load_guard(guard)
         if self.inferring and "update_sum" in state:
             sums, counts = state["update_sum"], state["update_count"]
             assert self._update_sum is not None
@@ -513,18 +768,123 @@ class Panacea(PersonalizedStrategy):
             self.optimizer.load_state_dict(state["optimizer"])
             self.pair_gen.set_state(state["pair_gen"])
 
+    def _load_guard(self, guard: dict) -> None:
+        """A run cut in the guard's rounds goes on with its warm-up sums or its two
+        hypernetworks (after :meth:`initial_models`)."""
+        if self.stage == WARMUP and "sums" in guard:
+            assert self._update_sum is not None
+            if tuple(guard["sums"].shape) != tuple(self._update_sum.shape):
+                raise ValueError(f"the checkpoint's warm-up sums are "
+                                 f"{tuple(guard['sums'].shape)}, the run's "
+                                 f"{tuple(self._update_sum.shape)}")
+            self._update_sum, self._update_count = guard["sums"].double(), guard["counts"].long()
+        if self.stage == GUARD:
+            self.arms = self._make_arms(guard["inferred"])
+            for name, arm in self.arms.items():
+                arm.net.load_state_dict(guard["arms"][name]["hnet"])
+                arm.optimizer.load_state_dict(guard["arms"][name]["optimizer"])
+
     def update(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
-        """K_s server steps of psi toward the trained models (during a graph's warm-up: the
-        clients' updates summed, and after its last round the graph inferred)."""
+        """K_s server steps of psi toward the trained models (during an unguarded graph's
+        warm-up: the clients' updates summed, and after its last round the graph inferred).
+        In the guard's rounds, then its side (:meth:`_side_update`)."""
         if self.inferring:
             assert self._update_sum is not None and self._update_count is not None
-            params = trained[:, : self.flat.num_params].double().cpu()
-            initial = self._initial[: self.flat.num_params].double().cpu()
-            self._update_sum.index_add_(0, rows.cpu(), params - initial)
-            self._update_count.index_add_(0, rows.cpu(), torch.ones(len(rows), dtype=torch.long))
+            self._add_warmup(rows, trained[:, : self.flat.num_params])
             if server_round < self.warmup_rounds:
                 return
-            self._infer_graph(server_round)  # then GH's first server steps, on these models
+            self._adopt(self._infer_graph(server_round))  # then GH's first server steps
+        if len(rows):
+            self._server_steps(server_round, rows, trained)
+        if self.stage:
+            self._side_update(server_round, rows)
+
+    def _add_warmup(self, rows: torch.Tensor, params: torch.Tensor) -> None:
+        """The warm-up's sums: each client's update from the initial model."""
+        assert self._update_sum is not None and self._update_count is not None
+        initial = self._initial[: self.flat.num_params].double().cpu()
+        self._update_sum.index_add_(0, rows.cpu(), params.double().cpu() - initial)
+        self._update_count.index_add_(0, rows.cpu(), torch.ones(len(rows), dtype=torch.long))
+
+    def _side_update(self, server_round: int, rows: torch.Tensor) -> None:
+        """The guard's side of a round: the side models of the clients whose replies were
+        used (within the same update bound), summed in the warm-up, then the two
+        hypernetworks' steps on them and, after the guard's last round, the choice."""
+        rows = torch.tensor([r for r in rows.tolist() if r in self._side
+                             and self.client_ids[r] in self._back], dtype=torch.long)
+        back = [self._back[self.client_ids[r]] for r in rows.tolist()]
+        params = torch.stack([b[0] for b in back])[:, : self.flat.num_params] if back else \
+            torch.zeros(0, self.flat.num_params, device=self.device)
+        sent = torch.stack([self._side[r][1] for r in rows.tolist()])[:, : self.flat.num_params] \
+            if back else params
+        keep = (params - sent).norm(dim=1) <= self.max_update_ratio * sent.norm(dim=1).clamp_min(
+            1.0) + self.update_noise
+        for r in rows[~keep.cpu()].tolist():
+            log(WARNING, "Round %d: client %s's side model is left out: its update exceeds "
+                "max-update-ratio", server_round, self.client_ids[r])
+        rows, params, s = rows[keep.cpu()], params[keep], self.own
+        arms = torch.tensor([self._side[r][0] for r in rows.tolist()], dtype=torch.long)
+        if self.stage == WARMUP:
+            self._add_warmup(rows, params)
+            if server_round < self.warmup_rounds:
+                return
+            self.inferred = self._infer_graph(server_round)
+            self.arms, self.stage = self._make_arms(self.inferred), GUARD
+            arms = torch.zeros(len(rows), dtype=torch.long)  # both step on the warm-up's models
+            self.arms[NONE].steps(rows, params, int(s.panacea_server_steps),
+                                  float(s.panacea_server_clip), 0.0, self.pair_gen)
+        else:
+            held = [self._back[self.client_ids[r]][1] for r in rows.tolist()]
+            self._record_guard(server_round, arms, held)
+            mask = (arms == 1).to(params.device)
+            self.arms[NONE].steps(rows[arms == 1], params[mask], int(s.panacea_server_steps),
+                                  float(s.panacea_server_clip), 0.0, self.pair_gen)
+            rows, params = rows[arms == 0], params[~mask]
+        self.arms[GRAPH].steps(rows, params, int(s.panacea_server_steps),
+                               float(s.panacea_server_clip), s.panacea_lambda_d, self.pair_gen)
+        if self.stage == GUARD and server_round >= self.warmup_rounds + self.guard_rounds:
+            self._decide(server_round)
+
+    def _record_guard(self, server_round: int, arms: torch.Tensor,
+                      held: list[torch.Tensor | None]) -> None:
+        """A guard round's mean held-out errors of both hypernetworks, logged and kept."""
+        have = [i for i, h in enumerate(held) if h is not None]
+        kept = [h for h in held if h is not None]
+        losses = torch.stack(kept) if kept else torch.zeros(0, 2, dtype=torch.float64)
+        means = {"round": server_round, **round_means(arms[have], losses)}
+        self.guard_record.append(means)
+        log(INFO, "Round %d: guard: mean error on held-out rows of %d clients: inferred graph "
+            "%.4g, no graph %.4g", server_round, means["clients"], means[GRAPH], means[NONE])
+
+    def _decide(self, server_round: int) -> None:
+        """The guard's end: the graph's hypernetwork takes over the run if it won; else the
+        run goes on as the pFedHN it has been."""
+        chosen = self.decided = choose(self.guard_record)
+        self.history.notes["graph_guard"] = {
+            "round": server_round, "chosen": chosen, "held_out_share": GUARD_SHARE,
+            "criterion": f"mean error (classification: 1 - accuracy; regression: MSE) on the "
+                         f"clients' held-out training rows in the last guard round: the graph "
+                         f"takes over if below {1 - GUARD_MARGIN:g} x no graph's",
+            "rounds": self.guard_record}
+        if chosen == GRAPH:
+            arm = self.arms[GRAPH]
+            self._apply(self.own)
+            self.adjacency, self.use_generator = self.inferred, self.wants_generator
+            self.sizes = _sizes(self.own, self.own.panacea_gnn_layers)
+            self.hnet, self.optimizer, self.adj, self.prop = arm.net, arm.optimizer, arm.adj, \
+                arm.prop
+            self.learned_weights = _propagated(self.prop, self.own.panacea_gnn_layers)
+            log(INFO, "Round %d: the inferred graph beat no graph by more than %g%% on the "
+                "clients' held-out rows: Panacea on it takes over the run", server_round,
+                100 * GUARD_MARGIN)
+        else:
+            log(WARNING, "Round %d: the inferred graph did not beat no graph by more than %g%% "
+                "on the clients' held-out rows: the run goes on as pFedHN (no graph), as it "
+                "has trained since round 1", server_round, 100 * GUARD_MARGIN)
+        self.stage, self.arms, self._update_sum, self._update_count = "", {}, None, None
+
+    def _server_steps(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
+        """K_s steps of GH toward the trained models of ``rows``."""
         rows = rows.to(self.device)
         losses: dict[str, float] = {}
         for _ in range(self.server_steps):
@@ -543,6 +903,24 @@ class Panacea(PersonalizedStrategy):
                 f"{self.server_momentum:g}): the steps are too large for this task; lower "
                 f"panacea-server-lr or panacea-server-steps (the last checkpoint is intact)")
 
+    def graph_edges(self) -> tuple[dict[int, list[int]], str] | None:
+        """The inferred graph's edges by client id, and whether the run uses it."""
+        graph = self.inferred if self.inferred is not None else (
+            self.adjacency if self.infer_k > 0 else None)
+        if graph is None:
+            return None
+        ids = self.client_ids
+        edges = {ids[r]: [ids[c] for c in torch.nonzero(graph[r] > 0).flatten().tolist()]
+                 for r in range(min(len(ids), graph.shape[0]))}
+        if self.stage == GUARD:
+            said = (f"on trial: the guard decides after round "
+                    f"{self.warmup_rounds + self.guard_rounds}")
+        elif self.decided == NONE:
+            said = "not used: it did not beat no graph on the clients' held-out rows"
+        else:
+            said = "used by the run"
+        return edges, said
+
     def evaluation_models(self) -> torch.Tensor:
         """Every client's generated model (novel clients from their untrained embeddings)."""
         return self.generated()
@@ -556,7 +934,20 @@ def _panacea(s: PanaceaSettings, run: RunSetup, graph: bool, generator: bool) ->
     return Panacea(s, adjacency=run.adjacency if graph else None, generator=generator,
                    infer_k=run.graph_k if infer else 0,
                    warmup_rounds=run.graph_warmup_rounds if infer else 0,
-                   true_adjacency=run.true_adjacency, **personal_kwargs(run))
+                   true_adjacency=run.true_adjacency, similarity=run.graph_similarity,
+                   guard_rounds=run.graph_guard_rounds if infer else 0,
+                   guard_path=_path(run), **personal_kwargs(run))
+
+
+def _path(run: RunSetup) -> tuple[PanaceaSettings, dict] | None:
+    """The guard's no-graph path as the run gives it (pFedHN's settings and train keys)."""
+    if run.graph_guard_path is None:
+        return None
+    settings, keys = run.graph_guard_path
+    if not isinstance(settings, PanaceaSettings):
+        raise TypeError(f"the no-graph path's settings are {type(settings).__name__}, not "
+                        "PanaceaSettings")
+    return settings, dict(keys)
 
 
 # pFedHN's reference trainer (Shamsian et al. 2021, github.com/AvivSham/pFedHN,

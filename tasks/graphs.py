@@ -95,21 +95,34 @@ def knn_graph(weights: np.ndarray, k: int) -> np.ndarray:
     return adj
 
 
-def cosine_knn_graph(updates: np.ndarray, k: int, apart: np.ndarray | None = None
-                     ) -> np.ndarray:
+#: how two clients' vectors are compared (run config ``graph-similarity``): ``cosine`` of the
+#: vectors as they are, or ``centered``: the cosine of the vectors less their mean over the
+#: clients (the direction all clients share taken out; Pearson's correlation across clients)
+SIMILARITIES = ("cosine", "centered")
+
+
+def cosine_knn_graph(updates: np.ndarray, k: int, apart: np.ndarray | None = None,
+                     similarity: str = "cosine") -> np.ndarray:
     """The ``k``-nearest-neighbour graph (as :func:`knn_graph`: each client's ``k`` most
     similar, ties to the lower client id, an edge where either end chose the other) of the
-    clients' update vectors (one row each) by cosine similarity. A zero row (a client that
-    never trained) chooses no one and no one chooses it: it has no edges; among the others
-    each chooses ``min(k, others)``. ``apart``: (n, n) boolean, pairs that may not choose
-    each other (a collaboration policy): each client chooses among the others."""
+    clients' update vectors (one row each) by cosine similarity (``similarity``
+    ``centered``: of the vectors less the trained clients' mean vector). A zero row (a client
+    that never trained) chooses no one and no one chooses it: it has no edges; among the
+    others each chooses ``min(k, others)``. ``apart``: (n, n) boolean, pairs that may not
+    choose each other (a collaboration policy): each client chooses among the others."""
     u = np.asarray(updates, dtype=np.float64)
     n = u.shape[0]
     if u.ndim != 2 or not 1 <= k < n:
         raise GraphError(f"a k-nearest-neighbour graph needs one row per client and "
                          f"1 <= k < n; got shape {u.shape} and k = {k}")
+    if similarity not in SIMILARITIES:
+        raise GraphError(f"similarity {similarity!r} is unknown; allowed: "
+                         f"{', '.join(SIMILARITIES)}")
+    trained = np.linalg.norm(u, axis=1) > 0
+    if similarity == "centered" and trained.any():
+        u = np.where(trained[:, None], u - u[trained].mean(axis=0), 0.0)
     norms = np.linalg.norm(u, axis=1)
-    trained = norms > 0
+    trained &= norms > 0
     unit = np.divide(u, norms[:, None], out=np.zeros_like(u), where=trained[:, None])
     sim = unit @ unit.T
     sim[:, ~trained] = -np.inf

@@ -158,18 +158,25 @@ def load_client_data(dc: DataConfig, client_id: int) -> ClientData:
     return _client_data(dc, client_id)
 
 
+def held_rows(n: int, fraction: float, seed: int, client_id: int, key: str
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded random ``fraction`` of ``n`` training rows held out (at least one, and at
+    least one left to train on): the held-out rows and the rest. ``key`` names the setting
+    in the error."""
+    held = max(1, round(fraction * n))
+    if n < 2 or held >= n:
+        raise ValueError(f"client {client_id} has {n} training rows: {key} = {fraction} "
+                         "leaves none to train on; allowed: a smaller fraction")
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + client_id)
+    order = torch.randperm(n, generator=gen)
+    return order[:held], order[held:]
+
+
 def hold_out(data: ClientData, fraction: float, seed: int, client_id: int) -> ClientData:
     """``data`` with a validation split in place of its test split: a seeded random
     ``fraction`` of the training rows (at least one, and at least one left to train on),
     never trained on; the test rows are dropped (a tuning run never sees them)."""
-    n = len(data.y_train)
-    held = max(1, round(fraction * n))
-    if n < 2 or held >= n:
-        raise ValueError(f"client {client_id} has {n} training rows: validation-fraction = "
-                         f"{fraction} leaves none to train on; allowed: a smaller fraction")
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + client_id)
-    order = torch.randperm(n, generator=gen)
-    val, train = order[:held], order[held:]
+    val, train = held_rows(len(data.y_train), fraction, seed, client_id, "validation-fraction")
     return ClientData(data.x_train[train], data.y_train[train],
                       data.x_train[val], data.y_train[val])
 

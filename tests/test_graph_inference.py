@@ -99,6 +99,7 @@ def test_the_graph_written_is_the_one_used_and_measured_against_the_groups(tmp_p
     n = 10  # synthetic practical: groups of same-distribution clients
     metrics = run_named(tmp_path, "run", {"strategy": "panacea", "graph": "inferred",
                                           "graph-k": 2, "graph-warmup-rounds": 1,
+                                          "graph-guard-rounds": 0,
                                           "num-server-rounds": 2, "local-epochs": 1}, n)
     note = metrics["inferred_graph"]
     assert note["round"] == 1 and note["k"] == 2 and note["untrained_clients"] == []
@@ -124,6 +125,7 @@ def test_a_members_run_infers_a_graph_over_their_names(tmp_path):
     members_config, nodes = member_sites(tmp_path / "sites", "synthetic", n)
     metrics = run_named(tmp_path, "members", {
         **members_config, "strategy": "panacea", "graph": "inferred", "graph-k": 1,
+        "graph-guard-rounds": 0,
         "graph-warmup-rounds": 1, "local-epochs": 1}, n, nodes)
     assert metrics["finished"] and "against_truth" not in metrics["inferred_graph"]
     names = set(metrics["client_names"])

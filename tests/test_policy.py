@@ -187,7 +187,7 @@ def test_an_inferred_graph_never_adds_an_edge_between_members_kept_apart(tmp_pat
     """Synthetic practical, 6 clients: 0 and 1 share a group, so the warm-up's updates link
     them (checked without the policy); with the policy the inferred graph has no such edge."""
     common = {"strategy": "panacea", "graph": "inferred", "graph-k": 1, "graph-warmup-rounds": 1,
-              "num-server-rounds": 2, "local-epochs": 1}
+              "graph-guard-rounds": 0, "num-server-rounds": 2, "local-epochs": 1}
     free = run_named(tmp_path, "free", common, 6)
     groups = tasks.client_groups("synthetic", "practical", 6)
     a, b = next([int(u), int(v)] for u, v in free["inferred_graph"]["edges"])

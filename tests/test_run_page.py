@@ -112,8 +112,9 @@ def test_a_fedamp_members_run_and_a_members_page(tmp_path, capsys):
 @needs_chromium
 def test_a_panacea_run_with_an_inferred_graph(tmp_path):
     run_named(tmp_path, "panacea", {"strategy": "panacea", "graph": "inferred", "graph-k": 2,
-                                    "graph-warmup-rounds": 1, "local-steps": 3,
-                                    "num-server-rounds": 3, "panacea-server-lr": 0.01}, 6)
+                                    "graph-warmup-rounds": 1, "graph-guard-rounds": 1,
+                                    "local-steps": 3, "num-server-rounds": 3,
+                                    "panacea-server-lr": 0.01}, 6)
     folder = tmp_path / "panacea"
     assert main(["report", str(folder), "--out", str(tmp_path / "page.html")]) == 0
     seen = _open(tmp_path / "page.html", tmp_path / "panacea.png")

@@ -146,7 +146,7 @@ def test_what_a_warm_start_refuses_before_round_one(tmp_path):
         RunConfig.from_run_config({**cfg, "run-name": "s1", "warm-start": str(tmp_path / "s1")})
     with pytest.raises(ConfigError, match='graph = "inferred"'):
         RunConfig.from_run_config({**cfg, "strategy": "panacea", "graph": "inferred",
-                                   "num-server-rounds": 4, "warm-start": str(tmp_path / "s1")})
+                                   "num-server-rounds": 8, "warm-start": str(tmp_path / "s1")})
 
 
 def _tensors(value, out):

@@ -105,10 +105,13 @@ def rounds(metrics: dict) -> list[dict]:
 @pytest.mark.parametrize("strategy, n, overrides", [
     ("fedamp", 3, {}),
     ("panacea", 6, {"graph": "groups", "local-steps": 3, "min-nodes": 6, "panacea-server-lr": 0.01}),
-    # an inferred graph (round 1's), and one whose warm-up the crash cuts (rounds 1-3)
+    # an inferred graph (round 1's), one whose warm-up the crash cuts (rounds 1-3), and
+    # guarded ones the crash cuts in the guard's rounds (a warm-up of 1, a guard of 2) and at
+    # its start (a warm-up of 2, a guard of 1)
     *[("panacea", 6, {"graph": "inferred", "graph-k": 2, "graph-warmup-rounds": w,
-                      "local-steps": 3, "min-nodes": 6, "panacea-server-lr": 0.01})
-      for w in (1, 3)],
+                      "graph-guard-rounds": g, "local-steps": 3, "min-nodes": 6,
+                      "panacea-server-lr": 0.01})
+      for w, g in ((1, 0), (3, 0), (1, 2), (2, 1))],
     ("scaffold", 3, {}),
     ("fedavg", 4, {"fraction-train": 0.5, "min-nodes": 4}),
 ])

@@ -159,6 +159,11 @@ class StrategyBase(ClientInstructions):
         empty: a method that does not mix models by weights."""
         return {}
 
+    def graph_edges(self) -> tuple[dict[int, list[int]], str] | None:
+        """Where the run inferred its client graph: client id -> its neighbours' client ids,
+        and whether the run uses the graph (a short line); None: no inferred graph."""
+        return None
+
     def warm_start(self, state: dict[str, Any], old_rows: Sequence[int | None],
                    initial: ArrayRecord) -> None:
         """Start from another run's strategy state (``state``, its :meth:`state_dict`);

@@ -111,6 +111,10 @@ class ClientJob(Generic[S]):
     settings: S = field(default_factory=NoSettings)  # type: ignore[assignment]
     #: per-example DP-SGD for the generic loop (run config dp = "dp-sgd"; train messages)
     dp_sgd: DPSGD | None = None
+    #: the run's seed and the client's id in the run (a split of its rows that stays the
+    #: same in every round is seeded by them)
+    run_seed: int = 0
+    client_id: int = 0
 
     @property
     def trained_before(self) -> int:

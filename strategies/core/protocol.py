@@ -86,11 +86,15 @@ FEATURE_MEAN, FEATURE_STD = "feature-mean", "feature-std"
 # Evaluate reply metrics of a member: what it scores alone on the same test rows (the
 # standardized linear model, the run's model trained alone for the run's budget).
 ALONE_LINEAR, ALONE_MODEL = "alone-linear", "alone-model"
+# In those evaluate messages too, where the run inferred its client graph (graph = "inferred"):
+# the client's neighbours in it (members by name, others by client id) and whether the run
+# uses it (a short line: used, on trial, or not used and why). Names only.
+GRAPH_EDGES, GRAPH_USED = "graph-edges", "graph-used"
 GENERIC_KEYS = frozenset({SERVER_ROUND, CLIENT_UPDATE, LOCAL_EPOCHS, LOCAL_STEPS, BATCH_SIZE,
                           LR, OPTIMIZER, TRAINED_ROUNDS, CLIENT_INDEX, SAVE_MODEL, SAVE_TOKEN,
                           SAVE_REASON, SAVE_IF_BETTER, DP_RUN, FEATURE_MEAN, FEATURE_STD,
                           LEARNED_FROM, LEARNED_WEIGHTS, LEARNED_SELF, WARM_RUN, WARM_ROUND,
-                          WARM_DIGEST, STARTED_FROM})
+                          WARM_DIGEST, STARTED_FROM, GRAPH_EDGES, GRAPH_USED})
 
 # Reply metrics
 CLIENT_ID = "client-id"

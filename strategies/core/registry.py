@@ -60,6 +60,14 @@ class RunSetup:
         ``graph = "inferred"``: the strategy builds its client graph itself, the
         ``graph_k``-nearest-neighbour graph of the clients' updates in the first
         ``graph_warmup_rounds`` rounds (0, 0: it is given ``adjacency``, or none).
+    graph_guard_rounds : int
+        > 0: after the warm-up, the inferred graph and no graph both train this many rounds,
+        and the one with the lower loss on the clients' held-out training rows goes on.
+    graph_similarity : str
+        How the updates are compared (:data:`tasks.graphs.SIMILARITIES`).
+    graph_guard_path : tuple | None
+        The guard's no-graph path: pFedHN's settings as this run config runs it, and its
+        ``local-steps``, ``local-epochs`` and ``batch-size``.
     true_adjacency : torch.Tensor | None
         With an inferred graph, the task's own graph (or its groups' graph) where it
         has one: the inferred edges' precision and recall are measured against it.
@@ -80,6 +88,9 @@ class RunSetup:
     groups: Sequence[int] | None = None
     graph_k: int = 0
     graph_warmup_rounds: int = 0
+    graph_guard_rounds: int = 0
+    graph_similarity: str = "cosine"
+    graph_guard_path: tuple[Any, Mapping[str, Any]] | None = None
     true_adjacency: torch.Tensor | None = None
     tracking: RunTracking = field(default_factory=RunTracking)
 

@@ -1,0 +1,196 @@
+"""The guard of an inferred client graph: the graph takes over a run only if it beats no graph
+on held-out rows; until then, and otherwise, the run is pFedHN.
+
+Panacea with ``graph = "inferred"`` (:mod:`strategies.panacea`) builds its client graph from
+warm-up updates; a wrong graph makes the GCN and the graph generator pull each client's model
+toward unrelated clients, and such a run can end worse than with no graph at all
+(docs/methods.md). With ``graph-guard-rounds`` G > 0 (the default, 4):
+
+* from round 1 the run trains as pFedHN, with pFedHN's settings as this run config would run
+  ``strategy = "pfedhn"`` (its server SGD, its clients' keys, local steps and batch size): it
+  is what every client is sent, trains and is tested on;
+* beside it, each train message of the warm-up's W rounds and the guard's G rounds carries a
+  side model (:data:`SIDE`, with its training's keys, :data:`SIDE_CONFIG`: the run's own
+  Panacea settings), which the client trains on its rows less a held-out
+  :data:`GUARD_SHARE` (seeded by the run's seed and its id, the same rows every round) and
+  replies; the held-out rows are never trained on by a side model;
+* in the warm-up the side model is the initial model (the updates the graph is inferred
+  from); after it the server keeps two side hypernetworks at the run's settings, one on the
+  inferred graph and one with no graph (Panacea-GN on an empty graph), so that they differ in
+  the graph alone; both take their first steps on the warm-up's last models;
+* in each guard round each client trains the model of one of them (:func:`guard_arms`: half
+  the clients each, swapped each round) and, before training, tests both on its held-out
+  rows: its reply carries the two errors (:data:`VALIDATION`: classification, the share of
+  rows wrong; regression, the MSE);
+* after the G-th round (:func:`choose`) the graph's hypernetwork takes over the run (at the
+  run's own settings) only if its mean held-out error over that round's clients is below no
+  graph's by more than :data:`GUARD_MARGIN` (a win smaller than that is not told apart from
+  the noise of one round); else the side is dropped and the run goes on as the pFedHN it has
+  been. The choice is logged and recorded in ``metrics.json`` (``graph_guard``).
+
+So a run whose graph loses is the pFedHN run of the same run config, to the last digit
+(``tests/test_graph_guard.py``). Why the comparison is of two side hypernetworks at the same
+settings and not of the graph against pFedHN: pFedHN's reference settings learn more slowly
+(one server step of lr 0.01 a round against Panacea's 10 to 20 of 0.1) and would lose any
+comparison made after a few rounds even where they end better (TPT-48: 0.27 against 0.018
+after 4 guard rounds, 0.0165 against 0.020 after 60; docs/methods.md).
+
+The choice is made on held-out training rows only, never on the test rows. Cost: W + G rounds
+in which each client trains two models (the run's and the side's), two more models in each of
+their messages, and G x 2 more numbers in replies; a run that keeps the graph has trained it on
+half the clients for G rounds. With dp there is no guard (its errors are not made private:
+``graph-guard-rounds`` must be 0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord
+
+from .core.protocol import BATCH_SIZE, LOCAL_EPOCHS, LOCAL_STEPS
+from .core.replies import arrays_problem
+from .hypernetwork import GraphHyperNetwork, normalized_adjacency, sample_pairs, server_step
+
+#: train config key: the share of its training rows a client holds out this round (0: none)
+HOLD_OUT = "panacea-hold-out"
+#: in a guard round's train message: the other hypernetwork's model for this client
+OTHER = "panacea-other"
+#: in a guard round's train reply: the held-out error of the side model trained and the other
+VALIDATION = "panacea-validation"
+#: the share of each client's training rows held out in the warm-up and guard rounds
+GUARD_SHARE = 0.2
+#: the largest share a client accepts to hold out (a hostile server cannot starve its training)
+MOST_HOLD_OUT = 0.5
+#: the inferred graph goes on only if its held-out error is below (1 - this) x no graph's
+GUARD_MARGIN = 0.05
+GRAPH, NONE = "inferred graph", "no graph"
+
+
+def guard_arms(rows: torch.Tensor, server_round: int) -> torch.Tensor:
+    """Which hypernetwork each sampled client (store row) trains in a guard round: 0, the
+    inferred graph's; 1, no graph's. Half the rows each, by the row's parity, swapped each
+    round (a client trains both in turn)."""
+    return (rows.cpu() + server_round) % 2
+
+
+def hold_out_share(value: object) -> float:
+    """The share a train message asks a client to hold out, checked (client side)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not \
+            0 <= float(value) <= MOST_HOLD_OUT:
+        raise ValueError(f"train config '{HOLD_OUT}' = {value!r} is invalid; allowed: a number "
+                         f"in [0, {MOST_HOLD_OUT}]")
+    return float(value)
+
+
+def validation_record(own: float, other: float) -> ArrayRecord:
+    """A client's reply record: the held-out error of the model it trains and of the other
+    (classification: the share of rows it gets wrong; regression: the MSE)."""
+    return ArrayRecord({"error": torch.tensor([own, other], dtype=torch.float64)})
+
+
+def held_out_error(loss: float, accuracy: float | None) -> float:
+    """What the guard compares on the held-out rows: 1 - accuracy (classification: a loss of
+    early, overconfident models swings with a few rows, their errors do not), else the MSE."""
+    return loss if accuracy is None else 1.0 - accuracy
+
+
+def read_validation(record: ArrayRecord | None) -> tuple[torch.Tensor | None, str | None]:
+    """The two errors of a guard round's reply record, or why they cannot be used."""
+    if record is None:
+        return None, f"no ArrayRecord '{VALIDATION}' (a guard round's reply needs it)"
+    if list(record.keys()) != ["error"]:
+        return None, f"'{VALIDATION}' holds {sorted(record.keys())[:3]}; expected ['error']"
+    try:
+        error = torch.as_tensor(record["error"].numpy()).double()
+    except (TypeError, ValueError) as err:
+        return None, f"'{VALIDATION}' is not readable: {err}"
+    if tuple(error.shape) != (2,) or not bool(torch.isfinite(error).all()) \
+            or bool((error < 0).any()):
+        return None, f"'{VALIDATION}' must hold two finite errors >= 0, got {error.tolist()[:4]}"
+    return error, None
+
+
+def round_means(arms: torch.Tensor, errors: torch.Tensor) -> dict[str, float | int]:
+    """One guard round: each hypernetwork's mean held-out error over the clients that
+    replied. ``errors``: (clients, 2), [error of the model trained, of the other]; ``arms``:
+    each client's :func:`guard_arms`."""
+    graph = torch.where(arms == 0, errors[:, 0], errors[:, 1])
+    none = torch.where(arms == 0, errors[:, 1], errors[:, 0])
+    return {"clients": len(errors), GRAPH: float(graph.mean()) if len(errors) else math.nan,
+            NONE: float(none.mean()) if len(errors) else math.nan}
+
+
+def choose(rounds: list[dict], margin: float = GUARD_MARGIN) -> str:
+    """:data:`GRAPH` if, in the last guard round with replies, the inferred graph's mean
+    held-out error is below ``(1 - margin)`` x no graph's; else :data:`NONE` (no round with
+    replies: :data:`NONE`, the path that cannot be worse than no graph)."""
+    seen = [r for r in rounds if r["clients"] > 0]
+    if not seen:
+        return NONE
+    return GRAPH if seen[-1][GRAPH] < (1 - margin) * seen[-1][NONE] else NONE
+
+
+#: in a warm-up or guard round's train message: the model the client trains on the side (the
+#: warm-up's initial model, or its arm's), and the config of that training (the run's own
+#: ``panacea-client-*`` keys, ``local-steps``, ``local-epochs``, ``batch-size``); in the reply,
+#: the side model trained
+SIDE, SIDE_CONFIG = "panacea-side", "panacea-side-config"
+
+
+@dataclass
+class Arm:
+    """One of the guard's hypernetworks: the inferred graph's (its GCN and, for Panacea, its
+    graph generator) or no graph's, at the run's own settings."""
+
+    net: GraphHyperNetwork
+    optimizer: torch.optim.Optimizer
+    adj: torch.Tensor | None  # on the server's device; None: no graph
+    generator: bool
+
+    @property
+    def prop(self) -> torch.Tensor | None:
+        return None if self.adj is None else normalized_adjacency(self.adj)
+
+    @torch.no_grad()
+    def generate(self, rows: torch.Tensor, buffers: torch.Tensor) -> torch.Tensor:
+        """Full flat models for store rows ``rows``."""
+        z = self.net.encode(self.prop)
+        theta = self.net.generate(z[rows.to(z.device)])
+        return torch.cat([theta, buffers.expand(len(theta), -1)], dim=1)
+
+    def steps(self, rows: torch.Tensor, trained: torch.Tensor, count: int, clip: float,
+              lambda_d: float, pair_gen: torch.Generator) -> None:
+        """``count`` server steps toward the trained models (parameters only) of ``rows``."""
+        losses: dict[str, float] = {}
+        prop = self.prop
+        for _ in range(count if len(rows) else 0):
+            pairs = sample_pairs(self.adj, pair_gen) if self.generator and self.adj is not None \
+                else None
+            server_step(self.net, self.optimizer, prop, rows.to(trained.device), trained,
+                        self.adj, lambda_d if self.generator else 0.0, pairs, clip, losses)
+        if not all(bool(torch.isfinite(p).all()) for p in self.net.parameters()):
+            raise RuntimeError("a guard hypernetwork's parameters are no longer finite: lower "
+                               "panacea-server-lr or panacea-server-steps")
+
+
+def side_problem(losses_needed: bool, side: ArrayRecord | None, spec: Any,
+                 validation: ArrayRecord | None) -> tuple[torch.Tensor | None, str | None]:
+    """A warm-up or guard round's reply: its side model must be there and be the run's model
+    (``spec``), and in a guard round the two held-out errors; returns the errors."""
+    if side is None:
+        return None, f"no ArrayRecord '{SIDE}' (this round's reply needs its side model)"
+    problem = arrays_problem(side, spec)
+    if problem is not None:
+        return None, f"'{SIDE}': {problem}"
+    if not losses_needed:
+        return None, None if validation is None else f"'{VALIDATION}' in a warm-up round"
+    return read_validation(validation)
+
+#: the guard's stages (``Panacea.stage``): the warm-up's rounds, then the guard's
+WARMUP, GUARD = "warm-up", "guard"
+#: the generic keys of a train message that the side training takes from the run's own
+GENERIC_TRAIN = (LOCAL_STEPS, LOCAL_EPOCHS, BATCH_SIZE)
