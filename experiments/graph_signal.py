@@ -89,7 +89,8 @@ def capture(task: dict, strategy: str, rounds: int, seed: int, folder: Path) -> 
 
 
 def scores(vectors: np.ndarray, truth: np.ndarray, k: int, similarity: str) -> dict:
-    """The inferred graph's agreement with ``truth``."""
+    """The inferred graph's agreement with ``truth`` (``chance``: a random graph's precision,
+    added by :func:`table`)."""
     return edge_agreement(cosine_knn_graph(np.nan_to_num(vectors), k, similarity=similarity),
                           truth)
 
@@ -97,6 +98,8 @@ def scores(vectors: np.ndarray, truth: np.ndarray, k: int, similarity: str) -> d
 def table(warm: Spy, hn: Spy, ks: list[int]) -> list[dict]:
     """One row per signal, length, k and similarity."""
     assert warm.truth is not None
+    n = len(warm.truth)
+    chance = float(np.triu(warm.truth > 0, 1).sum()) / (n * (n - 1) / 2)
     rows = []
     sums = np.cumsum([np.nan_to_num(u) for u in warm.updates], axis=0)
     for w in range(1, len(warm.updates) + 1):
@@ -112,10 +115,12 @@ def table(warm: Spy, hn: Spy, ks: list[int]) -> list[dict]:
                 rows.append({"signal": "pFedHN's updates", "rounds": r, "k": k,
                              "similarity": sim,
                              **scores(hn.updates[r - 1], warm.truth, k, sim)})
-    return rows
+    return [{**r, "chance": chance} for r in rows]
 
 
 def plot(rows: list[dict], title: str, out: Path) -> None:
+    """Precision and recall by rounds, one panel per signal; dotted: a random graph's
+    precision (the task's share of pairs that are edges)."""
     signals = sorted({r["signal"] for r in rows})
     fig, axes = plt.subplots(1, len(signals), figsize=(4.6 * len(signals), 3.6), squeeze=False)
     for ax, signal in zip(axes[0], signals):
@@ -127,6 +132,7 @@ def plot(rows: list[dict], title: str, out: Path) -> None:
                         marker="o", label=f"precision, k={k}, {sim}")
                 ax.plot([r["rounds"] for r in line], [r["recall"] for r in line], style,
                         marker="x", alpha=0.5, label=f"recall, k={k}, {sim}")
+        ax.axhline(rows[0]["chance"], color="grey", linestyle=":", linewidth=1)
         ax.set_title(f"{title}: {signal}", fontsize=9)
         ax.set_xlabel("rounds")
         ax.set_ylim(0, 1)

@@ -280,8 +280,9 @@ class RunConfig:
         "centered", 'graph = "inferred": how updates are compared (centered: their cosine '
         "less the clients' mean update)", **one_of(*SIMILARITIES))
     graph_guard_rounds: int = setting(
-        4, 'graph = "inferred": rounds after the warm-up in which the inferred graph and no '
-        "graph both train; the one better on held-out training rows goes on (0: no guard)",
+        4, 'graph = "inferred": the guard\'s rounds after the warm-up: the run trains as pFedHN '
+        "while the graph's and no graph's hypernetworks train on the side; the graph takes "
+        "over only if it wins on held-out training rows (0: no guard)",
         **integer_in(0, MOST_ROUNDS, "0: the inferred graph is used unchecked"))
     collaboration_policy: str = setting(
         "", "a TOML file of members kept apart ([[apart]] members = [...]): they never weigh "

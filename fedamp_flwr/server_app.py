@@ -86,8 +86,8 @@ def run_setup(cfg: RunConfig, num_clients: int, param_keys: list[str],
         graph_guard_rounds=cfg.graph_guard_rounds if infer else 0,
         graph_similarity=cfg.graph_similarity,
         graph_guard_path=None if cfg.no_graph is None else (cfg.no_graph.settings, {
-            "local-steps": cfg.no_graph.local_steps, "local-epochs": cfg.no_graph.local_epochs,
-            "batch-size": cfg.no_graph.batch_size}),
+            LOCAL_STEPS: cfg.no_graph.local_steps, LOCAL_EPOCHS: cfg.no_graph.local_epochs,
+            BATCH_SIZE: cfg.no_graph.batch_size}),
         true_adjacency=true_graph(cfg, cfg.data_config(num_clients)) if infer else None,
         tracking=tracking or RunTracking(),
     )

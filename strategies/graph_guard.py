@@ -23,8 +23,9 @@ toward unrelated clients, and such a run can end worse than with no graph at all
   rows: its reply carries the two errors (:data:`VALIDATION`: classification, the share of
   rows wrong; regression, the MSE);
 * after the G-th round (:func:`choose`) the graph's hypernetwork takes over the run (at the
-  run's own settings) only if its mean held-out error over that round's clients is below no
-  graph's by more than :data:`GUARD_MARGIN` (a win smaller than that is not told apart from
+  run's own settings) only if its mean held-out error over each round's clients (the 10%
+  highest and lowest left out, :data:`TRIM`), over no graph's, averaged over the last two
+  guard rounds, is below 1 - :data:`GUARD_MARGIN` (a win smaller than that is not told apart from
   the noise of one round); else the side is dropped and the run goes on as the pFedHN it has
   been. The choice is logged and recorded in ``metrics.json`` (``graph_guard``).
 
@@ -114,24 +115,52 @@ def read_validation(record: ArrayRecord | None) -> tuple[torch.Tensor | None, st
     return error, None
 
 
+#: the share of the clients' errors left out at each end of a guard round's mean: a client that
+#: lies about its errors (0 for one hypernetwork, 1e9 for the other) moves it no more than
+#: an honest one at the edge
+TRIM = 0.1
+
+
+def trimmed_mean(values: torch.Tensor, trim: float = TRIM) -> float:
+    """The mean of ``values`` without the ``floor(trim * n)`` smallest and largest."""
+    if not len(values):
+        return math.nan
+    cut = int(trim * len(values))
+    kept = torch.sort(values).values[cut: len(values) - cut]
+    return float(kept.mean())
+
+
 def round_means(arms: torch.Tensor, errors: torch.Tensor) -> dict[str, float | int]:
-    """One guard round: each hypernetwork's mean held-out error over the clients that
-    replied. ``errors``: (clients, 2), [error of the model trained, of the other]; ``arms``:
-    each client's :func:`guard_arms`."""
+    """One guard round: each hypernetwork's held-out error over the clients that replied,
+    their :func:`trimmed_mean`. ``errors``: (clients, 2), [error of the model trained, of
+    the other]; ``arms``: each client's :func:`guard_arms`."""
     graph = torch.where(arms == 0, errors[:, 0], errors[:, 1])
     none = torch.where(arms == 0, errors[:, 1], errors[:, 0])
-    return {"clients": len(errors), GRAPH: float(graph.mean()) if len(errors) else math.nan,
-            NONE: float(none.mean()) if len(errors) else math.nan}
+    return {"clients": len(errors), GRAPH: trimmed_mean(graph), NONE: trimmed_mean(none)}
 
 
 def choose(rounds: list[dict], margin: float = GUARD_MARGIN) -> str:
-    """:data:`GRAPH` if, in the last guard round with replies, the inferred graph's mean
-    held-out error is below ``(1 - margin)`` x no graph's; else :data:`NONE` (no round with
-    replies: :data:`NONE`, the path that cannot be worse than no graph)."""
-    seen = [r for r in rounds if r["clients"] > 0]
+    """:data:`GRAPH` if, over the last two guard rounds with replies (one, where there is
+    only one), the inferred graph's mean held-out error is below ``(1 - margin)`` x no
+    graph's (the mean of the two rounds' :func:`error_ratio`); else :data:`NONE` (no round
+    with replies: :data:`NONE`, the path that cannot be worse than no graph). Two rounds:
+    the clients swap hypernetworks each round, and a hypernetwork's models of the clients
+    that trained it the round before are fresher than the others' (its error zig-zags from
+    round to round); two rounds weigh both halves alike."""
+    seen = [r for r in rounds if r["clients"] > 0][-2:]
     if not seen:
         return NONE
-    return GRAPH if seen[-1][GRAPH] < (1 - margin) * seen[-1][NONE] else NONE
+    return GRAPH if sum(map(error_ratio, seen)) / len(seen) < 1 - margin else NONE
+
+
+def error_ratio(means: dict) -> float:
+    """A guard round's held-out error of the graph's hypernetwork over no graph's (0 over 0:
+    1, a tie; more than 0 over 0: infinite). A ratio, so that two rounds count alike while
+    both errors fall from one round to the next."""
+    graph, none = float(means[GRAPH]), float(means[NONE])
+    if none > 0:
+        return graph / none
+    return 1.0 if graph == 0 else math.inf
 
 
 #: in a warm-up or guard round's train message: the model the client trains on the side (the

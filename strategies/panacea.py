@@ -80,6 +80,7 @@ from .graph_guard import (
     OTHER,
     SIDE,
     SIDE_CONFIG,
+    TRIM,
     VALIDATION,
     WARMUP,
     Arm,
@@ -863,8 +864,9 @@ class Panacea(PersonalizedStrategy):
         self.history.notes["graph_guard"] = {
             "round": server_round, "chosen": chosen, "held_out_share": GUARD_SHARE,
             "criterion": f"mean error (classification: 1 - accuracy; regression: MSE) on the "
-                         f"clients' held-out training rows in the last guard round: the graph "
-                         f"takes over if below {1 - GUARD_MARGIN:g} x no graph's",
+                         f"clients' held-out training rows (each round's {TRIM:.0%} highest and "
+                         f"lowest left out), the graph's over no graph's, averaged over the last "
+                         f"two guard rounds: the graph takes over if below {1 - GUARD_MARGIN:g}",
             "rounds": self.guard_record}
         if chosen == GRAPH:
             arm = self.arms[GRAPH]

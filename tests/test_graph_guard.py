@@ -46,7 +46,7 @@ from tasks.loading import held_rows
 from tasks.train import evaluate
 from tasks.train import train as train_loop
 
-from .conftest import member_sites, needs_data, run_named
+from .conftest import member_sites, needs_data, run_local, run_named
 
 
 def test_the_arms_swap_each_round_worked_by_hand():
@@ -64,6 +64,18 @@ def test_a_rounds_means_worked_by_hand():
     assert means[GRAPH] == pytest.approx((1 + 4 + 5) / 3)
     assert means[NONE] == pytest.approx((2 + 3 + 6) / 3)
     assert math.isnan(round_means(arms[:0], losses[:0])[GRAPH])
+    # ten clients: the lowest and the highest of each are left out; one that lies about
+    # its errors (0 for the graph, 1e9 for no graph) moves neither mean
+    errors = torch.tensor([[0.1 * i, 0.2] for i in range(10)], dtype=torch.float64)
+    honest = round_means(torch.zeros(10, dtype=torch.long), errors)
+    assert honest[GRAPH] == pytest.approx(sum(0.1 * i for i in range(1, 9)) / 8)
+    assert honest[NONE] == pytest.approx(0.2)
+    lying = errors.clone()
+    lying[3] = torch.tensor([0.0, 1e9])
+    lied = round_means(torch.zeros(10, dtype=torch.long), lying)
+    assert lied[NONE] == pytest.approx(0.2)
+    # sorted: 0, 0 (the lie), 0.1, 0.2, 0.4 ... 0.9; kept: 0 ... 0.8 less 0.3: 3.3 / 8
+    assert lied[GRAPH] == pytest.approx(3.3 / 8)
 
 
 def _round(graph: float, none: float, clients: int = 4) -> dict:
@@ -75,8 +87,16 @@ def test_the_graph_goes_on_only_if_it_wins_by_the_margin():
     assert choose([_round(0.96, 1.0)]) == NONE  # a win within the noise of one round
     assert choose([_round(1.0, 1.0)]) == NONE
     assert choose([_round(2.0, 1.0)]) == NONE
-    # the last round with replies decides; a round nobody answered is skipped
-    assert choose([_round(2.0, 1.0), _round(0.5, 1.0), _round(math.nan, math.nan, 0)]) == GRAPH
+    # the last two rounds with replies decide; a round nobody answered is skipped
+    # ratios: (0.5 + 1.3) / 2 = 0.9
+    assert choose([_round(9.0, 1.0), _round(0.5, 1.0), _round(1.3, 1.0),
+                   _round(math.nan, math.nan, 0)]) == GRAPH
+    assert choose([_round(0.5, 1.0), _round(1.5, 1.0)]) == NONE  # 1.0: a zig-zag, no win
+    # both errors fall tenfold from one round to the next: the ratios count alike,
+    # (0.92 + 1.0) / 2 = 0.96, where the means would say (0.92 + 0.1) / (1 + 0.1) = 0.93
+    assert choose([_round(0.92, 1.0), _round(0.1, 0.1)]) == NONE
+    assert choose([_round(0.0, 0.0)]) == NONE  # both perfect: a tie
+    assert choose([_round(0.1, 0.0)]) == NONE and choose([_round(0.0, 0.1)]) == GRAPH
     assert choose([]) == NONE and choose([_round(math.nan, math.nan, 0)]) == NONE
 
 
@@ -290,3 +310,38 @@ def test_a_hostile_servers_edges_are_left_off_the_card(tmp_path, caplog, edges, 
     assert said == {MODEL_KEPT: 1}  # the model is kept all the same
     card = json.loads((tmp_path / "mine" / "run" / "site-a.json").read_text())
     assert "inferred_graph" not in card and "left off the model's card" in caplog.text
+
+
+def test_a_graph_that_wins_takes_over_the_run_at_the_runs_own_settings(tmp_path, monkeypatch):
+    import strategies.panacea as panacea
+    from fedamp_flwr.config import RunConfig
+    from fedamp_flwr.results import checkpoint_files
+
+    monkeypatch.setattr(panacea, "choose", lambda rounds: GRAPH)  # the rule: tested above
+    overrides = {"graph": "inferred", "graph-k": 2, "graph-warmup-rounds": 1,
+                 "graph-guard-rounds": 1, "num-server-rounds": 3, "local-steps": 3,
+                 "panacea-server-lr": 0.01}
+    metrics, grid = run_local(tmp_path, "panacea", 6, **overrides)
+    assert metrics["graph_guard"]["chosen"] == GRAPH and metrics["graph_guard"]["round"] == 2
+    cfg = RunConfig.from_run_config({"strategy": "panacea", **overrides})
+    assert cfg.no_graph is not None
+    run_lr, path_lr = (float(c.settings.panacea_client_lr) for c in (cfg, cfg.no_graph))
+    assert run_lr != path_lr
+    for msg in grid.sent:
+        if msg.metadata.message_type != "train":
+            continue
+        c, rnd = msg.content.config_records["config"], msg.content.config_records["config"][
+            "server-round"]
+        # pFedHN's keys while the guard runs, the side model with the run's own; then the graph's
+        assert c["panacea-client-lr"] == (path_lr if rnd <= 2 else run_lr)
+        assert (SIDE in msg.content.array_records) == (rnd <= 2)
+        assert (OTHER in msg.content.array_records) == (rnd == 2)
+        assert c[HOLD_OUT] == (0.2 if rnd <= 2 else 0.0)
+        if rnd <= 2:
+            assert msg.content.config_records[SIDE_CONFIG]["panacea-client-lr"] == run_lr
+    # from round 3 GH is the graph's: the checkpoint holds the inferred graph it is built on
+    state = torch.load(checkpoint_files(tmp_path / "panacea")[0], weights_only=True)["strategy"]
+    used = state["inferred_adjacency"].numpy()
+    assert {(int(u), int(v)) for u, v in np.argwhere(np.triu(used, 1))} == {
+        tuple(e) for e in metrics["inferred_graph"]["edges"]}
+    assert state["graph_guard"]["decided"] == GRAPH and state["graph_guard"]["arms"] == {}

@@ -132,3 +132,23 @@ def test_a_members_run_infers_a_graph_over_their_names(tmp_path):
     written = _graph_of(tmp_path / "members" / "graph-inferred.csv")
     assert written and all(u in names and v in names for u, v in written)
     assert json.loads((tmp_path / "members" / "metrics.json").read_text())["finished"]
+
+
+def test_the_signal_study_scores_each_signal_length_k_and_similarity(tmp_path):
+    from experiments.graph_signal import Spy, plot, table
+
+    groups = np.repeat(np.arange(3), 4)
+    truth = (groups[:, None] == groups[None, :]).astype(np.float32)
+    np.fill_diagonal(truth, 0)
+    centres = np.random.default_rng(0).normal(size=(3, 8))
+    warm, hn = Spy(), Spy()
+    warm.truth = truth
+    warm.updates = [centres[groups] + 0.01 * r for r in range(2)]  # two rounds, clean groups
+    hn.models = hn.updates = [np.random.default_rng(r).normal(size=(12, 8)) for r in range(2)]
+    rows = table(warm, hn, [2, 3])
+    assert len(rows) == 2 * 2 * 2 + 2 * 2 * 2 * 2  # warm-up: W x k x sim; pFedHN: 2 signals
+    clean = [r for r in rows if r["signal"] == "warm-up updates" and r["k"] == 3]
+    assert all(r["precision"] == 1.0 and r["recall"] == 1.0 for r in clean)
+    assert all(r["chance"] == pytest.approx(18 / 66) for r in rows)  # 3 x 6 edges of 66 pairs
+    plot(rows, "groups", tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 1000
