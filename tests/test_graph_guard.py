@@ -83,18 +83,19 @@ def _round(graph: float, none: float, clients: int = 4) -> dict:
 
 
 def test_the_graph_goes_on_only_if_it_wins_by_the_margin():
-    assert choose([_round(0.94, 1.0)]) == GRAPH
-    assert choose([_round(0.96, 1.0)]) == NONE  # a win within the noise of one round
+    assert choose([_round(0.79, 1.0)]) == GRAPH
+    assert choose([_round(0.81, 1.0)]) == NONE  # a win too small for Panacea's settings
+    assert choose([_round(0.94, 1.0)], margin=0.05) == GRAPH
     assert choose([_round(1.0, 1.0)]) == NONE
     assert choose([_round(2.0, 1.0)]) == NONE
     # the last two rounds with replies decide; a round nobody answered is skipped
-    # ratios: (0.5 + 1.3) / 2 = 0.9
-    assert choose([_round(9.0, 1.0), _round(0.5, 1.0), _round(1.3, 1.0),
+    # ratios: (0.5 + 1.0) / 2 = 0.75
+    assert choose([_round(9.0, 1.0), _round(0.5, 1.0), _round(1.0, 1.0),
                    _round(math.nan, math.nan, 0)]) == GRAPH
     assert choose([_round(0.5, 1.0), _round(1.5, 1.0)]) == NONE  # 1.0: a zig-zag, no win
     # both errors fall tenfold from one round to the next: the ratios count alike,
-    # (0.92 + 1.0) / 2 = 0.96, where the means would say (0.92 + 0.1) / (1 + 0.1) = 0.93
-    assert choose([_round(0.92, 1.0), _round(0.1, 0.1)]) == NONE
+    # (0.6 + 1.0) / 2 = 0.8, where the means would say (0.6 + 0.1) / (1 + 0.1) = 0.64
+    assert choose([_round(0.6, 1.0), _round(0.1, 0.1)]) == NONE
     assert choose([_round(0.0, 0.0)]) == NONE  # both perfect: a tie
     assert choose([_round(0.1, 0.0)]) == NONE and choose([_round(0.0, 0.1)]) == GRAPH
     assert choose([]) == NONE and choose([_round(math.nan, math.nan, 0)]) == NONE
@@ -246,10 +247,11 @@ def test_a_wrong_inferred_graph_ends_on_the_no_graph_path_as_pfedhn_ran(tmp_path
     assert [r["round"] for r in note["rounds"]] == [2, 3, 4]
     assert all(r["clients"] == 48 for r in note["rounds"])
     last = note["rounds"][-1]
-    assert not last[GRAPH] < 0.95 * last[NONE]  # the rule, on the numbers recorded
+    ratios = [r[GRAPH] / r[NONE] for r in note["rounds"][-2:]]
+    assert not sum(ratios) / 2 < 0.8  # the rule, on the numbers recorded
     assert last[NONE] < 0.05 < note["rounds"][0][NONE]  # on held-out rows both learned
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any("did not beat no graph by more than 5% on the clients' held-out rows: the run "
+    assert any("did not beat no graph by more than 20% on the clients' held-out rows: the run "
                "goes on as pFedHN" in m for m in said)
     # the run trained as pFedHN from round 1: its numbers are a pFedHN run's, to the last digit
     plain = run_named(tmp_path, "plain", {**common, "strategy": "pfedhn"}, 48)
