@@ -32,6 +32,7 @@ import torch
 
 from fedamp_flwr.inprocess import run_inprocess
 from strategies.panacea import Panacea
+from tasks.files import strict_json
 from tasks.graphs import SIMILARITIES, cosine_knn_graph, edge_agreement
 
 TASKS: dict[str, dict[str, object]] = {
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         warm = capture(task, "panacea", a.rounds, a.seed, Path(tmp))
         hn = capture(task, "pfedhn", a.rounds, a.seed, Path(tmp))
     rows = table(warm, hn, [int(k) for k in a.ks.split(",")])
-    (a.out / f"{a.task}.json").write_text(json.dumps(rows, indent=1))
+    (a.out / f"{a.task}.json").write_text(json.dumps(strict_json(rows), indent=1, allow_nan=False))
     plot(rows, a.task, a.out / f"{a.task}.png")
     for r in rows:
         if r["rounds"] in (1, 2, a.rounds // 2, a.rounds):

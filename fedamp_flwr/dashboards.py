@@ -193,7 +193,8 @@ class TensorBoardSink:
 
     def params(self, config: Mapping[str, Any]) -> None:
         if self.first == 1:  # a resumed run's is there already
-            rows = "\n".join(f"| {k} | {json.dumps(v)} |" for k, v in sorted(config.items()))
+            rows = "\n".join(f"| {k} | {json.dumps(strict_json(v), allow_nan=False)} |"
+                             for k, v in sorted(config.items()))
             self.writer.add_text("run_config", "| key | value |\n|---|---|\n" + rows, 0)
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:

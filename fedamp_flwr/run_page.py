@@ -44,7 +44,7 @@ from strategies.core.records import (
     mean_score,
 )
 from strategies.core.settings import MOST_CLIENTS, MOST_ROUNDS
-from tasks.files import atomic_write
+from tasks.files import atomic_write, strict_json
 
 from .config import ConfigError, redact_uri
 from .results import load_xi
@@ -386,7 +386,8 @@ class RunPage:
         config = {**self.run.config, "mlflow-uri": redact_uri(str(self.run.config.get(
             "mlflow-uri", "")))} if self.cid is None else {
             k: v for k, v in self.run.config.items() if k in MEMBER_KEYS}
-        rows = "".join(f"<tr><td>{_e(k)}</td><td>{_e(json.dumps(v))}</td></tr>"
+        rows = "".join(f"<tr><td>{_e(k)}</td><td>"
+                       f"{_e(json.dumps(strict_json(v), allow_nan=False))}</td></tr>"
                        for k, v in sorted(config.items()))
         return f"<details><summary>Run config</summary><table>{rows}</table></details>"
 

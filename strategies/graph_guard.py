@@ -197,8 +197,10 @@ class Arm:
         return torch.cat([theta, buffers.expand(len(theta), -1)], dim=1)
 
     def steps(self, rows: torch.Tensor, trained: torch.Tensor, count: int, clip: float,
-              lambda_d: float, pair_gen: torch.Generator) -> None:
-        """``count`` server steps toward the trained models (parameters only) of ``rows``."""
+              lambda_d: float, pair_gen: torch.Generator) -> dict[str, float]:
+        """``count`` server steps (:func:`strategies.hypernetwork.server_step`; with the graph
+        generator, on pairs drawn by ``pair_gen``) toward the trained models (parameters
+        only) of ``rows``; the last step's losses."""
         losses: dict[str, float] = {}
         prop = self.prop
         for _ in range(count if len(rows) else 0):
@@ -206,9 +208,11 @@ class Arm:
                 else None
             server_step(self.net, self.optimizer, prop, rows.to(trained.device), trained,
                         self.adj, lambda_d if self.generator else 0.0, pairs, clip, losses)
-        if not all(bool(torch.isfinite(p).all()) for p in self.net.parameters()):
-            raise RuntimeError("a guard hypernetwork's parameters are no longer finite: lower "
-                               "panacea-server-lr or panacea-server-steps")
+        return losses
+
+    def finite(self) -> bool:
+        """Whether every parameter is still finite (steps too large make them not)."""
+        return all(bool(torch.isfinite(p).all()) for p in self.net.parameters())
 
 
 def side_problem(losses_needed: bool, side: ArrayRecord | None, spec: Any,

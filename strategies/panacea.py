@@ -92,7 +92,7 @@ from .graph_guard import (
     side_problem,
     validation_record,
 )
-from .hypernetwork import GraphHyperNetwork, normalized_adjacency, sample_pairs, server_step
+from .hypernetwork import GraphHyperNetwork, normalized_adjacency
 
 HYPERNETWORK = "hypernetwork"
 
@@ -248,6 +248,12 @@ class HypernetworkClient(ClientUpdate[PanaceaSettings]):
             epochs=as_int(config.get(LOCAL_EPOCHS, job.epochs), LOCAL_EPOCHS)))
         records[SIDE] = ArrayRecord(OrderedDict((k, v.detach().cpu())
                                                 for k, v in model.state_dict().items()))
+        said = ("" if VALIDATION not in records else "; on the held-out rows the side model it "
+                "trained errs {:.4g}, the other {:.4g} (sent)".format(
+                    *records[VALIDATION].to_torch_state_dict()["error"].tolist()))
+        log(INFO, "Round %d: for the server's guard of its inferred graph this node also trained "
+            "a side model on %d of its %d training rows (%d held out, the same every round)%s",
+            job.server_round, len(rest), len(job.data.y_train), len(held), said)
         return records
 
 
@@ -818,8 +824,7 @@ class Panacea(PersonalizedStrategy):
             torch.zeros(0, self.flat.num_params, device=self.device)
         sent = torch.stack([self._side[r][1] for r in rows.tolist()])[:, : self.flat.num_params] \
             if back else params
-        keep = (params - sent).norm(dim=1) <= self.max_update_ratio * sent.norm(dim=1).clamp_min(
-            1.0) + self.update_noise
+        keep = (params - sent).norm(dim=1) <= self.update_bound(sent.norm(dim=1))
         for r in rows[~keep.cpu()].tolist():
             log(WARNING, "Round %d: client %s's side model is left out: its update exceeds "
                 "max-update-ratio", server_round, self.client_ids[r])
@@ -843,6 +848,10 @@ class Panacea(PersonalizedStrategy):
             rows, params = rows[arms == 0], params[~mask]
         self.arms[GRAPH].steps(rows, params, int(s.panacea_server_steps),
                                float(s.panacea_server_clip), s.panacea_lambda_d, self.pair_gen)
+        if not all(arm.finite() for arm in self.arms.values()):
+            raise RuntimeError(f"round {server_round}: a guard hypernetwork's parameters are no "
+                               "longer finite: lower panacea-server-lr or panacea-server-steps "
+                               "(the last checkpoint is intact)")
         if self.stage == GUARD and server_round >= self.warmup_rounds + self.guard_rounds:
             self._decide(server_round)
 
@@ -887,18 +896,13 @@ class Panacea(PersonalizedStrategy):
 
     def _server_steps(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
         """K_s steps of GH toward the trained models of ``rows``."""
-        rows = rows.to(self.device)
-        losses: dict[str, float] = {}
-        for _ in range(self.server_steps):
-            pairs = (sample_pairs(self.adj, self.pair_gen) if self.use_generator and self.adj is not None
-                     else None)
-            server_step(self.net, self.optimizer, self.prop, rows,
-                        trained[:, : self.flat.num_params], self.adj, self.lambda_d, pairs,
-                        self.server_clip, losses)
+        main = Arm(self.net, self.optimizer, self.adj, self.use_generator)
+        losses = main.steps(rows, trained[:, : self.flat.num_params], self.server_steps,
+                            self.server_clip, self.lambda_d, self.pair_gen)
         self.history.record_server_losses(server_round, losses)  # the last step's
         log(INFO, "Round %d: server step on %d clients, mean 1/2 ||theta - trained||^2 = %.4g",
             server_round, len(rows), losses.get("model", 0.0))
-        if not all(bool(torch.isfinite(p).all()) for p in self.net.parameters()):
+        if not main.finite():
             raise RuntimeError(
                 f"round {server_round}: the hypernetwork's parameters are no longer finite after "
                 f"{self.server_steps} server steps at lr {self.server_lr:g} (momentum "
@@ -912,8 +916,9 @@ class Panacea(PersonalizedStrategy):
         if graph is None:
             return None
         ids = self.client_ids
-        edges = {ids[r]: [ids[c] for c in torch.nonzero(graph[r] > 0).flatten().tolist()]
-                 for r in range(min(len(ids), graph.shape[0]))}
+        edges: dict[int, list[int]] = {cid: [] for cid in ids[: graph.shape[0]]}
+        for a, b in torch.nonzero(graph > 0).tolist():  # one pass over the edges
+            edges[ids[a]].append(ids[b])
         if self.stage == GUARD:
             said = (f"on trial: the guard decides after round "
                     f"{self.warmup_rounds + self.guard_rounds}")

@@ -186,7 +186,7 @@ def _same(a: nn.Module, b: nn.Module) -> bool:
                                                  b.state_dict().values(), strict=True))
 
 
-def test_the_client_tests_both_side_models_on_its_held_rows_and_trains_each_as_told():
+def test_the_client_tests_both_side_models_on_its_held_rows_and_trains_each_as_told(caplog):
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(40, 3, generator=gen), torch.randint(0, 2, (40,), generator=gen)
     data = ClientData(x, y, torch.randn(9, 3, generator=gen), torch.randint(0, 2, (9,)))
@@ -194,8 +194,15 @@ def test_the_client_tests_both_side_models_on_its_held_rows_and_trains_each_as_t
     received = copy.deepcopy(model)
     content = RecordDict({SIDE: ArrayRecord(side.state_dict()), SIDE_CONFIG: ConfigRecord(
         SIDE_KEYS), OTHER: ArrayRecord(other.state_dict())})
-    _, records = HypernetworkClient().train(_job(model, data, {HOLD_OUT: 0.25}, content))
+    with caplog.at_level(logging.INFO):
+        _, records = HypernetworkClient().train(_job(model, data, {HOLD_OUT: 0.25}, content))
     held, rest = held_rows(40, 0.25, 7, 2, HOLD_OUT)
+    # the member's own log says what it did for the guard and what it sent
+    errors = records[VALIDATION].to_torch_state_dict()["error"].tolist()
+    assert any("this node also trained a side model on 30 of its 40 training rows (10 held "
+               f"out, the same every round); on the held-out rows the side model it trained "
+               f"errs {errors[0]:.4g}, the other {errors[1]:.4g} (sent)" in r.getMessage()
+               for r in caplog.records)
     assert len(held) == 10 and len(rest) == 30 and not set(held.tolist()) & set(rest.tolist())
     # before training, both side models' errors (1 - accuracy) on the held-out rows
     got = records[VALIDATION].to_torch_state_dict()["error"].tolist()

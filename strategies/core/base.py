@@ -202,11 +202,16 @@ class StrategyBase(ClientInstructions):
                 t.replies.reject(server_round, TRAIN, t.roster.client_of(msg), problem)
         return good
 
+    def update_bound(self, sent_norms: torch.Tensor) -> torch.Tensor:
+        """The largest update ||w - w_sent|| taken from a client: ``max_update_ratio`` x
+        max(||w_sent||, 1), plus the dp noise's expected norm."""
+        return self.max_update_ratio * sent_norms.clamp_min(1.0) + self.update_noise
+
     def _within_bound(self, server_round: int, replies: list[Message], distances: torch.Tensor,
                       sent_norms: torch.Tensor) -> list[bool]:
         """Whether each reply's update ||w - w_sent|| is within ``max_update_ratio``; record
         the others."""
-        bound = self.max_update_ratio * sent_norms.clamp_min(1.0) + self.update_noise
+        bound = self.update_bound(sent_norms)
         ok = (distances <= bound).tolist()
         for msg, fine, dist, b in zip(replies, ok, distances.tolist(), bound.tolist()):
             if not fine:
