@@ -484,7 +484,7 @@ class RunConfig:
         return read_policy(self.collaboration_policy) if self.collaboration_policy else None
 
     def _check_guard(self) -> None:
-        """The guard's rounds fit in the run, and its validation losses are never sent under dp
+        """The guard's rounds fit in the run, and its held-out errors are never sent under dp
         (they are not made private)."""
         if self.graph_warmup_rounds + self.graph_guard_rounds >= self.num_server_rounds:
             raise _bad("graph-guard-rounds", self.graph_guard_rounds, "fewer than "
@@ -492,7 +492,7 @@ class RunConfig:
                        f"({self.graph_warmup_rounds}), or 0: the graph is chosen after them")
         if self.dp != "none":
             raise _bad("graph-guard-rounds", self.graph_guard_rounds, f"0 with dp = {self.dp!r} "
-                       "(the guard's validation losses are not made private)")
+                       "(the guard's held-out errors are not made private)")
 
     def _check_policy(self) -> None:
         """The strategy can honour a policy: by its own weights (FedAMP, HeurFedAMP), by

@@ -354,3 +354,25 @@ def test_a_graph_that_wins_takes_over_the_run_at_the_runs_own_settings(tmp_path,
     assert {(int(u), int(v)) for u, v in np.argwhere(np.triu(used, 1))} == {
         tuple(e) for e in metrics["inferred_graph"]["edges"]}
     assert state["graph_guard"]["decided"] == GRAPH and state["graph_guard"]["arms"] == {}
+
+
+@pytest.mark.parametrize("override, words", [
+    ({"graph-guard-rounds": 8}, "'graph-guard-rounds' = 8 is invalid; allowed: fewer than "
+                                "num-server-rounds (10) less graph-warmup-rounds (2), or 0"),
+    ({"graph-guard-rounds": -1}, "'graph-guard-rounds' = -1 is invalid"),
+    ({"dp": "update", "dp-noise-multiplier": 1.0},
+     "'graph-guard-rounds' = 4 is invalid; allowed: 0 with dp = 'update'"),
+    ({"graph-similarity": "dot"}, "'graph-similarity' = 'dot' is invalid; allowed: cosine, "
+                                  "centered"),
+])
+def test_the_guards_keys_get_one_clear_line_before_any_round(override, words):
+    from fedamp_flwr.config import ConfigError, RunConfig
+
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        RunConfig.from_run_config({"strategy": "panacea", "graph": "inferred",
+                                   "num-server-rounds": 10, **override})
+    # the guard's checks are its own: no guard, no refusal
+    if "graph-similarity" not in override:
+        RunConfig.from_run_config({"strategy": "panacea", "graph": "inferred",
+                                   "num-server-rounds": 10, **override,
+                                   "graph-guard-rounds": 0})
