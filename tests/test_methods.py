@@ -20,7 +20,7 @@ from strategies.core.client import (
 from strategies.core.protocol import REFUSED
 from strategies.core.settings import coerce as _coerce
 from strategies.fedamp_math import fedamp_weights
-from strategies.hypernetwork import server_step
+from strategies.hypernetwork import sample_pairs, server_step
 
 from .conftest import LocalGrid, client_infos, reply, run_local, setup_strategy
 
@@ -93,7 +93,7 @@ def test_panacea_aggregation_is_its_server_steps_on_the_valid_replies():
     rows, p = torch.tensor([0, 2, 3]), strategy.layout.num_params
     for _ in range(2):  # the same two steps by hand, client 1's NaN reply left out
         server_step(hnet, opt, strategy.prop, rows, trained[rows, :p], strategy.adj,
-                    strategy.lambda_d, strategies.panacea.sample_pairs(strategy.adj, pairs))
+                    strategy.lambda_d, sample_pairs(strategy.adj, pairs))
     for (name, a), b in zip(strategy.hnet.named_parameters(), hnet.parameters()):
         assert torch.equal(a, b), name
 
