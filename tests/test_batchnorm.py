@@ -124,8 +124,10 @@ def _torchvision_ops_load() -> str | None:
 def test_resnet18_on_cifar10_files_trains_every_client_in_every_round(strategy, tmp_path):
     problem = _torchvision_ops_load()
     if problem is not None:
+        # tests/test_install.py fails for this, once, with the way out; a skip here (not
+        # a second failure of the same cause) keeps this test's own failures its own
         pytest.skip(f"torchvision's compiled ops do not load with this torch build ({problem}); "
-                    "PyPI's default torch build loads them")
+                    "tests/test_install.py fails for it (README.md, section Install)")
     data = tmp_path / "cifar10"
     _write_cifar10(data, np.random.default_rng(0))
     metrics, _ = run_local(tmp_path, strategy, n=2, dataset="cifar10", partitioning="iid",
