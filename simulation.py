@@ -53,11 +53,16 @@ preset with a ``tuned.json``'s values.
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__" and not {"-h", "--help", "--list"} & set(sys.argv):
+    # the imports below (torch, Flower) take seconds: the grid says so from its first second
+    print("Loading torch and Flower...", flush=True)
+
 import argparse
 import json
 import shlex
 import signal
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any

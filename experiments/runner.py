@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from experiments.flower_cli import (
 from experiments.jobs import Children, pool, threads_per_job
 from experiments.presets import Run
 from experiments.processes import SuperLink
-from experiments.progress import ROUND_DONE, GridProgress
+from experiments.progress import GridProgress, shown
 from fedamp_flwr.config import RunConfig, default_values
 from fedamp_flwr.results import checkpoint_files
 from strategies.core.records import RunFile
@@ -97,16 +97,22 @@ def federation_config(num_clients: int, cpus: float, gpus: float) -> str:
 
 
 def _progress(prefix: str, emit: Callable[[str], None] | None = None):
-    """A log-line handler that passes the ServerApp's per-round test line and its round's end
-    (:data:`experiments.progress.ROUND_DONE`) under ``prefix`` to ``emit`` (default: print)."""
+    """A log-line handler that passes the ServerApp's lines the grid reads (its milestones
+    before its first round, each round's test line and end: :func:`experiments.progress.shown`)
+    under ``prefix`` to ``emit`` (default: print)."""
+    say = _teller(emit)
+
     def show(line: str) -> None:
-        if "mean test" in line or ROUND_DONE.search(line):
-            text = f"{prefix}   {line.split('INFO :', 1)[-1].strip()}"
-            if emit is None:
-                print(text, flush=True)
-            else:
-                emit(text)
+        if shown(line):
+            say(f"{prefix}   {line.split('INFO :', 1)[-1].strip()}")
     return show
+
+
+def _teller(emit: Callable[[str], None] | None) -> Callable[[str], None]:
+    """``emit``, else print (a job's process: its lines go to the grid through its stdout)."""
+    if emit is not None:
+        return emit
+    return lambda text: print(text, flush=True)
 
 
 def _start(output: Path, run: Run, prefix: str) -> tuple[Path, dict[str, Any], bool]:
@@ -143,6 +149,8 @@ def run_one(link: SuperLink, output: Path, run: Run, fed_config: str, prefix: st
         with open(log_path, "a") as log:
             log.write(f"ERROR : {err}\n")
     else:
+        _teller(emit)(f"{prefix}: submitted as run {flower.run_id}")  # a milestone (progress)
+
         def recover(wait: float) -> bool:  # the grid's own SuperLink: started again if it died
             if not link.alive:
                 print(f"{prefix}: the SuperLink died; starting it again", flush=True)
@@ -267,8 +275,8 @@ def _run_all(todo: list[Run], output: Path, cpus: float, gpus: float, ray_addres
                            progress)
     else:
         link_or_none: contextlib.AbstractContextManager[SuperLink | None] = (
-            SuperLink(output / ".flwr-home", ray_address) if engine == "flower"
-            else contextlib.nullcontext())
+            _said_superlink(output / ".flwr-home", ray_address, progress.say, "grid")
+            if engine == "flower" else contextlib.nullcontext())
         with link_or_none as link:
             def one(i: int, run: Run) -> bool:
                 prefix = f"[{i + 1}/{len(todo)}] {run.name}"
@@ -290,6 +298,18 @@ def _run_all(todo: list[Run], output: Path, cpus: float, gpus: float, ray_addres
     return ok
 
 
+@contextlib.contextmanager
+def _said_superlink(home: Path, ray_address: str | None, say: Callable[[str], None],
+                    who: str) -> Iterator[SuperLink]:
+    """:class:`SuperLink` (``home``), saying that it starts and when it is up."""
+    say(f"{who}: starting a SuperLink ({home})")
+    started = time.monotonic()
+    with SuperLink(home, ray_address) as link:
+        say(f"{who}: the SuperLink is up on 127.0.0.1:{link.port} "
+            f"({time.monotonic() - started:.1f}s)")
+        yield link
+
+
 def _run_parallel(todo: list[Run], output: Path, cpus: float, gpus: float,
                   ray_address: str | None, timeout: float, engine: str, jobs: int,
                   progress: GridProgress) -> list[bool]:
@@ -305,7 +325,8 @@ def _run_parallel(todo: list[Run], output: Path, cpus: float, gpus: float,
         with slot_lock:
             slot = slots.pop()
         try:
-            print(f"{prefix}: {run.num_clients} clients (job {slot + 1})", flush=True)
+            # under the progress's lock: a line of its own beside the other jobs'
+            progress.say(f"{prefix}: {run.num_clients} clients (job {slot + 1})")
             started = time.monotonic()
             progress.start(run)
             spec = {"output": str(output), "name": run.name, "num_clients": run.num_clients,
@@ -358,7 +379,8 @@ def _child(spec_text: str) -> int:
     # the previous status of a resumed run must not be read as this one's
     (output / "runs" / run.name / STATUS_FILE).unlink(missing_ok=True)
     if spec["engine"] == "flower":
-        with SuperLink(Path(spec["home"]), spec["ray_address"]) as link:
+        say = _teller(None)
+        with _said_superlink(Path(spec["home"]), spec["ray_address"], say, spec["prefix"]) as link:
             run_one(link, output, run, spec["federation"], spec["prefix"], float(spec["timeout"]))
     else:
         import torch

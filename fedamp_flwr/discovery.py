@@ -233,6 +233,8 @@ def discover_clients(
         infos = {n: i for n, i in infos.items() if n in node_ids}  # forget nodes that left
         new = [n for n in node_ids if n not in infos]
         if new:
+            log(INFO, "Asking %d node(s) which clients they are (each loads its data first)",
+                len(new))
             found, errors = query_nodes(grid, new, max(deadline - time.monotonic(), 1.0))
             if errors:
                 raise ClientSetupError("clients could not start:\n  " + "\n  ".join(errors.values()))

@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_multiplexer import EventMultiple
 
 import simulation
 from experiments.presets import Run
-from experiments.progress import GridProgress, RunState, fitted, grid_eta
+from experiments.progress import GridProgress, RunState, fitted, grid_eta, no_eta_yet
 from fedamp_flwr.dashboards import EXPERIMENT
 
 
@@ -23,24 +23,50 @@ def _run(name: str, rounds: int, strategy: str = "fedamp", dataset: str = "mnist
 
 def test_the_eta_by_hand():
     now = 100.0
-    # A: 4 of 10 rounds, 2 s each after its first; its 5th under way for 1 s: 6 x 2 - 1 = 11 s
+    # A: 4 of 10 rounds, 2 s each after its first; its 5th under way for 1 s: 6 x 2 - 1 = 11 s;
+    # its head: its first round ended 2 s after its start, less a round at its pace: 0 s
     a = RunState(_run("a", 10), started=now - 9, done=4, seconds=[3.0, 2.0, 2.0, 2.0],
                  first_at=now - 7, last_at=now - 1)
-    # B: started 1 s ago, no round yet: its group's pace (A's, 2 s): 2 - 1 + 4 x 2 = 9 s
+    # B: started 1 s ago, no round yet: its group's pace (A's, 2 s) and head (A's, 0 s):
+    # 0 + 2 - 1 + 4 x 2 = 9 s
     b = RunState(_run("b", 5), started=now - 1)
     # C: not started, another strategy: the pace of all rounds, 2 s, x 3 = 6 s, on the job
     # that is free first (B's, at 9 s): 15 s
     c = RunState(_run("c", 3, strategy="fedavg"))
     assert grid_eta([a, b, c], jobs=2, now=now) == pytest.approx(15.0)
     # D ended: its one round of 1 s ended 3 s after its start (a head of 2 s), and the run 2 s
-    # later (a tail of 2 s); all rounds' pace: (3 x 2 + 1) / 4 = 1.75 s.
-    # A: 11 + 2 = 13; B: 2 + 2 - 1 + 8 + 2 = 13; C: 2 + 3 x 1.75 + 2 = 9.25 after 13
+    # later (a tail of 2 s); all rounds' pace: (3 x 2 + 1) / 4 = 1.75 s; all heads: 1 s.
+    # A: 11 + 2 = 13; B (A's head): 0 + 2 - 1 + 8 + 2 = 11; C: 1 + 3 x 1.75 + 2 = 8.25 after 11
     d = RunState(_run("d", 1, strategy="x"), started=0.0, ended=5.0, done=1, seconds=[1.0],
                  first_at=3.0, last_at=3.0)
-    assert grid_eta([a, b, c, d], jobs=2, now=now) == pytest.approx(22.25)
-    assert grid_eta([a, c, d], jobs=1, now=now) == pytest.approx(22.25)  # C after A
+    assert grid_eta([a, b, c, d], jobs=2, now=now) == pytest.approx(19.25)
+    assert grid_eta([a, c, d], jobs=1, now=now) == pytest.approx(21.25)  # C after A
     assert grid_eta([a, c, d], jobs=2, now=now) == pytest.approx(13.0)  # C beside A
     assert grid_eta([RunState(_run("e", 3))], jobs=1, now=now) is None  # nothing measured
+
+
+def test_no_eta_from_a_first_round_alone():
+    # A's first round (which also loads the data) says nothing of the pace: no ETA yet
+    a = RunState(_run("a", 5), started=0.0, done=1, seconds=[100.0], first_at=150.0,
+                 last_at=150.0)
+    b = RunState(_run("b", 5, strategy="fedavg"))
+    assert grid_eta([a, b], jobs=1, now=150.0) is None
+    assert no_eta_yet([a, b]) == "ETA after round 2"
+    assert no_eta_yet([RunState(_run("c", 5), resumed_from=3)]) == \
+        "ETA after a run's second round"
+    assert no_eta_yet([RunState(_run("c", 1))]) == "ETA after the first run"
+    # its second round: a pace (50 s); its head from its own start: 150 - 50 = 100 s.
+    # A: 3 x 50 = 150 s; B: 100 + 5 x 50 = 350 s after it
+    a.done, a.seconds, a.last_at = 2, [100.0, 50.0], 200.0
+    assert grid_eta([a, b], jobs=1, now=200.0) == pytest.approx(500.0)
+    # a run that ended after its only round: that round is its pace
+    one = RunState(_run("c", 1), started=0.0, ended=12.0, done=1, seconds=[8.0], first_at=10.0,
+                   last_at=10.0)
+    assert grid_eta([one, RunState(_run("d", 1))], jobs=1, now=12.0) == \
+        pytest.approx(2.0 + 8.0 + 2.0)  # head 2 s, a round of 8 s, tail 2 s
+    one.failed = True  # a failed one says nothing
+    assert grid_eta([one, RunState(_run("d", 1))], jobs=1, now=12.0) is None
+    assert grid_eta([one], jobs=1, now=12.0) == 0.0  # every run ended: nothing left
 
 
 def test_a_trials_pace_follows_its_local_work():
@@ -49,43 +75,177 @@ def test_a_trials_pace_follows_its_local_work():
     assert fitted([(50, 1.5), (100, 2.8)], 1) == pytest.approx(0.226)
     assert fitted([(50, 1.0)], 100) == pytest.approx(2.0)  # one work measured: in proportion
     assert fitted([(50, 1.5), (100, 0.5)], 200) == pytest.approx(0.05)  # never below a tenth
-    # in the ETA: C (25 steps) after A (50 steps, 1.5 s a round, its last round just ended)
+    # in the ETA: C (25 steps) after A (50 steps, 1.5 s a round, its second round just ended)
     # and B (100 steps, 2.8 s a round, ended): 2 rounds at 0.85 s
     run = lambda name, steps: Run(name, 3, {"strategy": "s", "dataset": "d",  # noqa: E731
                                             "num-server-rounds": 2, "local-steps": steps})
-    a = RunState(run("a", 50), started=0.0, done=1, seconds=[1.5], first_at=1.5, last_at=10.0)
+    a = RunState(Run("a", 3, {**run("a", 50).run_config, "num-server-rounds": 3}), started=0.0,
+                 done=2, seconds=[1.5, 1.5], first_at=1.5, last_at=3.0)
     b = RunState(run("b", 100), started=0.0, ended=5.6, done=2, seconds=[2.8, 2.8],
                  first_at=2.8, last_at=5.6)
     c = RunState(run("c", 25))
-    assert grid_eta([a, b, c], jobs=1, now=10.0) == pytest.approx(1.5 + 2 * 0.85)
+    assert grid_eta([a, b, c], jobs=1, now=3.0) == pytest.approx(1.5 + 2 * 0.85)
     # a run resumed from its checkpoint's round 1: one round left to run
-    assert grid_eta([a, b, RunState(run("c", 25), resumed_from=1)], jobs=1, now=10.0) == \
+    assert grid_eta([a, b, RunState(run("c", 25), resumed_from=1)], jobs=1, now=3.0) == \
         pytest.approx(1.5 + 0.85)
 
 
 @pytest.mark.parametrize("live", [False, True])
 def test_events_as_lines_or_bars(live):
     out = io.StringIO()
+    now = [0.0]
     runs = [_run("a", 2), _run("b", 2)]
-    with GridProgress(runs, jobs=1, out=out, live=live) as progress:
+    with GridProgress(runs, jobs=1, out=out, live=live, clock=lambda: now[0]) as progress:
         progress.start(runs[0])
+        for at, line in [
+                (3.0, "[1/2] a: submitted as run 7"),
+                (9.0, "[1/2] a   Run 'a': strategy fedamp, data mnist/practical; results in /r/a"),
+                (40.0, "[1/2] a   Found 3 clients (partition ids 0..2), 100 to 500 training "
+                       "samples each"),
+                (40.0, "[1/2] a   [ROUND 1/2]")]:
+            now[0] = at
+            progress.line(runs[0], line)
+        if live:  # the run's bar says its newest milestone
+            assert "[1/2] a: round 1/2 under way" in [t.description for t in progress._bars.tasks]
+        now[0] = 42.5
         progress.line(runs[0], "[1/2] a   INFO : Round 1: mean test accuracy 50%")
         progress.line(runs[0], "[1/2] a   Round 1 done in 2.50s; 1 round left")
+        progress.line(runs[0], "[1/2] a   [ROUND 2/2]")  # a later round's start: not said
+        now[0] = 44.0
         progress.line(runs[0], "[1/2] a   Round 2 done in 1.50s")
+        now[0] = 45.0
         progress.end(runs[0], True)
         progress.start(runs[1])
         assert progress.counts() == (1, 1, 0, 2)
-        assert progress.eta() == pytest.approx(3.0, abs=0.5)  # b: 2 rounds at a's 1.5 s
+        # b: a's head (its first round ended 42.5 s after its start, less a round of 1.5 s:
+        # 41 s), 2 rounds at a's 1.5 s, a's tail (1 s)
+        assert progress.eta() == pytest.approx(45.0)
         progress.end(runs[1], False)
     text = out.getvalue()
     assert "Round 1: mean test accuracy 50%" in text
+    for said in ("[1/2] a: submitted as run 7 (3s in)", "[1/2] a: ServerApp started (9s in)",
+                 "[1/2] a: 3 clients found (40s in)", "[1/2] a: round 1/2 under way (40s in)"):
+        assert said in text
+    assert "ROUND 2/2" not in text and "round 2/2 under way" not in text
     if not live:
-        # a: 1 round left at 2.5 s, then b: 2 rounds at that pace, 7.5 s
-        assert re.search(r"\[1/2\] a: round 1/2 done in 2.5s; grid: 0/2 runs done, 1 running, "
-                         r"0 failed; ETA 0:00:0[78] ", text)
+        # no ETA from a first round alone; after a's second: b's head and 2 rounds, 44 s
+        assert "[1/2] a: round 1/2 done in 2.5s; grid: 0/2 runs done, 1 running, 0 failed; " \
+               "ETA after round 2\n" in text
+        assert re.search(r"\[1/2\] a: round 2/2 done in 1.5s; grid: 0/2 runs done, 1 running, "
+                         r"0 failed; ETA 0:00:44 ", text)
         assert "grid: 1/2 runs done, 0 running, 1 failed" in text
     else:  # rich drew the bars: the grid's line with its counts
         assert "grid: " in text and "runs done" in text
+
+
+def _replay(runs: list[Run], timeline: list[tuple[float, str, str]]) -> tuple[str, list]:
+    """Feed a grid's recorded timeline (seconds, run name, event: "start", "end", or a line of
+    the run) to a GridProgress with a fake clock: its lines, and (seconds, ETA) after each
+    event."""
+    out, now = io.StringIO(), [0.0]
+    by_name = {r.name: r for r in runs}
+    etas = []
+    with GridProgress(runs, jobs=1, out=out, live=False, clock=lambda: now[0]) as progress:
+        for at, name, event in timeline:
+            now[0] = at
+            if event == "start":
+                progress.start(by_name[name])
+            elif event == "end":
+                progress.end(by_name[name], True)
+            else:
+                progress.line(by_name[name], f"[{runs.index(by_name[name]) + 1}/{len(runs)}] "
+                                             f"{name}{event}")
+            etas.append((at, progress.eta()))
+    return out.getvalue(), etas
+
+
+def _grid_run(name: str, start: float, head: list[float], rounds: list[float],
+              tail: float) -> list[tuple[float, str, str]]:
+    """A run's events: submitted, ServerApp started and clients found (the seconds ``head``
+    after its start), then its rounds and its tail."""
+    submitted, started, found = (start + h for h in head)
+    events = [(start, name, "start"), (submitted, name, ": submitted as run 1"),
+              (started, name, f"   Run '{name}': strategy s, data mnist/practical; results in /r"),
+              (found, name, "   Found 20 clients (partition ids 0..19), 100 to 500 training "
+                            "samples each"), (found, name, f"   [ROUND 1/{len(rounds)}]")]
+    at = found
+    for i, seconds in enumerate(rounds, 1):
+        at += seconds
+        events.append((at, name, f"   Round {i} done in {seconds:.2f}s"))
+    return events + [(at + tail, name, "end")]
+
+
+def test_the_first_eta_of_a_recorded_grid():
+    # the small grid of docs/performance.md ("A grid's ETA"), as its lines came (seconds
+    # since simulation.py started): `--datasets mnist --strategies separate,fedavg --rounds 3`
+    runs = [Run(f"{s}-mnist-practical-s0", 20, {"strategy": s, "dataset": "mnist",
+                                                 "num-server-rounds": 3})
+            for s in ("separate", "fedavg")]
+    timeline = (_grid_run(runs[0].name, 6.8, [3.4, 9.3, 45.3], [96.50, 91.64, 94.00], 10.7)
+                + _grid_run(runs[1].name, 344.9, [2.2, 8.5, 27.5], [107.30, 100.80, 100.00],
+                            9.4))
+    text, etas = _replay(runs, timeline)
+    end = timeline[-1][0]
+    assert end == pytest.approx(689.9, abs=0.1)
+    # said before its first round ended: submitted, started, clients found, round 1 under way
+    name = f"[1/2] {runs[0].name}"
+    assert text.splitlines()[:5] == [
+        f"{name}: submitted as run 1 (3s in)", f"{name}: ServerApp started (9s in)",
+        f"{name}: 20 clients found (45s in)", f"{name}: round 1/3 under way (45s in)",
+        f"{name}: round 1/3 done in 96.5s; grid: 0/2 runs done, 1 running, 0 failed; "
+        "ETA after round 2"]
+    # no ETA from the first round; the first one after the second (240 s in): separate's
+    # round 3 at its 91.64 s, then fedavg: separate's head (its first round's end less its
+    # start and a round: 148.6 - 6.8 - 91.64 = 50.16 s) and 3 rounds at 91.64 s: 416.7 s,
+    # where the grid had 449.7 s left
+    first = next((at, eta) for at, eta in etas if eta is not None)
+    assert first[0] == pytest.approx(240.2, abs=0.1)
+    assert first[1] == pytest.approx(91.64 + 50.16 + 3 * 91.64, abs=0.01)
+    for at, eta in etas:  # every ETA given: within 10% of the truth (or 10 s)
+        if eta is not None and at < end:
+            assert abs(eta - (end - at)) <= max(0.10 * (end - at), 10.0), (at, eta)
+
+
+def test_a_slow_first_round_is_head_not_pace():
+    # the quick preset's shape: 12 runs of 5 rounds, each with 40 s before its first round,
+    # a first round of 100 s (the data loaded, the workers warmed up) where its others take
+    # 50 s, and 10 s after its last; one method in two 20% slower
+    runs = [Run(f"r{i}", 20, {"strategy": f"s{i}", "dataset": "mnist", "num-server-rounds": 5})
+            for i in range(12)]
+    timeline: list[tuple[float, str, str]] = []
+    at = 0.0
+    for i, run in enumerate(runs):
+        pace = 50.0 * (1.2 if i % 2 else 1.0)
+        events = _grid_run(run.name, at, [5.0, 12.0, 40.0],
+                           [pace + 50.0] + [pace] * 4, 10.0)
+        timeline += events
+        at = events[-1][0]
+    text, etas = _replay(runs, timeline)
+    first = next((at, eta) for at, eta in etas if eta is not None)
+    left = at - first[0]
+    # after the first run's second round (190 s in): 3 x 50 + 11 x (90 + 5 x 50) = 3890 s
+    # (its head: 140 - 50 = 90 s), where 4310 s were left (-10%); without that head, 2900 s
+    # (-33%); the first round as the pace, at its end: 4 x 100 + 11 x 5 x 100 = 5900 s (+35%)
+    assert left == pytest.approx(4310.0)
+    assert first[0] == pytest.approx(190.0)
+    assert first[1] == pytest.approx(3 * 50 + 11 * (90 + 5 * 50))
+    assert 0.5 < first[1] / left < 2
+    assert "ETA after round 2" in text
+
+
+def test_the_runner_passes_the_milestones():
+    from experiments.runner import _progress
+
+    got: list[str] = []
+    show = _progress("[1/2] a", got.append)
+    log = ["Run 'a': strategy fedamp, data mnist/practical; results in /r/a",
+           "Starting FedAMP, rounds 1 to 5", "Found 20 clients (partition ids 0..19), 100 to 500 "
+           "training samples each", "", "[ROUND 1/5]", "configure_train: 20 of 20 clients",
+           "Round 1: mean test accuracy over 20 clients 81.65%", "Round 1 done in 96.50s"]
+    for line in log:
+        show(f"INFO :      {line}")  # as Flower's log has it, without its colours
+    assert got == [f"[1/2] a   {line}" for line in log
+                   if line and not line.startswith(("Starting", "configure"))]
 
 
 def test_a_two_run_grid_compares_in_one_tensorboard_and_one_mlflow_experiment(tmp_path, capsys):
@@ -97,6 +257,9 @@ def test_a_two_run_grid_compares_in_one_tensorboard_and_one_mlflow_experiment(tm
                             "--tensorboard", "--mlflow"]) == 0
     printed = capsys.readouterr().out
     assert "round 2/2 done in" in printed and "grid: 2/2 runs done, 0 running, 0 failed" in printed
+    for run in ("[1/2] fedavg-synthetic-practical-s0", "[2/2] fedamp-synthetic-practical-s0"):
+        for milestone in ("ServerApp started", "3 clients found", "round 1/2 under way"):
+            assert f"{run}: {milestone} (" in printed  # in process too
     boards = EventMultiplexer(size_guidance={"scalars": 0}).AddRunsFromDirectory(str(out / "runs"))
     boards.Reload()
     runs = boards.Runs()
