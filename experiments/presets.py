@@ -113,7 +113,21 @@ def _fedamp_setting(dataset: str, partitioning: str) -> Setting:
         extra += _NO_GROUPS
     return Setting(dataset, partitioning, 62 if dataset == "emnist" else 100, extra)
 
+#: every registered method, baselines first: the "default" preset's strategies
+EVERY_METHOD = ("separate", "fedavg", "fedprox", "fedavg-ft", "fedprox-ft", "scaffold", "apfl",
+                "per-fedavg", "pfedme", "nonconvex", "fedamp", "heurfedamp", "sfl", "pfedhn",
+                "panacea-gn", "panacea", "fedmedian", "fedtrimmedavg", "krum")
+
 PRESETS: dict[str, Grid] = {
+    # The default run (the README's first command, `flwr run .` on 10 SuperNodes): the
+    # embedded synthetic task, every method at its "auto" values, 10 rounds; its clients do
+    # not also train alone (Separate is a run of its own here)
+    "default": Grid(
+        strategies=EVERY_METHOD,
+        settings=(Setting("synthetic", "practical", 10),),
+        seeds=(42,),
+        run_config={"num-server-rounds": 10, "alone": False},
+    ),
     "quick": Grid(
         strategies=("separate", "fedavg", "fedprox", "fedavg-ft", "fedamp", "heurfedamp"),
         # HeurFedAMP's sigma on MNIST: 5, not the paper's 25 (measured in the README:
@@ -170,15 +184,16 @@ PRESETS: dict[str, Grid] = {
         run_config={"num-server-rounds": 60},
     ),
     "nonconvex": Grid(
-        # Ioste and Finger's combination as written (the sum of exp(c r_h) w_h) against its
-        # normalised form and FedAvg: their two-host setting (MNIST digits 0-4 on one host,
-        # 5-9 on the other) and FMNIST practical with 20 clients
-        strategies=("nonconvex", "nonconvex@normalized", "fedavg"),
+        # Ioste and Finger's combination as written (the sum of exp(c r_h) w_h, "@sum")
+        # against its normalised form (the default) and FedAvg: their two-host setting
+        # (MNIST digits 0-4 on one host, 5-9 on the other) and FMNIST practical with 20
+        # clients
+        strategies=("nonconvex@sum", "nonconvex", "fedavg"),
         settings=(Setting("mnist", "blocks", 2, label="two-host"),
                   Setting("fmnist", "practical", 20)),
         run_config={**_FEDAMP_TRAINING, "num-server-rounds": 5, "local-epochs": 1,
                     "test-samples": 500},
-        per_strategy={"nonconvex@normalized": {"nonconvex-normalize": True}},
+        per_strategy={"nonconvex@sum": {"nonconvex-normalize": False}},
     ),
     "fedamp-horizon": Grid(
         # Where collaboration pays: FMNIST practical, 20 clients, 30 rounds x 5 epochs of

@@ -53,6 +53,14 @@
     contribution. The checkpoints are sealed again with the run's secret (the file, else
     ``$FEDAMP_CHECKPOINT_SECRET``'s). A live run is refused.
 
+``fedamp-flwr check-config --run-config "..." [--clients N]``
+    The coordinator's: the run config ``flwr run`` would give the ServerApp (this app's
+    ``pyproject.toml`` table, then the overrides), checked offline as the ServerApp checks
+    it before it waits for any node: every key, the files it names (graph file, policy,
+    an npz task's file); with ``--clients N`` also what the run's size decides (graph-k,
+    the client graph). One line; exit status 0 when the run would start, 1 when it would
+    stop.
+
 ``fedamp-flwr report RUN_DIR [--out FILE] [--member NAME | --members]``
     The coordinator's: one self-contained HTML page of a run (:mod:`fedamp_flwr.run_page`:
     its headline, each client's curve, absences, xi or the inferred graph, each member's
@@ -375,6 +383,55 @@ def verify_app(app_dir: str, fab: str) -> int:
     return 0 if not problems else 1
 
 
+def app_defaults(app: str) -> dict[str, Any]:
+    """The run config ``flwr run APP`` starts from: the app's ``pyproject.toml``
+    ``[tool.flwr.app.config]`` table (as the user may have edited it), else the keys'
+    declared defaults."""
+    import tomllib
+
+    path = Path(app).expanduser() / "pyproject.toml"
+    try:
+        table = tomllib.loads(path.read_text())["tool"]["flwr"]["app"]["config"]
+    except (OSError, KeyError, TypeError):
+        return default_values()
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not TOML ({err})") from None
+    return dict(table) if isinstance(table, dict) else default_values()
+
+
+def check_config(run_config: str, clients: int | None, app: str) -> int:
+    """``check-config``: the run config ``flwr run`` would give the ServerApp, checked as it
+    checks it before waiting for any node (and, with ``clients``, as it checks it once it
+    has them); one line, exit status 0 (it would start) or 1 (it would stop)."""
+    from flwr.common.config import parse_config_args
+
+    from tasks.graphs import GraphError
+
+    from .preflight import check_before_clients, check_with_clients
+
+    try:
+        try:
+            given = parse_config_args([run_config]) if run_config.strip() else {}
+        except Exception as err:
+            raise ConfigError(f"--run-config {run_config!r} cannot be read ({err}); allowed: "
+                              "\"key=value key2='text'\" as flwr run takes it") from None
+        if run_config.strip() and not given:  # Flower's parser drops what is not key=value
+            raise ConfigError(f"--run-config {run_config!r} sets no key (flwr run would "
+                              "ignore it too); allowed: \"key=value key2='text'\"")
+        cfg = RunConfig.from_run_config({**app_defaults(app), **given})
+        check_before_clients(cfg)
+        if clients is not None:
+            check_with_clients(cfg, clients)
+    except (ConfigError, GraphError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    size = (f"with {clients} clients" if clients is not None else
+            "(graph-k and the client graph depend on the clients: --clients N checks them)")
+    print(f"ok: strategy {cfg.strategy!r} on {cfg.data_label}, {cfg.num_server_rounds} rounds "
+          f"{size}")
+    return 0
+
+
 def explain_key(key: str, run_config: str) -> int:
     """Print where ``key``'s value comes from in a run of ``run_config``."""
     from flwr.common.config import parse_config_args
@@ -501,6 +558,16 @@ def parser_of() -> argparse.ArgumentParser:
     verify.add_argument("--fab", required=True, help="the FAB built with flwr build from the "
                         "reviewed source")
     _coordinators_commands(sub)
+    checked = sub.add_parser("check-config", help="check a run config offline, as the "
+                             "ServerApp checks it before any node is waited for")
+    checked.add_argument("--run-config", default="", help="the run config as given to flwr "
+                         "run, e.g. \"strategy='panacea' graph='inferred'\"")
+    checked.add_argument("--clients", type=int, default=None, help="check what depends on the "
+                         "run's size too: graph-k, the client graph (a simulation's "
+                         "num-supernodes)")
+    checked.add_argument("--app", default=".", help="the app folder whose pyproject.toml "
+                         "gives the defaults (default: the current folder; else the keys' "
+                         "declared defaults)")
     explained = sub.add_parser("explain", help="where a run-config key's value comes from")
     explained.add_argument("key", help="the run-config key, e.g. learning-rate")
     explained.add_argument("--run-config", default="", help="the run's config as given to flwr "
@@ -533,6 +600,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "explain":
         return explain_key(args.key, args.run_config)
+    if args.command == "check-config":
+        if args.clients is not None and args.clients < 1:
+            parser.error(f"--clients {args.clients} is invalid; allowed: an integer >= 1")
+        return check_config(args.run_config, args.clients, args.app)
     if args.command == "report":
         return report_page(args.run, args.out, args.member, args.members)
     if args.command == "forget":

@@ -479,60 +479,85 @@ def keeps_better(context: Context) -> bool:
 
 
 def _alone(context: Context, setup: Setup, job: ClientJob, scores: dict) -> dict:
-    """What this member scores alone on the same test rows, with the same inputs: the
-    standardized linear model (tasks/tabular.py) and the run's own model trained alone for
-    the run's whole budget (num-server-rounds times its local work, from the run's initial
-    model), each fitted once per run on its training rows (kept in ``context.state``);
-    said in the member's own log beside its federated score. Empty where it does not apply
-    (member-alone = false, a partitioned run's client, image inputs)."""
-    cfg = setup.cfg
-    if not cfg.member_alone or not _vector_member(setup):
+    """What this client scores alone on the same test rows, with the same inputs, after the
+    same local work (:func:`_alone_now`), beside its federated score: said in a member's own
+    log. Empty where ``alone`` is false (by default: but for members' tables and the
+    synthetic task)."""
+    if setup.cfg.alone is not True:
         return {}
-    held = context.state.config_records.get(_ALONE)
-    if held is None:
-        data, kind = job.data, setup.dc.schema.kind if setup.dc.schema else ""
-        classes = setup.dc.schema.num_outputs if setup.dc.schema else 1
-        # the standardized linear model a member fits by itself: its own statistics
-        mean, std = own_stats(data.x_train)
-        linear = fit_linear(standardize(data.x_train, mean, std), data.y_train, classes)
-        x_test_linear = standardize(data.x_test, mean, std)
-        with torch.random.fork_rng(devices=[]):  # nobody else's random state is touched
-            torch.default_generator.manual_seed(cfg.seed)  # the run's initial model, as the
-            model = tasks.build_model(setup.dc, cfg.model)  # server builds it (on the CPU)
-        per_round = num_steps(len(data.y_train), job.optim.batch_size, job.epochs, job.steps)
-        train_model(model, data.x_train, data.y_train, epochs=0, steps=per_round *
-                    cfg.num_server_rounds, batch_size=job.optim.batch_size, lr=job.optim.lr,
-                    optimizer=job.optim.optimizer, device=_device(),
-                    seed=_seed(cfg, 0, 0))  # the same whichever round computes it
-        if keeps_better(context):  # the member may take this one home instead
-            context.state[_ALONE_MODEL] = ArrayRecord(
-                OrderedDict((k, v.detach().cpu()) for k, v in model.state_dict().items()))
-        main = ACCURACY if kind != tasks.REGRESSION else MSE
-        values: dict[str, float] = {}
-        for name, fitted, x_test in (("linear", linear, x_test_linear),
-                                     ("model", model, data.x_test)):
-            result = evaluate_model(fitted, x_test, data.y_test, device=_device())
-            values[name] = float(result.accuracy if main == ACCURACY else result.mse)  # type: ignore[arg-type]
-        held = ConfigRecord({**values, "metric": main,
-                             "budget": per_round * cfg.num_server_rounds})
-        context.state[_ALONE] = held
+    held = _alone_now(context, setup, job)
     main = str(held["metric"])
     mine = float(scores[main])
-    linear_score, model_score = as_float(held["linear"], "linear"), as_float(held["model"],
-                                                                              "model")
+    model_score = as_float(held["model"], "model")
+    linear_score = as_float(held["linear"], "linear") if "linear" in held else None
     accuracy = main == ACCURACY
-    gain = score_of(not accuracy).gain(mine, (linear_score, model_score))
-    alone: dict[str, Any] = {"linear": linear_score, "model": model_score, "metric": main,
-                             "steps": as_int(held["budget"], "budget"), "gain": gain}
+    gain = score_of(not accuracy).gain(mine, [v for v in (linear_score, model_score)
+                                              if v is not None])
+    alone: dict[str, Any] = {"model": model_score, "metric": main,
+                             "steps": as_int(held["steps"], "steps"), "gain": gain,
+                             **({"linear": linear_score} if linear_score is not None else {})}
+    if setup.partition_id >= 0:  # a simulated client: the server's closing lines say it
+        return alone
     scale, unit = (100.0, " points") if accuracy else (1.0, "")
     taken_home = SAVE_MODEL in job.config  # the model this member keeps: said loudly if worse
+    linear_said = "" if linear_score is None else f"the linear model {scale * linear_score:.4g} and "
     log(logging.WARNING if gain < 0 and taken_home else logging.INFO,
-        "Round %d: this member's model %s %.4g on its %d test rows; alone, the linear model "
-        "%.4g and the run's model %.4g (%d steps): %+.3g%s%s", job.server_round, main,
-        scale * mine, len(job.data.y_test), scale * linear_score, scale * model_score,
-        alone["steps"], scale * gain, unit, "" if gain >= 0 else
+        "Round %d: this member's model %s %.4g on its %d test rows; alone, %sthe run's model "
+        "%.4g (%d steps): %+.3g%s%s", job.server_round, main, scale * mine,
+        len(job.data.y_test), linear_said, scale * model_score, alone["steps"], scale * gain,
+        unit, "" if gain >= 0 else
         ": federation does worse for this member than its better model alone")
     return alone
+
+
+def _alone_now(context: Context, setup: Setup, job: ClientJob) -> ConfigRecord:
+    """This client's scores alone after the run's rounds so far: the run's own model, from
+    the run's initial model, trained on its training rows for the local work of every round
+    up to this one (at each evaluation, the rounds' steps since the one before, with a fresh
+    optimizer: the Separate method on this client; kept in ``context.state``, so that no
+    round pays for more than its own), and,
+    for vector inputs, the standardized linear model (tasks/tabular.py), fitted once; both
+    tested on its test rows. A member that keeps the better (``keep = "better"``) takes the
+    model from ``context.state``."""
+    cfg, data = setup.cfg, job.data
+    held = context.state.config_records.get(_ALONE)
+    last = as_int(held["round"], "round") if held is not None and "round" in held else 0
+    if held is not None and last >= job.server_round:
+        return held  # this round's already
+    done = as_int(held["steps"], "steps") if held is not None and "steps" in held else 0
+    per_round = num_steps(len(data.y_train), job.optim.batch_size, job.epochs, job.steps)
+    target = done + per_round * (job.server_round - last)
+    if setup.dc.schema is not None:
+        kind, classes = setup.dc.schema.kind, setup.dc.schema.num_outputs
+    else:
+        info = tasks.data_info(setup.dc)
+        kind, classes = info.kind, info.num_outputs  # (a regression's: its outputs)
+    with torch.random.fork_rng(devices=[]):  # nobody else's random state is touched
+        torch.default_generator.manual_seed(cfg.seed)  # the run's initial model, as the
+        model = tasks.build_model(setup.dc, cfg.model)  # server builds it (on the CPU)
+    stored = context.state.array_records.get(_ALONE_MODEL)
+    if stored is not None and done:
+        model.load_state_dict(stored.to_torch_state_dict())
+    train_model(model, data.x_train, data.y_train, epochs=0, steps=target - done,
+                batch_size=job.optim.batch_size, lr=job.optim.lr,
+                optimizer=job.optim.optimizer, device=_device(),
+                seed=_seed(cfg, job.server_round, 0))
+    context.state[_ALONE_MODEL] = ArrayRecord(
+        OrderedDict((k, v.detach().cpu()) for k, v in model.state_dict().items()))
+    main = ACCURACY if kind != tasks.REGRESSION else MSE
+    result = evaluate_model(model, data.x_test, data.y_test, device=_device())
+    values = {"model": float(result.accuracy if main == ACCURACY else result.mse)}  # type: ignore[arg-type]
+    if held is not None and "linear" in held:
+        values["linear"] = as_float(held["linear"], "linear")
+    elif data.x_train.dim() == 2:  # vectors: the linear model, on its own statistics, once
+        mean, std = own_stats(data.x_train)
+        linear = fit_linear(standardize(data.x_train, mean, std), data.y_train, classes)
+        result = evaluate_model(linear, standardize(data.x_test, mean, std), data.y_test,
+                                device=_device())
+        values["linear"] = float(result.accuracy if main == ACCURACY else result.mse)  # type: ignore[arg-type]
+    held = context.state[_ALONE] = ConfigRecord({**values, "metric": main, "steps": target,
+                                                 "round": job.server_round})
+    return held
 
 
 @app.evaluate()

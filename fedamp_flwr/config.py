@@ -23,7 +23,7 @@ import strategies
 import tasks
 from strategies.core.policy import ApartPolicy, read_policy
 from strategies.core.protocol import is_name
-from strategies.core.registry import key_rows, method_keys, settings_classes, tuned_values
+from strategies.core.registry import GRAPHS, key_rows, method_keys, settings_classes, tuned_values
 from strategies.core.settings import (
     MOST_BATCH,
     MOST_CHECKPOINTS,
@@ -55,7 +55,6 @@ from tasks.scenarios import Roles, scenario_roles
 
 from .sizes import check_client_memory
 
-GRAPHS = ("task", "file", "groups", "inferred", "none")
 #: the longest run-name (a folder name on the coordinator's and the members' machines)
 RUN_NAME_MOST = 200
 #: which models a run keeps (fedamp_flwr/delivery.py)
@@ -69,7 +68,14 @@ DP_MODES = ("none", "update", "dp-sgd")
 # strategy says otherwise: the FedAMP paper's local training (10 epochs there; 5 here,
 # see docs/reproducing.md). A method's own "auto" keys are its settings class's ``AUTO``.
 GENERIC_AUTO: dict[str, Any] = {"local-epochs": 5, "local-steps": 0, "batch-size": 100,
-                                "learning-rate": 1e-3, "optimizer": "adam"}
+                                "learning-rate": 1e-3, "optimizer": "adam", "alone": False}
+
+#: The generic settings that take "auto" resolved when the run knows its clients (not from
+#: the layers of :func:`auto_layers`): graph-k, each client's neighbours in an inferred graph.
+LATE_AUTO = ("graph-k",)
+#: graph-k = "auto": each client chooses this many neighbours, or every other client where
+#: the run has fewer (:meth:`RunConfig.graph_k_for`)
+GRAPH_K_AUTO = 3
 
 #: the guard of an inferred graph compares it with this strategy (no graph) as the run config
 #: would run it
@@ -86,7 +92,7 @@ __all__ = ["ConfigError", "RunConfig", "auto_layers", "auto_values", "explain", 
 #: generic value), 32 and 16 (16 best or equal best for each), then the learning rate among
 #: 1e-3, 3e-3 and 1e-2 with 2, 5 or 10 local epochs (3e-3 and 5: the best mean over the three
 #: methods, Separate's best, within 0.1 point of FedAMP's and HeurFedAMP's).
-TABLE_AUTO: dict[str, Any] = {"batch-size": 16, "learning-rate": 3e-3}
+TABLE_AUTO: dict[str, Any] = {"batch-size": 16, "learning-rate": 3e-3, "alone": True}
 
 
 def auto_layers(dataset: str, strategy: str, setting: str = "", table: bool = False,
@@ -150,7 +156,9 @@ def explain(run_config: Mapping[str, Any], key: str) -> list[str]:
     found = [(where, layer[key]) for where, layer in layers if key in layer]
     if not found:
         doc = {**RunConfig.generic_fields(), **method_keys()}[key].metadata.get("doc", "")
-        return [f"{key} = {value!r}: resolved by the method when the run starts ({doc})"]
+        when = "when the run knows its clients" if key in LATE_AUTO else \
+            "by the method when the run starts"
+        return [f"{key} = {value!r}: resolved {when} ({doc})"]
     lines = [f"{key} = {value!r}: \"auto\", given by {found[-1][0]}"]
     return lines + [f"  (overrides {where}: {v!r})" for where, v in reversed(found[:-1])]
 
@@ -263,6 +271,11 @@ class RunConfig:
     learning_rate: float | str = setting("auto", "the clients' learning rate",
                                          ok=lambda v: v > 0, allowed="a number > 0")
     optimizer: str = setting("auto", "the clients' optimizer", **one_of("adam", "sgd"))
+    alone: bool | str = setting(
+        "auto", "each client also trains the run's model alone on its own rows, a round's "
+        "work each round (and a table's linear model), scored on the same test rows: the "
+        "log's closing lines compare (auto: members' tables and the synthetic task)",
+        ok=lambda v: isinstance(v, bool), allowed='"auto", true or false')
     server_device: str = setting(
         "auto", "where the server keeps and mixes models (auto: cuda if present)",
         ok=lambda v: v in ("auto", "cpu") or v.startswith("cuda"),
@@ -272,8 +285,10 @@ class RunConfig:
     # The client graph
     graph: str = setting("task", "the client graph (Panacea)", **one_of(*GRAPHS))
     graph_file: str = setting("", 'graph = "file": an edge-list CSV of client ids')
-    graph_k: int = setting(3, 'graph = "inferred": neighbours each client chooses',
-                           **integer_in(1, MOST_CLIENTS, "and below the number of clients"))
+    graph_k: int | str = setting(
+        "auto", f'graph = "inferred": neighbours each client chooses (auto: {GRAPH_K_AUTO}, or '
+        "every other client in a run of fewer)",
+        **integer_in(1, MOST_CLIENTS, "and below the number of clients"))
     graph_warmup_rounds: int = setting(2, 'graph = "inferred": rounds before the graph is built',
                                        **integer_in(1, MOST_ROUNDS))
     graph_similarity: str = setting(
@@ -322,7 +337,6 @@ class RunConfig:
     member_roster: str = setting("", "a file of the members' names and public keys")
     member_scaling: str = setting("pooled", "how members' vector inputs are standardized",
                                   allowed=", ".join(SCALINGS))
-    member_alone: bool = setting(True, "each member also scores models trained alone")
     checkpoint_secret: str = setting("", "a file of the coordinator's secret sealing checkpoints")
     #: the chosen strategy's own settings (its keys checked, "auto" resolved)
     settings: Settings = field(default_factory=NoSettings, metadata={"key": False})
@@ -364,7 +378,7 @@ class RunConfig:
         for key, value in run_config.items():
             if key in generic:
                 f = generic[key]
-                words = ("auto",) if key in GENERIC_AUTO else ()
+                words = ("auto",) if key in GENERIC_AUTO or key in LATE_AUTO else ()
                 values[f.name] = coerce(key, value, f.type, words)
         cfg = cls(**values)
         if cfg.strategy not in strategies.STRATEGIES:  # checked before "auto" needs it
@@ -427,7 +441,7 @@ class RunConfig:
     def _check_values(self) -> None:
         """Each key's own range, as its declaration says; the choices that registries hold."""
         for key, f in self.generic_fields().items():
-            check_value(key, f, getattr(self, f.name))
+            check_value(key, f, getattr(self, f.name), ("auto",) if key in LATE_AUTO else ())
         lr, steps = self.learning_rate, self.local_steps  # numbers once "auto" is resolved
         assert not isinstance(lr, str) and not isinstance(steps, str), "resolve 'auto' first"
         for key, allowed in (("strategy", sorted(strategies.STRATEGIES)),
@@ -455,6 +469,7 @@ class RunConfig:
         if self.resume and self.overwrite:
             raise _bad("overwrite", True, "false when resume = true (resume continues a run, "
                        "overwrite replaces it)")
+        self._check_graph()
         if self.graph == "file" and not self.graph_file:
             raise _bad("graph-file", self.graph_file, 'the path of an edge-list CSV when graph = "file"')
         if self.graph == "inferred" and strategies.STRATEGIES[self.strategy].uses_graph and \
@@ -483,6 +498,42 @@ class RunConfig:
         it)."""
         return read_policy(self.collaboration_policy) if self.collaboration_policy else None
 
+    def graph_choices(self) -> tuple[str, ...]:
+        """The values of ``graph`` this run takes: its strategy's (every value where the
+        strategy uses no graph: the key is not read), less "task" where the task defines no
+        client graph, and less "task" and "groups" for members (they bring neither)."""
+        entry = strategies.STRATEGIES[self.strategy]
+        if not entry.uses_graph:
+            return GRAPHS
+        members = self.dataset == tasks.MEMBERS
+        no_task = members or tasks.get_task(self.dataset).has_graph is False
+        return tuple(g for g in entry.graphs
+                     if not (g == "task" and no_task) and not (g == "groups" and members))
+
+    def _check_graph(self) -> None:
+        """``graph`` is one the strategy takes on this data (:meth:`graph_choices`)."""
+        allowed = self.graph_choices()
+        if self.graph in allowed:
+            return
+        why = ("members bring no client graph" if self.dataset == tasks.MEMBERS else
+               f"the task {self.dataset!r} defines no client graph") \
+            if self.graph in strategies.STRATEGIES[self.strategy].graphs else \
+            "the graphs it takes"
+        raise _bad("graph", self.graph, f"{', '.join(allowed)} (strategy {self.strategy!r} on "
+                   f"{self.data_label}: {why})")
+
+    def graph_k_for(self, num_clients: int) -> int:
+        """``graph-k`` in a run of ``num_clients`` clients: "auto" is :data:`GRAPH_K_AUTO`, or
+        every other client where the run has fewer; a number must be below the clients'
+        count (a ConfigError naming the range)."""
+        if self.graph_k == "auto":
+            return max(1, min(GRAPH_K_AUTO, num_clients - 1))
+        k = int(self.graph_k)
+        if not k < num_clients:
+            raise _bad("graph-k", k, f"auto, or an integer in [1, {max(1, num_clients - 1)}] "
+                       f"(the run has {num_clients} clients)")
+        return k
+
     def _check_guard(self) -> None:
         """The guard's rounds fit in the run, and its held-out errors are never sent under dp
         (they are not made private)."""
@@ -499,14 +550,12 @@ class RunConfig:
         weighing no one (Separate), or through a client graph. No file is read here: every
         member's ClientApp checks the run config too."""
         entry = strategies.STRATEGIES[self.strategy]
-        if entry.keeps_apart or (entry.uses_graph and self.graph != "none"):
+        if entry.keeps_apart or entry.uses_graph:  # (a graph method takes no graph = "none")
             return
         can = sorted(n for n, e in strategies.STRATEGIES.items() if e.keeps_apart or e.uses_graph)
-        why = ('graph = "none" leaves it no graph to take the pair\'s edge from'
-               if entry.uses_graph else "it mixes every client into models they all share")
         raise _bad("collaboration-policy", self.collaboration_policy,
-                   f'"" for strategy {self.strategy!r} ({why}); a policy with '
-                   f"{', '.join(can)} (a graph method with a graph)")
+                   f'"" for strategy {self.strategy!r} (it mixes every client into models they '
+                   f"all share); a policy with {', '.join(can)} (a graph method with a graph)")
 
     def _check_warm_start(self) -> None:
         """A warm start names another run's folder, and a method that can start from one (the
@@ -593,9 +642,6 @@ class RunConfig:
         if self.attack_ratio > 0:
             raise _bad("attack-ratio", self.attack_ratio, "0 with dataset = \"members\" (label "
                        "flipping is a simulation scenario of the partitioned tasks)")
-        if self.graph in ("task", "groups") and strategies.STRATEGIES[self.strategy].uses_graph:
-            raise _bad("graph", self.graph, 'file (graph-file: an edge list over the members\' '
-                       'client-ids) or none, with dataset = "members" (members bring no graph)')
 
     def class_names(self) -> tuple[str, ...]:
         """``member-class-names`` as a tuple (empty if not given)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import random
 import time
 from logging import ERROR, INFO, WARNING
@@ -32,18 +33,19 @@ from strategies.core.protocol import (
 from strategies.core.records import ACCURACY_SCORE, RunFile, client_scores, round_score
 from strategies.core.replies import array_spec
 from strategies.core.roster import ClientInfo
-from strategies.core.settings import MOST_CLIENTS
+from strategies.core.settings import MOST_CLIENTS, RunCannotGoOn
 from strategies.core.tracking import RunTracking
-from tasks.dp import has_batch_statistics, noise_allowance
-from tasks.graphs import GraphError, build_graph, group_graph
+from tasks.dp import noise_allowance
+from tasks.graphs import GraphError, build_graph, same_group_graph
 from tasks.tabular import pooled
 
-from .config import ConfigError, RunConfig
-from .dashboards import Dashboards, check_packages
+from .config import GRAPH_K_AUTO, ConfigError, RunConfig
+from .dashboards import Dashboards
 from .delivery import ModelDelivery, new_token
 from .discovery import ClientSetupError, discover_clients, discover_members
 from .identity import IdentityError, fingerprint, key_text, read_roster
 from .membership import KEPT_ATTEMPTS, Membership
+from .preflight import check_before_clients
 from .results import MODELS_FOLDER, RunFolder, UnsafeCheckpoint, Writer, XiFiles, snapshot
 from .rounds import RoundsFailedError, online_view, run_rounds
 from .seasons import WarmStart, check_family, family, read_warm_start
@@ -72,16 +74,19 @@ def run_setup(cfg: RunConfig, num_clients: int, param_keys: list[str],
     """What the run determines beside its config: clients, parameter keys, device, graph,
     and what the strategy tracks (``tracking``; none: an empty run, as tests build one)."""
     infer = cfg.graph == "inferred" and strategies.STRATEGIES[cfg.strategy].uses_graph
-    # a partitioned run's clients are all there; members may still join during the warm-up
-    if infer and cfg.dataset != tasks.MEMBERS and not cfg.graph_k < num_clients:
-        raise ConfigError(f"run config 'graph-k' = {cfg.graph_k} is invalid; allowed: an "
-                          f"integer in [1, {num_clients - 1}] (the run has {num_clients} clients)")
+    graph_k = 0
+    if infer:  # a partitioned run's clients are all there; members may still join
+        graph_k = cfg.graph_k_for(num_clients) if cfg.dataset != tasks.MEMBERS else \
+            cfg.graph_k_for(MOST_CLIENTS)
+        if cfg.graph_k == "auto" and graph_k < GRAPH_K_AUTO:
+            log(INFO, "graph-k = auto: each client chooses %d neighbour(s) (the run has %d "
+                "clients)", graph_k, num_clients)
     return strategies.RunSetup(
         num_clients=num_clients, param_keys=list(param_keys), device=server_device(cfg),
         adjacency=adjacency, num_attackers=len(cfg.roles(num_clients).attackers),
         fraction_train=cfg.fraction_train, seed=cfg.seed, dataset=cfg.dataset,
         data_setting=cfg.data_setting, groups=cfg.groups(num_clients),
-        graph_k=cfg.graph_k if infer else 0,
+        graph_k=graph_k,
         graph_warmup_rounds=cfg.graph_warmup_rounds if infer else 0,
         graph_guard_rounds=cfg.graph_guard_rounds if infer else 0,
         graph_similarity=cfg.graph_similarity,
@@ -94,20 +99,21 @@ def run_setup(cfg: RunConfig, num_clients: int, param_keys: list[str],
 
 
 def true_graph(cfg: RunConfig, dc: tasks.DataConfig) -> torch.Tensor | None:
-    """The graph an inferred one is measured against: the task's own (FL-60, TPT-48), else
-    its groups' (a partitioned setting with groups), else None (members' data)."""
-    if cfg.dataset != tasks.MEMBERS and tasks.get_task(cfg.dataset).load_federated is not None:
-        try:
-            adj = tasks.load_federated(dc).adjacency
-        except (OSError, ValueError) as err:  # only a measurement: the run goes on without it
-            log(WARNING, "The task's graph cannot be read on the server (%s): the inferred "
-                "graph is not measured against it", err)
-            return None
-        if adj is not None:
-            return torch.from_numpy(np.asarray(adj, dtype=np.float32))
-    groups = cfg.groups(dc.num_clients)
-    return None if groups is None else torch.from_numpy(group_graph(dc.num_clients,
-                                                                    client_groups=list(groups)))
+    """The graph an inferred one is measured against: the task's own (FL-60, TPT-48, the
+    synthetic task), else its groups' (a partitioned setting with groups; edgeless where
+    every client is its own group), else None (members' data)."""
+    if cfg.dataset == tasks.MEMBERS:
+        return None
+    try:
+        adj = tasks.task_graph(dc)
+    except (OSError, ValueError) as err:  # only a measurement: the run goes on without it
+        log(WARNING, "The task's graph cannot be read on the server (%s): the inferred "
+            "graph is not measured against it", err)
+        return None
+    if adj is None:
+        groups = cfg.groups(dc.num_clients)
+        adj = None if groups is None else same_group_graph(list(groups))
+    return None if adj is None else torch.from_numpy(np.asarray(adj, dtype=np.float32))
 
 
 def client_graph(cfg: RunConfig, dc: tasks.DataConfig, names: list[str] | None = None,
@@ -121,7 +127,7 @@ def client_graph(cfg: RunConfig, dc: tasks.DataConfig, names: list[str] | None =
     """
     if not strategies.STRATEGIES[cfg.strategy].uses_graph or cfg.graph in ("none", "inferred"):
         return None  # "inferred": the strategy builds it from the clients' updates
-    task_adj = tasks.load_federated(dc).adjacency if cfg.graph == "task" else None
+    task_adj = tasks.task_graph(dc) if cfg.graph == "task" else None
     adj = build_graph(cfg.graph, dc.num_clients, task_adj, cfg.graph_file, cfg.dataset,
                       cfg.groups(dc.num_clients), names)
     assert adj is not None  # only graph = "none" gives none, returned above
@@ -235,6 +241,34 @@ def alone_lines(result: RunFile, names: list[str]) -> list[str]:
     return lines
 
 
+def alone_summary(result: RunFile) -> list[str]:
+    """The closing lines of a partitioned run whose clients also trained alone (``alone``):
+    the mean of the last round's scores of its benign clients against the mean of their
+    models trained alone, on the same test rows, and for how many federation did better."""
+    alone, last = result.alone or {}, result.rounds[-1] if result.rounds else {}
+    score = round_score(last) or ACCURACY_SCORE
+    scores = {str(c): float(v) for c, v in client_scores(last, score).items()}
+    left_out = {str(c) for c in (result.novel_clients or []) + (result.attackers or [])}
+    both = [(scores[c], own) for c, own in alone.items()
+            if c in scores and c not in left_out and "model" in own]
+    if not both:
+        return []
+    gains = [score.gain(mine, [own["model"]]) for mine, own in both]
+    linear = [own["linear"] for _, own in both if "linear" in own]
+    scale, unit = score.scale, "%" if score.higher_is_better else ""
+    mean_run = sum(m for m, _ in both) / len(both)
+    mean_alone = sum(own["model"] for _, own in both) / len(both)
+    gain = score.gain(mean_run, [mean_alone])
+    return [f"Each client alone, on the same test rows: the run's model trained on its own "
+            f"rows for the same local steps scores {scale * mean_alone:.2f}{unit} on average"
+            + (f" (a linear model {scale * sum(linear) / len(linear):.2f}{unit})" if linear
+               else "") + f"; this run's models {scale * mean_run:.2f}{unit} in round "
+            f"{last.get('round')}: {scale * gain:+.2f}"
+            f"{' points' if score.higher_is_better else ''}, better for "
+            f"{sum(g > 0 for g in gains)} of {len(both)} clients"
+            + ("" if gain >= 0 else " (federation does worse here)")]
+
+
 def checkpoint_keys(checkpoint: dict | None, cfg: RunConfig) -> dict[str, bytes]:
     """The name -> key bindings a checkpoint holds (hex). A members' checkpoint of an older
     version binds no name: it is resumed only with a roster (else the first node to claim
@@ -255,18 +289,6 @@ def checkpoint_keys(checkpoint: dict | None, cfg: RunConfig) -> dict[str, bytes]
     except ValueError as err:
         raise ConfigError(f"run config 'resume' = true: the checkpoint's member keys cannot be "
                           f"read ({err})") from None
-
-
-def check_server_data(cfg: RunConfig) -> None:
-    """Read the data the server needs itself (the npz task's file, for the model's shape)
-    once, before any client is asked: a bad file is one line naming it, not one per client."""
-    spec = tasks.get_task(cfg.dataset)
-    if spec.info is not None or not spec.needs_data_dir:
-        return
-    try:
-        tasks.data_info(cfg.data_config(1))
-    except (ValueError, OSError) as err:
-        raise ConfigError(f"run config 'data-dir' = {cfg.data_dir!r}: {err}") from None
 
 
 def model_fits(cfg: RunConfig):
@@ -297,9 +319,40 @@ def main(grid: Grid, context: Context) -> None:
     """
     try:
         _main(grid, context)
-    except (ConfigError, ClientSetupError, RoundsFailedError, GraphError) as err:
+    except (ConfigError, ClientSetupError, RoundsFailedError, GraphError, RunCannotGoOn) as err:
         log(ERROR, "Run stopped: %s", err)
-        raise type(err)(str(err)).with_traceback(None) from None
+        stop = type(err)(str(err))
+        setattr(stop, SAID, True)  # Flower's log of it needs no traceback (SaidOnce)
+        raise stop from None
+
+
+#: the attribute that marks an exception the ServerApp raised after it said why the run
+#: stopped, in one line ("Run stopped: ..."): Flower then records the run as failed
+SAID = "fedamp_said"
+
+
+class SaidOnce(logging.Filter):
+    """Flower logs the exception a ServerApp raises with its traceback ("Simulation raised an
+    exception", "ServerApp raised an exception"). Where the app has said why already (the
+    exception is marked :data:`SAID`), the traceback (Flower's frames and the app's re-raise)
+    says nothing more: the record keeps its words, with the reason, and loses the
+    traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and getattr(exc, SAID, False):
+            record.msg = f"{record.getMessage()}: {type(exc).__name__}: {exc}"
+            record.args, record.exc_info, record.exc_text = (), None, None
+        return True
+
+
+def _filter_once(logger: logging.Logger) -> None:
+    """:class:`SaidOnce` on ``logger``, once (the module may be imported again)."""
+    if not any(type(f).__name__ == SaidOnce.__name__ for f in logger.filters):
+        logger.addFilter(SaidOnce())
+
+
+_filter_once(logging.getLogger("flwr"))
 
 
 def _main(grid: Grid, context: Context) -> None:
@@ -326,8 +379,7 @@ class Run:
 
     def __init__(self, grid: Grid, cfg: RunConfig) -> None:
         self.grid, self.cfg = grid, cfg
-        check_server_memory(cfg, max(cfg.min_nodes, 2))  # before a client is waited for
-        check_packages(cfg)  # the dashboards asked for
+        check_before_clients(cfg)  # everything but the clients, before one is waited for
         # read once, on the coordinator's machine: the run keeps the policy it started with
         self.policy = cfg.apart_policy()
         self.folder = RunFolder(cfg)
@@ -343,7 +395,6 @@ class Run:
         if cfg.checkpoint_every and folder.secret is not None:  # read (and checked) already
             log(INFO, "Checkpoints are sealed with the coordinator's secret (HMAC-SHA256)")
         folder.claim()
-        check_server_data(cfg)  # before a checkpoint's model is checked against the data's
         self.checkpoint = folder.load_checkpoint(check=model_fits(cfg)) if cfg.resume else None
         if self.checkpoint is not None:
             self.same_policy(self.checkpoint.get("collaboration_policy"))
@@ -418,12 +469,6 @@ class Run:
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)  # Flower's strategies sample nodes with the random module
         model = tasks.build_model(self.dc, cfg.model)
-        if cfg.dp == "dp-sgd" and has_batch_statistics(model):
-            raise ConfigError(f"run config 'dp' = 'dp-sgd' is invalid for the model "
-                              f"{type(model).__name__} of {cfg.data_label!r} (model = "
-                              f"{cfg.model!r}): its BatchNorm mixes the examples of a batch, so "
-                              "per-example gradients are not defined; allowed: update, or a "
-                              "model without BatchNorm")
         self.initial = ArrayRecord(model.state_dict())
         param_keys = [name for name, _ in model.named_parameters()]
         roles = cfg.roles(n)
@@ -700,8 +745,12 @@ class Run:
                 over)
         for cid, why in cover["never_evaluated"].items():
             log(WARNING, "Client %s never produced a result in this run: %s", cid, why)
-        for line in alone_lines(result, self.members.names):
+        for line in (alone_lines(result, self.members.names) if self.members.names else
+                     alone_summary(result)):
             log(INFO, "%s", line)
+        if cfg.strategy != "fedavg" and not self.members.names:
+            log(INFO, "FedAvg on the same clients: the same command with --run-config "
+                "\"strategy='fedavg'\" (one global model for all)")
         log(INFO, "Wrote %s", folder.metrics_path)
         if self.delivery is not None:
             self.report_models()

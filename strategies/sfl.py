@@ -72,11 +72,9 @@ class SFLSettings(Settings):
                                   **one_of(*TRAIN_FROM))
 
     def check(self, run: SettingsContext) -> None:
-        """What only the run can rule out: SFL without a graph it is given; training from
-        the mean of everyone's smoothed models under a collaboration policy."""
-        if run.strategy == SFL and run.graph in ("none", "inferred"):
-            raise bad("graph", run.graph, "task, file, groups (SFL smooths the clients' models "
-                      "over a client graph it is given)")
+        """What only the run can rule out: training from the mean of everyone's smoothed
+        models under a collaboration policy (SFL takes only a graph it is given: its
+        registration, checked with the run config)."""
         if run.strategy == SFL and run.policy and self.sfl_train_from == "global":
             raise bad("sfl-train-from", "global", "own with a collaboration-policy (every "
                       "client training from g, the mean of all the smoothed models, would "
@@ -188,6 +186,6 @@ class SFLStrategy(PersonalizedStrategy):
 
 @register_strategy(SFL, settings=SFLSettings, graph=True)
 def _sfl(settings: SFLSettings, run: RunSetup) -> SFLStrategy:
-    if run.adjacency is None:  # SFLSettings.check refused the run config's graph before
+    if run.adjacency is None:  # refused with the run config before (a graph it is given)
         raise ValueError("SFL needs the client graph (run config graph)")
     return SFLStrategy(settings, adjacency=run.adjacency, **personal_kwargs(run))

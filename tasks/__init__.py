@@ -23,6 +23,7 @@ from .loading import (
     load_pool,
     model_for,
     model_name,
+    task_graph,
 )
 from .members import MemberDataError, MemberSchema
 from .models import MODELS
@@ -45,5 +46,5 @@ __all__ = [
     "TRAFFIC_GRAPHS", "ClientCountError",
     "ClientData", "DataConfig", "DataInfo", "MemberDataError", "MemberSchema", "TaskSpec",
     "build_model", "client_groups", "data_info", "get_task", "load_client_data",
-    "load_federated", "load_pool", "model_for", "model_name",
+    "load_federated", "load_pool", "model_for", "model_name", "task_graph",
 ]

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .graphs import same_group_graph
 from .recipes import client_group
 
 
@@ -106,6 +107,15 @@ def make_synthetic(
         return Split(x.astype(np.float32), y.astype(np.int64))
 
     return draw(n_train), draw(n_test)
+
+
+def synthetic_graph(num_clients: int) -> np.ndarray:
+    """The synthetic task's client graph: an edge between two clients that see the features
+    through the same rotation (:func:`synthetic_group_view`: the same group, which under the
+    practical partitioning also shares its dominant classes). With 5 clients or fewer every
+    client is its own group, and the graph has no edges."""
+    return same_group_graph([client_group(i, num_clients, SYNTHETIC_GROUPS)
+                             for i in range(num_clients)])
 
 
 def synthetic_group_view(split: Split, partition_id: int, num_partitions: int, seed: int) -> Split:

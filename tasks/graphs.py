@@ -47,21 +47,19 @@ def validate_adjacency(adj: np.ndarray, num_clients: int, source: str) -> np.nda
     return out
 
 
-def read_edge_list(path: Path, num_clients: int, names: list[str] | None = None) -> np.ndarray:
-    """Read an undirected CSV edge list over client ids 0..n-1, or, with ``names`` (the
-    members' names by client id), over member names (edges naming others are left out)."""
-    adj = np.zeros((num_clients, num_clients), dtype=np.float32)
-    index = {name: i for i, name in enumerate(names)} if names is not None else None
+def read_edges(path: Path, named: bool = False) -> list[tuple[int, str, str]]:
+    """The edges of a CSV edge list as (line number, u, v): client ids (``u,v`` integers
+    >= 0 after an optional header line), or member names (``named``); comment lines
+    (``#``) and empty lines skipped. A GraphError names the first line that is neither."""
+    edges = []
     with open(path, newline="") as f:
         for line_no, row in enumerate(csv.reader(f), start=1):
             if not row or row[0].strip().startswith("#"):
                 continue
-            if index is not None:
+            if named:
                 if len(row) < 2:
                     raise GraphError(f"{path}:{line_no}: expected 'u,v' member names, got {row}")
-                u_name, v_name = row[0].strip(), row[1].strip()
-                if u_name in index and v_name in index and u_name != v_name:
-                    adj[index[u_name], index[v_name]] = adj[index[v_name], index[u_name]] = 1.0
+                edges.append((line_no, row[0].strip(), row[1].strip()))
                 continue
             try:
                 u, v = int(row[0]), int(row[1])
@@ -69,12 +67,50 @@ def read_edge_list(path: Path, num_clients: int, names: list[str] | None = None)
                 if line_no == 1:
                     continue  # header
                 raise GraphError(f"{path}:{line_no}: expected 'u,v' client ids, got {row}") from None
-            for c in (u, v):
-                if not 0 <= c < num_clients:
-                    raise GraphError(f"{path}:{line_no}: edge {u}-{v} names client {c}, "
-                                     f"outside 0..{num_clients - 1}")
-            adj[u, v] = adj[v, u] = 1.0
+            if min(u, v) < 0:
+                raise GraphError(f"{path}:{line_no}: edge {u}-{v} names a negative client id")
+            edges.append((line_no, str(u), str(v)))
+    return edges
+
+
+def read_edge_list(path: Path, num_clients: int, names: list[str] | None = None) -> np.ndarray:
+    """Read an undirected CSV edge list over client ids 0..n-1, or, with ``names`` (the
+    members' names by client id), over member names (edges naming others are left out)."""
+    adj = np.zeros((num_clients, num_clients), dtype=np.float32)
+    if names is not None:
+        index = {name: i for i, name in enumerate(names)}
+        for _, u_name, v_name in read_edges(path, named=True):
+            if u_name in index and v_name in index and u_name != v_name:
+                adj[index[u_name], index[v_name]] = adj[index[v_name], index[u_name]] = 1.0
+        return adj
+    for line_no, a, b in read_edges(path):
+        u, v = int(a), int(b)
+        for c in (u, v):
+            if not c < num_clients:
+                raise GraphError(f"{path}:{line_no}: edge {u}-{v} names client {c}, "
+                                 f"outside 0..{num_clients - 1}")
+        adj[u, v] = adj[v, u] = 1.0
     return adj
+
+
+def check_graph_file(graph_file: str, named: bool = False) -> None:
+    """Read ``graph-file`` as :func:`build_graph` will, before the run knows its clients: a
+    file; an ``.npz``'s square, symmetric ``adjacency``, or a CSV edge list's lines
+    (``named``: member names). GraphError names what does not hold; a client id beyond the
+    run's clients is found once the run knows them."""
+    path = Path(graph_file).expanduser()
+    if not path.is_file():
+        raise GraphError(f"run config 'graph-file' = '{graph_file}' is not a file")
+    if path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as data:
+            if "adjacency" not in data.files:
+                raise GraphError(f"{path}: no 'adjacency' array")
+            adj = data["adjacency"]
+        if adj.ndim != 2 or adj.shape[0] != adj.shape[1]:
+            raise GraphError(f"{path}: adjacency is {adj.shape}, not a square matrix")
+        validate_adjacency(adj, adj.shape[0], str(path))
+        return
+    read_edges(path, named)
 
 
 def knn_graph(weights: np.ndarray, k: int) -> np.ndarray:
@@ -160,14 +196,22 @@ def write_edge_list(path: Path, adj: np.ndarray, names: list[str] | None = None)
     return len(u)
 
 
+def same_group_graph(groups: list[int]) -> np.ndarray:
+    """Clients of the same group connected (``groups``: each client's group); a 0/1 float32
+    matrix with a zero diagonal, without edges where every client is its own group."""
+    g = np.asarray(groups)
+    adj = (g[:, None] == g[None, :]).astype(np.float32)
+    np.fill_diagonal(adj, 0.0)
+    return adj
+
+
 def group_graph(num_clients: int, groups: int = 5,
                 client_groups: list[int] | None = None) -> np.ndarray:
     """Clients of the same group connected: ``client_groups`` (each client's group, the data
-    setting's), else ``groups`` groups of consecutive ids."""
-    g = np.array(client_groups if client_groups is not None
-                 else [client_group(i, num_clients, groups) for i in range(num_clients)])
-    adj = (g[:, None] == g[None, :]).astype(np.float32)
-    np.fill_diagonal(adj, 0.0)
+    setting's), else ``groups`` groups of consecutive ids; a GraphError where that gives
+    no edge (``graph = "groups"`` asks for the groups' edges)."""
+    adj = same_group_graph(client_groups if client_groups is not None
+                           else [client_group(i, num_clients, groups) for i in range(num_clients)])
     if not adj.any():
         raise GraphError(f"run config 'graph' = 'groups' gives no edges with {num_clients} "
                          f"clients (each is its own group); allowed with more clients than groups")
@@ -188,9 +232,9 @@ def build_graph(kind: str, num_clients: int, task_adjacency: np.ndarray | None =
     if kind == "groups":
         return group_graph(num_clients, client_groups=client_groups)
     if kind == "task":
-        if task_adjacency is None:
-            raise GraphError(f"run config 'graph' = 'task' but dataset '{dataset}' defines no graph; "
-                             "allowed: file, groups, none")
+        if task_adjacency is None:  # the run config refused a task without one before
+            raise GraphError(f"run config 'graph' = 'task' but dataset '{dataset}' defines no "
+                             "graph (its data holds none); give a graph-file instead")
         return validate_adjacency(task_adjacency, num_clients, f"dataset '{dataset}'")
     if kind == "file":
         path = Path(graph_file).expanduser()

@@ -74,7 +74,19 @@ def load_federated(dc: DataConfig) -> FederatedData:
     if view is not None:
         parts = [(view(tr, i, dc.num_clients, dc.seed), view(te, i, dc.num_clients, dc.seed))
                  for i, (tr, te) in enumerate(parts)]
-    return FederatedData([p[0] for p in parts], [p[1] for p in parts])
+    return FederatedData([p[0] for p in parts], [p[1] for p in parts], task_graph(dc))
+
+
+def task_graph(dc: DataConfig) -> np.ndarray | None:
+    """The client graph the task of ``dc`` defines (``graph = "task"``), None where it has
+    none: a pool task's from its generator (no data loaded), a federated task's from its
+    data (an npz file's optional ``adjacency``)."""
+    spec = get_task(dc.dataset)
+    if spec.pool_graph is not None:
+        return spec.pool_graph(dc.num_clients)
+    if spec.load_federated is None or spec.has_graph is False:
+        return None
+    return load_federated(dc).adjacency
 
 
 def data_info(dc: DataConfig) -> DataInfo:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from . import data as _data
 from . import traffic as _traffic
 from .compcars import load_compcars
@@ -103,6 +105,12 @@ class TaskSpec:
         The task's values of run-config settings left at "auto", for every strategy
         (a strategy's own values for a task are registered with the strategy,
         ``register_strategy(task_auto=...)``); see ``fedamp_flwr.config.auto_values``.
+    has_graph : bool | None
+        Whether the task defines a client graph (``graph = "task"``): True, False, or
+        None where its file says (npz: an optional ``adjacency``).
+    pool_graph : Callable[[int], np.ndarray] | None
+        Pool tasks with a graph: the graph of ``n`` clients (the synthetic task's
+        generator knows which clients see the same rotation).
     """
 
     name: str
@@ -115,6 +123,8 @@ class TaskSpec:
     needs_data_dir: bool = False
     info: DataInfo | None = None
     auto: dict[str, Any] = field(default_factory=dict)
+    has_graph: bool | None = False
+    pool_graph: Callable[[int], np.ndarray] | None = None
 
     @property
     def federated(self) -> bool:
@@ -142,6 +152,9 @@ TASKS: dict[str, TaskSpec] = {
             lambda _folder, seed, n: _data.make_synthetic(seed, _data.synthetic_pool_size(n)),
             client_view=_data.synthetic_group_view,
             info=DataInfo((_data.SYNTHETIC_FEATURES,), _data.SYNTHETIC_CLASSES, CLASSIFICATION),
+            has_graph=True, pool_graph=_data.synthetic_graph,
+            # the default task: each client also scores its model trained alone (seconds)
+            auto={"alone": True},
         ),
         TaskSpec(
             "mnist", MODEL_OF_TASK["mnist"], lambda folder, _seed, _n: _data.load_idx_folder(folder),
@@ -174,7 +187,7 @@ TASKS: dict[str, TaskSpec] = {
             info=DataInfo((3, 32, 32), 100, CLASSIFICATION),
         ),
         TaskSpec(
-            "fl60", MODEL_OF_TASK["fl60"], info=DataInfo((2,), 2, CLASSIFICATION),
+            "fl60", MODEL_OF_TASK["fl60"], info=DataInfo((2,), 2, CLASSIFICATION), has_graph=True,
             # 80 training points per client: short rounds of small batches (see the README)
             auto={"local-steps": 20, "batch-size": 16},
             load_federated=lambda dc: (
@@ -185,28 +198,28 @@ TASKS: dict[str, TaskSpec] = {
             "tpt48", MODEL_OF_TASK["tpt48"],
             load_federated=lambda dc: load_tpt48(Path(dc.data_dir).expanduser(), dc.tpt48_split,
                                                  dc.seed),
-            needs_data_dir=True, info=DataInfo((6,), 6, REGRESSION),
+            needs_data_dir=True, info=DataInfo((6,), 6, REGRESSION), has_graph=True,
             # measured (docs/reproducing.md): one epoch of batch 16 per round keeps FedAvg's
             # drift lowest (Panacea's own values on TPT-48: strategies/panacea.py)
             auto={"local-epochs": 1, "batch-size": 16},
         ),
         *(TaskSpec(name, MODEL_OF_TASK[name], load_federated=_real_traffic(name),
-                   needs_data_dir=True, info=TRAFFIC_INFO, auto=TRAFFIC_AUTO)
+                   needs_data_dir=True, info=TRAFFIC_INFO, auto=TRAFFIC_AUTO, has_graph=True)
           for name in TRAFFIC_GRAPHS),
         TaskSpec(
             TRAFFIC_GENERATED, MODEL_OF_TASK[TRAFFIC_GENERATED],
             load_federated=lambda dc: _traffic.make_traffic_standin(
                 _traffic.graph_file(Path(dc.data_dir).expanduser(), dc.traffic_graph),
                 dc.traffic_days, dc.seed, dc.traffic_stride),
-            needs_data_dir=True, info=TRAFFIC_INFO, auto=TRAFFIC_AUTO),
+            needs_data_dir=True, info=TRAFFIC_INFO, auto=TRAFFIC_AUTO, has_graph=True),
         TaskSpec(
             "compcars", MODEL_OF_TASK["compcars"],
             load_federated=lambda dc: load_compcars(Path(dc.data_dir).expanduser(), dc.seed),
-            needs_data_dir=True, info=DataInfo((3, 32, 32), 4, CLASSIFICATION)),
+            needs_data_dir=True, info=DataInfo((3, 32, 32), 4, CLASSIFICATION), has_graph=True),
         TaskSpec(
             "npz", MODEL_OF_TASK["npz"],
             load_federated=lambda dc: load_npz(Path(dc.data_dir).expanduser(), dc.seed),
-            needs_data_dir=True,
+            needs_data_dir=True, has_graph=None,
         ),
         # every member's own data (tasks.members); the model by input shape unless named
         TaskSpec(MEMBERS, "", load_federated=_members_have_their_data),

@@ -53,6 +53,22 @@ __all__ = ["free_port"]  # the app's own (experiments.processes), for the tests
 
 
 @pytest.fixture(autouse=True)
+def declared_defaults(request):
+    """In process, "auto" takes the declared and the tasks' values, not the tuned ones of
+    ``strategies/tuned.json``: a new tuning changes what a run of a tuned setting (the
+    default task's among them) does, not what a test of a mechanism checks. A test of the
+    tuned values themselves, or of what a user's run of the default task does, is marked
+    ``tuned``. (Flower processes a test starts read the file: they get the tuned values.)"""
+    from strategies.core.registry import untuned
+
+    if request.node.get_closest_marker("tuned") is not None:
+        yield
+        return
+    with untuned():
+        yield
+
+
+@pytest.fixture(autouse=True)
 def task_identity():
     """Messages made outside a Flower process need a run and node id (the app's own helper)."""
     with inprocess_task_identity():

@@ -29,6 +29,12 @@ that a new method records only its own numbers. Record only for a change that
 is meant to change results, and only the runs it changes:
 ``python -m tests.test_behaviour_unchanged --record KEY [KEY ...]`` (a key is a
 strategy name, or ``<strategy>+scenarios``).
+
+Since then, too, the synthetic task has values of its own: FedAMP's and HeurFedAMP's sigma
+(0.1 and 300, chosen on validation rows), Panacea's server clip (50), each method's local
+training tuned for it (``strategies/tuned.json``), and its clients also train alone; the
+recorded runs are pinned to the values of then (sigma 1 and 25, no clip, the declared
+defaults, ``strategies.core.registry.untuned``, and ``alone = false``).
 """
 
 from __future__ import annotations
@@ -53,10 +59,14 @@ PROXIMAL = ("fedprox", "fedprox-ft", "fedamp", "heurfedamp")
 def case(key: str) -> tuple[str, int, dict]:
     """Strategy, clients and run-config overrides of a recorded run."""
     name, _, scenario = key.partition("+")
-    overrides = dict(SCENARIOS) if scenario else {}
+    overrides: dict = {**(SCENARIOS if scenario else {}), "alone": False}
     if name == "fedamp" and scenario:  # the mix of all training clients, as before the option
         overrides["fedamp-offline-clients"] = "include"
-    if name == "nonconvex":  # normalised alphas, as before the literal sum became the default
+    if name in ("fedamp", "heurfedamp"):  # the synthetic task's sigma of then
+        overrides[f"{name}-sigma"] = 1.0 if name == "fedamp" else 25.0
+    if name in ("panacea", "panacea-gn"):  # no server clip then
+        overrides["panacea-server-clip"] = 0.0
+    if name == "nonconvex":  # normalised alphas, as recorded (the default again since)
         overrides["nonconvex-normalize"] = True
     if name == "pfedhn":  # the settings of then, before pFedHN's reference values became its own
         overrides.update({"local-steps": 0, "panacea-client-lr": 0.1, "panacea-server-lr": 0.1,
@@ -64,7 +74,7 @@ def case(key: str) -> tuple[str, int, dict]:
                           "panacea-client-weight-decay": 0.0, "panacea-client-clip": 0.0,
                           "panacea-server-weight-decay": 0.0, "panacea-server-clip": 0.0})
     graph = name.startswith("panacea") or name == "sfl"
-    if graph:  # the default task has no graph: its 5 groups', with 6 clients
+    if graph:  # its 5 groups (the task's own graph since), with 6 clients
         overrides["graph"] = "groups"
         if scenario and name != "sfl":
             overrides["local-steps"] = 3
@@ -72,8 +82,11 @@ def case(key: str) -> tuple[str, int, dict]:
 
 
 def run(key: str, tmp_path: Path) -> list[dict]:
+    from strategies.core.registry import untuned
+
     name, n, overrides = case(key)
-    metrics, _ = run_local(tmp_path, name, n=n, **overrides)
+    with untuned():  # the declared defaults, as recorded (not strategies/tuned.json's)
+        metrics, _ = run_local(tmp_path, name, n=n, **overrides)
     return [{f: r.get(f) for f in FIELDS} for r in metrics["rounds"]]
 
 

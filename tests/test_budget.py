@@ -49,6 +49,7 @@ def _fl60_runs(tmp_path, sets=()):
     return expand(grid, None, tmp_path)
 
 
+@pytest.mark.tuned  # each method's regime is its tuned one (strategies/tuned.json)
 def test_the_panacea_preset_spent_as_each_methods_regime_or_one_step_a_round(tmp_path):
     # each method at its own (tuned "auto") local steps: Panacea 20 a round for 60 rounds,
     # FedAvg 40 a round for 30 rounds: 1,200 steps per client each

@@ -80,7 +80,8 @@ def test_a_message_builds_no_model_sends_the_data_once_and_reads_back_once(tmp_p
     n, rounds, steps = 3, 2, 4
     run_inprocess({"strategy": strategy, "num-server-rounds": rounds, "local-steps": steps,
                    "batch-size": 10, "optimizer": "sgd", "learning-rate": 0.1, "min-nodes": n,
-                   "results-dir": str(tmp_path), "run-name": "floor", "server-device": "cpu"},
+                   "results-dir": str(tmp_path), "run-name": "floor", "server-device": "cpu",
+                   "alone": False},  # the run's own work: no model trained alone besides
                   n, client_app=app)
     work = [m for m in per_message if m["type"] in ("train", "evaluate")]
     assert len(work) == 2 * n * rounds

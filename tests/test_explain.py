@@ -17,6 +17,9 @@ from fedamp_flwr.config import (
 
 TABLE = {"dataset": "members", "member-input-shape": "6", "member-outputs": 3}
 
+#: the tuned layer of "auto" is what these test (tests/conftest.py, declared_defaults)
+pytestmark = pytest.mark.tuned
+
 
 def test_auto_is_the_last_layer_that_names_the_key():
     layers = auto_layers("members", "fedamp", "members/federated", table=True)
@@ -27,7 +30,7 @@ def test_auto_is_the_last_layer_that_names_the_key():
 
 def test_a_members_run_of_the_traffic_gru_gets_panaceas_clip_from_the_model_it_names():
     sensors = {"dataset": "members", "member-task": "regression", "member-input-shape": "12",
-               "member-outputs": 12, "strategy": "panacea", "graph": "none"}
+               "member-outputs": 12, "strategy": "panacea", "graph": "inferred"}
     assert RunConfig.from_run_config(sensors).settings.panacea_server_clip == 0.0
     gru = RunConfig.from_run_config({**sensors, "model": "gru"})
     assert gru.settings.panacea_server_clip == 50.0
@@ -49,5 +52,9 @@ def test_explain_refuses_an_unknown_key_and_a_bad_config(capsys):
         explain({}, "bogus")
     assert main(["explain", "learning-rate", "--run-config", "seed=-1"]) == 2
     assert "'seed' = -1" in capsys.readouterr().err
-    assert main(["explain", "learning-rate"]) == 0
-    assert capsys.readouterr().out.startswith("learning-rate = 0.001")
+    assert main(["explain", "learning-rate", "--run-config", "dataset='fmnist'"]) == 0
+    assert capsys.readouterr().out.startswith("learning-rate = 0.001")  # not tuned there
+    assert main(["explain", "learning-rate"]) == 0  # the default task: tuned for each method
+    assert capsys.readouterr().out.startswith('learning-rate = 0.3: "auto", given by '
+                                              "strategies/tuned.json (fedamp on "
+                                              "synthetic/practical)")

@@ -45,23 +45,45 @@ def _check_two_rounds(m: dict, strategy: str) -> None:
     assert m["bmta"] == pytest.approx(100 * max(r["mean_accuracy"] for r in m["rounds"]))
 
 
-def test_flwr_run_simulation_fedamp(processes):
-    _start_superlink(processes, simulation=True)
-    results = processes.tmp / "results"
-    out = _flwr_run(
-        processes,
-        f"num-server-rounds=2 local-epochs=1 results-dir='{results}' run-name='sim'",
-        ["--federation-config", "num-supernodes=2 client-resources-num-cpus=1"],
-    )
-    m = _metrics(processes, "sim")
-    _check_two_rounds(m, "fedamp")
-    assert m["xi"]["recorded_rounds"] == [1, 2] and m["xi"]["client_ids"] == [0, 1]
+def test_strategies_by_config_alone_on_flowers_default_federation(processes):
+    """`flwr run . --run-config "strategy='X' num-server-rounds=2"` and nothing else: Flower's
+    default federation (2 simulated SuperNodes) and every other key at its default. FedAMP
+    (the default, its weights written), Panacea (the task's graph, not given), and a mistake,
+    which stops the run with one line naming what is allowed, Flower's status failed and no
+    traceback. What only a process shows: Flower's own log, status and default federation."""
+    from experiments.flower_cli import COMPLETED, FlowerRun
     from fedamp_flwr.results import load_xi
 
-    ids, rounds = load_xi(results / "sim")
+    link = processes.superlink(simulation=True)
+    results = processes.tmp / "results"
+    logs: dict[str, list[str]] = {}
+
+    def run(name: str, config: str):
+        lines = logs.setdefault(name, [])
+        flower = FlowerRun(link.env, ROOT, f"{config} results-dir='{results}' run-name='{name}'",
+                           "", processes.tmp / f"{name}.log", lines.append)
+        return flower.run(timeout=400)
+
+    assert run("fedamp", "num-server-rounds=2").status == COMPLETED
+    m = _metrics(processes, "fedamp")
+    _check_two_rounds(m, "fedamp")
+    assert m["xi"]["recorded_rounds"] == [1, 2] and m["xi"]["client_ids"] == [0, 1]
+    ids, rounds = load_xi(results / "fedamp")
     assert ids == [0, 1] and sorted(rounds) == [1, 2] and rounds[2].shape == (2, 2)
     assert rounds[2].dtype == "float32" and abs(rounds[2].sum(1) - 1).max() < 1e-6
-    assert "Round 2: mean test accuracy" in out
+    said = "\n".join(logs["fedamp"])
+    assert "Round 2: mean test accuracy" in said and "Each client alone" in said
+    assert "FutureWarning" not in said  # Ray's tip, which the user cannot act on
+
+    assert run("panacea", "strategy='panacea' num-server-rounds=2").status == COMPLETED
+    _check_two_rounds(_metrics(processes, "panacea"), "panacea")
+
+    stopped = run("stopped", "strategy='panacea' graph='none'")
+    assert stopped.status == "finished:failed"
+    said = "\n".join(logs["stopped"])
+    assert said.count("Run stopped: run config 'graph' = 'none' is invalid; allowed: task, "
+                      "file, groups, inferred") == 1
+    assert "Traceback" not in said and not (results / "stopped").exists()
 
 
 def test_superlink_with_two_supernodes(processes):

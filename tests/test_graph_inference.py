@@ -84,8 +84,8 @@ def test_the_new_keys_get_one_clear_line(override, words):
 
 def test_more_neighbours_than_clients_is_refused_before_any_round():
     cfg = RunConfig.from_run_config({"strategy": "panacea", "graph": "inferred", "graph-k": 6})
-    with pytest.raises(ConfigError, match=r"'graph-k' = 6 is invalid; allowed: an integer in "
-                                          r"\[1, 5\] \(the run has 6 clients\)"):
+    with pytest.raises(ConfigError, match=r"'graph-k' = 6 is invalid; allowed: auto, or an "
+                                          r"integer in \[1, 5\] \(the run has 6 clients\)"):
         run_setup(cfg, 6, ["w"])
 
 

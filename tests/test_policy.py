@@ -96,8 +96,8 @@ def test_a_method_that_mixes_everyone_refuses_a_policy(tmp_path):
     for strategy in ("fedavg", "fedavg-ft", "pfedhn"):
         with pytest.raises(ConfigError, match=f"strategy '{strategy}' .it mixes every client"):
             RunConfig.from_run_config({"strategy": strategy, "collaboration-policy": path})
-    with pytest.raises(ConfigError, match='graph = "none" leaves it no graph'):
-        RunConfig.from_run_config({"strategy": "panacea", "graph": "none",
+    with pytest.raises(ConfigError, match="'graph' = 'none' is invalid"):  # no graph method
+        RunConfig.from_run_config({"strategy": "panacea", "graph": "none",  # runs without
                                    "collaboration-policy": path})
     with pytest.raises(ConfigError, match="'sfl-train-from' = 'global' is invalid.*own with a "
                                           "collaboration-policy"):

@@ -230,16 +230,16 @@ def test_the_inprocess_engine_runs_a_grid_with_variants_and_resumes(tmp_path, ca
     printed = capsys.readouterr().out
     assert "6 runs, 0 already done, 6 to run" in printed and "Round 1: mean test" in printed
     rows = {r["run_name"] for r in csv.DictReader(open(out / "results.csv"))}
-    assert {"nonconvex-synthetic-blocks-s0", "nonconvex@normalized-synthetic-blocks-s0",
+    assert {"nonconvex-synthetic-blocks-s0", "nonconvex@sum-synthetic-blocks-s0",
             "fedavg-synthetic-practical-s0"} <= rows and len(rows) == 6
     table = (out / "table.md").read_text()
-    assert "| nonconvex@normalized |" in table and "| nonconvex |" in table
+    assert "| nonconvex@sum |" in table and "| nonconvex |" in table
     runs = out / "runs"
-    normalized = json.loads((runs / "nonconvex@normalized-synthetic-blocks-s0" / "metrics.json")
-                            .read_text())
-    assert normalized["label"] == "nonconvex@normalized"
-    assert normalized["config"]["nonconvex-normalize"] is True
-    literal = json.loads((runs / "nonconvex-synthetic-blocks-s0" / "metrics.json").read_text())
+    normalized = json.loads((runs / "nonconvex-synthetic-blocks-s0" / "metrics.json").read_text())
+    assert normalized["config"]["nonconvex-normalize"] is True  # the default
+    literal = json.loads((runs / "nonconvex@sum-synthetic-blocks-s0" / "metrics.json")
+                         .read_text())
+    assert literal["label"] == "nonconvex@sum" and not literal["config"]["nonconvex-normalize"]
     # the sum of 3 models as written is about 3 times the average's norm
     ratio = literal["rounds"][0]["global_norm"] / normalized["rounds"][0]["global_norm"]
     assert 2.5 < ratio < 3.5

@@ -172,7 +172,7 @@ def test_scaling_none_leaves_the_inputs_and_a_bad_message_is_refused(tmp_path):
     from .conftest import run_named
 
     nodes = _tables(tmp_path)
-    run_named(tmp_path, "plain", {**TABLE, "member-scaling": "none", "member-alone": False}, 3,
+    run_named(tmp_path, "plain", {**TABLE, "member-scaling": "none", "alone": False}, 3,
               nodes)
     card = json.loads((tmp_path / "models-0" / "plain" / "site-0.json").read_text())
     assert "standardize" not in card["preprocessing"] and "alone" not in card

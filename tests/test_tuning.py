@@ -14,6 +14,9 @@ from experiments import tuning
 from fedamp_flwr.config import ConfigError, RunConfig
 from strategies.core import registry
 
+#: the tuned layer of "auto" is what these test (tests/conftest.py, declared_defaults)
+pytestmark = pytest.mark.tuned
+
 
 def _rows(x: torch.Tensor) -> set[bytes]:
     return {r.numpy().tobytes() for r in x}

@@ -175,34 +175,32 @@ def test_blockwise_gram_equals_the_whole():
     assert torch.allclose(gram64(x, centre=True, block=64), c @ c.T, atol=1e-9)
 
 
-def test_rows_rescaled_is_said_once_and_when_it_stops(caplog):
+def test_rows_rescaled_is_said_once_a_run_and_not_for_identical_models(caplog):
     import logging
 
     from strategies.fedamp import FedAMP
 
-    rescaled = Flags(rows=2, rescaled_rows=2, largest_row_sum=3.5)
+    identical = Flags(rows=2, rescaled_rows=2, largest_row_sum=1e4)  # round 1: distances 0
+    rescaled = Flags(rows=2, rescaled_rows=2, largest_row_sum=3.5, smallest=0.5, largest=2.0)
     strategy = FedAMP()
     caplog.set_level(logging.INFO, logger="flwr")
-    for r in (1, 2, 3):
+    strategy._say(1, identical)  # every stored model is the initial one: nothing changes
+    assert not caplog.records and strategy.state_dict()["rescaled_rounds"] == []
+    for r in (2, 3):
         strategy._say(r, rescaled)
-    strategy._say(3, Flags(rows=2))  # a second call in round 3 is not a stop
-    strategy._say(4, Flags(rows=2))
-    strategy._say(5, Flags(rows=2))
-    said = [rec for rec in caplog.records if "rows had" in rec.getMessage()]
-    assert len(said) == 1 and said[0].getMessage().startswith("Round 1: 2 of 2 rows had")
+    strategy._say(3, rescaled)  # a second call in round 3 counts once
+    strategy._say(4, Flags(rows=2, smallest=0.5, largest=2.0))
+    strategy._say(7, rescaled)  # again, later: not said again
+    said = [rec for rec in caplog.records if "summed above 1" in rec.getMessage()]
+    assert len(said) == 1 and said[0].getMessage().startswith("Round 2: in 2 of 2 rows")
+    assert "fedamp-self-weight" in said[0].getMessage()  # what the user can do about it
     assert said[0].levelno == logging.INFO  # the paper's alpha_k at work, not a fault
-    stops = [rec.getMessage() for rec in caplog.records if "any more" in rec.getMessage()]
-    assert len(stops) == 1 and stops[0].startswith("Round 4:")
     state = strategy.state_dict()  # checkpointed, so a resumed run does not say it again
-    assert state["rescaled_rounds"] == [1, 2, 3] and state["rescaling"] is False
-    strategy._say(7, rescaled)  # it starts again: said again
-    assert sum("rows had" in rec.getMessage() for rec in caplog.records) == 2
-    # a round in which no client trains computes no weights: rescaling goes on through it
-    strategy._say(9, rescaled)
-    assert sum("rows had" in rec.getMessage() for rec in caplog.records) == 2
-    strategy._say(11, Flags(rows=2))  # and stops in the next round that computes them
-    stops = [rec.getMessage() for rec in caplog.records if "any more" in rec.getMessage()]
-    assert len(stops) == 2 and stops[1].startswith("Round 11:")
+    assert state["rescaled_rounds"] == [2, 3, 7]
+    resumed = FedAMP()
+    resumed._rescaled_rounds = list(state["rescaled_rounds"])
+    resumed._say(8, rescaled)
+    assert sum("summed above 1" in rec.getMessage() for rec in caplog.records) == 1
 
 
 def test_underflow_is_warned_once_per_run(caplog):

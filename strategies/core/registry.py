@@ -44,7 +44,7 @@ class RunSetup:
         Where the server keeps and mixes models.
     adjacency : torch.Tensor | None
         The client graph (rows in client-id order), for strategies registered
-        with ``graph=True``.
+        with the graphs they take (``register_strategy(graph=...)``).
     num_attackers : int
         Clients that the ``attack-ratio`` scenario makes attackers (Krum's f).
     fraction_train : float
@@ -106,7 +106,8 @@ class StrategyEntry:
     name: str
     factory: Factory
     settings: type[Settings] = NoSettings
-    uses_graph: bool = False
+    #: the values of run config ``graph`` it takes (empty: it uses no client graph)
+    graphs: tuple[str, ...] = ()
     auto: Mapping[str, Any] = field(default_factory=dict)
     task_auto: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     tune: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
@@ -116,6 +117,16 @@ class StrategyEntry:
     #: one (Separate); a graph method honours it through its client graph
     keeps_apart: bool = False
 
+    @property
+    def uses_graph(self) -> bool:
+        """Whether the method uses a client graph (the ``graph`` key)."""
+        return bool(self.graphs)
+
+
+#: where a client graph comes from (run config ``graph``, :mod:`tasks.graphs`)
+GRAPHS = ("task", "file", "groups", "inferred", "none")
+#: what a method that needs a graph it is given takes (``register_strategy(graph=True)``)
+GIVEN_GRAPHS = ("task", "file", "groups")
 
 STRATEGIES: dict[str, StrategyEntry] = {}
 
@@ -138,7 +149,8 @@ def _check_keys(name: str, settings: type[Settings]) -> None:
                                  f"(strategy {other.name!r}); a key has one type and default")
 
 
-def register_strategy(name: str, *, settings: type[Settings] = NoSettings, graph: bool = False,
+def register_strategy(name: str, *, settings: type[Settings] = NoSettings,
+                      graph: bool | tuple[str, ...] = False,
                       auto: Mapping[str, Any] | None = None,
                       task_auto: Mapping[str, Mapping[str, Any]] | None = None,
                       tune: Mapping[str, tuple[float, ...]] | None = None,
@@ -146,14 +158,16 @@ def register_strategy(name: str, *, settings: type[Settings] = NoSettings, graph
                       keeps_apart: bool = False) -> Callable[[Factory], Factory]:
     """Decorator: register ``factory(settings, run)`` as the strategy ``name``.
 
-    ``settings``: the class of the method's own run-config keys. ``graph=True``:
-    the ServerApp builds the client graph (``graph`` run-config key) and passes
-    it as ``run.adjacency``. ``auto``: the strategy's own values of settings left
-    at "auto" (e.g. pFedHN's reference trainer); ``task_auto``: its values for
-    one task (dataset name -> values, e.g. Panacea's on TPT-48) or one model named in the
-    run config (``"model:<name>"`` -> values, e.g. Panacea's with the traffic GRU in a
-    members run). ``tune``: its
-    search space for ``simulation.py --tune`` beside the generic one (key ->
+    ``settings``: the class of the method's own run-config keys. ``graph``: the
+    values of the ``graph`` run-config key the method takes (:data:`GRAPHS`; True:
+    :data:`GIVEN_GRAPHS`, a graph it is given): the ServerApp builds the client graph
+    and passes it as ``run.adjacency`` ("inferred": the method infers it, "none": it
+    runs without), and any other value is refused before any work. ``auto``: the
+    strategy's own values of settings left at "auto" (e.g. pFedHN's reference trainer);
+    ``task_auto``: its values for one task (dataset name -> values, e.g. Panacea's on
+    TPT-48) or one model named in the run config (``"model:<name>"`` -> values, e.g.
+    Panacea's with the traffic GRU in a members run). ``tune``: its search space for
+    ``simulation.py --tune`` beside the generic one (key ->
     factors of the run's value; ``()`` leaves a generic key out, e.g. a
     learning rate the method does not use); every key must take "auto".
     ``not_private``: by ``dp`` mode, why the method cannot be made differentially private
@@ -167,7 +181,12 @@ def register_strategy(name: str, *, settings: type[Settings] = NoSettings, graph
         if current is not None and current.factory is not factory:
             raise ValueError(f"strategy {name!r} is already registered")
         _check_keys(name, settings)
-        STRATEGIES[name] = StrategyEntry(name, factory, settings, graph, dict(auto or {}),
+        graphs = GIVEN_GRAPHS if graph is True else tuple(graph or ())
+        unknown = set(graphs) - set(GRAPHS)
+        if unknown:
+            raise ValueError(f"strategy {name!r}: graph values {sorted(unknown)} are unknown; "
+                             f"allowed: {', '.join(GRAPHS)}")
+        STRATEGIES[name] = StrategyEntry(name, factory, settings, graphs, dict(auto or {}),
                                          {k: dict(v) for k, v in (task_auto or {}).items()},
                                          {k: tuple(v) for k, v in (tune or {}).items()},
                                          dict(not_private or {}), keeps_apart)

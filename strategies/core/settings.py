@@ -98,6 +98,11 @@ class ConfigError(ValueError):
     """An invalid run-config value (the message names the key, the value and what is allowed)."""
 
 
+class RunCannotGoOn(RuntimeError):
+    """The run cannot go on, for a reason its message says in full (e.g. a hypernetwork whose
+    parameters are no longer finite): the ServerApp stops it with that one line."""
+
+
 def bad(key: str, value: Any, allowed: str) -> ConfigError:
     """The ConfigError of run-config ``key`` = ``value``: ``allowed`` says what is."""
     return ConfigError(f"run config '{key}' = {value!r} is invalid; allowed: {allowed}")
@@ -136,11 +141,11 @@ def type_name(annotation: Any) -> str:
 
 
 def coerce(key: str, value: Any, annotation: Any, words: tuple[str, ...] = ()) -> Any:
-    """``value`` as the field's type (``bool``, ``str``, ``int``, ``float``, ``int | str``,
-    ``float | str``), or a ConfigError naming ``key``.
+    """``value`` as the field's type (``bool``, ``str``, ``int``, ``float``, ``bool | str``,
+    ``int | str``, ``float | str``), or a ConfigError naming ``key``.
 
-    ``int | str`` and ``float | str`` fields take a number or one of their ``words``
-    (e.g. ``"auto"``).
+    ``bool | str``, ``int | str`` and ``float | str`` fields take a bool or a number, or one
+    of their ``words`` (e.g. ``"auto"``).
     """
     ann = type_name(annotation)
     if ann == "bool":
@@ -161,6 +166,10 @@ def coerce(key: str, value: Any, annotation: Any, words: tuple[str, ...] = ()) -
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad(key, value, "a number")
         return _finite(key, value)
+    if ann == "bool | str":
+        if isinstance(value, bool) or (isinstance(value, str) and value in words):
+            return value
+        raise bad(key, value, " or ".join(f'"{w}"' for w in words) + " or true or false")
     if ann == "int | str":
         if isinstance(value, str) and value in words:
             return value
