@@ -74,6 +74,7 @@ Nothing here connects anywhere; they read only the files named.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -91,16 +92,45 @@ from tasks.train import evaluate
 
 from .config import ConfigError, RunConfig, default_values, explain
 
+#: a ``--run-config`` pair as ``flwr run`` reads one (``flwr.common.config.parse_config_args``)
+_PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
+
+
+def read_run_config(text: str) -> dict[str, Any]:
+    """``--run-config``'s text as ``flwr run`` reads it (Flower 1.41's ``parse_config_args``,
+    ``tests/test_default_run.py`` compares them): ``key=value`` pairs, each value a TOML
+    value, what is no pair dropped; or a ``.toml`` file's table, flattened (``a.b``).
+    Without importing Flower's CLI (a tenth of a second of check-config's three). A
+    ConfigError names a text it cannot read, and one that sets no key where it is not
+    empty (Flower would ignore it)."""
+    import tomllib
+
+    allowed = "allowed: \"key=value key2='text'\" as flwr run takes it, or a .toml file"
+    try:
+        if text.strip().endswith(".toml"):
+            with Path(text.strip()).expanduser().open("rb") as f:
+                table = tomllib.load(f)
+        else:
+            table = tomllib.loads("\n".join(f"{k} = {v}" for k, v in _PAIR.findall(text)))
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise ConfigError(f"--run-config {text!r} cannot be read ({err}); {allowed}") from None
+
+    def flat(d: dict, prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+        return out
+
+    given = flat(table)
+    if text.strip() and not given:
+        raise ConfigError(f"--run-config {text!r} sets no key (flwr run would ignore it "
+                          f"too); {allowed}")
+    return given
+
 
 def _run_config(text: str) -> RunConfig:
     """The run config a coordinator's ``--run-config`` string gives (defaults for the rest)."""
-    from flwr.common.config import parse_config_args
-
-    try:
-        given = parse_config_args([text]) if text.strip() else {}
-    except Exception as err:
-        raise ConfigError(f"--run-config {text!r} cannot be read ({err}); allowed: "
-                          "\"key=value key2='text'\" as flwr run takes it") from None
+    given = read_run_config(text)
     given.setdefault("dataset", tasks.MEMBERS)
     # a file is checked against the data keys; a method not named has no say in that
     given.setdefault("strategy", "fedavg")
@@ -403,22 +433,12 @@ def check_config(run_config: str, clients: int | None, app: str) -> int:
     """``check-config``: the run config ``flwr run`` would give the ServerApp, checked as it
     checks it before waiting for any node (and, with ``clients``, as it checks it once it
     has them); one line, exit status 0 (it would start) or 1 (it would stop)."""
-    from flwr.common.config import parse_config_args
-
     from tasks.graphs import GraphError
 
     from .preflight import check_before_clients, check_with_clients
 
     try:
-        try:
-            given = parse_config_args([run_config]) if run_config.strip() else {}
-        except Exception as err:
-            raise ConfigError(f"--run-config {run_config!r} cannot be read ({err}); allowed: "
-                              "\"key=value key2='text'\" as flwr run takes it") from None
-        if run_config.strip() and not given:  # Flower's parser drops what is not key=value
-            raise ConfigError(f"--run-config {run_config!r} sets no key (flwr run would "
-                              "ignore it too); allowed: \"key=value key2='text'\"")
-        cfg = RunConfig.from_run_config({**app_defaults(app), **given})
+        cfg = RunConfig.from_run_config({**app_defaults(app), **read_run_config(run_config)})
         check_before_clients(cfg)
         if clients is not None:
             check_with_clients(cfg, clients)
@@ -434,15 +454,8 @@ def check_config(run_config: str, clients: int | None, app: str) -> int:
 
 def explain_key(key: str, run_config: str) -> int:
     """Print where ``key``'s value comes from in a run of ``run_config``."""
-    from flwr.common.config import parse_config_args
-
     try:
-        try:
-            values = parse_config_args([run_config]) if run_config.strip() else {}
-        except Exception as err:
-            raise ConfigError(f"--run-config {run_config!r} cannot be read ({err}); allowed: "
-                              "\"key=value key2='text'\" as flwr run takes it") from None
-        for line in explain(values, key):
+        for line in explain(read_run_config(run_config), key):
             print(line)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

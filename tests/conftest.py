@@ -87,10 +87,12 @@ class LocalGrid(InProcessGrid):
 
 
 def run_local(tmp_path: Path, strategy: str, n: int = 3, **overrides) -> tuple[dict, LocalGrid]:
-    """Run the real ServerApp for 2 rounds of 1 epoch on ``n`` in-process clients."""
+    """Run the real ServerApp for 2 rounds of 1 epoch on ``n`` in-process clients (the
+    clients do not also train alone unless ``alone`` says so: a test of the run's own
+    work pays for no more)."""
     run_config = {"strategy": strategy, "num-server-rounds": 2, "local-epochs": 1,
                   "min-nodes": n, "results-dir": str(tmp_path), "run-name": strategy,
-                  "server-device": "cpu", **overrides}
+                  "server-device": "cpu", "alone": False, **overrides}
     grid = run_inprocess(run_config, n, keep_sent=True)
     return json.loads((tmp_path / run_config["run-name"] / "metrics.json").read_text()), grid
 
@@ -98,9 +100,12 @@ def run_local(tmp_path: Path, strategy: str, n: int = 3, **overrides) -> tuple[d
 def run_named(tmp_path: Path, name: str, run_config: dict, n: int,
               node_configs: list[dict] | None = None) -> dict:
     """Run the real ServerApp in process as run ``name`` (2 rounds unless ``run_config``
-    says otherwise; members' nodes with ``node_configs``); its metrics.json."""
+    says otherwise; members' nodes with ``node_configs``; a partitioned run's clients do
+    not also train alone unless ``alone`` says so); its metrics.json."""
+    alone = {} if node_configs else {"alone": False}  # members' tables: their own default
     cfg = {"num-server-rounds": 2, "results-dir": str(tmp_path), "run-name": name,
-           "server-device": "cpu", "min-nodes": len(node_configs or []) or n, **run_config}
+           "server-device": "cpu", "min-nodes": len(node_configs or []) or n, **alone,
+           **run_config}
     run_inprocess(cfg, n, node_configs=node_configs)
     return json.loads((tmp_path / name / "metrics.json").read_text())
 

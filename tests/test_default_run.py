@@ -207,3 +207,15 @@ def test_the_default_preset_runs_every_registered_method_on_the_default_task():
     assert (setting.dataset, setting.partitioning, setting.num_clients) == (
         "synthetic", "practical", 10)
     assert grid.run_config["num-server-rounds"] == RunConfig.from_run_config({}).num_server_rounds
+
+
+@pytest.mark.parametrize("text", [
+    "strategy='panacea' graph='inferred' graph-k=5",
+    'num-server-rounds=2 local-epochs=1 learning-rate=1e-3 tensorboard=true',
+    "data-dir='/a path/with spaces' run-name=\"x\" seed=0",
+    "fedamp-sigma=0.1 fedamp-self-weight='paper'",
+])
+def test_check_config_reads_a_run_config_as_flwr_run_does(text):
+    from flwr.common.config import parse_config_args
+
+    assert cli.read_run_config(text) == parse_config_args([text])
