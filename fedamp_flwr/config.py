@@ -735,12 +735,13 @@ class RunConfig:
         """Keys whose value differs from ``other`` (a :meth:`to_dict`), except ``allowed``.
 
         A key that ``other`` lacks (a config written before the key existed) differs only
-        if this config's value is not the key's default.
+        if this config's value is not the key's default; a key that this version does not
+        know (one removed since, e.g. ``member-alone``) is not compared: it changes nothing.
         """
-        mine = self.to_dict()
-        theirs = {**{k: v for k, v in default_values().items() if k not in other}, **other}
-        return sorted(k for k in set(mine) | set(other)
-                      if k not in set(allowed) and mine.get(k) != theirs.get(k))
+        mine, known = self.to_dict(), default_values()
+        theirs = {**{k: v for k, v in known.items() if k not in other}, **other}
+        return sorted(k for k in set(mine) | set(other) if k not in set(allowed)
+                      and k in known and mine.get(k) != theirs.get(k))
 
     def value(self, key: str) -> Any:
         """The value of run-config ``key`` (generic or a method's, "auto" resolved)."""

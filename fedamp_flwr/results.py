@@ -68,7 +68,8 @@ RESUMABLE_CHANGES = ("num-server-rounds", "resume", "overwrite", "max-failed-rou
                      "min-clients-evaluated",
                      "min-nodes", "round-timeout", "node-wait-timeout", "checkpoint-every",
                      "checkpoint-keep", "xi-every", "save-models", "member-roster",
-                     "checkpoint-secret", "tensorboard", "mlflow", "mlflow-uri")
+                     "checkpoint-secret", "tensorboard", "mlflow", "mlflow-uri",
+                     "alone")  # the clients' models trained alone: a measurement beside the run
 
 
 def write_json(path: Path, record: dict[str, Any]) -> None:

@@ -5,9 +5,9 @@ once per process; :func:`load_client_data` returns one client's tensors (a
 member's, from its own file), cached per process and on the node's disk
 (:mod:`tasks.cache`); :func:`build_model` makes the run's model.
 
-torchvision is imported only by :func:`tasks.models.resnet18` (CIFAR tasks): the
-only torchvision wheel on the package index of CPU-only machines here is a
-CUDA build whose compiled ops fail to load beside the CPU torch.
+torchvision is imported only by :func:`tasks.models.resnet18` (CIFAR tasks): its
+compiled ops load only beside the torch build they were made for (README, Install;
+``tests/test_install.py``), and nothing else needs it.
 """
 
 from __future__ import annotations

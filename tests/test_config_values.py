@@ -151,7 +151,8 @@ def test_a_bad_npz_file_is_one_line_before_round_1(tmp_path, caplog, case, says)
 def test_defaults_are_valid():
     cfg = RunConfig.from_run_config({})
     assert cfg.strategy == "fedamp"
-    assert cfg.settings.sigma(cfg.dataset, cfg.data_setting) == 0.1  # the synthetic task's own (strategies/fedamp.py)
+    # the synthetic task's own sigma (strategies/fedamp.py, PAPER_SIGMA)
+    assert cfg.settings.sigma(cfg.dataset, cfg.data_setting) == 0.1
     fmnist = RunConfig.from_run_config({"dataset": "fmnist", "data-dir": "x"})
     assert fmnist.settings.sigma("fmnist", "practical") == 10.0
 

@@ -174,6 +174,11 @@ def test_a_checkpoint_of_an_older_version_resumes_when_its_missing_keys_are_defa
     assert cfg.differences(older) == []
     changed = RunConfig.from_run_config({"strategy": "fedamp", "xi-every": 5})
     assert changed.differences(older) == ["xi-every"]
+    # a key removed since changes nothing; one that only measures beside the run may change
+    assert cfg.differences({**older, "member-alone": True}) == []
+    from fedamp_flwr.results import RESUMABLE_CHANGES
+
+    assert cfg.differences({**older, "alone": not cfg.alone}, RESUMABLE_CHANGES) == []
 
 
 def test_no_result_is_overwritten(tmp_path):
