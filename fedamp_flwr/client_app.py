@@ -515,9 +515,9 @@ def _alone_now(context: Context, setup: Setup, job: ClientJob) -> ConfigRecord:
     the run's initial model, trained on its training rows for the local work of every round
     up to this one (at each evaluation, the rounds' steps since the one before, with a fresh
     optimizer, as the no-federation baseline trains; kept in ``context.state``, so that no
-    round pays for more than its own), and, for vector inputs, the standardized linear model (tasks/tabular.py), fitted once; both
-    tested on its test rows. A member that keeps the better (``keep = "better"``) takes the
-    model from ``context.state``."""
+    round pays for more than its own), and, for vector inputs, the standardized linear model
+    (tasks/tabular.py), fitted once; both tested on its test rows. A member that keeps the
+    better (``keep = "better"``) takes the model from ``context.state``."""
     cfg, data = setup.cfg, job.data
     held = context.state.config_records.get(_ALONE)
     last = as_int(held["round"], "round") if held is not None and "round" in held else 0
