@@ -9,6 +9,7 @@ tests a model.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -19,6 +20,69 @@ from torch import nn
 from .dp import DPSGD, clipped_gradient_sum
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def skip_dynamo_import() -> int:
+    """Let torch's optimizers start and step without importing ``torch._dynamo``; return how
+    many of their methods this changed (0 where it is done already).
+
+    torch readies its optimizers for ``torch.compile``: methods marked "not for compile"
+    (``torch._compile._disable_dynamo``) import ``torch._dynamo`` at their first call, and
+    every ``step`` (``_use_grad_for_differentiable``) imports it to place two graph breaks,
+    which do nothing outside compiled code. That import takes 1.5 to 3 s of CPU in every
+    process: on a SuperNode, where Flower starts a ClientApp process per message, every
+    train message paid it (docs/performance.md). This app never compiles a model, so:
+
+    * a marked method keeps itself as what the mark would have kept
+      (``torch._dynamo.disable(fn)`` is ``fn`` outside compiled code);
+    * ``step`` sets grad mode as torch's wrapper does, and calls the optimizer's own step,
+      without the graph breaks.
+
+    The arithmetic is torch's own (tests/test_behaviour_unchanged.py: every method's numbers
+    as recorded). A torch whose wrappers are not the ones recognised here, or a process that
+    has imported ``torch._dynamo`` already (it may compile), is left as it is."""
+    import sys
+
+    from torch import _compile
+    from torch.optim import optimizer as optimizer_module
+
+    if "torch._dynamo" in sys.modules:
+        return 0
+    marked_wrapper = _compile._disable_dynamo(lambda: None).__code__  # the mark's own code
+    grad_wrapper = optimizer_module._use_grad_for_differentiable(lambda self: None).__code__
+    changed, classes = 0, [torch.optim.Optimizer]
+    while classes:
+        cls = classes.pop()
+        classes += cls.__subclasses__()
+        for name, attr in list(vars(cls).items()):
+            fn = getattr(attr, "__wrapped__", None)
+            code = getattr(attr, "__code__", None)
+            if fn is None:
+                continue
+            if code is marked_wrapper and getattr(fn, "__dynamo_disable", None) is None:
+                setattr(fn, "__dynamo_disable", fn)
+                changed += 1
+            elif code is grad_wrapper and name == "step":
+                setattr(cls, name, _grad_mode_step(fn))
+                changed += 1
+    return changed
+
+
+def _grad_mode_step(step: Callable) -> Callable:
+    """torch's ``_use_grad_for_differentiable`` around an optimizer's ``step``, without
+    its graph breaks (:func:`skip_dynamo_import`)."""
+    @functools.wraps(step)
+    def grad_mode_step(self, *args, **kwargs):
+        previous = torch.is_grad_enabled()
+        try:
+            torch.set_grad_enabled(self.defaults["differentiable"])
+            return step(self, *args, **kwargs)
+        finally:
+            torch.set_grad_enabled(previous)
+    return grad_mode_step
+
+
+skip_dynamo_import()
 
 
 def make_optimizer(name: str, params, lr: float, momentum: float = 0.0,

@@ -3,6 +3,8 @@ holds the model near its start, and local steps replace epochs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from tasks.models import MLP
@@ -72,3 +74,29 @@ def test_local_steps_override_epochs():
     finally:
         torch.optim.Adam.step = orig
     assert len(opt_steps) == 3
+
+
+def test_an_optimizer_starts_and_steps_without_importing_dynamo():
+    """torch imports torch._dynamo (1.5-3 s of CPU) at an optimizer's first step, which every
+    ClientApp process on a SuperNode paid once per train message; the app's optimizers do
+    without (tasks.train.skip_dynamo_import), and step as torch's wrapper does: grad mode
+    restored, the update torch's own."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, tasks.train\n"
+        "m = torch.nn.Linear(3, 2)\n"
+        "for opt in (torch.optim.Adam(m.parameters(), lr=0.1),\n"
+        "            torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)):\n"
+        "    m(torch.ones(4, 3)).sum().backward()\n"
+        "    with torch.no_grad():\n"
+        "        opt.step()\n"
+        "        assert not torch.is_grad_enabled()  # the mode it was called in, kept\n"
+        "    opt.step(); opt.zero_grad()\n"
+        "assert torch.is_grad_enabled()\n"
+        "print('torch._dynamo' in sys.modules, tasks.train.skip_dynamo_import())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "0"]  # never imported; marked once, at import
