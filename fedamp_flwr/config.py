@@ -145,7 +145,8 @@ def explain(run_config: Mapping[str, Any], key: str) -> list[str]:
     values = cfg.to_dict()
     if key not in values:
         raise ConfigError(f"unknown run config key {key!r}; allowed: a key of "
-                          "docs/configuration.md (its generic keys and the methods')")
+                          "docs/configuration.md (its generic keys and the methods')",
+                          key=key, kind="unknown")
     value = values[key]
     if key in run_config and run_config[key] != "auto":
         return [f"{key} = {value!r}: set in the run config"]
@@ -372,8 +373,10 @@ class RunConfig:
         generic, methods = cls.generic_fields(), method_keys()
         unknown = sorted(set(run_config) - set(generic) - set(methods))
         if unknown:
-            raise ConfigError(f"unknown run config key(s) {unknown}; allowed: "
-                              f"{', '.join(sorted(set(generic) | set(methods)))}")
+            allowed = ", ".join(sorted(set(generic) | set(methods)))
+            raise ConfigError(f"unknown run config key(s) {unknown}; allowed: {allowed}",
+                              key=unknown[0], value=run_config[unknown[0]], allowed=allowed,
+                              kind="unknown")
         values: dict[str, Any] = {}
         for key, value in run_config.items():
             if key in generic:
@@ -418,7 +421,7 @@ class RunConfig:
             raise _bad("learning-rate", "auto",
                        f"a number: \"auto\" is {auto['learning-rate']:g}, the learning rate of "
                        f"optimizer {auto['optimizer']!r} here, and this run sets optimizer = "
-                       f"{self.optimizer!r}")
+                       f"{self.optimizer!r}", kind="conflict")
         return dataclasses.replace(self, **{
             key.replace("-", "_"): auto[key] for key in GENERIC_AUTO
             if getattr(self, key.replace("-", "_")) == "auto"})
@@ -453,30 +456,32 @@ class RunConfig:
         """What the keys rule out together, and with the strategy and the data."""
         if self.dp != "none" and self.dp_noise_multiplier == 0:
             raise _bad("dp-noise-multiplier", 0.0, "a finite number > 0 with dp (no noise is "
-                       "no privacy), >= 0 without")
+                       "no privacy), >= 0 without", kind="conflict")
         why = strategies.STRATEGIES[self.strategy].not_private.get(self.dp)
         if why:
             other = [m for m in DP_MODES if m not in strategies.STRATEGIES[
                 self.strategy].not_private]
             raise _bad("dp", self.dp, f"{' or '.join(other)} for strategy {self.strategy!r}: "
-                       f"{why}")
+                       f"{why}", kind="conflict")
         if self.save_models == "best-validation" and self.validation_fraction <= 0:
             raise _bad("save-models", self.save_models, "final, every-checkpoint or none; "
                        "best-validation needs validation-fraction > 0 (the model is chosen on "
-                       "validation rows, never on test rows)")
+                       "validation rows, never on test rows)", kind="conflict")
         if self.resume and not self.run_name:
-            raise _bad("run-name", self.run_name, "the name of the run to continue when resume = true")
+            raise _bad("run-name", self.run_name, "the name of the run to continue when resume = true",
+                       kind="missing")
         if self.resume and self.overwrite:
             raise _bad("overwrite", True, "false when resume = true (resume continues a run, "
-                       "overwrite replaces it)")
+                       "overwrite replaces it)", kind="conflict")
         self._check_graph()
         if self.graph == "file" and not self.graph_file:
-            raise _bad("graph-file", self.graph_file, 'the path of an edge-list CSV when graph = "file"')
+            raise _bad("graph-file", self.graph_file, 'the path of an edge-list CSV when graph = "file"',
+                       kind="missing")
         if self.graph == "inferred" and strategies.STRATEGIES[self.strategy].uses_graph and \
                 self.graph_warmup_rounds >= self.num_server_rounds:
             raise _bad("graph-warmup-rounds", self.graph_warmup_rounds, f"fewer than "
                        f"num-server-rounds ({self.num_server_rounds}): the graph is inferred "
-                       "after the warm-up, and used in the rounds after it")
+                       "after the warm-up, and used in the rounds after it", kind="conflict")
         if self.graph == "inferred" and strategies.STRATEGIES[self.strategy].uses_graph and \
                 self.graph_guard_rounds > 0:
             self._check_guard()
@@ -489,7 +494,7 @@ class RunConfig:
             self._validate_members()
         elif self.member_roster:
             raise _bad("member-roster", self.member_roster, '"" unless dataset = "members" (a '
-                       "roster names members, a partitioned run has none)")
+                       "roster names members, a partitioned run has none)", kind="conflict")
         self._check_data()
 
     def apart_policy(self) -> ApartPolicy | None:
@@ -540,10 +545,11 @@ class RunConfig:
         if self.graph_warmup_rounds + self.graph_guard_rounds >= self.num_server_rounds:
             raise _bad("graph-guard-rounds", self.graph_guard_rounds, "fewer than "
                        f"num-server-rounds ({self.num_server_rounds}) less graph-warmup-rounds "
-                       f"({self.graph_warmup_rounds}), or 0: the graph is chosen after them")
+                       f"({self.graph_warmup_rounds}), or 0: the graph is chosen after them",
+                       kind="conflict")
         if self.dp != "none":
             raise _bad("graph-guard-rounds", self.graph_guard_rounds, f"0 with dp = {self.dp!r} "
-                       "(the guard's held-out errors are not made private)")
+                       "(the guard's held-out errors are not made private)", kind="conflict")
 
     def _check_policy(self) -> None:
         """The strategy can honour a policy: by its own weights (FedAMP, HeurFedAMP), by
@@ -555,7 +561,8 @@ class RunConfig:
         can = sorted(n for n, e in strategies.STRATEGIES.items() if e.keeps_apart or e.uses_graph)
         raise _bad("collaboration-policy", self.collaboration_policy,
                    f'"" for strategy {self.strategy!r} (it mixes every client into models they '
-                   f"all share); a policy with {', '.join(can)} (a graph method with a graph)")
+                   f"all share); a policy with {', '.join(can)} (a graph method with a graph)",
+                   kind="conflict")
 
     def _check_warm_start(self) -> None:
         """A warm start names another run's folder, and a method that can start from one (the
@@ -563,17 +570,18 @@ class RunConfig:
         if self.run_name and Path(self.warm_start).expanduser().resolve() == \
                 self.results_path(self.run_name):
             raise _bad("warm-start", self.warm_start, "another run's folder (this run's own is "
-                       "continued with resume = true)")
+                       "continued with resume = true)", kind="conflict")
         if strategies.STRATEGIES[self.strategy].uses_graph and self.graph == "inferred":
             raise _bad("warm-start", self.warm_start, f'"" for strategy {self.strategy!r} with '
                        'graph = "inferred" (the graph is inferred from the first rounds\' '
-                       "updates of the initial model; give the graph as a file instead)")
+                       "updates of the initial model; give the graph as a file instead)",
+                       kind="conflict")
 
     def _check_dashboards(self) -> None:
         """The MLflow keys together (the packages are the ServerApp's: a member's node needs
         neither, :func:`fedamp_flwr.dashboards.check_packages`)."""
         if self.mlflow_uri and not self.mlflow:
-            raise _bad("mlflow-uri", self.mlflow_uri, '"" unless mlflow = true')
+            raise _bad("mlflow-uri", self.mlflow_uri, '"" unless mlflow = true', kind="conflict")
 
     def mlflow_shown(self) -> str:
         """:meth:`mlflow_store` as logs and files may say it: without a password."""
@@ -594,10 +602,12 @@ class RunConfig:
         if problem is not None:
             raise _bad("model", self.model, f"a model for this data: {problem}")
         if spec.needs_data_dir and not self.data_dir:
-            raise _bad("data-dir", self.data_dir, f"the path of the {self.dataset} data")
+            raise _bad("data-dir", self.data_dir, f"the path of the {self.dataset} data",
+                       kind="missing")
         if spec.info is not None and spec.info.kind == tasks.REGRESSION and self.attack_ratio > 0:
             raise _bad("attack-ratio", self.attack_ratio,
-                       f"0 for the regression task {self.dataset} (label flipping needs classes)")
+                       f"0 for the regression task {self.dataset} (label flipping needs classes)",
+                       kind="conflict")
 
     def _validate_members(self) -> None:
         """The schema keys of a run over members' own data (``dataset = "members"``)."""
@@ -618,7 +628,8 @@ class RunConfig:
                        f"{self.member_outputs} distinct comma-separated names (member-outputs), "
                        "or empty")
         if not self.member_label_column:
-            raise _bad("member-label-column", self.member_label_column, "a column name")
+            raise _bad("member-label-column", self.member_label_column, "a column name",
+                       kind="missing")
         categories = parse_categories(self.member_categories)
         named = [c for c, _ in categories or ()]
         features = self.feature_columns()
@@ -636,12 +647,12 @@ class RunConfig:
             raise _bad("member-input-shape", self.member_input_shape,
                        f'"{schema.width(features)}": member-feature-columns give '
                        f"{schema.width(features)} inputs, one per numeric column and one per "
-                       "category of a categorical column (member-categories)")
+                       "category of a categorical column (member-categories)", kind="conflict")
         if self.member_scaling not in SCALINGS:
             raise _bad("member-scaling", self.member_scaling, ", ".join(SCALINGS))
         if self.attack_ratio > 0:
             raise _bad("attack-ratio", self.attack_ratio, "0 with dataset = \"members\" (label "
-                       "flipping is a simulation scenario of the partitioned tasks)")
+                       "flipping is a simulation scenario of the partitioned tasks)", kind="conflict")
 
     def class_names(self) -> tuple[str, ...]:
         """``member-class-names`` as a tuple (empty if not given)."""

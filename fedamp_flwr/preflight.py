@@ -34,12 +34,15 @@ def check_before_clients(cfg: RunConfig) -> None:
         try:
             check_graph_file(cfg.graph_file, named=cfg.dataset == tasks.MEMBERS)
         except (GraphError, OSError, ValueError) as err:
-            raise ConfigError(f"run config 'graph-file' = {cfg.graph_file!r}: {err}") from None
+            raise ConfigError(f"run config 'graph-file' = {cfg.graph_file!r}: {err}",
+                              key="graph-file", value=cfg.graph_file,
+                              kind=_kind_of(err)) from None
     if entry.uses_graph and cfg.graph == "task" and tasks.get_task(cfg.dataset).has_graph is None \
             and tasks.task_graph(cfg.data_config(1)) is None:
         allowed = [g for g in cfg.graph_choices() if g != "task"]
         raise ConfigError(f"run config 'graph' = 'task' is invalid: data-dir {cfg.data_dir!r} "
-                          f"holds no 'adjacency'; allowed: {', '.join(allowed)}")
+                          f"holds no 'adjacency'; allowed: {', '.join(allowed)}", key="graph",
+                          value="task", allowed=", ".join(allowed), kind="conflict")
     if cfg.dp == "dp-sgd":
         model = tasks.build_model(cfg.data_config(1), cfg.model)
         if has_batch_statistics(model):
@@ -47,7 +50,8 @@ def check_before_clients(cfg: RunConfig) -> None:
                               f"{type(model).__name__} of {cfg.data_label!r} (model = "
                               f"{cfg.model!r}): its BatchNorm mixes the examples of a batch, so "
                               "per-example gradients are not defined; allowed: update, or a "
-                              "model without BatchNorm")
+                              "model without BatchNorm", key="dp", value="dp-sgd",
+                              allowed="update, or a model without BatchNorm", kind="conflict")
 
 
 def check_server_data(cfg: RunConfig) -> None:
@@ -59,7 +63,8 @@ def check_server_data(cfg: RunConfig) -> None:
     try:
         tasks.data_info(cfg.data_config(1))
     except (ValueError, OSError) as err:
-        raise ConfigError(f"run config 'data-dir' = {cfg.data_dir!r}: {err}") from None
+        raise ConfigError(f"run config 'data-dir' = {cfg.data_dir!r}: {err}", key="data-dir",
+                          value=cfg.data_dir, kind=_kind_of(err)) from None
 
 
 def check_with_clients(cfg: RunConfig, num_clients: int) -> None:
@@ -80,4 +85,10 @@ def check_with_clients(cfg: RunConfig, num_clients: int) -> None:
                     cfg.graph_file, cfg.dataset, cfg.groups(num_clients))
     except OSError as err:
         raise ConfigError(f"run config 'graph' = {cfg.graph!r} with {num_clients} clients: "
-                          f"{err}") from None
+                          f"{err}", key="graph", value=cfg.graph, kind=_kind_of(err)) from None
+
+
+def _kind_of(err: Exception) -> str:
+    """The :class:`ConfigError` kind of a file the run names that could not be read: "missing"
+    where it is not there, else "invalid"."""
+    return "missing" if isinstance(err, FileNotFoundError) else "invalid"

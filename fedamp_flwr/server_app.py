@@ -321,7 +321,9 @@ def main(grid: Grid, context: Context) -> None:
         _main(grid, context)
     except (ConfigError, ClientSetupError, RoundsFailedError, GraphError, RunCannotGoOn) as err:
         log(ERROR, "Run stopped: %s", err)
-        stop = type(err)(str(err))
+        # a copy without the app's traceback, its reason kept (a ConfigError's key and kind)
+        stop = copy.copy(err)
+        stop.__traceback__ = None
         setattr(stop, SAID, True)  # Flower's log of it needs no traceback (SaidOnce)
         raise stop from None
 

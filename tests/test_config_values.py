@@ -1,11 +1,17 @@
 """Every run-config value is checked before any work: a hostile value of any key (generic or a
 method's, found from the declarations, so that a new key is covered with no new test) is
-either a value the key allows or one ConfigError line that names that key."""
+either a value the key allows or one ConfigError line that names that key.
+
+A refusal is checked by its reason (``err.key``, ``err.value``, ``err.kind``: see
+:class:`ConfigError`), not by its words; one test per message family keeps the wording a
+person reads (:func:`test_the_wording_of_an_invalid_value`,
+:func:`test_the_wording_of_an_unknown_key`)."""
 
 from __future__ import annotations
 
 import logging
 import math
+import pickle
 import typing
 
 import numpy as np
@@ -14,9 +20,9 @@ from flwr.app import Context, RecordDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedamp_flwr.config import ConfigError, RunConfig, default_values
+from fedamp_flwr.config import ConfigError, RunConfig, default_values, explain
 from strategies.core.registry import method_keys, settings_classes
-from strategies.core.settings import type_name
+from strategies.core.settings import bad, type_name
 
 
 def _types() -> dict[str, str]:
@@ -35,14 +41,19 @@ HOSTILE = [math.nan, math.inf, -math.inf, -1, -1.5, 0, 0.0, 1e300, 10**30, 10**4
            "inf", "-inf", True, False]
 
 
-def _outcome(key: str, value) -> str | None:
-    """None if the config with ``key`` = ``value`` is accepted, else the error's message
-    (any other exception fails the test)."""
+def _refusal(key: str, value) -> ConfigError | None:
+    """None if the config with ``key`` = ``value`` is accepted, else its ConfigError (any other
+    exception fails the test)."""
     try:
         RunConfig.from_run_config({key: value})
     except ConfigError as err:
-        return str(err)
+        return err
     return None
+
+
+def _reason(err: ConfigError | None) -> tuple | None:
+    """What a refusal says, in fields: (key, value, kind)."""
+    return None if err is None else (err.key, err.value, err.kind)
 
 
 def test_every_key_is_declared_once_with_its_default():
@@ -56,15 +67,15 @@ def test_a_hostile_value_is_allowed_or_one_line_naming_its_key():
     wrong = []
     for key in NUMERIC:
         for value in HOSTILE:
-            message = _outcome(key, value)
+            err = _refusal(key, value)
             must_refuse = (isinstance(value, float) and not math.isfinite(value)
                            or value in ("nan", "inf", "-inf") or isinstance(value, bool)
                            or (value in ("", "x") and "str" not in TYPES[key]))
-            if message is None and must_refuse:
+            if err is None and must_refuse:
                 wrong.append(f"{key} = {value!r} was accepted")
-            elif message is not None and (f"run config '{key}' = " not in message
-                                          or "\n" in message):
-                wrong.append(f"{key} = {value!r}: {message}")
+            elif err is not None and (err.key != key or err.kind != "invalid"
+                                      or "\n" in str(err)):
+                wrong.append(f"{key} = {value!r}: {_reason(err)} {err}")
     assert wrong == []
 
 
@@ -72,13 +83,13 @@ def test_a_hostile_value_is_allowed_or_one_line_naming_its_key():
 @given(key=st.sampled_from(sorted(TYPES)),
        value=st.one_of(st.floats(), st.integers(), st.text(max_size=6), st.booleans()))
 def test_any_value_of_any_key_is_allowed_or_names_its_key(key, value):
-    message = _outcome(key, value)
-    if message is not None:
-        named = f"run config '{key}' = " in message
+    err = _refusal(key, value)
+    if err is not None:
         # a valid choice may need another key (dataset 'npz' needs data-dir): that key is named
-        assert named or message.startswith("run config '"), message
+        assert err.key is not None and err.kind in ConfigError.KINDS, (_reason(err), str(err))
+        assert err.key == key or err.kind in ("conflict", "missing"), (_reason(err), str(err))
         if isinstance(value, float) and not math.isfinite(value):
-            assert named, message
+            assert (err.key, err.kind) == (key, "invalid"), (_reason(err), str(err))
 
 
 #: every integer key but seed (already in [0, 2^32)), and the timeouts: each has an upper bound
@@ -95,19 +106,18 @@ def test_the_bounded_keys_are_found_from_the_declarations():
 def test_a_size_of_1e9_is_refused_with_one_line_naming_its_key():
     wrong = []
     for key in BOUNDED:
-        message = _outcome(key, 10**9) or "accepted"
-        if not (message.startswith(f"run config '{key}' = 1000000000")  # 1e9 as a float too
-                and " is invalid; allowed: " in message and "at most" in message
-                and "\n" not in message):
-            wrong.append(f"{key} = 10**9: {message}")
+        err = _refusal(key, 10**9)
+        if err is None or _reason(err) != (key, 10**9, "invalid") or "\n" in str(err) \
+                or "at most" not in (err.allowed or ""):  # 1e9 as a float too: 1e9 == 10**9
+            wrong.append(f"{key} = 10**9: {_reason(err)} {err}")
     assert wrong == []
 
 
 def test_the_issues_examples_are_refused_by_their_key():
     for key in ("learning-rate", "fedamp-alpha-k", "fedamp-lambda", "fedprox-mu",
                 "dirichlet-alpha"):
-        assert f"'{key}' = inf" in (_outcome(key, math.inf) or "")
-    assert "'seed' = -1" in (_outcome("seed", -1) or "")
+        assert _reason(_refusal(key, math.inf)) == (key, math.inf, "invalid")
+    assert _reason(_refusal("seed", -1)) == ("seed", -1, "invalid")
 
 
 @pytest.mark.parametrize("case, says", [
@@ -182,21 +192,68 @@ def test_defaults_are_valid():
 def test_bad_values_name_key_value_and_allowed(override, key, allowed):
     with pytest.raises(ConfigError) as err:
         RunConfig.from_run_config(override)
-    msg = str(err.value)
-    assert f"'{key}'" in msg and allowed in msg
+    assert (err.value.key, err.value.value, err.value.kind) == (key, override[key], "invalid")
+    assert allowed in err.value.allowed  # what the key allows, as the declaration says it
+
+
+def test_the_wording_of_an_invalid_value():
+    """The one test of the words a person reads for a bad value: the key, the value as Python
+    writes it, and what is allowed."""
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_run_config({"drop-rate": 1.0})
+    assert str(err.value) == "run config 'drop-rate' = 1.0 is invalid; allowed: a number in [0, 1)"
+
+
+@pytest.mark.parametrize("run_config, reason", [
+    ({"sigma": 3}, ("sigma", 3, "unknown")),
+    ({"sigma": 3, "alpha": 1}, ("alpha", 1, "unknown")),  # the first of them, sorted
+    ({"resume": True}, ("run-name", "", "missing")),
+    ({"graph": "file"}, ("graph-file", "", "missing")),
+    ({"resume": True, "run-name": "a", "overwrite": True}, ("overwrite", True, "conflict")),
+    ({"mlflow-uri": "http://x"}, ("mlflow-uri", "http://x", "conflict")),
+    ({"dp": "update", "dp-noise-multiplier": 0}, ("dp-noise-multiplier", 0, "conflict")),
+])
+def test_a_refusal_says_its_kind(run_config, reason):
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_run_config(run_config)
+    assert _reason(err.value) == reason
 
 
 def test_unknown_key_is_refused():
-    with pytest.raises(ConfigError, match="unknown run config key.*'sigma'"):
-        RunConfig.from_run_config({"sigma": 3})
+    with pytest.raises(ConfigError) as err:
+        explain({}, "sigma")
+    assert (err.value.key, err.value.kind) == ("sigma", "unknown")
 
 
-@pytest.mark.parametrize("run_config, says", [
-    ({"fedamp-sigma": -1}, "'fedamp-sigma' = -1"),
-    ({"dataset": "mnist", "data-dir": "/no/such/folder"}, "/no/such/folder"),
+def test_the_wording_of_an_unknown_key():
+    """The one test of the words a person reads for unknown keys: every one of them, and every
+    key there is."""
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_run_config({"sigma": 3, "alpha": 1})
+    keys = sorted(default_values())
+    assert err.value.allowed == ", ".join(keys)
+    assert str(err.value) == f"unknown run config key(s) ['alpha', 'sigma']; allowed: {', '.join(keys)}"
+
+
+def test_bad_fills_the_reason_and_it_survives_pickling():
+    err = bad("graph", "ring", "full, knn", kind="conflict")
+    assert (err.key, err.value, err.allowed, err.kind) == ("graph", "ring", "full, knn", "conflict")
+    assert bad("graph", "ring", "full, knn").kind == "invalid"
+    for sent in (err, ConfigError("run config 'x' = 1 is invalid"),
+                 _refusal("seed", -1), _refusal("sigma", 3)):
+        back = pickle.loads(pickle.dumps(sent))
+        assert type(back) is ConfigError and str(back) == str(sent) and back.args == sent.args
+        assert (back.key, back.value, back.allowed, back.kind) == (
+            sent.key, sent.value, sent.allowed, sent.kind)
+    assert ConfigError("m").kind == "invalid" and ConfigError("m").key is None
+
+
+@pytest.mark.parametrize("run_config, says, reason", [
+    ({"fedamp-sigma": -1}, "'fedamp-sigma' = -1", ("fedamp-sigma", "invalid")),
+    ({"dataset": "mnist", "data-dir": "/no/such/folder"}, "/no/such/folder", None),
 ])
 def test_a_config_error_stops_the_run_with_one_line_and_no_traceback_of_the_app(
-        tmp_path, caplog, run_config, says):
+        tmp_path, caplog, run_config, says, reason):
     import traceback
 
     from fedamp_flwr import server_app
@@ -213,3 +270,5 @@ def test_a_config_error_stops_the_run_with_one_line_and_no_traceback_of_the_app(
     frames = traceback.extract_tb(raised.value.__traceback__)
     assert [f.name for f in frames][1:] == ["main"]  # below the caller: only the entry point
     assert raised.value.__cause__ is None and raised.value.__suppress_context__
+    if reason:  # a config error keeps its reason for Flower's caller (the nodes' says its words)
+        assert (raised.value.key, raised.value.kind) == reason

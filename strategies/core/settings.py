@@ -95,7 +95,36 @@ TRAIN, EVALUATE = "train", "evaluate"  # the messages a key may be sent in
 
 
 class ConfigError(ValueError):
-    """An invalid run-config value (the message names the key, the value and what is allowed)."""
+    """An invalid run-config value (the message names the key, the value and what is allowed).
+
+    ``str(err)`` is the message, the one line a person reads; the reason is in fields that
+    code and tests read: ``key`` (the key at fault, or None where no one key is), ``value``
+    (its value, where at hand), ``allowed`` (what the key allows, where said) and ``kind``:
+
+    * ``"invalid"``: a value the key does not allow (:func:`bad`, the default);
+    * ``"unknown"``: a key no one declares (the first of them, in sorted order, where there
+      are several);
+    * ``"conflict"``: a value another key's value rules out (``key`` is the one refused);
+    * ``"missing"``: a key or a file the run needs, left empty or absent.
+
+    It survives pickling with its fields (it crosses process boundaries)."""
+
+    KINDS: ClassVar[tuple[str, ...]] = ("invalid", "unknown", "conflict", "missing")
+
+    def __init__(self, message: str, *, key: str | None = None, value: Any = None,
+                 allowed: str | None = None, kind: str = "invalid") -> None:
+        super().__init__(message)
+        self.key, self.value, self.allowed, self.kind = key, value, allowed, kind
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_config_error, (type(self), str(self), self.key, self.value, self.allowed,
+                                self.kind), self.__dict__ or None)
+
+
+def _config_error(cls: type[ConfigError], message: str, key: str | None, value: Any,
+                  allowed: str | None, kind: str) -> ConfigError:
+    """A ConfigError again from its pickle (:meth:`ConfigError.__reduce__`)."""
+    return cls(message, key=key, value=value, allowed=allowed, kind=kind)
 
 
 class RunCannotGoOn(RuntimeError):
@@ -103,9 +132,12 @@ class RunCannotGoOn(RuntimeError):
     parameters are no longer finite): the ServerApp stops it with that one line."""
 
 
-def bad(key: str, value: Any, allowed: str) -> ConfigError:
-    """The ConfigError of run-config ``key`` = ``value``: ``allowed`` says what is."""
-    return ConfigError(f"run config '{key}' = {value!r} is invalid; allowed: {allowed}")
+def bad(key: str, value: Any, allowed: str, kind: str = "invalid") -> ConfigError:
+    """The ConfigError of run-config ``key`` = ``value``: ``allowed`` says what is; ``kind``
+    is "invalid" unless another key rules the value out ("conflict") or the key must be set
+    ("missing"): the message is the same."""
+    return ConfigError(f"run config '{key}' = {value!r} is invalid; allowed: {allowed}",
+                       key=key, value=value, allowed=allowed, kind=kind)
 
 
 def integer_in(low: int, high: int, why: str = "") -> dict[str, Any]:
