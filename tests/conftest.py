@@ -1,34 +1,12 @@
-"""Shared test helpers: real data, Flower processes, and an in-process Flower grid.
-
-* :class:`LocalGrid`: a Flower ``Grid`` whose nodes are the real ClientApp
-  functions, in this process, each node keeping its own ``Context`` (and so
-  its ``context.state``) across rounds, as Flower does; or nodes that answer
-  the query round with given infos.
-* :func:`run_local`: the real ServerApp ``main`` on a LocalGrid.
-* :func:`reply`: a reply to a train message, built by hand.
-* :func:`setup_strategy`: a registered strategy set up for n clients, as the
-  ServerApp does after the query round.
-"""
+"""The tests' fixtures and their environment; the helpers are in tests/helpers.py."""
 
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import shutil
-import subprocess
 import tempfile
-from pathlib import Path
 
-import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-
-import tasks
-from experiments.processes import SuperLink, free_port, stop_tree
-from fedamp_flwr.inprocess import InProcessGrid, run_inprocess
-from fedamp_flwr.inprocess import task_identity as inprocess_task_identity
-
-ROOT = Path(__file__).resolve().parents[1]
 # Clients' prepared data (tasks.cache) goes to a folder of this test session, never to the
 # user's ~/.cache; Flower processes started by the tests inherit it.
 # Members' keys (fedamp_flwr/identity.py) likewise: never in the user's ~/.local/state.
@@ -38,18 +16,28 @@ for _env, _prefix in (("FEDAMP_CACHE_DIR", "fedamp-test-cache-"),
     if not os.environ.get(_env):
         os.environ[_env] = tempfile.mkdtemp(prefix=_prefix)
         atexit.register(shutil.rmtree, os.environ[_env], True)
-SHARED_DATA = Path(os.environ.get("FEDAMP_SHARED_DATA", ROOT.parent / "shared" / "data"))
+# One CPU thread per process: the tests' models are tiny, and a second thread only spins (it
+# took a third more CPU time for the same wall time here); two test workers (pytest -n 2,
+# pyproject.toml) and a fleet's processes share the cores instead. Set before torch loads.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+# The Flower processes a test starts (a ClientApp process per message on a SuperNode) keep
+# the app's compiled modules between them instead of compiling them again each time.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+# A simulation starts its own Ray, never one a `ray start` left on this machine
+# (tests/test_ray_cluster.py's cluster, or a user's): Ray attaches to the newest cluster it
+# finds unless RAY_ADDRESS says otherwise. A test of a cluster passes its address.
+os.environ.setdefault("RAY_ADDRESS", "local")
+os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+# Flower's telemetry: every Flower process (a ClientApp's per message) would wait at its exit
+# for a request this offline machine cannot send.
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
+import pytest  # noqa: E402 - after the environment the app's modules read
 
-def needs_data(name: str) -> Path:
-    """Return ``../shared/data/<name>``, skipping the test when it is absent."""
-    path = SHARED_DATA / name
-    if not path.is_dir():
-        pytest.skip(f"real data folder {path} not found")
-    return path
+from fedamp_flwr.inprocess import task_identity as inprocess_task_identity  # noqa: E402
 
-
-__all__ = ["free_port"]  # the app's own (experiments.processes), for the tests
+from .helpers import MembersFleet, Processes  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -75,145 +63,41 @@ def task_identity():
         yield
 
 
-# ---------------------------------------------------------------------------
-# In-process Flower
-# ---------------------------------------------------------------------------
-class LocalGrid(InProcessGrid):
-    """The app's in-process grid (``fedamp_flwr.inprocess``): node ``100 + i`` is client ``i``;
-    it keeps the messages sent (``grid.sent``)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **{"keep_sent": True, **kwargs})
-
-
-def run_local(tmp_path: Path, strategy: str, n: int = 3, **overrides) -> tuple[dict, LocalGrid]:
-    """Run the real ServerApp for 2 rounds of 1 epoch on ``n`` in-process clients (the
-    clients do not also train alone unless ``alone`` says so: a test of the run's own
-    work pays for no more)."""
-    run_config = {"strategy": strategy, "num-server-rounds": 2, "local-epochs": 1,
-                  "min-nodes": n, "results-dir": str(tmp_path), "run-name": strategy,
-                  "server-device": "cpu", "alone": False, **overrides}
-    grid = run_inprocess(run_config, n, keep_sent=True)
-    return json.loads((tmp_path / run_config["run-name"] / "metrics.json").read_text()), grid
-
-
-def run_named(tmp_path: Path, name: str, run_config: dict, n: int,
-              node_configs: list[dict] | None = None) -> dict:
-    """Run the real ServerApp in process as run ``name`` (2 rounds unless ``run_config``
-    says otherwise; members' nodes with ``node_configs``; a partitioned run's clients do
-    not also train alone unless ``alone`` says so); its metrics.json."""
-    alone = {} if node_configs else {"alone": False}  # members' tables: their own default
-    cfg = {"num-server-rounds": 2, "results-dir": str(tmp_path), "run-name": name,
-           "server-device": "cpu", "min-nodes": len(node_configs or []) or n, **alone,
-           **run_config}
-    run_inprocess(cfg, n, node_configs=node_configs)
-    return json.loads((tmp_path / name / "metrics.json").read_text())
-
-
-def member_sites(folder: Path, dataset: str, n: int, seed: int = 0) -> tuple[dict, list[dict]]:
-    """Members' files of a partitioned task in ``folder``: the members run's config and the
-    ``n`` node configs (``data-path``, ``client-id``)."""
-    from experiments.make_sites import member_name, write_sites
-
-    run_config = write_sites(tasks.DataConfig(dataset=dataset, data_dir="", num_clients=n,
-                                              seed=seed), folder)
-    return run_config, [{"data-path": str(folder / f"{member_name(i, n)}.npz"),
-                         "client-id": member_name(i, n)} for i in range(n)]
-
-
-def reply(node: int, arrays: dict | ArrayRecord | None = None, metrics: dict | None = None,
-          message_type: str = MessageType.TRAIN, **records) -> Message:
-    """A reply from ``node`` with the model ``arrays`` (a state dict), ``metrics`` and more records."""
-    content = RecordDict()
-    if arrays is not None:
-        content["arrays"] = arrays if isinstance(arrays, ArrayRecord) else ArrayRecord(arrays)
-    if metrics is not None:
-        content["metrics"] = MetricRecord(metrics)
-    for name, record in records.items():
-        content[name.replace("_", "-")] = record
-    sent = Message(RecordDict({"config": ConfigRecord()}), message_type=message_type, dst_node_id=node)
-    return Message(content, reply_to=sent)
-
-
-def client_infos(n: int, first_node: int = 10, **info) -> dict[int, dict]:
-    """Query answers of ``n`` healthy clients on nodes ``first_node + i``."""
-    base = {"num-partitions": n, "num-train": 5, "num-test": 5, **info}
-    return {first_node + i: {**base, "client-id": i} for i in range(n)}
-
-
-def setup_strategy(name: str, n: int = 3, roles=None, **run_config):
-    """Strategy ``name`` for the default task with ``n`` clients, set up as the ServerApp does.
-
-    Returns the strategy and a fresh model of the task (the initial arrays).
-    """
-    import strategies
-    import tasks
-    from fedamp_flwr.config import RunConfig
-    from fedamp_flwr.discovery import discover_clients
-    from fedamp_flwr.server_app import run_setup
-
-    cfg = RunConfig.from_run_config({"strategy": name, "server-device": "cpu", **run_config})
-    model = tasks.build_model(cfg.data_config(n))
-    keys = [k for k, _ in model.named_parameters()]
-    adjacency = None
-    if strategies.STRATEGIES[name].uses_graph:
-        import torch
-
-        adjacency = torch.ones(n, n) - torch.eye(n)
-    strategy = strategies.build_strategy(name, cfg.settings, run_setup(cfg, n, keys, adjacency))
-    strategy.setup_tracking(discover_clients(LocalGrid(infos=client_infos(n)), n), roles)
-    return strategy, model
-
-
-# ---------------------------------------------------------------------------
-# Real Flower processes
-# ---------------------------------------------------------------------------
-class Processes:
-    """Processes a test started (and SuperLinks, the app's own
-    :class:`experiments.processes.SuperLink`); stopped at teardown with what they started,
-    by process ids."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.procs: list[subprocess.Popen] = []
-        self.links: list[SuperLink] = []
-        self.env = dict(os.environ)
-        self.env.update({
-            "FLWR_HOME": str(tmp / "flwr-home"),
-            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-            "FLWR_DISABLE_UPDATE_CHECK": "1",
-            "PYTHONUNBUFFERED": "1",
-        })
-
-    def start(self, args: list[str], name: str) -> subprocess.Popen:
-        log = open(self.tmp / f"{name}.log", "w")
-        proc = subprocess.Popen(args, env=self.env, cwd=self.tmp, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs.append(proc)
-        return proc
-
-    def log(self, name: str) -> str:
-        return (self.tmp / f"{name}.log").read_text()
-
-    def superlink(self, simulation: bool, database: Path | None = None) -> SuperLink:
-        """A SuperLink on free ports with this test's FLWR_HOME (its default connection), up
-        and answering when this returns; its state in ``database`` if given."""
-        link = SuperLink(Path(self.env["FLWR_HOME"]), simulation=simulation,
-                         database=database).__enter__()
-        self.links.append(link)
-        return link
-
-    def stop(self) -> None:
-        """Stop each process with everything it started (``experiments.processes.stop_tree``)."""
-        for proc in reversed(self.procs):
-            stop_tree(proc.pid, timeout=20)
-            proc.wait()
-        for link in reversed(self.links):
-            link.__exit__(None, None, None)
-
-
 @pytest.fixture
 def processes(tmp_path):
     procs = Processes(tmp_path)
     yield procs
     procs.stop()
+
+
+@pytest.fixture(scope="session")
+def members_fleet(tmp_path_factory):
+    """The test session's loopback fleet of members (:class:`tests.helpers.MembersFleet`),
+    started once for every fleet test that can share it (a test that stops or kills a node
+    starts its own). Under pytest -n, the tests that use it share one worker (their
+    ``xdist_group``), so that it starts once."""
+    procs = Processes(tmp_path_factory.mktemp("members-fleet"))
+    try:
+        yield MembersFleet(procs)
+    finally:
+        procs.stop()
+
+
+@pytest.fixture(scope="session")
+def simulation_link(tmp_path_factory):
+    """The test session's SuperLink with the simulation engine (its ``Processes``, whose env
+    names it as the default connection), shared by the tests that only submit runs to it:
+    each run its own name, results folder and federation config. Under pytest -n, those
+    tests share one worker (their ``xdist_group``)."""
+    procs = Processes(tmp_path_factory.mktemp("simulation-link"))
+    procs.superlink(simulation=True)
+    try:
+        yield procs
+    finally:
+        procs.stop()
+
+
+def pytest_collection_modifyitems(items):
+    """The slow tests first: with two workers (pytest -n), a long test started last would
+    keep one worker busy after the other is done."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

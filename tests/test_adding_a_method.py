@@ -22,8 +22,7 @@ from fedamp_flwr.config import ConfigError, RunConfig
 from strategies.core.client import unregister_client_update
 from strategies.core.registry import unregister_strategy
 
-from .conftest import ROOT, run_local
-from .test_behaviour_unchanged import recorded
+from .helpers import ROOT, recorded, run_local
 
 KEEP = "damped-keep"
 EXAMPLE = ROOT / "tests" / "examples" / "damped.py"

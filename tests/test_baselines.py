@@ -20,7 +20,7 @@ from tasks.models import MLP
 from tasks.scenarios import Roles, scenario_roles
 from tasks.train import num_steps, train
 
-from .conftest import run_local, setup_strategy
+from .helpers import run_local, setup_strategy
 
 NEW = ["separate", "fedavg-ft", "fedprox-ft", "scaffold", "apfl", "nonconvex", "per-fedavg",
        "pfedme", "fedmedian", "fedtrimmedavg", "krum"]
@@ -98,7 +98,7 @@ def test_nonconvex_weights_by_hand():
 def test_nonconvex_combination_is_the_weighted_sum_as_written():
     from flwr.app import ArrayRecord, ConfigRecord
 
-    from .conftest import LocalGrid, client_infos, reply
+    from .helpers import LocalGrid, client_infos, reply
 
     for normalize in (False, True):
         strategy, model = setup_strategy("nonconvex", n=2, **{"nonconvex-c": 2.0,

@@ -25,7 +25,7 @@ import strategies
 import tasks
 from strategies.core.layout import with_dtypes
 
-from .conftest import run_local
+from .helpers import run_local
 
 BN_TASK = "synthetic-bn"
 
@@ -65,6 +65,7 @@ def test_with_dtypes_rounds_integers_back_and_keeps_floats():
     assert with_dtypes(sent, {k: v.numpy().dtype for k, v in sent.items()}) is sent
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", sorted(strategies.STRATEGIES))
 def test_every_strategy_trains_a_batchnorm_model_in_every_round(strategy, tmp_path, bn_task):
     graph = strategies.STRATEGIES[strategy].uses_graph

@@ -45,9 +45,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import run_local
+from .helpers import BEHAVIOUR_RECORDS, recorded, run_local
 
-RECORDS = Path(__file__).parent / "data" / "behaviour"
 LOSS_RTOL = 1e-4
 SCENARIOS = {"novel-client-fraction": 0.2, "attack-ratio": 0.25, "drop-rate": 0.4,
              "heterogeneous-epochs": True, "local-epochs": 2}
@@ -90,12 +89,7 @@ def run(key: str, tmp_path: Path) -> list[dict]:
     return [{f: r.get(f) for f in FIELDS} for r in metrics["rounds"]]
 
 
-def recorded(key: str) -> list[dict]:
-    """The recorded rounds of the run ``key``."""
-    return json.loads((RECORDS / f"{key}.json").read_text())
-
-
-KEYS = sorted(p.stem for p in RECORDS.glob("*.json"))
+KEYS = sorted(p.stem for p in BEHAVIOUR_RECORDS.glob("*.json"))
 
 
 def counts(accuracies: dict, num_test: int) -> dict:
@@ -114,7 +108,7 @@ def assert_as_recorded(key: str, tmp_path) -> None:
         assert rnd == want["round"] and got["trained_clients"] == want["trained_clients"], key
         assert counts(got["client_accuracy"], num_test) == counts(want["client_accuracy"],
                                                                   num_test), (key, rnd)
-        assert round(got["mean_accuracy"] * num_test * len(got["client_accuracy"])) == \
+        assert round(got["mean_accuracy"] * num_test * len(got["client_accuracy"])) ==\
             round(want["mean_accuracy"] * num_test * len(want["client_accuracy"])), (key, rnd)
         assert got["mean_loss"] == pytest.approx(want["mean_loss"], rel=LOSS_RTOL), (key, rnd)
         if case(key)[0] in PROXIMAL:
@@ -161,9 +155,9 @@ if __name__ == "__main__" and "--record" in sys.argv:
     if not keys:
         raise SystemExit("name the runs to record: --record KEY [KEY ...] (a strategy, or "
                          "<strategy>+scenarios)")
-    RECORDS.mkdir(parents=True, exist_ok=True)
+    BEHAVIOUR_RECORDS.mkdir(parents=True, exist_ok=True)
     for key in keys:
         with tempfile.TemporaryDirectory() as d:
             rounds = run(key, Path(d))
-        (RECORDS / f"{key}.json").write_text(json.dumps(rounds, indent=1) + "\n")
-        print(f"wrote {RECORDS / f'{key}.json'}")
+        (BEHAVIOUR_RECORDS / f"{key}.json").write_text(json.dumps(rounds, indent=1) + "\n")
+        print(f"wrote {BEHAVIOUR_RECORDS / f'{key}.json'}")

@@ -20,7 +20,7 @@ from experiments.scores import RunRecord
 from experiments.tuning import trials
 from fedamp_flwr.config import ConfigError, RunConfig
 
-from .test_report import fake_run
+from .helpers import fake_run
 
 
 @pytest.mark.parametrize("text", ["steps", "steps=0", "steps=-5", "rounds=x", "epochs=3", "=4"])

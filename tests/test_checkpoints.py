@@ -33,6 +33,7 @@ def _flip(path: Path, count: int = 64) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["flipped bytes", "truncated", "no digest"])
 def test_a_damaged_checkpoint_is_refused_and_the_run_resumes_from_the_one_before(
         tmp_path, caplog, damage):
@@ -94,6 +95,7 @@ def _edit(path: Path) -> None:
     torch.save(state, path)
 
 
+@pytest.mark.slow
 def test_a_sealed_checkpoint_edited_with_its_digest_recomputed_is_refused(tmp_path, caplog):
     """With a coordinator secret the digest is an HMAC of the file: a checkpoint edited and
     given a new sha256 is refused like a flipped byte, and so is one given a seal made with

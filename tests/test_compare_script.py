@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from .conftest import ROOT
+from .helpers import ROOT
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("flwr") is None, reason="flwr is not installed")]

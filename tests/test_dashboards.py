@@ -19,8 +19,7 @@ from fedamp_flwr import dashboards
 from fedamp_flwr.config import ConfigError, redact_uri
 from fedamp_flwr.dashboards import EXPERIMENT, heat_image, reason_kind, round_scalars
 
-from .conftest import LocalGrid
-from .test_survival import Crash, FaultyGrid, config, run
+from .helpers import Crash, FaultyGrid, LocalGrid, grid_config, run_on_grid
 
 
 def test_the_scalars_of_a_round_by_hand():
@@ -47,7 +46,7 @@ def test_the_scalars_of_a_round_by_hand():
     assert round_scalars({"client_mse": {7: 0.5}})["client_mse/7"] == 0.5
     assert reason_kind("rejected: update norm 12 > 3x median") == "rejected"
     assert reason_kind("node unavailable") == "node_unavailable"
-    assert reason_kind("no reply within the round timeout (3 s)") == \
+    assert reason_kind("no reply within the round timeout (3 s)") ==\
         "no_reply_within_the_round_timeout"
     # a client's own words (an error reply's reason) never make a metric's name
     for words in ("../../x", "/abs", ".", "a/./b", "x" * 500, "rejected"[:-1]):
@@ -80,15 +79,16 @@ def _mlflow_run(store):
     return client, found
 
 
+@pytest.mark.slow
 def test_a_run_killed_and_resumed_has_each_step_once_on_both_dashboards(tmp_path):
     # checkpoints every 2 rounds, killed in round 4: rounds 1-3 were on the dashboards, the
     # resume starts again at round 3
-    cfg = config(tmp_path, "fedamp", **{"checkpoint-every": 2, "tensorboard": True,
+    cfg = grid_config(tmp_path, "fedamp", **{"checkpoint-every": 2, "tensorboard": True,
                                         "mlflow": True, "num-server-rounds": 5})
     grid = FaultyGrid(cfg, 3, crash_at=(4, MessageType.TRAIN))
     with pytest.raises(Crash):
-        run(grid, cfg)
-    metrics = run(grid, {**cfg, "resume": True})
+        run_on_grid(grid, cfg)
+    metrics = run_on_grid(grid, {**cfg, "resume": True})
     assert metrics["completed_rounds"] == 5
     acc = _tensorboard(tmp_path / "run" / "tensorboard")
     tags = acc.Tags()["scalars"]
@@ -121,12 +121,12 @@ def test_panacea_logs_its_server_losses_and_a_failing_dashboard_leaves_the_run_w
         port = s.getsockname()[1]
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
-    cfg = config(tmp_path, "panacea", **{"graph": "groups", "local-steps": 3, "min-nodes": 6,
+    cfg = grid_config(tmp_path, "panacea", **{"graph": "groups", "local-steps": 3, "min-nodes": 6,
                                          "num-server-rounds": 2, "tensorboard": True,
                                          "mlflow": True,
                                          "mlflow-uri": f"http://127.0.0.1:{port}"})
     with caplog.at_level(logging.WARNING):
-        metrics = run(LocalGrid(cfg, 6), cfg)
+        metrics = run_on_grid(LocalGrid(cfg, 6), cfg)
     assert metrics["finished"] is True
     assert any("MLflow: cannot start" in r.getMessage() for r in caplog.records)
     losses = metrics["rounds"][-1]["server_losses"]
@@ -139,21 +139,21 @@ def test_a_dashboard_without_its_package_is_one_error_before_any_work(tmp_path, 
     real = dashboards.importlib.util.find_spec
     monkeypatch.setattr(dashboards.importlib.util, "find_spec",
                         lambda name, *a: None if name == "mlflow" else real(name, *a))
-    cfg = config(tmp_path, "fedavg", mlflow=True)
+    cfg = grid_config(tmp_path, "fedavg", mlflow=True)
     with pytest.raises(ConfigError, match=r"'mlflow' = true needs the mlflow package.*"
                                           r"pip install 'fedamp-flwr\[mlflow\]'"):
-        run(LocalGrid(cfg, 3), cfg)
+        run_on_grid(LocalGrid(cfg, 3), cfg)
     assert not (tmp_path / "run").exists()  # before the run's folder is made
     with pytest.raises(ConfigError, match="mlflow-uri"):
-        run(LocalGrid(c := config(tmp_path, "fedavg", **{"mlflow-uri": "file:/x"}), 3), c)
+        run_on_grid(LocalGrid(c := grid_config(tmp_path, "fedavg", **{"mlflow-uri": "file:/x"}), 3), c)
 
 
 def test_forget_removes_the_event_files_and_names_the_mlflow_run(tmp_path, capsys):
     from fedamp_flwr.cli import main
 
-    cfg = config(tmp_path, "fedamp", **{"tensorboard": True, "mlflow": True,
+    cfg = grid_config(tmp_path, "fedamp", **{"tensorboard": True, "mlflow": True,
                                         "num-server-rounds": 2})
-    run(LocalGrid(cfg, 3), cfg)
+    run_on_grid(LocalGrid(cfg, 3), cfg)
     assert any((tmp_path / "run" / "tensorboard").iterdir())
     data = json.loads((tmp_path / "run" / "metrics.json").read_text())
     data["client_names"] = ["site-a", "site-b", "site-c"]  # as a members run names them
@@ -172,11 +172,11 @@ def test_forget_removes_the_event_files_and_names_the_mlflow_run(tmp_path, capsy
 
 
 def test_dashboards_turned_on_at_a_resume_take_the_checkpoints_rounds(tmp_path):
-    cfg = config(tmp_path, "fedamp", **{"num-server-rounds": 4})
+    cfg = grid_config(tmp_path, "fedamp", **{"num-server-rounds": 4})
     grid = FaultyGrid(cfg, 3, crash_at=(3, MessageType.TRAIN))
     with pytest.raises(Crash):
-        run(grid, cfg)
-    metrics = run(grid, {**cfg, "resume": True, "tensorboard": True, "mlflow": True})
+        run_on_grid(grid, cfg)
+    metrics = run_on_grid(grid, {**cfg, "resume": True, "tensorboard": True, "mlflow": True})
     assert metrics["completed_rounds"] == 4
     client, found = _mlflow_run(tmp_path / "mlruns")
     history = client.get_metric_history(found.info.run_id, "mean_accuracy")
@@ -186,10 +186,10 @@ def test_dashboards_turned_on_at_a_resume_take_the_checkpoints_rounds(tmp_path):
 
 
 def test_a_run_started_again_over_its_folder_shows_its_own_rounds_once(tmp_path):
-    cfg = config(tmp_path, "fedavg", **{"num-server-rounds": 2, "tensorboard": True})
-    run(LocalGrid(cfg, 3), cfg)
+    cfg = grid_config(tmp_path, "fedavg", **{"num-server-rounds": 2, "tensorboard": True})
+    run_on_grid(LocalGrid(cfg, 3), cfg)
     assert main_report(tmp_path / "run") == 0
-    run(LocalGrid(cfg, 3), {**cfg, "overwrite": True})
+    run_on_grid(LocalGrid(cfg, 3), {**cfg, "overwrite": True})
     assert [e.step for e in _tensorboard(tmp_path / "run" / "tensorboard").Scalars(
         "mean_accuracy")] == [1, 2]
     assert not (tmp_path / "run" / "report.html").exists()  # the old run's page, gone

@@ -35,6 +35,7 @@ def _run(tmp_path, name: str, n: int, **run_config) -> dict:
     return json.loads((tmp_path / name / "metrics.json").read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.tuned  # as a user's run: its "auto" values tuned for the default task
 @pytest.mark.parametrize("strategy", ALL)
 def test_every_strategy_runs_the_default_task_with_strategy_alone(tmp_path, strategy):

@@ -22,7 +22,7 @@ from fedamp_flwr import cli
 from fedamp_flwr.config import ConfigError, RunConfig
 from tasks.export import ModelFileError, load_model
 
-from .conftest import run_named
+from .helpers import run_named
 
 
 def _test_rows(dc: tasks.DataConfig, client: int, path: Path) -> Path:
@@ -38,6 +38,7 @@ def _predicted_score(model: Path, data: Path, out: Path, capsys) -> str:
     return line.split(" on ")[0]  # "accuracy 0.46" / "mse 0.0123..."
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy, dataset, n, extra", [
     ("fedamp", "synthetic", 3, {"local-epochs": 1}),
     ("fedavg-ft", "synthetic", 3, {"local-epochs": 1}),

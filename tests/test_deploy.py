@@ -84,6 +84,7 @@ def test_systemd_takes_every_directive(tmp_path):
     assert done.returncode == 0 and not said, said
 
 
+@pytest.mark.slow
 def test_a_member_checks_the_installed_app_against_the_reviewed_one(tmp_path, capsys,
                                                                      monkeypatch):
     from flwr.cli.build import build_fab_from_disk

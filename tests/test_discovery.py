@@ -9,7 +9,7 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from fedamp_flwr import client_app
 from fedamp_flwr.discovery import discover_clients
 
-from .conftest import LocalGrid, needs_data
+from .helpers import LocalGrid, needs_data
 
 RD = RecordDict
 

@@ -1,36 +1,24 @@
-"""Real Flower runs: `flwr run .` in the simulation engine, and a SuperLink with two SuperNodes."""
+"""Real Flower runs: `flwr run .` in the simulation engine, each test's runs on the test
+session's simulation SuperLink (tests/conftest.py ``simulation_link``; runs apart by name and
+results folder). What only a process shows: Flower's own log, status, federation config and
+engine. Deployment (a SuperLink with SuperNodes) runs in tests/test_members_fleet.py (the
+session's fleet of members) and tests/test_faults_e2e.py (partitions' SuperNodes)."""
 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, free_port
+from .helpers import FLWR, ROOT, flwr_run
 
-FLWR = shutil.which("flwr")
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("simulation_link"),
               pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
 
 
-def _start_superlink(procs, simulation: bool) -> int:
-    """A SuperLink on a free port (Flower 1.41 serves the Fleet, Control and runtime APIs
-    there), the default connection of the test's FLWR_HOME; returns its port."""
-    return procs.superlink(simulation).port
-
-
-def _flwr_run(procs, run_config: str, extra: list[str], timeout: float = 400) -> str:
-    args = [FLWR, "run", str(ROOT), "--stream", "--run-config", run_config, *extra]
-    out = subprocess.run(args, env=procs.env, cwd=procs.tmp, capture_output=True, text=True,
-                         timeout=timeout)
-    return out.stdout + out.stderr
-
-
-def _metrics(procs, name: str) -> dict:
-    path = procs.tmp / "results" / name / "metrics.json"
+def _metrics(procs, results: Path, name: str) -> dict:
+    path = results / name / "metrics.json"
     log = Path(procs.env["FLWR_HOME"]) / "superlink.log"
     assert path.is_file(), f"{path} missing; superlink log:\n{log.read_text()[-3000:]}"
     return json.loads(path.read_text())
@@ -45,7 +33,7 @@ def _check_two_rounds(m: dict, strategy: str) -> None:
     assert m["bmta"] == pytest.approx(100 * max(r["mean_accuracy"] for r in m["rounds"]))
 
 
-def test_strategies_by_config_alone_on_flowers_default_federation(processes):
+def test_strategies_by_config_alone_on_flowers_default_federation(simulation_link, tmp_path):
     """`flwr run . --run-config "strategy='X' num-server-rounds=2"` and nothing else: Flower's
     default federation (2 simulated SuperNodes) and every other key at its default. FedAMP
     (the default, its weights written), Panacea (the task's graph, not given), and a mistake,
@@ -54,18 +42,18 @@ def test_strategies_by_config_alone_on_flowers_default_federation(processes):
     from experiments.flower_cli import COMPLETED, FlowerRun
     from fedamp_flwr.results import load_xi
 
-    link = processes.superlink(simulation=True)
-    results = processes.tmp / "results"
+    link = simulation_link.links[0]
+    results = tmp_path / "results"
     logs: dict[str, list[str]] = {}
 
     def run(name: str, config: str):
         lines = logs.setdefault(name, [])
         flower = FlowerRun(link.env, ROOT, f"{config} results-dir='{results}' run-name='{name}'",
-                           "", processes.tmp / f"{name}.log", lines.append)
+                           "", tmp_path / f"{name}.log", lines.append)
         return flower.run(timeout=400)
 
     assert run("fedamp", "num-server-rounds=2").status == COMPLETED
-    m = _metrics(processes, "fedamp")
+    m = _metrics(simulation_link, results, "fedamp")
     _check_two_rounds(m, "fedamp")
     assert m["xi"]["recorded_rounds"] == [1, 2] and m["xi"]["client_ids"] == [0, 1]
     ids, rounds = load_xi(results / "fedamp")
@@ -76,7 +64,7 @@ def test_strategies_by_config_alone_on_flowers_default_federation(processes):
     assert "FutureWarning" not in said  # Ray's tip, which the user cannot act on
 
     assert run("panacea", "strategy='panacea' num-server-rounds=2").status == COMPLETED
-    _check_two_rounds(_metrics(processes, "panacea"), "panacea")
+    _check_two_rounds(_metrics(simulation_link, results, "panacea"), "panacea")
 
     stopped = run("stopped", "strategy='panacea' graph='none'")
     assert stopped.status == "finished:failed"
@@ -86,31 +74,16 @@ def test_strategies_by_config_alone_on_flowers_default_federation(processes):
     assert "Traceback" not in said and not (results / "stopped").exists()
 
 
-def test_superlink_with_two_supernodes(processes):
-    port = _start_superlink(processes, simulation=False)
-    for pid in range(2):
-        processes.start(
-            ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
-             "--port", str(free_port()), "--node-config", f"partition-id={pid} num-partitions=2"],
-            f"supernode{pid}",
-        )
-    results = processes.tmp / "results"
-    _flwr_run(processes, f"strategy='heurfedamp' num-server-rounds=2 local-epochs=1 "
-                         f"results-dir='{results}' run-name='deploy'", [])
-    _check_two_rounds(_metrics(processes, "deploy"), "heurfedamp")
-
-
-def test_flwr_run_panacea_on_fl60_with_novel_clients_and_attackers(processes):
-    _start_superlink(processes, simulation=True)
-    results = processes.tmp / "results"
-    _flwr_run(
-        processes,
+def test_flwr_run_panacea_on_fl60_with_novel_clients_and_attackers(simulation_link, tmp_path):
+    results = tmp_path / "results"
+    flwr_run(
+        simulation_link,
         f"strategy='panacea' dataset='fl60' num-server-rounds=2 local-steps=5 batch-size=16 "
         f"novel-client-fraction=0.2 attack-ratio=0.25 min-nodes=10 "
         f"results-dir='{results}' run-name='fl60'",
         ["--federation-config", "num-supernodes=10 client-resources-num-cpus=1"],
     )
-    m = _metrics(processes, "fl60")
+    m = _metrics(simulation_link, results, "fl60")
     assert m["strategy"] == "panacea" and m["num_clients"] == 10
     assert len(m["novel_clients"]) == 2 and len(m["attackers"]) == 2
     last = m["rounds"][-1]
@@ -120,40 +93,38 @@ def test_flwr_run_panacea_on_fl60_with_novel_clients_and_attackers(processes):
     assert "novel_bmta" in m
 
 
-def test_flwr_run_fedavg_on_tpt48_reports_mse(processes):
-    from .conftest import needs_data
+def test_flwr_run_fedavg_on_tpt48_reports_mse(simulation_link, tmp_path):
+    from .helpers import needs_data
 
     tpt48 = needs_data("tpt48")
-    _start_superlink(processes, simulation=True)
-    results = processes.tmp / "results"
-    _flwr_run(
-        processes,
+    results = tmp_path / "results"
+    flwr_run(
+        simulation_link,
         f"strategy='fedavg' dataset='tpt48' data-dir='{tpt48}' num-server-rounds=2 "
         f"local-epochs=1 batch-size=16 min-nodes=48 results-dir='{results}' run-name='tpt'",
         ["--federation-config", "num-supernodes=48 client-resources-num-cpus=1"],
     )
-    m = _metrics(processes, "tpt")
+    m = _metrics(simulation_link, results, "tpt")
     assert "bmta" not in m and 0 < m["best_mean_mse"] < 1
     assert len(m["rounds"][-1]["client_mse"]) == 48
 
 
-def test_flwr_run_panacea_gn_on_an_npz_file(processes):
+def test_flwr_run_panacea_gn_on_an_npz_file(simulation_link, tmp_path):
     import numpy as np
 
     rng = np.random.default_rng(0)
-    path = processes.tmp / "mine.npz"
+    path = tmp_path / "mine.npz"
     client = np.repeat(np.arange(4), 30)
     x = rng.normal(size=(120, 5)) + client[:, None]
     adjacency = np.array([[0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 1], [0, 0, 1, 0]])
     np.savez(path, x=x, y=(x[:, 0] > client).astype(np.int64), client=client, adjacency=adjacency)
-    _start_superlink(processes, simulation=True)
-    results = processes.tmp / "results"
-    _flwr_run(
-        processes,
+    results = tmp_path / "results"
+    flwr_run(
+        simulation_link,
         f"strategy='panacea-gn' dataset='npz' data-dir='{path}' num-server-rounds=2 "
         f"local-steps=5 batch-size=8 min-nodes=4 results-dir='{results}' run-name='npz'",
         ["--federation-config", "num-supernodes=4 client-resources-num-cpus=1"],
     )
-    m = _metrics(processes, "npz")
+    m = _metrics(simulation_link, results, "npz")
     assert m["strategy"] == "panacea-gn" and m["num_clients"] == 4
     assert len(m["rounds"]) == 2 and 0 <= m["bmta"] <= 100

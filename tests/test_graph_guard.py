@@ -46,7 +46,7 @@ from tasks.loading import held_rows
 from tasks.train import evaluate
 from tasks.train import train as train_loop
 
-from .conftest import member_sites, needs_data, run_local, run_named
+from .helpers import member_sites, needs_data, run_local, run_named
 
 
 def test_the_arms_swap_each_round_worked_by_hand():
@@ -240,6 +240,7 @@ def test_a_client_refuses_a_side_model_it_cannot_train_as_told():
             HypernetworkClient().train(_job(model, data, {HOLD_OUT: share}, RecordDict(content)))
 
 
+@pytest.mark.slow
 def test_a_wrong_inferred_graph_ends_on_the_no_graph_path_as_pfedhn_ran(tmp_path, caplog):
     # TPT-48 with graph-k = 47: every state chooses every other, and the GCN pools all 48
     # climates: the inferred graph is wrong by construction (as good as a random one)
@@ -265,6 +266,7 @@ def test_a_wrong_inferred_graph_ends_on_the_no_graph_path_as_pfedhn_ran(tmp_path
     assert [r["mean_mse"] for r in guarded["rounds"]] == [r["mean_mse"] for r in plain["rounds"]]
 
 
+@pytest.mark.slow
 def test_each_member_sees_its_own_edges_by_name_in_its_log_and_card(tmp_path, caplog):
     n = 4
     members_config, nodes = member_sites(tmp_path / "sites", "synthetic", n)

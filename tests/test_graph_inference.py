@@ -21,7 +21,7 @@ from fedamp_flwr.results import checkpoint_files
 from fedamp_flwr.server_app import run_setup
 from tasks.graphs import cosine_knn_graph, edge_agreement, read_edge_list
 
-from .conftest import member_sites, run_named
+from .helpers import member_sites, run_named
 
 
 def test_the_nearest_neighbours_by_cosine_worked_by_hand():
@@ -95,6 +95,7 @@ def _graph_of(path) -> set[tuple[str, str]]:
     return {tuple(line.split(",")) for line in lines[1:]}  # type: ignore[misc]
 
 
+@pytest.mark.slow
 def test_the_graph_written_is_the_one_used_and_measured_against_the_groups(tmp_path):
     n = 10  # synthetic practical: groups of same-distribution clients
     metrics = run_named(tmp_path, "run", {"strategy": "panacea", "graph": "inferred",

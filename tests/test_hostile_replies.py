@@ -26,7 +26,7 @@ from flwr.common.constant import ErrorCode
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .conftest import LocalGrid, client_infos, reply, setup_strategy
+from .helpers import LocalGrid, client_infos, reply, setup_strategy
 
 N = 3  # clients 0..2 on nodes 10..12, 5 training and 5 test samples each (client_infos)
 

@@ -160,6 +160,7 @@ def _config(tmp_path: Path, run_config: dict, name: str, rounds: int, **more) ->
             "run-name": name, "server-device": "cpu", **more}
 
 
+@pytest.mark.slow
 def test_an_impostor_of_a_connected_member_gets_nothing_and_the_member_trains(tmp_path,
                                                                             caplog):
     """Node 103 claims client-0's name in round 2, with a key of its own, while client-0's node

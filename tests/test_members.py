@@ -25,7 +25,7 @@ from fedamp_flwr.discovery import ClientSetupError
 from fedamp_flwr.inprocess import InProcessGrid, task_identity
 from tasks.members import MemberDataError, MemberSchema, load_member_data
 
-from .conftest import run_named
+from .helpers import JoiningGrid, run_app, run_named, site_node_configs
 
 ROUND_KEYS = ("round", "client_accuracy", "mean_accuracy", "train_loss", "mean_loss",
               "trained_clients")
@@ -35,11 +35,7 @@ def _rounds(metrics: dict) -> list[dict]:
     return [{k: r.get(k) for k in ROUND_KEYS} for r in metrics["rounds"]]
 
 
-def _sites(folder: Path, n: int) -> list[dict]:
-    return [{"data-path": str(folder / f"{member_name(i, n)}.npz"),
-             "client-id": member_name(i, n)} for i in range(n)]
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("dataset, n, strategy, extra", [
     ("synthetic", 4, "fedamp", {"local-epochs": 1}),
     ("synthetic", 4, "heurfedamp", {"local-epochs": 1, "heurfedamp-sigma": 25.0}),
@@ -57,7 +53,7 @@ def test_members_files_give_the_numbers_of_the_partitioned_simulation(tmp_path, 
     common = {"strategy": strategy, "seed": seed, **extra, **sigma}
     partitioned = run_named(tmp_path, "partitioned", {**common, "dataset": dataset}, n)
     members = run_named(tmp_path, "members", {**common, **members_config}, n,
-                   _sites(tmp_path / "sites", n))
+                   site_node_configs(tmp_path / "sites", n))
     # the same clients, test results and losses (Panacea's server step sums in threads, which
     # changes its losses in the ninth digit from one run to the next, members or not)
     for got, want in zip(_rounds(members), _rounds(partitioned), strict=True):
@@ -72,7 +68,7 @@ def test_a_misfit_member_is_left_out_by_name_and_the_others_go_on(tmp_path, capl
     n = 3
     dc = tasks.DataConfig(dataset="synthetic", data_dir="", num_clients=n, seed=0)
     run_config = write_sites(dc, tmp_path / "sites")
-    nodes = _sites(tmp_path / "sites", n)
+    nodes = site_node_configs(tmp_path / "sites", n)
     rng = np.random.default_rng(0)
     bad = tmp_path / "five-features.npz"
     np.savez(bad, x=rng.normal(size=(20, 5)).astype(np.float32), y=rng.integers(0, 2, 20))
@@ -96,7 +92,7 @@ def test_two_nodes_claiming_one_client_id_are_both_refused(tmp_path, caplog):
     n = 3
     dc = tasks.DataConfig(dataset="synthetic", data_dir="", num_clients=n, seed=0)
     run_config = write_sites(dc, tmp_path / "sites")
-    nodes = _sites(tmp_path / "sites", n)
+    nodes = site_node_configs(tmp_path / "sites", n)
     nodes.append({**nodes[1]})  # node 103 claims client-1, as node 101 does
     with caplog.at_level(logging.WARNING):
         metrics = run_named(tmp_path, "dup", {**run_config, "strategy": "fedavg", "local-epochs": 1,
@@ -140,7 +136,7 @@ def test_a_member_on_a_new_node_keeps_its_id_and_its_personalized_model(tmp_path
     n = 3
     dc = tasks.DataConfig(dataset="synthetic", data_dir="", num_clients=n, seed=0)
     run_config = write_sites(dc, tmp_path / "sites")
-    nodes = _sites(tmp_path / "sites", n)
+    nodes = site_node_configs(tmp_path / "sites", n)
     results = {}
     for name, moved_at in (("stayed", None), ("moved", 2)):
         cfg = {**run_config, "strategy": "fedamp", "fedamp-sigma": 1.0, "local-epochs": 1,
@@ -339,32 +335,6 @@ def test_npz_problems_are_named(tmp_path):
         load_member_data(tmp_path / "data.txt", SCHEMA, 0, "s")
 
 
-class JoiningGrid(InProcessGrid):
-    """Members on nodes 100, 101, ...; the last one's node connects only from round
-    ``joins_at`` on (a member that joins a run under way)."""
-
-    def __init__(self, run_config: dict, nodes: list[dict], joins_at: int) -> None:
-        super().__init__(run_config, node_configs=nodes)
-        self.round, self.joins_at, self.all = 1, joins_at, list(self.contexts)
-
-    def get_node_ids(self) -> list[int]:
-        return self.all if self.round >= self.joins_at else self.all[:-1]
-
-    def send_and_receive(self, messages, timeout=None):
-        messages = list(messages)
-        replies = super().send_and_receive(messages, timeout)
-        if messages and messages[0].metadata.message_type == "evaluate":
-            self.round += 1
-        return replies
-
-
-def _app(grid, cfg: dict) -> dict:
-    with task_identity():
-        server_app.app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
-                                     run_config=cfg))
-    return json.loads((Path(cfg["results-dir"]) / cfg["run-name"] / "metrics.json").read_text())
-
-
 @pytest.mark.parametrize("strategy, extra", [
     ("fedamp", {"fedamp-sigma": 1.0}), ("separate", {}), ("fedavg", {}),
     ("panacea", {"graph": "file", "panacea-server-lr": 0.01, "local-steps": 3}),
@@ -381,7 +351,7 @@ def test_a_member_that_joins_a_run_under_way_gets_the_next_id_and_trains(tmp_pat
            "min-nodes": 3, "results-dir": str(tmp_path), "run-name": strategy,
            "server-device": "cpu", "graph-file": str(graph), **extra}
     with caplog.at_level(logging.INFO):
-        metrics = _app(JoiningGrid(cfg, _sites(tmp_path / "sites", n), joins_at=2), cfg)
+        metrics = run_app(JoiningGrid(cfg, site_node_configs(tmp_path / "sites", n), joins_at=2), cfg)
     assert metrics["client_names"] == ["client-0", "client-1", "client-2", "client-3"]
     assert [r["trained_clients"] for r in metrics["rounds"]] == [[0, 1, 2]] + [[0, 1, 2, 3]] * 2
     assert set(metrics["rounds"][2]["client_accuracy"]) == {"0", "1", "2", "3"}
@@ -394,15 +364,15 @@ def test_a_resumed_run_takes_a_new_member_after_the_checkpoints_ones(tmp_path):
     n = 4
     dc = tasks.DataConfig(dataset="synthetic", data_dir="", num_clients=n, seed=0)
     run_config = write_sites(dc, tmp_path / "sites")
-    nodes = _sites(tmp_path / "sites", n)
+    nodes = site_node_configs(tmp_path / "sites", n)
     cfg = {**run_config, "strategy": "fedamp", "fedamp-sigma": 1.0, "local-epochs": 1,
            "num-server-rounds": 2, "min-nodes": 3, "results-dir": str(tmp_path),
            "run-name": "grow", "server-device": "cpu"}
-    first = _app(InProcessGrid(cfg, node_configs=nodes[:3]), cfg)
+    first = run_app(InProcessGrid(cfg, node_configs=nodes[:3]), cfg)
     assert first["client_names"] == ["client-0", "client-1", "client-2"]
     cfg = {**cfg, "num-server-rounds": 3, "resume": True}
     # the members come back in another order, with a fourth one
-    resumed = _app(InProcessGrid(cfg, node_configs=[nodes[3], nodes[2], nodes[0], nodes[1]]),
+    resumed = run_app(InProcessGrid(cfg, node_configs=[nodes[3], nodes[2], nodes[0], nodes[1]]),
                    cfg)
     assert resumed["client_names"] == ["client-0", "client-1", "client-2", "client-3"]
     assert resumed["rounds"][:2] == first["rounds"]

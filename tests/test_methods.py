@@ -22,7 +22,7 @@ from strategies.core.settings import coerce as _coerce
 from strategies.fedamp_math import fedamp_weights
 from strategies.hypernetwork import sample_pairs, server_step
 
-from .conftest import LocalGrid, client_infos, reply, run_local, setup_strategy
+from .helpers import LocalGrid, client_infos, reply, run_local, setup_strategy
 
 
 def _filled(model, value: float) -> dict[str, torch.Tensor]:

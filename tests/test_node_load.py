@@ -1,8 +1,8 @@
 """A member's node under CPU-bound neighbours keeps one ClientApp process per message.
 
 The drill of ``experiments/node_load.py`` at a small scale: a loopback fleet of three
-members' SuperNodes beside CPU-bound neighbours (twice as many busy processes as the
-machine has cores, as many as the test's budget allows), a FedAMP run, then the run
+members' SuperNodes beside CPU-bound neighbours (as many busy processes as the machine has
+cores: every core taken; the drill's own default is twice that), a FedAMP run, then the run
 resumed while a fourth member joins. Every SuperNode must have started exactly one
 ``flwr-clientapp`` process per message it received (none relaunched for a task whose
 claim ran out: Flower's pile-up, docs/federation.md "A node under load"), kept at most
@@ -18,7 +18,7 @@ import pytest
 
 from experiments import node_load
 
-from .test_flower_e2e import FLWR
+from .helpers import FLWR
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slow,
 
 def test_a_member_node_under_load_through_a_resumed_run_with_a_joining_member(tmp_path,
                                                                               capsys):
-    load = 2 * (os.cpu_count() or 1)
+    load = os.cpu_count() or 1
     assert node_load.main(["--load", str(load), "--rounds", "1", "--repeats", "1",
                            "--most", "2", "--run-timeout", "600", "--out", str(tmp_path)]) == 0
     said = capsys.readouterr().out

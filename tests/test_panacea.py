@@ -19,7 +19,7 @@ from strategies.hypernetwork import (
 from tasks.federated import fl60_oracle_accuracy, load_npz, load_tpt48, make_fl60
 from tasks.graphs import GraphError, build_graph, group_graph, validate_adjacency
 
-from .conftest import needs_data
+from .helpers import needs_data
 
 SIZES = [6 * 4, 4, 4 * 2, 2]  # an MLP 6-4-2: weight, bias, weight, bias
 

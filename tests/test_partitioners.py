@@ -9,7 +9,7 @@ import tasks
 from tasks.partitioners import PracticalPartitioner, build_partitioner, partition_pool
 from tasks.recipes import matching_test_indices, practical_class_counts
 
-from .conftest import needs_data
+from .helpers import needs_data
 
 
 def _labels(n_per_class=1000, classes=10, seed=0):
@@ -25,6 +25,7 @@ def test_practical_class_counts_are_80_20():
     assert counts.max() - counts[[0, 1, 4, 5, 6, 7, 8, 9]].min() == 200 - 12
 
 
+@pytest.mark.slow
 def test_practical_partitions_sizes_mix_disjoint_and_deterministic():
     train, test = _labels(), _labels(300, seed=1)
     parts = [partition_pool(train, test, PracticalPartitioner(20, seed=3), 100, 3) for _ in range(2)]
@@ -77,6 +78,7 @@ def test_unknown_partitioning_names_the_allowed():
         build_partitioner("bogus", 2, 0)
 
 
+@pytest.mark.slow
 def test_real_fmnist_practical_preset():
     folder = needs_data("fashion_mnist")
     dc = tasks.DataConfig("fmnist", str(folder), 20, 42, "practical")
@@ -101,6 +103,7 @@ def test_synthetic_default_sizes():
     assert len(a.y_train) == 500 and len(b.y_train) == 100
 
 
+@pytest.mark.slow
 def test_emnist_practical_recipe_62_clients_in_three_groups():
     from tasks.recipes import emnist_recipe
 
@@ -121,6 +124,7 @@ def test_emnist_practical_recipe_62_clients_in_three_groups():
     assert len(np.unique(all_idx)) == len(all_idx)
 
 
+@pytest.mark.slow
 def test_cifar100_practical_recipe_groups_by_superclass_sizes_by_block():
     from tasks.data import Split, coarse_of_fine
     from tasks.recipes import cifar100_recipe

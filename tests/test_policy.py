@@ -20,7 +20,7 @@ from strategies.core.settings import ConfigError
 from strategies.core.tracking import RunTracking
 from strategies.fedamp import FedAMP
 
-from .conftest import member_sites, run_named
+from .helpers import member_sites, run_named
 
 
 def _policy(tmp_path, text: str):

@@ -25,8 +25,7 @@ from tasks.dp import (
     privatize_update,
 )
 
-from .conftest import run_named
-from .test_members import _sites
+from .helpers import run_named, site_node_configs
 
 
 def _models(scale: float):
@@ -114,7 +113,7 @@ def test_the_ledger_continues_across_processes_and_declines_past_the_limit(tmp_p
 
 def _members(tmp_path, n=3):
     dc = tasks.DataConfig(dataset="synthetic", data_dir="", num_clients=n, seed=0)
-    return write_sites(dc, tmp_path / "sites"), _sites(tmp_path / "sites", n)
+    return write_sites(dc, tmp_path / "sites"), site_node_configs(tmp_path / "sites", n)
 
 
 def test_a_member_at_its_limit_stops_training_and_the_run_goes_on(tmp_path, capsys):
@@ -235,6 +234,7 @@ def test_dp_sgd_trains_privately_and_the_ledger_counts_its_sampled_steps(tmp_pat
     assert all(math.isfinite(r["mean_accuracy"]) for r in metrics["rounds"])
 
 
+@pytest.mark.slow
 def test_the_presets_noise_multipliers_keep_every_member_at_its_epsilon():
     from experiments.presets import DP_NOISE, PRESETS
 
@@ -257,15 +257,15 @@ def test_the_presets_noise_multipliers_keep_every_member_at_its_epsilon():
 def test_a_resumed_run_and_a_restarted_supernode_continue_the_same_ledger(tmp_path):
     from flwr.common import MessageType
 
-    from .test_survival import Crash, FaultyGrid, config, run
+    from .helpers import Crash, FaultyGrid, grid_config, run_on_grid
 
-    cfg = config(tmp_path, "fedavg", **{"dp": "update", "num-server-rounds": 4})
+    cfg = grid_config(tmp_path, "fedavg", **{"dp": "update", "num-server-rounds": 4})
     # client 1's SuperNode restarts before round 2 (a new node, an empty context.state);
     # the ServerApp dies in round 3 before its training messages go out
     grid = FaultyGrid(cfg, 3, crash_at=(3, MessageType.TRAIN), moves={1: (2, 901)})
     with pytest.raises(Crash):
-        run(grid, cfg)
-    metrics = run(grid, {**cfg, "resume": True})
+        run_on_grid(grid, cfg)
+    metrics = run_on_grid(grid, {**cfg, "resume": True})
     assert [r["trained_clients"] for r in metrics["rounds"]] == [[0, 1, 2]] * 4
     for r in metrics["rounds"]:  # one release a round, whichever process or node made it
         for client in ("0", "1", "2"):
@@ -289,10 +289,11 @@ def test_a_members_noise_is_not_taken_for_a_hostile_update(tmp_path):
     assert not any(r.get("rejected") for r in metrics["rounds"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["update", "dp-sgd"])
 @pytest.mark.parametrize("strategy", sorted(strategies.STRATEGIES))
 def test_every_method_runs_private_or_is_refused_with_its_reason(strategy, mode, tmp_path):
-    from .conftest import run_local
+    from .helpers import run_local
 
     entry = strategies.STRATEGIES[strategy]
     graph = entry.uses_graph

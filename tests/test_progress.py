@@ -248,6 +248,7 @@ def test_the_runner_passes_the_milestones():
                    if line and not line.startswith(("Starting", "configure"))]
 
 
+@pytest.mark.slow
 def test_a_two_run_grid_compares_in_one_tensorboard_and_one_mlflow_experiment(tmp_path, capsys):
     out = tmp_path / "grid"
     assert simulation.main(["--engine", "inprocess", "--preset", "quick", "--datasets",

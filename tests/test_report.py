@@ -17,54 +17,7 @@ import pytest
 from experiments import report, scores, tables
 from experiments.scores import RunRecord
 
-CLIENTS = 4
-OFFSETS = [-0.02, -0.01, 0.01, 0.02]   # per-client deviation from the round's mean (sums to 0)
-
-
-def fake_run(strategy: str, seed: int, best: float, *, dataset: str = "fmnist",
-             partitioning: str = "practical", drop: float = 0.0, regression: bool = False,
-             xi: bool = False, failed_eval_round: int | None = None) -> dict:
-    """A metrics.json dict with 3 rounds whose best mean is ``best`` (round 2).
-
-    Parameters
-    ----------
-    strategy, seed, dataset, partitioning : the run's identity.
-    best : BMTA in % (classification) or best mean MSE (regression).
-    drop : the run config's drop-rate.
-    regression : MSE records instead of accuracy.
-    xi : record FedAMP's collaboration weights for rounds 1..3.
-    failed_eval_round : a round without evaluation records (as when evaluation failed).
-    """
-    name = "mse" if regression else "accuracy"
-    # classification: means 0.1 below, at and 0.05 below the best; regression: 2x, 1x, 1.5x
-    means = ([2 * best, best, 1.5 * best] if regression
-             else [best / 100 - 0.1, best / 100, best / 100 - 0.05])
-    rounds = []
-    for r, mean in enumerate(means, start=1):
-        rec = {"round": r, "train_loss": 1.0 / r, "trained_clients": list(range(CLIENTS))}
-        if r != failed_eval_round:
-            rec[f"client_{name}"] = {str(c): mean + OFFSETS[c] * (best if regression else 1)
-                                     for c in range(CLIENTS)}
-            rec[f"mean_{name}"] = mean
-            rec["client_loss"] = {str(c): 0.5 for c in range(CLIENTS)}
-            rec["mean_loss"] = 0.5
-        rounds.append(rec)
-    run = {
-        "run_name": f"{strategy}-{dataset}-{partitioning}-{seed}-d{drop}",
-        "strategy": strategy, "dataset": dataset, "partitioning": partitioning,
-        "num_clients": CLIENTS, "seed": seed,
-        "config": {"strategy": strategy, "dataset": dataset, "partitioning": partitioning,
-                   "seed": seed, "num-server-rounds": 3, "local-epochs": 5,
-                   "drop-rate": drop, "attack-ratio": 0.0, "novel-client-fraction": 0.0,
-                   "learning-rate": 0.001},
-        "sigma": {"fedamp": 1e5, "heurfedamp": 10.0}, "wall_time_s": 12.5,
-        "rounds": rounds, "novel_clients": [], "attackers": [],
-    }
-    run["best_mean_mse" if regression else "bmta"] = best
-    if xi:
-        w = [[0.7 if i == j else 0.1 for j in range(CLIENTS)] for i in range(CLIENTS)]
-        run["xi"] = {"client_ids": list(range(CLIENTS)), "rounds": {str(r): w for r in (1, 2, 3)}}
-    return run
+from .helpers import fake_run
 
 
 def fake_grid() -> list[dict]:
@@ -214,5 +167,5 @@ def test_the_task_kind_comes_from_metrics_json_else_from_its_keys() -> None:
     assert RunRecord.from_json(regression).kind == "regression"
     assert RunRecord.from_json(fake_run("fedavg", 0, 50.0)).kind == "classification"
     # the ServerApp names the kind: it wins over what the keys suggest
-    assert RunRecord.from_json({**regression, "task_kind": "classification"}).kind == \
+    assert RunRecord.from_json({**regression, "task_kind": "classification"}).kind ==\
         "classification"

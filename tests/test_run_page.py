@@ -14,7 +14,7 @@ import pytest
 
 from fedamp_flwr.cli import main
 
-from .conftest import member_sites, run_named
+from .helpers import member_sites, run_named
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed "
@@ -70,6 +70,7 @@ def _members_run(tmp_path: Path) -> Path:
     return tmp_path / "fedamp-members"
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_a_fedamp_members_run_and_a_members_page(tmp_path, capsys):
     folder = _members_run(tmp_path)

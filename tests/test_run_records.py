@@ -60,6 +60,7 @@ def test_min_clients_evaluated_makes_it_a_stop(tmp_path):
                       client_app=_crashing_client_0())
 
 
+@pytest.mark.slow
 def test_one_sampling_rule_fedavg_and_fedamp_train_the_same_clients(tmp_path):
     """fraction-train is one rule for every strategy: of the connected clients that train
     (not novel), a seeded max(1, round(f x n)); Flower's own strategies and the personalized

@@ -15,8 +15,7 @@ import torch
 from fedamp_flwr.config import ConfigError, RunConfig
 from fedamp_flwr.inprocess import InProcessGrid
 
-from .test_members import _app
-from .test_members_fleet import _initial_accuracy, _member_file
+from .helpers import initial_accuracy, member_file, run_app
 
 
 def _season(tmp_path: Path, strategy: str, n: int = 4, **extra) -> tuple[dict, list[dict]]:
@@ -24,7 +23,7 @@ def _season(tmp_path: Path, strategy: str, n: int = 4, **extra) -> tuple[dict, l
     tests/test_members_fleet.py) and the run config of a season of ``strategy``."""
     folder = tmp_path / "sites"
     folder.mkdir(exist_ok=True)
-    nodes = [{"data-path": str(_member_file(folder / f"client-{i}.npz", i)),
+    nodes = [{"data-path": str(member_file(folder / f"client-{i}.npz", i)),
               "client-id": f"client-{i}"} for i in range(n)]
     cfg = {"dataset": "members", "member-input-shape": "6", "member-outputs": 3,
            "batch-size": 20, "strategy": strategy, "local-epochs": 1, "min-nodes": 3,
@@ -45,14 +44,14 @@ def _store(run_dir: Path) -> torch.Tensor:
 def test_a_fedamp_season_starts_from_the_last_by_member_name(tmp_path, caplog):
     cfg, nodes = _season(tmp_path, "fedamp")
     s1 = {**cfg, "num-server-rounds": 5, "run-name": "s1"}
-    first = _app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
+    first = run_app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
     last = first["rounds"][-1]["client_accuracy"]
     kept = _store(tmp_path / "s1")
     # season 2: client-2 gone, client-3 new, the members in another order; one round
     season = {**cfg, "num-server-rounds": 1, "run-name": "s2", "seed": 7,
               "warm-start": str(tmp_path / "s1"), "checkpoint-every": 1}
     with caplog.at_level(logging.INFO):
-        second = _app(InProcessGrid(season, node_configs=[nodes[3], nodes[1], nodes[0]]), season)
+        second = run_app(InProcessGrid(season, node_configs=[nodes[3], nodes[1], nodes[0]]), season)
     names = second["client_names"]
     assert names == ["client-0", "client-1", "client-3"]
     warm = second["warm_start"]
@@ -66,10 +65,10 @@ def test_a_fedamp_season_starts_from_the_last_by_member_name(tmp_path, caplog):
         assert now[str(cid)] >= before - 0.02, (name, now, last)
     # the newcomer starts from the returning members' mean (docs/federation.md, "Seasons"),
     # and its first round is above what the initial model gives it
-    assert now["2"] > _initial_accuracy(second, Path(nodes[3]["data-path"])), now
+    assert now["2"] > initial_accuracy(second, Path(nodes[3]["data-path"])), now
     # a resumed second season keeps its warm start's record, and does not start again
     again = {**season, "num-server-rounds": 2, "resume": True}
-    resumed = _app(InProcessGrid(again, node_configs=[nodes[0], nodes[1], nodes[3]]), again)
+    resumed = run_app(InProcessGrid(again, node_configs=[nodes[0], nodes[1], nodes[3]]), again)
     assert resumed["warm_start"] == warm and resumed["rounds"][0] == second["rounds"][0]
     assert kept.shape[0] == 3
 
@@ -80,7 +79,7 @@ def test_an_sfl_newcomer_starts_from_the_mean_of_the_members_not_kept_apart(tmp_
     cfg, nodes = _season(tmp_path, "sfl", graph="file", **{"graph-file": str(graph),
                                                           "sfl-train-from": "own"})
     s1 = {**cfg, "num-server-rounds": 2, "run-name": "s1"}
-    _app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
+    run_app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
     old = _store(tmp_path / "s1")
     policy = tmp_path / "policy.toml"
     policy.write_text('[[apart]]\nmembers = ["client-3", "client-0"]\n')
@@ -95,7 +94,7 @@ def test_an_sfl_newcomer_starts_from_the_mean_of_the_members_not_kept_apart(tmp_
     try:
         s2 = {**cfg, "num-server-rounds": 1, "run-name": "s2", "warm-start": str(tmp_path / "s1"),
               "collaboration-policy": str(policy)}
-        _app(InProcessGrid(s2, node_configs=nodes), s2)
+        run_app(InProcessGrid(s2, node_configs=nodes), s2)
     finally:
         SFLStrategy.warm_start = real
     store = seen["store"]
@@ -112,12 +111,12 @@ def test_panacea_places_a_newcomers_embedding_by_its_graph_neighbours(tmp_path):
         "graph-file": str(graph), "panacea-server-lr": 0.01, "local-steps": 3,
         "save-models": "final"})
     s1 = {**cfg, "num-server-rounds": 2, "run-name": "s1"}
-    _app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
+    run_app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
     held = _newest(tmp_path / "s1")["hnet"]
     s2 = {**cfg, "num-server-rounds": 1, "run-name": "s2", "warm-start": str(tmp_path / "s1"),
           "panacea-server-steps": 1}
     kept = [{**node, "model-dir": str(tmp_path / "models")} for node in nodes[1:]]
-    metrics = _app(InProcessGrid(s2, node_configs=kept), s2)
+    metrics = run_app(InProcessGrid(s2, node_configs=kept), s2)
     assert metrics["warm_start"]["new"] == ["client-3"]
     cards = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "models" / "s2").glob("*.json")}
     assert cards["client-3"]["started_from"] == "its embedding placed by 1 graph neighbours"
@@ -130,7 +129,7 @@ def test_panacea_places_a_newcomers_embedding_by_its_graph_neighbours(tmp_path):
 def test_what_a_warm_start_refuses_before_round_one(tmp_path):
     cfg, nodes = _season(tmp_path, "fedamp", **{"fedamp-sigma": 1.0})
     s1 = {**cfg, "num-server-rounds": 1, "run-name": "s1"}
-    _app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
+    run_app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
     cases = [
         ({"warm-start": str(tmp_path / "nowhere")}, "holds no checkpoint"),
         ({"strategy": "fedavg", "warm-start": str(tmp_path / "s1")},
@@ -141,7 +140,7 @@ def test_what_a_warm_start_refuses_before_round_one(tmp_path):
     for extra, said in cases:
         s2 = {**cfg, "num-server-rounds": 1, "run-name": "s2", **extra}
         with pytest.raises(ConfigError, match=said):
-            _app(InProcessGrid(s2, node_configs=nodes[:3]), s2)
+            run_app(InProcessGrid(s2, node_configs=nodes[:3]), s2)
     with pytest.raises(ConfigError, match="another run's folder"):
         RunConfig.from_run_config({**cfg, "run-name": "s1", "warm-start": str(tmp_path / "s1")})
     with pytest.raises(ConfigError, match='graph = "inferred"'):
@@ -173,7 +172,7 @@ def test_forget_erases_a_member_from_every_file_of_the_run(tmp_path, strategy, e
     graph.write_text("u,v\nclient-0,client-1\nclient-1,client-2\nclient-2,client-3\n")
     cfg, nodes = _season(tmp_path, strategy, **{"graph-file": str(graph), **extra})
     s1 = {**cfg, "num-server-rounds": 3, "run-name": "s1", "checkpoint-keep": 3}
-    before = _app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
+    before = run_app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
     run = tmp_path / "s1"
     held = {p.name: torch.load(p, weights_only=True) for p in (run / "checkpoint").glob("*.pt")}
     if strategy == "fedamp":
@@ -214,9 +213,9 @@ def test_forget_erases_a_member_from_every_file_of_the_run(tmp_path, strategy, e
     # the forgotten run is not resumed; a new season warm-starts from it: client-2 is new there
     resume = {**s1, "num-server-rounds": 4, "resume": True}
     with pytest.raises(ConfigError, match="has forgotten a member"):
-        _app(InProcessGrid(resume, node_configs=nodes[:3]), resume)
+        run_app(InProcessGrid(resume, node_configs=nodes[:3]), resume)
     s2 = {**cfg, "num-server-rounds": 1, "run-name": "s2", "warm-start": str(run)}
-    second = _app(InProcessGrid(s2, node_configs=nodes[:3]), s2)
+    second = run_app(InProcessGrid(s2, node_configs=nodes[:3]), s2)
     assert second["warm_start"]["returning"] == ["client-0", "client-1"]
     assert second["warm_start"]["new"] == ["client-2"]
 
@@ -225,18 +224,18 @@ def test_forget_erases_a_member_from_every_file_of_the_run(tmp_path, strategy, e
     ("fedamp", {}), ("panacea", {"graph": "file", "panacea-server-lr": 0.01, "local-steps": 3}),
 ])
 def test_a_returning_member_that_joins_under_way_takes_its_own_model(tmp_path, strategy, extra):
-    from .test_members import JoiningGrid
+    from .helpers import JoiningGrid
 
     graph = tmp_path / "graph.csv"
     graph.write_text("u,v\nclient-0,client-1\nclient-1,client-2\nclient-2,client-3\n")
     cfg, nodes = _season(tmp_path, strategy, **{"graph-file": str(graph), **extra})
     s1 = {**cfg, "num-server-rounds": 2, "run-name": "s1"}
-    _app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
+    run_app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
     held = _newest(tmp_path / "s1")
     # season 2: client-0, client-1 and the new client-3 start; client-2 comes back in round 2
     s2 = {**cfg, "num-server-rounds": 2, "run-name": "s2", "warm-start": str(tmp_path / "s1"),
           "checkpoint-every": 1}
-    second = _app(JoiningGrid(s2, [nodes[0], nodes[1], nodes[3], nodes[2]], joins_at=2), s2)
+    second = run_app(JoiningGrid(s2, [nodes[0], nodes[1], nodes[3], nodes[2]], joins_at=2), s2)
     assert second["warm_start"]["returning"] == ["client-0", "client-1", "client-2"]
     assert second["warm_start"]["new"] == ["client-3"]
     first, last = (torch.load(p, weights_only=True)["strategy"]
@@ -255,7 +254,7 @@ def test_forget_takes_the_members_place_from_the_sealed_checkpoints_and_names_ex
 
     cfg, nodes = _season(tmp_path, "fedamp")
     s1 = {**cfg, "num-server-rounds": 1, "run-name": "s1"}
-    _app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
+    run_app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
     run = tmp_path / "s1"
     metrics = json.loads((run / "metrics.json").read_text())
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}

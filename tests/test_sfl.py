@@ -10,7 +10,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 from fedamp_flwr.config import ConfigError, RunConfig
 from strategies.sfl import sfl_propagation
 
-from .conftest import LocalGrid, client_infos, reply, run_local, setup_strategy
+from .helpers import LocalGrid, client_infos, reply, run_local, setup_strategy
 
 PATH = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])  # 0 - 1 - 2
 

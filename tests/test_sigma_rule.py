@@ -15,7 +15,7 @@ from fedamp_flwr.inprocess import run_inprocess
 from fedamp_flwr.results import checkpoint_files
 from strategies.fedamp_math import median_cosine_distance, median_sq_distance
 
-from .conftest import member_sites
+from .helpers import member_sites
 
 
 def test_the_median_rule_on_models_worked_by_hand():
@@ -65,6 +65,7 @@ def test_auto_sigma_is_the_papers_where_it_has_one_and_else_from_the_data():
         RunConfig.from_run_config({"fedamp-sigma-rule": "median"})
 
 
+@pytest.mark.slow
 def test_a_members_fedamp_run_with_every_default_chooses_sigma_and_keeps_it_on_resume(tmp_path):
     n = 4
     run_config, nodes = member_sites(tmp_path / "sites", "synthetic", n)

@@ -20,7 +20,7 @@ from experiments import presets, runner
 from experiments.processes import SuperLink, alive, process_tree, processes_with_env, stop_tree
 from fedamp_flwr.config import ConfigError
 
-from .conftest import ROOT
+from .helpers import ROOT
 
 pytestmark = pytest.mark.skipif(shutil.which("flwr") is None or shutil.which("flower-superlink") is None,
                                 reason="flwr CLI not on PATH (activate the venv)")
@@ -30,17 +30,36 @@ TINY = ["--preset", "quick", "--datasets", "synthetic", "--strategies", "fedavg,
 
 
 @pytest.mark.slow
-def test_tiny_grid_writes_csv_table_and_plots_then_resumes(tmp_path, capsys):
+def test_tiny_grid_writes_csv_table_and_plots_then_resumes(tmp_path, capfd):
+    """A grid on Flower's engine: two jobs side by side, each on its own SuperLink, stopped
+    with all it started; one more round resumes each run from its checkpoint; a grid run
+    again runs nothing done, and again what lost its metrics. (That a resumed run gives the
+    numbers of an uninterrupted one: in process, tests/test_survival.py and
+    ``test_several_jobs_give_the_results_of_one_and_resume_the_same``.)"""
     out = tmp_path / "grid"
-    assert simulation.main([*TINY, "--output", str(out)]) == 0
-    printed = capsys.readouterr().out
+    one_round = [*TINY, "--output", str(out), "--rounds", "1"]
+    assert simulation.main([*one_round, "--jobs", "2"]) == 0
+    printed = capfd.readouterr().out
     assert "2 runs, 0 already done, 2 to run" in printed
-    assert "Round 2: mean test accuracy" in printed  # a progress line per round
+    assert "(job 1)" in printed and "(job 2)" in printed
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert {r["status"] for r in rows} == {"finished:completed"} and len(rows) == 2
+    assert len({r["flower_run_id"] for r in rows}) == 2
+    for slot in (0, 1):  # each job's SuperLink, stopped with all it started
+        assert (out / f".flwr-home-{slot}" / "superlink.log").is_file()
+        assert _left_of(out / f".flwr-home-{slot}") == []
 
+    assert simulation.main([*TINY, "--output", str(out)]) == 0  # one more round
+    printed = capfd.readouterr().out
+    assert printed.count("resuming after round 1 from its checkpoint") == 2
+    assert "Round 2: mean test accuracy" in printed  # a progress line per round
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert sorted(r["strategy"] for r in rows) == ["fedamp", "fedavg"]
     assert all(r["dataset"] == "synthetic" and r["num_rounds"] == "2" for r in rows)
     assert all(0 <= float(r["bmta"]) <= 100 for r in rows)
+    for row in rows:
+        metrics = json.loads((out / "runs" / row["run_name"] / "metrics.json").read_text())
+        assert metrics["finished"] and [r["round"] for r in metrics["rounds"]] == [1, 2]
     table = (out / "table.md").read_text()
     assert "| fedavg |" in table and "| fedamp |" in table and "synthetic/practical" in table
     pngs = sorted(p.name for p in out.glob("*.png"))
@@ -55,10 +74,10 @@ def test_tiny_grid_writes_csv_table_and_plots_then_resumes(tmp_path, capsys):
     kept = out / "runs" / "fedamp-synthetic-practical-s0" / "metrics.json"
     stamp = kept.stat().st_mtime_ns
     assert simulation.main([*TINY, "--output", str(out)]) == 0
-    assert "2 runs, 2 already done, 0 to run" in capsys.readouterr().out
+    assert "2 runs, 2 already done, 0 to run" in capfd.readouterr().out
     done.unlink()
     assert simulation.main([*TINY, "--output", str(out)]) == 0
-    printed = capsys.readouterr().out
+    printed = capfd.readouterr().out
     assert "2 runs, 1 already done, 1 to run" in printed and "fedavg-synthetic" in printed
     assert done.is_file() and kept.stat().st_mtime_ns == stamp
 
@@ -203,24 +222,6 @@ def test_sigterm_stops_the_grid_and_everything_it_started(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_half_finished_run_is_continued_from_its_checkpoint(tmp_path, capsys):
-    args = ["--preset", "quick", "--datasets", "synthetic", "--strategies", "fedamp",
-            "--num-supernodes", "2", "--set", "local-epochs=1"]
-    out = tmp_path / "grid"
-    assert simulation.main([*args, "--output", str(out), "--rounds", "1"]) == 0
-    assert simulation.main([*args, "--output", str(out), "--rounds", "2"]) == 0  # one more round
-    assert "resuming after round 1 from its checkpoint" in capsys.readouterr().out
-    # the same 2 rounds in one go
-    assert simulation.main([*args, "--output", str(tmp_path / "whole"), "--rounds", "2"]) == 0
-    name = Path("runs") / "fedamp-synthetic-practical-s0" / "metrics.json"
-    resumed = json.loads((out / name).read_text())
-    whole = json.loads((tmp_path / "whole" / name).read_text())
-    assert resumed["finished"] and [r["round"] for r in resumed["rounds"]] == [1, 2]
-    for got, want in zip(resumed["rounds"], whole["rounds"]):
-        for key in ("client_accuracy", "train_loss", "mean_loss", "client_loss"):
-            assert got[key] == want[key], key  # to the last digit
-
-
 def test_the_inprocess_engine_runs_a_grid_with_variants_and_resumes(tmp_path, capsys):
     out = tmp_path / "grid"
     args = ["--engine", "inprocess", "--preset", "nonconvex", "--datasets", "synthetic",
@@ -292,6 +293,7 @@ JOBS_GRID = ["--engine", "inprocess", "--preset", "nonconvex", "--datasets", "sy
              "--num-supernodes", "3", "--set", "test-samples=50", "--set", "alone=false"]
 
 
+@pytest.mark.slow
 def test_several_jobs_give_the_results_of_one_and_resume_the_same(tmp_path, capfd):
     one, two = tmp_path / "one", tmp_path / "two"
     assert simulation.main([*JOBS_GRID, "--rounds", "2", "--output", str(one)]) == 0
@@ -315,6 +317,7 @@ def test_several_jobs_give_the_results_of_one_and_resume_the_same(tmp_path, capf
     assert "6 runs, 6 already done, 0 to run" in capfd.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_failed_job_is_recorded_and_the_others_go_on(tmp_path, capfd):
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"not an npz file")
@@ -344,6 +347,7 @@ def test_jobs_must_be_a_positive_integer_or_auto(tmp_path):
     assert auto_jobs(16, 1) == 4 and auto_jobs(4, 1) == 2 and auto_jobs(16, 2) == 8
 
 
+@pytest.mark.slow
 def test_sigterm_stops_every_job_and_what_it_started(tmp_path):
     out = tmp_path / "grid"
     args = [sys.executable, str(simulation.ROOT / "simulation.py"), *JOBS_GRID,
@@ -366,17 +370,3 @@ def test_sigterm_stops_every_job_and_what_it_started(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-
-
-@pytest.mark.slow
-def test_two_flower_jobs_run_side_by_side_on_their_own_superlinks(tmp_path, capfd):
-    out = tmp_path / "grid"
-    assert simulation.main([*TINY, "--output", str(out), "--jobs", "2"]) == 0
-    printed = capfd.readouterr().out
-    assert "(job 1)" in printed and "(job 2)" in printed
-    rows = list(csv.DictReader(open(out / "results.csv")))
-    assert {r["status"] for r in rows} == {"finished:completed"} and len(rows) == 2
-    assert len({r["flower_run_id"] for r in rows}) == 2
-    for slot in (0, 1):  # each job's SuperLink, stopped with all it started
-        assert (out / f".flwr-home-{slot}" / "superlink.log").is_file()
-        assert _left_of(out / f".flwr-home-{slot}") == []

@@ -60,6 +60,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_card_claiming_1e8_inputs_is_one_line_under_a_memory_limit(tmp_path):
     weights = _tiny_model(tmp_path)
     card = _edit_card(weights, input_shape=[MAX_INPUTS])

@@ -227,3 +227,43 @@ if __name__ == "__main__":
         sys.exit("usage: python -m tests.test_structure --reference")
     print("<!-- generic keys: generated -->\n" + generic_reference())
     print("<!-- methods' keys: generated -->\n" + method_reference(), end="")
+
+
+def _test_module_imports(path: Path) -> list[tuple[str, str]]:
+    """(module, name) of each ``from X import name`` in a test file, lazy imports included,
+    with a relative ``X`` named inside ``tests``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level or module.startswith("tests."):
+                module = module.removeprefix("tests.")
+            else:
+                continue
+            out += [(module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(alias.name.removeprefix("tests."), "*") for alias in node.names
+                    if alias.name.startswith("tests.")]
+    return out
+
+
+def _imports_from_tests(path: Path) -> list[str]:
+    return [f"{path.name}: from {module} import {name}"
+            for module, name in _test_module_imports(path)
+            if module.split(".")[0].startswith("test_") or module == "conftest"]
+
+
+def test_no_test_module_imports_from_another(tmp_path):
+    """The tests' helpers live in one place (tests/helpers.py; fixtures in tests/conftest.py):
+    no test module takes a name, private or not, from another test module or the conftest."""
+    assert [line for path in sorted((ROOT / "tests").glob("test_*.py"))
+            for line in _imports_from_tests(path)] == []
+    # the check sees such an import at the top, lazy in a function, or absolute
+    sample = tmp_path / "test_sample.py"
+    sample.write_text("from .helpers import ROOT\nfrom .test_members import _sites\n"
+                      "def f():\n    from tests.test_survival import run\n"
+                      "    from .conftest import processes\n")
+    assert _imports_from_tests(sample) == [
+        "test_sample.py: from test_members import _sites",
+        "test_sample.py: from test_survival import run",
+        "test_sample.py: from conftest import processes"]

@@ -7,8 +7,7 @@ import json
 import logging
 
 import pytest
-from flwr.app import Context, Error, Message, MessageType, RecordDict
-from flwr.common.constant import ErrorCode
+from flwr.app import Context, MessageType, RecordDict
 
 from fedamp_flwr import server_app
 from fedamp_flwr.config import ConfigError
@@ -16,84 +15,7 @@ from fedamp_flwr.discovery import discover_clients
 from fedamp_flwr.results import checkpoint_files, load_xi
 from fedamp_flwr.rounds import RoundsFailedError
 
-from .conftest import LocalGrid, client_infos
-
-
-class Crash(Exception):
-    """The ServerApp's process dies."""
-
-
-class FaultyGrid(LocalGrid):
-    """A LocalGrid (node ``100 + i`` is client ``i``) with scripted faults.
-
-    ``crash_at``: (server round, message type) at which the ServerApp dies,
-    before that phase's messages are delivered. ``offline``: client -> rounds
-    in which its node is gone. ``moves``: client -> (round, node id): from that
-    round on the client is on a new node with an empty ``context.state`` (a
-    restarted SuperNode). ``silent`` / ``failing``: (round, client) pairs whose
-    train reply never comes / comes as Flower's node-unavailable error.
-    """
-
-    def __init__(self, run_config, n, crash_at=None, offline=None, moves=None, silent=(),
-                 failing=()):
-        super().__init__(run_config, n)
-        self.crash_at, self.offline, self.moves = crash_at, offline or {}, moves or {}
-        self.silent, self.failing = set(silent), set(failing)
-        self.client = {100 + c: c for c in range(n)}
-        for c, (_, node) in self.moves.items():
-            self.client[node] = c
-            self.contexts[node] = Context(run_id=1, node_id=node, state=RecordDict(),
-                                          run_config=run_config,
-                                          node_config={"partition-id": c, "num-partitions": n})
-        self.round = 1  # the round the fleet is in (the next one once a round's evaluation is done)
-
-    def live(self) -> dict[int, int]:
-        """Node id -> client of the nodes connected now."""
-        out = {}
-        for node, c in self.client.items():
-            rnd, new = self.moves.get(c, (None, None))
-            if rnd is not None and (node == new) != (self.round >= rnd):
-                continue  # the old node after the move, or the new one before it
-            if self.round not in self.offline.get(c, ()):
-                out[node] = c
-        return out
-
-    def get_node_ids(self):
-        return list(self.live())
-
-    def send_and_receive(self, messages, timeout=None):
-        messages = list(messages)
-        kind = messages[0].metadata.message_type if messages else None
-        if (self.round, kind) == self.crash_at:
-            self.crash_at = None  # it dies once
-            raise Crash(f"the ServerApp dies in round {self.round}")
-        live, replies = self.live(), []
-        for m in messages:
-            node = m.metadata.dst_node_id
-            c = self.client.get(node)
-            if kind == MessageType.TRAIN and (self.round, c) in self.silent:
-                continue
-            if node not in live or (kind == MessageType.TRAIN and (self.round, c) in self.failing):
-                replies.append(Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node is gone"),
-                                       reply_to=m))
-                continue
-            replies += super().send_and_receive([m])
-        if kind == MessageType.EVALUATE:
-            self.round += 1
-        return replies
-
-
-def config(tmp_path, strategy, **overrides) -> dict:
-    return {"strategy": strategy, "num-server-rounds": 4, "local-epochs": 1, "min-nodes": 3,
-            "results-dir": str(tmp_path), "run-name": "run", "server-device": "cpu", **overrides}
-
-
-def run(grid: LocalGrid, run_config: dict) -> dict:
-    """The real ServerApp on ``grid``; returns its metrics.json."""
-    server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
-                                  run_config=run_config))
-    folder = run_config["results-dir"] + "/" + run_config["run-name"]
-    return json.loads(open(folder + "/metrics.json").read())
+from .helpers import Crash, FaultyGrid, LocalGrid, client_infos, grid_config, run_on_grid
 
 
 def rounds(metrics: dict) -> list[dict]:
@@ -102,6 +24,7 @@ def rounds(metrics: dict) -> list[dict]:
     return [{k: r.get(k) for k in keys} for r in metrics["rounds"]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy, n, overrides", [
     ("fedamp", 3, {}),
     ("panacea", 6, {"graph": "groups", "local-steps": 3, "min-nodes": 6, "panacea-server-lr": 0.01}),
@@ -117,14 +40,14 @@ def rounds(metrics: dict) -> list[dict]:
 ])
 def test_a_serverapp_killed_and_resumed_gives_the_uninterrupted_numbers(tmp_path, strategy, n,
                                                                          overrides):
-    whole = run(LocalGrid(cfg := config(tmp_path / "whole", strategy, **overrides), n), cfg)
-    cut = config(tmp_path / "cut", strategy, **overrides)
+    whole = run_on_grid(LocalGrid(cfg := grid_config(tmp_path / "whole", strategy, **overrides), n), cfg)
+    cut = grid_config(tmp_path / "cut", strategy, **overrides)
     grid = FaultyGrid(cut, n, crash_at=(3, MessageType.TRAIN))  # the SuperNodes stay up
     with pytest.raises(Crash):
-        run(grid, cut)
+        run_on_grid(grid, cut)
     half = json.loads((tmp_path / "cut" / "run" / "metrics.json").read_text())
     assert half["completed_rounds"] == 2 and half["finished"] is False and len(half["rounds"]) == 2
-    resumed = run(grid, {**cut, "resume": True})
+    resumed = run_on_grid(grid, {**cut, "resume": True})
     assert resumed["finished"] is True and resumed["completed_rounds"] == 4
     assert rounds(resumed) == rounds(whole)  # every number, to the last digit
     assert resumed["bmta"] == whole["bmta"]
@@ -134,34 +57,34 @@ def test_a_serverapp_killed_and_resumed_gives_the_uninterrupted_numbers(tmp_path
 def test_metrics_json_is_written_with_each_checkpoint(tmp_path, every, written):
     # killed in round 4: with a checkpoint every 2 rounds metrics.json holds rounds 1-2 (what
     # a resume continues from), not 3; without checkpoints it holds every finished round
-    cfg = config(tmp_path, "fedavg", **{"checkpoint-every": every})
+    cfg = grid_config(tmp_path, "fedavg", **{"checkpoint-every": every})
     with pytest.raises(Crash):
-        run(FaultyGrid(cfg, 3, crash_at=(4, MessageType.TRAIN)), cfg)
+        run_on_grid(FaultyGrid(cfg, 3, crash_at=(4, MessageType.TRAIN)), cfg)
     half = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert half["completed_rounds"] == written == len(half["rounds"])
 
 
 def test_resume_on_new_nodes_and_with_more_rounds(tmp_path, caplog):
-    cfg = config(tmp_path, "fedamp")
+    cfg = grid_config(tmp_path, "fedamp")
     with pytest.raises(Crash):
-        run(FaultyGrid(cfg, 3, crash_at=(2, MessageType.EVALUATE)), cfg)
+        run_on_grid(FaultyGrid(cfg, 3, crash_at=(2, MessageType.EVALUATE)), cfg)
     # a new fleet: other node ids (the clients are found again by partition id)
     grid = LocalGrid({**cfg}, 3)
     grid.contexts = {n + 50: ctx for n, ctx in grid.contexts.items()}
-    resumed = run(grid, {**cfg, "resume": True, "num-server-rounds": 5})
+    resumed = run_on_grid(grid, {**cfg, "resume": True, "num-server-rounds": 5})
     assert [r["round"] for r in resumed["rounds"]] == [1, 2, 3, 4, 5]
     assert "resuming after round 1" in caplog.text and resumed["finished"]
 
 
 def test_resume_refuses_a_changed_config_and_fewer_rounds(tmp_path):
-    cfg = config(tmp_path, "fedamp")
-    run(LocalGrid(cfg, 3), cfg)
+    cfg = grid_config(tmp_path, "fedamp")
+    run_on_grid(LocalGrid(cfg, 3), cfg)
     with pytest.raises(ConfigError, match=r"'learning-rate' = 0.5 \(was 0.001\)"):
-        run(LocalGrid(cfg, 3), {**cfg, "resume": True, "learning-rate": 0.5})
+        run_on_grid(LocalGrid(cfg, 3), {**cfg, "resume": True, "learning-rate": 0.5})
     with pytest.raises(ConfigError, match="'num-server-rounds' = 3 is below the 4 rounds"):
-        run(LocalGrid(cfg, 3), {**cfg, "resume": True, "num-server-rounds": 3})
+        run_on_grid(LocalGrid(cfg, 3), {**cfg, "resume": True, "num-server-rounds": 3})
     with pytest.raises(ConfigError, match="holds no checkpoint"):
-        run(LocalGrid(cfg, 3), {**cfg, "resume": True, "run-name": "other"})
+        run_on_grid(LocalGrid(cfg, 3), {**cfg, "resume": True, "run-name": "other"})
 
 
 def test_a_checkpoint_of_an_older_version_resumes_when_its_missing_keys_are_defaults():
@@ -181,13 +104,14 @@ def test_a_checkpoint_of_an_older_version_resumes_when_its_missing_keys_are_defa
     assert cfg.differences({**older, "alone": not cfg.alone}, RESUMABLE_CHANGES) == []
 
 
+@pytest.mark.slow
 def test_no_result_is_overwritten(tmp_path):
-    cfg = config(tmp_path, "fedavg", **{"num-server-rounds": 1})
-    first = run(LocalGrid(cfg, 3), cfg)
+    cfg = grid_config(tmp_path, "fedavg", **{"num-server-rounds": 1})
+    first = run_on_grid(LocalGrid(cfg, 3), cfg)
     with pytest.raises(ConfigError, match="already holds a finished run; allowed: another "
                                           "run-name, resume = true .* or overwrite = true"):
-        run(LocalGrid(cfg, 3), cfg)
-    again = run(LocalGrid(cfg, 3), {**cfg, "overwrite": True})
+        run_on_grid(LocalGrid(cfg, 3), cfg)
+    again = run_on_grid(LocalGrid(cfg, 3), {**cfg, "overwrite": True})
     assert rounds(again) == rounds(first)
     # without a run-name every run gets a folder of its own
     anonymous = {**cfg, "run-name": ""}
@@ -199,9 +123,9 @@ def test_no_result_is_overwritten(tmp_path):
 
 
 def test_metrics_json_is_strict_json_after_every_round(tmp_path):
-    cfg = config(tmp_path, "fedamp")
+    cfg = grid_config(tmp_path, "fedamp")
     with pytest.raises(Crash):
-        run(FaultyGrid(cfg, 3, crash_at=(2, MessageType.TRAIN)), cfg)
+        run_on_grid(FaultyGrid(cfg, 3, crash_at=(2, MessageType.TRAIN)), cfg)
     text = (tmp_path / "run" / "metrics.json").read_text()
 
     def refuse(constant):
@@ -212,10 +136,10 @@ def test_metrics_json_is_strict_json_after_every_round(tmp_path):
 
 
 def test_a_client_that_leaves_and_comes_back_on_a_new_node(tmp_path, caplog):
-    cfg = config(tmp_path, "fedamp", **{"num-server-rounds": 5})
+    cfg = grid_config(tmp_path, "fedamp", **{"num-server-rounds": 5})
     # client 1's SuperNode is gone in rounds 2 and 3, and restarts (node 777) in round 4
     grid = FaultyGrid(cfg, 3, offline={1: (2, 3)}, moves={1: (4, 777)})
-    metrics = run(grid, cfg)
+    metrics = run_on_grid(grid, cfg)
     by_round = {r["round"]: r for r in metrics["rounds"]}
     for r in (2, 3):
         assert by_round[r]["trained_clients"] == [0, 2]
@@ -230,8 +154,8 @@ def test_a_client_that_leaves_and_comes_back_on_a_new_node(tmp_path, caplog):
 
 
 def test_absent_replies_are_recorded_with_their_reason(tmp_path):
-    cfg = config(tmp_path, "fedavg", **{"num-server-rounds": 2, "round-timeout": 7})
-    metrics = run(FaultyGrid(cfg, 3, silent={(1, 2)}, failing={(2, 0)}), cfg)
+    cfg = grid_config(tmp_path, "fedavg", **{"num-server-rounds": 2, "round-timeout": 7})
+    metrics = run_on_grid(FaultyGrid(cfg, 3, silent={(1, 2)}, failing={(2, 0)}), cfg)
     first, second = metrics["rounds"]
     assert first["absent_clients"] == {"2": "no reply within the round timeout (7 s)"}
     assert second["absent_clients"] == {"0": "node unavailable: node is gone"}
@@ -239,8 +163,8 @@ def test_absent_replies_are_recorded_with_their_reason(tmp_path):
 
 
 def test_a_scaffold_client_that_lost_its_state_starts_afresh_with_a_warning(tmp_path, caplog):
-    cfg = config(tmp_path, "scaffold", **{"num-server-rounds": 3})
-    metrics = run(FaultyGrid(cfg, 3, moves={2: (3, 555)}), cfg)
+    cfg = grid_config(tmp_path, "scaffold", **{"num-server-rounds": 3})
+    metrics = run_on_grid(FaultyGrid(cfg, 3, moves={2: (3, 555)}), cfg)
     assert metrics["rounds"][2]["trained_clients"] == [0, 1, 2]
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("Client state 'scaffold-control' is missing although this client trained in 2"
@@ -257,9 +181,9 @@ def test_waiting_for_nodes_names_the_missing_partition_ids():
 
 
 def test_xi_goes_to_compact_files_every_kth_round_and_the_last(tmp_path):
-    cfg = config(tmp_path, "fedamp", **{"num-server-rounds": 5, "xi-every": 2,
+    cfg = grid_config(tmp_path, "fedamp", **{"num-server-rounds": 5, "xi-every": 2,
                                         "xi-dtype": "float16"})
-    metrics = run(LocalGrid(cfg, 3), cfg)
+    metrics = run_on_grid(LocalGrid(cfg, 3), cfg)
     assert metrics["xi"] == {"client_ids": [0, 1, 2], "recorded_rounds": [2, 4, 5], "folder": "xi"}
     ids, rounds = load_xi(tmp_path / "run")
     assert ids == [0, 1, 2] and sorted(rounds) == [2, 4, 5]
@@ -275,21 +199,21 @@ def test_xi_goes_to_compact_files_every_kth_round_and_the_last(tmp_path):
 @pytest.mark.parametrize("strategy", ["fedavg", "fedamp"])
 def test_a_round_with_every_reply_rejected_stops_the_run_with_its_reason(tmp_path, strategy):
     # every update is longer than 1e-9 x max(||w_sent||, 1): every training reply is rejected
-    cfg = config(tmp_path, strategy, **{"max-update-ratio": 1e-9})
+    cfg = grid_config(tmp_path, strategy, **{"max-update-ratio": 1e-9})
     with pytest.raises(RoundsFailedError, match=(
             r"round 1: no client's training could be used: 3 client\(s\) left out, 3 of them "
             r"because rejected: update norm .* exceeds .*max-failed-rounds = 0")):
-        run(FaultyGrid(cfg, 3), cfg)
+        run_on_grid(FaultyGrid(cfg, 3), cfg)
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["completed_rounds"] == 1 and not metrics["finished"]
     assert set(metrics["rounds"][0]["rejected"]) == {"0", "1", "2"}
 
 
 def test_max_failed_rounds_allows_rounds_in_a_row_without_replies(tmp_path, caplog):
-    cfg = config(tmp_path, "fedavg", **{"num-server-rounds": 5, "max-failed-rounds": 2})
+    cfg = grid_config(tmp_path, "fedavg", **{"num-server-rounds": 5, "max-failed-rounds": 2})
     # every training reply of rounds 2 and 3 is an error (2 in a row: allowed)
     failing = {(r, c) for r in (2, 3) for c in range(3)}
-    metrics = run(FaultyGrid(cfg, 3, failing=failing), cfg)
+    metrics = run_on_grid(FaultyGrid(cfg, 3, failing=failing), cfg)
     assert metrics["finished"]
     assert [r["trained_clients"] for r in metrics["rounds"]] == [[0, 1, 2], [], [], [0, 1, 2],
                                                                  [0, 1, 2]]
@@ -301,7 +225,7 @@ def test_max_failed_rounds_allows_rounds_in_a_row_without_replies(tmp_path, capl
     with pytest.raises(RoundsFailedError, match=r"round 4: no client's training could be used: 3 "
                                                 r"client\(s\) left out, 3 of them because node "
                                                 r"unavailable: node is gone.*3 rounds in a row"):
-        run(FaultyGrid(cfg, 3, failing=failing), cfg)
+        run_on_grid(FaultyGrid(cfg, 3, failing=failing), cfg)
     stopped = json.loads((tmp_path / "run2" / "metrics.json").read_text())
     assert stopped["completed_rounds"] == 4 and not stopped["finished"]
     assert set(stopped["rounds"][3]["absent_clients"]) == {"0", "1", "2"}
@@ -309,8 +233,8 @@ def test_max_failed_rounds_allows_rounds_in_a_row_without_replies(tmp_path, capl
 
 def test_a_round_with_no_client_connected_stops_the_run_instead_of_waiting(tmp_path):
     # Flower's own sampler would wait for a node for ever; the run stops and says why
-    cfg = config(tmp_path, "fedavg")
+    cfg = grid_config(tmp_path, "fedavg")
     with pytest.raises(RoundsFailedError, match=r"round 2: no client's training could be used: "
                                                 r"3 client\(s\) left out, 3 of them because node "
                                                 r"not connected"):
-        run(FaultyGrid(cfg, 3, offline={c: (2, 3, 4) for c in range(3)}), cfg)
+        run_on_grid(FaultyGrid(cfg, 3, offline={c: (2, 3, 4) for c in range(3)}), cfg)

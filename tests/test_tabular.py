@@ -114,7 +114,7 @@ def test_members_tables_are_standardized_by_pooled_statistics_and_their_cards_sa
 
     from fedamp_flwr import cli
 
-    from .conftest import run_named
+    from .helpers import run_named
 
     nodes = _tables(tmp_path)
     metrics = run_named(tmp_path, "run", TABLE, 3, nodes)
@@ -147,7 +147,7 @@ def test_under_dp_no_member_gives_its_sums_and_each_standardizes_by_its_own(tmp_
     import json
     import logging
 
-    from .conftest import run_named
+    from .helpers import run_named
 
     nodes = _tables(tmp_path)
     for i, node in enumerate(nodes):
@@ -169,7 +169,7 @@ def test_scaling_none_leaves_the_inputs_and_a_bad_message_is_refused(tmp_path):
     from fedamp_flwr import client_app
     from fedamp_flwr.inprocess import task_identity
 
-    from .conftest import run_named
+    from .helpers import run_named
 
     nodes = _tables(tmp_path)
     run_named(tmp_path, "plain", {**TABLE, "member-scaling": "none", "alone": False}, 3,
@@ -198,7 +198,7 @@ def test_a_member_that_asks_keeps_the_better_of_its_federated_model_and_its_mode
 
     from fedamp_flwr import cli
 
-    from .conftest import run_named
+    from .helpers import run_named
 
     nodes = _tables(tmp_path)
     for node in nodes:

@@ -21,7 +21,7 @@ from tasks.traffic import (
     standin_speeds,
 )
 
-from .conftest import run_named
+from .helpers import run_named
 
 IDS = ["773869", "767541", "767542", "717447"]
 #: DCRNN's adjacency is directed and weighted, with ones on the diagonal

@@ -1,7 +1,9 @@
 """Traffic sensors as members, on a real loopback fleet: a SuperLink and one SuperNode per
 sensor, each reading only its own file (its windows of the generated stand-in, named by its
 sensor id), the road graph as ``graph = "file"`` by sensor name; SFL and then Panacea run
-on the same fleet."""
+on the same fleet, a round each. What only processes show: each sensor's node reading its
+own file, named by its sensor id, and taking its model home; the methods' arithmetic on the
+traffic task is tested in process (tests/test_traffic.py, tests/test_sfl.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +13,7 @@ import pytest
 from tasks.graphs import write_edge_list
 from tasks.traffic import make_traffic_standin
 
-from .conftest import free_port
-from .test_flower_e2e import FLWR, _start_superlink
-from .test_members_fleet import _metrics, _run
+from .helpers import FLWR, fleet_metrics, free_port, members_run, start_superlink
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
@@ -26,7 +26,7 @@ def test_sfl_and_panacea_forecast_traffic_on_a_fleet_of_sensors(processes):
     path = np.array([[0, 1, 0], [1, 0, 1], [0, 1, 0]], dtype=np.float32)  # a road: 0 - 1 - 2
     np.savez(tmp / "road.npz", sensor_ids=np.array(SENSORS), adjacency=path)
     data = make_traffic_standin(tmp / "road.npz", days=3, seed=0, stride=24)
-    port = _start_superlink(processes, simulation=False)
+    port = start_superlink(processes, simulation=False)
     for i, sensor in enumerate(SENSORS):  # each sensor's SuperNode holds its own file only
         site = tmp / f"sensor-{sensor}.npz"
         np.savez(site, x=data.train[i].x, y=data.train[i].y, x_test=data.test[i].x,
@@ -41,12 +41,12 @@ def test_sfl_and_panacea_forecast_traffic_on_a_fleet_of_sensors(processes):
     results = tmp / "results"
     common = (f"dataset='members' member-task='regression' member-input-shape='12' "
               f"member-outputs=12 model='gru' member-scaling='none' graph='file' "
-              f"graph-file='{graph}' local-epochs=1 batch-size=16 num-server-rounds=2 "
+              f"graph-file='{graph}' local-epochs=1 batch-size=16 num-server-rounds=1 alone=false "
               f"min-nodes=3 results-dir='{results}'")
     # Panacea's server clipping comes from "auto": the GRU named in the run config
     for strategy in ("sfl", "panacea"):
-        log = _run(processes, f"{common} strategy='{strategy}' run-name='{strategy}'")
-        metrics = _metrics(results, strategy, log)
+        log = members_run(processes, f"{common} strategy='{strategy}' run-name='{strategy}'")
+        metrics = fleet_metrics(results, strategy, log)
         assert metrics["client_names"] == sorted(SENSORS) and metrics["finished"], log[-3000:]
         assert metrics["task_kind"] == "regression"
         assert all(r["trained_clients"] == [0, 1, 2] for r in metrics["rounds"])

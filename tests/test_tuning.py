@@ -186,6 +186,7 @@ def test_values_tuned_under_a_budget_run_only_under_it(tmp_path, monkeypatch, ca
         "adam", 0.001, 1)
 
 
+@pytest.mark.slow
 def test_tune_runs_trials_on_validation_chooses_the_best_and_resumes(tmp_path, capsys):
     out = tmp_path / "tune"
     args = ["--engine", "inprocess", "--preset", "quick", "--datasets", "synthetic",

@@ -38,6 +38,7 @@ def test_well_separated_groups_give_edges_within_groups():
     assert len(u) > 0 and (groups[u] == groups[v]).all()
 
 
+@pytest.mark.slow
 def test_a_fedamp_runs_weights_seed_a_panacea_run(tmp_path, capsys):
     common = {"results-dir": str(tmp_path), "server-device": "cpu", "min-nodes": 10,
               "local-epochs": 1, "save-models": "none"}
