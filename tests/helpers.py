@@ -417,16 +417,13 @@ def site_node_configs(folder: Path, n: int) -> list[dict]:
              "client-id": member_name(i, n)} for i in range(n)]
 
 
-class JoiningGrid(InProcessGrid):
-    """Members on nodes 100, 101, ...; the last one's node connects only from round
-    ``joins_at`` on (a member that joins a run under way)."""
+class RoundGrid(InProcessGrid):
+    """Members' nodes 100, 101, ... (``node_configs``) that know the round the fleet is in:
+    ``self.round``, the next one once a round's evaluation is done."""
 
-    def __init__(self, run_config: dict, nodes: list[dict], joins_at: int) -> None:
+    def __init__(self, run_config: dict, nodes: list[dict]) -> None:
         super().__init__(run_config, node_configs=nodes)
-        self.round, self.joins_at, self.all = 1, joins_at, list(self.contexts)
-
-    def get_node_ids(self) -> list[int]:
-        return self.all if self.round >= self.joins_at else self.all[:-1]
+        self.round = 1
 
     def send_and_receive(self, messages, timeout=None):
         messages = list(messages)
@@ -434,6 +431,18 @@ class JoiningGrid(InProcessGrid):
         if messages and messages[0].metadata.message_type == "evaluate":
             self.round += 1
         return replies
+
+
+class JoiningGrid(RoundGrid):
+    """Members on nodes 100, 101, ...; the last one's node connects only from round
+    ``joins_at`` on (a member that joins a run under way)."""
+
+    def __init__(self, run_config: dict, nodes: list[dict], joins_at: int) -> None:
+        super().__init__(run_config, nodes)
+        self.joins_at, self.all = joins_at, list(self.contexts)
+
+    def get_node_ids(self) -> list[int]:
+        return self.all if self.round >= self.joins_at else self.all[:-1]
 
 
 def run_app(grid, cfg: dict) -> dict:

@@ -9,9 +9,9 @@ person reads (:func:`test_the_wording_of_an_invalid_value`,
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
-import pickle
 import typing
 
 import numpy as np
@@ -235,13 +235,13 @@ def test_the_wording_of_an_unknown_key():
     assert str(err.value) == f"unknown run config key(s) ['alpha', 'sigma']; allowed: {', '.join(keys)}"
 
 
-def test_bad_fills_the_reason_and_it_survives_pickling():
+def test_bad_fills_the_reason_and_it_survives_a_copy():
     err = bad("graph", "ring", "full, knn", kind="conflict")
     assert (err.key, err.value, err.allowed, err.kind) == ("graph", "ring", "full, knn", "conflict")
     assert bad("graph", "ring", "full, knn").kind == "invalid"
     for sent in (err, ConfigError("run config 'x' = 1 is invalid"),
                  _refusal("seed", -1), _refusal("sigma", 3)):
-        back = pickle.loads(pickle.dumps(sent))
+        back = copy.deepcopy(sent)  # through __reduce__, as pickle (a process boundary) goes
         assert type(back) is ConfigError and str(back) == str(sent) and back.args == sent.args
         assert (back.key, back.value, back.allowed, back.kind) == (
             sent.key, sent.value, sent.allowed, sent.kind)

@@ -25,7 +25,7 @@ from fedamp_flwr.discovery import ClientSetupError
 from fedamp_flwr.inprocess import InProcessGrid, task_identity
 from tasks.members import MemberDataError, MemberSchema, load_member_data
 
-from .helpers import JoiningGrid, run_app, run_named, site_node_configs
+from .helpers import JoiningGrid, RoundGrid, run_app, run_named, site_node_configs
 
 ROUND_KEYS = ("round", "client_accuracy", "mean_accuracy", "train_loss", "mean_loss",
               "trained_clients")
@@ -105,14 +105,14 @@ def test_two_nodes_claiming_one_client_id_are_both_refused(tmp_path, caplog):
                              "has or claims the client-id 'client-1'") == 2
 
 
-class MovingGrid(InProcessGrid):
+class MovingGrid(RoundGrid):
     """Members on nodes 100, 101, ...; from round ``moved_at`` on, member 1 is on node 900 (a
     restarted SuperNode: a new node id, an empty context.state) and node 901 claims member
     0's client-id while member 0's node is still connected."""
 
     def __init__(self, run_config: dict, nodes: list[dict], moved_at: int | None) -> None:
-        super().__init__(run_config, node_configs=nodes)
-        self.round, self.moved_at, self.before = 1, moved_at, list(self.contexts)
+        super().__init__(run_config, nodes)
+        self.moved_at, self.before = moved_at, list(self.contexts)
         for node, config in ((900, nodes[1]), (901, nodes[0])):
             self.contexts[node] = Context(run_id=1, node_id=node, state=RecordDict(),
                                           run_config=self.run_config, node_config=dict(config))
@@ -121,13 +121,6 @@ class MovingGrid(InProcessGrid):
         if self.moved_at is None or self.round < self.moved_at:
             return self.before
         return [n for n in self.before if n != self.before[1]] + [900, 901]
-
-    def send_and_receive(self, messages, timeout=None):
-        messages = list(messages)
-        replies = super().send_and_receive(messages, timeout)
-        if messages and messages[0].metadata.message_type == "evaluate":
-            self.round += 1
-        return replies
 
 
 def test_a_member_on_a_new_node_keeps_its_id_and_its_personalized_model(tmp_path, caplog):
