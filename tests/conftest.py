@@ -74,8 +74,8 @@ def processes(tmp_path):
 def members_fleet(tmp_path_factory):
     """The test session's loopback fleet of members (:class:`tests.helpers.MembersFleet`),
     started once for every fleet test that can share it (a test that stops or kills a node
-    starts its own). Under pytest -n, the tests that use it share one worker (their
-    ``xdist_group``), so that it starts once."""
+    starts its own). Under pytest -n, the tests that use it run on the worker of every
+    test that starts Flower processes (``FLOWER_PROCESSES``), so that it starts once."""
     procs = Processes(tmp_path_factory.mktemp("members-fleet"))
     try:
         yield MembersFleet(procs)
@@ -88,7 +88,7 @@ def simulation_link(tmp_path_factory):
     """The test session's SuperLink with the simulation engine (its ``Processes``, whose env
     names it as the default connection), shared by the tests that only submit runs to it:
     each run its own name, results folder and federation config. Under pytest -n, those
-    tests share one worker (their ``xdist_group``)."""
+    tests run on the worker of every test that starts Flower processes (``FLOWER_PROCESSES``)."""
     procs = Processes(tmp_path_factory.mktemp("simulation-link"))
     procs.superlink(simulation=True)
     try:

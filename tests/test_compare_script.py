@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from .helpers import ROOT
+from .helpers import FLOWER_PROCESSES, ROOT
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, FLOWER_PROCESSES,
               pytest.mark.skipif(shutil.which("flwr") is None, reason="flwr is not installed")]
 
 

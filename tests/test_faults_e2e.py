@@ -13,14 +13,16 @@ import pytest
 
 from experiments.processes import stop_tree
 
-from .helpers import FLWR, ROOT, flwr_run, free_port, start_superlink
+from .helpers import FLOWER_PROCESSES, FLWR, ROOT, flwr_run, free_port, start_superlink
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, FLOWER_PROCESSES,
               pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
 
 
-def _wait_for(path: Path, until, timeout: float, what: str) -> dict:
-    """Poll metrics.json until ``until(metrics)``; return it."""
+def _wait_for(path: Path, until, timeout: float, what: str, tmp: Path | None = None) -> dict:
+    """Poll metrics.json until ``until(metrics)``; return it. The limits are generous (a
+    passing test never waits them out; on CI's loaded 2-core machine a one-round run of three
+    members' nodes took 322 s); on a timeout, the tails of the test's process logs in ``tmp`` say why."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -30,7 +32,9 @@ def _wait_for(path: Path, until, timeout: float, what: str) -> dict:
         except (OSError, ValueError):
             pass
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    logs = sorted(tmp.glob("*.log")) if tmp is not None else []
+    tails = "\n".join(f"--- {log.name}:\n{log.read_text(errors='replace')[-1500:]}" for log in logs)
+    raise AssertionError(f"timed out waiting for {what}\n{tails}")
 
 
 def _assert_same_rounds(resumed_path: Path, whole_path: Path) -> None:
@@ -70,14 +74,14 @@ def test_a_supernode_killed_mid_run_and_restarted(processes):
         start_new_session=True)
     path = results / "fault" / "metrics.json"
     try:
-        _wait_for(path, lambda m: m["completed_rounds"] >= 1, 300, "round 1")
+        _wait_for(path, lambda m: m["completed_rounds"] >= 1, 600, "round 1", processes.tmp)
         os.killpg(nodes[1].pid, signal.SIGKILL)  # client 1's SuperNode dies, with its children
         os.killpg(nodes[3].pid, signal.SIGTERM)  # client 3's leaves the federation
         nodes[1].wait(timeout=10)
         nodes[3].wait(timeout=30)
-        _wait_for(path, lambda m: m["completed_rounds"] >= 2, 400, "round 2")
+        _wait_for(path, lambda m: m["completed_rounds"] >= 2, 600, "round 2", processes.tmp)
         _supernode(processes, port, 1, 4, "supernode1-again")  # and comes back, as a new node
-        metrics = _wait_for(path, lambda m: m["finished"], 600, "the end of the run")
+        metrics = _wait_for(path, lambda m: m["finished"], 900, "the end of the run", processes.tmp)
         run.wait(timeout=60)
     finally:
         stop_tree(run.pid, timeout=10)
@@ -118,7 +122,7 @@ def test_a_server_killed_mid_run_and_resumed_gives_identical_metrics(processes):
     subprocess.run([FLWR, "run", str(ROOT), "--run-config", f"{config} run-name='cut'", *federation],
                    env=processes.env, cwd=processes.tmp, capture_output=True, timeout=120)
     path = results / "cut" / "metrics.json"
-    _wait_for(path, lambda m: m["completed_rounds"] >= 2, 300, "round 2")
+    _wait_for(path, lambda m: m["completed_rounds"] >= 2, 600, "round 2", processes.tmp)
     # the server machine dies: the SuperLink with its ServerApp, mid-run
     stop_tree(link.proc.pid, timeout=10)
     half = json.loads(path.read_text())
@@ -129,7 +133,7 @@ def test_a_server_killed_mid_run_and_resumed_gives_identical_metrics(processes):
 
 
 def test_a_run_outlives_its_superlink_killed_and_restarted_on_its_database(processes):
-    """The SuperLink (with its ServerApp) is killed mid-round 3 and restarted on the same
+    """The SuperLink (with its ServerApp) is killed mid-round 2 and restarted on the same
     database and port; the SuperNodes come back to it; experiments.watch sees that the run
     ended because its SuperLink went away, waits for it, and submits the run again with
     resume = true: no manual step; the rounds before the kill kept as they were and the run
@@ -142,23 +146,24 @@ def test_a_run_outlives_its_superlink_killed_and_restarted_on_its_database(proce
     for pid in range(3):
         _supernode(processes, link.port, pid, 3, f"supernode{pid}")
     results = processes.tmp / "results"
-    config = (f"strategy='fedamp' num-server-rounds=4 local-epochs=2 min-nodes=3 "
+    config = (f"strategy='fedamp' num-server-rounds=3 local-epochs=2 min-nodes=3 "
               f"results-dir='{results}'")
     watcher = processes.start(
         [str(Path(FLWR).parent / "python"), "-m", "experiments.watch", str(ROOT), "--run-config",
          f"{config} run-name='cut'", "--superlink-wait", "300", "--log",
          str(processes.tmp / "cut.log")], "watch")
     path = results / "cut" / "metrics.json"
-    before = _wait_for(path, lambda m: m["completed_rounds"] >= 2, 300, "round 2")
+    before = _wait_for(path, lambda m: m["completed_rounds"] >= 1, 600, "round 1",
+                       processes.tmp)
     os.killpg(link.proc.pid, signal.SIGKILL)  # the SuperLink dies, its ServerApp with it
     link.proc.wait(timeout=10)
     time.sleep(3)
     link.restart(same_port=True)  # on the same database: it knows the run and the nodes
-    assert _wait_exit(watcher, 600) == 0, processes.log("watch")[-3000:]
+    assert _wait_exit(watcher, 900) == 0, processes.log("watch")[-3000:]
     said = processes.log("watch")
     assert "its SuperLink went away" in said and "with resume = true (1 of at most 5)" in said
     after = json.loads(path.read_text())
-    assert after["finished"] and [r["round"] for r in after["rounds"]] == [1, 2, 3, 4]
+    assert after["finished"] and [r["round"] for r in after["rounds"]] == [1, 2, 3]
     done = before["completed_rounds"]
     assert after["rounds"][:done] == before["rounds"][:done]  # kept as they were
     assert all(r["trained_clients"] == [0, 1, 2] for r in after["rounds"])

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import FLWR, ROOT, flwr_run
+from .helpers import FLOWER_PROCESSES, FLWR, ROOT, flwr_run
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("simulation_link"),
+pytestmark = [pytest.mark.slow, FLOWER_PROCESSES,
               pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
 
 

@@ -38,6 +38,7 @@ from experiments.processes import stop_tree
 
 from .helpers import (
     FLEET_SCHEMA,
+    FLOWER_PROCESSES,
     FLWR,
     MEMBERS,
     fleet_metrics,
@@ -47,7 +48,7 @@ from .helpers import (
     start_superlink,
 )
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, FLOWER_PROCESSES,
               pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
 
 NAMES = list(MEMBERS)
@@ -71,7 +72,6 @@ def _predict_test_rows(tmp: Path, name: str, run: str, data: Path) -> str:
     return out.stdout.strip().splitlines()[-1].split(" on ")[0]
 
 
-@pytest.mark.xdist_group("members_fleet")
 def test_members_train_on_their_own_machines_a_misfit_and_an_impostor_left_out(
         members_fleet, tmp_path):
     fleet, tmp = members_fleet, members_fleet.tmp

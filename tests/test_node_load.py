@@ -18,9 +18,9 @@ import pytest
 
 from experiments import node_load
 
-from .helpers import FLWR
+from .helpers import FLOWER_PROCESSES, FLWR
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, FLOWER_PROCESSES,
               pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
 
 
