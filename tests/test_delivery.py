@@ -22,7 +22,7 @@ from fedamp_flwr import cli
 from fedamp_flwr.config import ConfigError, RunConfig
 from tasks.export import ModelFileError, load_model
 
-from .helpers import run_named
+from .helpers import SHARED_DATA, run_named
 
 
 def _test_rows(dc: tasks.DataConfig, client: int, path: Path) -> Path:
@@ -44,8 +44,7 @@ def _predicted_score(model: Path, data: Path, out: Path, capsys) -> str:
     ("fedavg-ft", "synthetic", 3, {"local-epochs": 1}),
     ("apfl", "synthetic", 3, {"local-epochs": 1}),
     ("panacea", "fl60", 60, {"fl60-variant": "grda", "local-steps": 2}),
-    ("fedavg", "tpt48", 48, {"data-dir": str(Path(__file__).parents[2] / "shared" / "data"
-                                             / "tpt48")}),
+    ("fedavg", "tpt48", 48, {"data-dir": str(SHARED_DATA / "tpt48")}),
 ])
 def test_a_simulated_run_leaves_every_clients_model_and_predict_gives_its_recorded_score(
         tmp_path, capsys, strategy, dataset, n, extra):

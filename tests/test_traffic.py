@@ -21,7 +21,7 @@ from tasks.traffic import (
     standin_speeds,
 )
 
-from .helpers import run_named
+from .helpers import SHARED_DATA, run_named
 
 IDS = ["773869", "767541", "767542", "717447"]
 #: DCRNN's adjacency is directed and weighted, with ones on the diagonal
@@ -122,7 +122,7 @@ def test_a_table_with_object_data_or_missing_files_is_refused(tmp_path):
 def test_the_standin_couples_each_sensor_to_its_road_neighbours():
     """Road neighbours' daily profiles are more alike than any two sensors' (the graph
     carries information about each sensor's model), and a seed gives the same speeds."""
-    graph_file = Path(__file__).resolve().parents[2] / "shared/data/sensor_graphs/metr_la_adjacency.npz"
+    graph_file = SHARED_DATA / "sensor_graphs/metr_la_adjacency.npz"
     if not graph_file.is_file():
         pytest.skip("shared/data/sensor_graphs is not on this machine")
     _, adjacency = read_graph(graph_file)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +12,8 @@ import tasks
 from experiments import tuning
 from fedamp_flwr.config import ConfigError, RunConfig
 from strategies.core import registry
+
+from .helpers import SHARED_DATA
 
 #: the tuned layer of "auto" is what these test (tests/conftest.py, declared_defaults)
 pytestmark = pytest.mark.tuned
@@ -282,7 +283,7 @@ def test_panacea_tables_narrowed_to_a_scenario_and_the_users_datasets_left_out(t
     and refused where --datasets names them."""
     from experiments.presets import PRESETS, apply_overrides, expand
 
-    data = Path(__file__).resolve().parents[2] / "shared" / "data"
+    data = SHARED_DATA
     if not (data / "tpt48").is_dir():
         pytest.skip("shared/data is not on this machine")
     grid = apply_overrides(PRESETS["panacea-tables"], "sfl", "0", 2, [], None, None, "1")
