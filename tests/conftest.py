@@ -75,7 +75,7 @@ def members_fleet(tmp_path_factory):
     """The test session's loopback fleet of members (:class:`tests.helpers.MembersFleet`),
     started once for every fleet test that can share it (a test that stops or kills a node
     starts its own). Under pytest -n, the tests that use it run on the worker of every
-    test that starts Flower processes (``FLOWER_PROCESSES``), so that it starts once."""
+    test that starts Flower processes (marked ``flower``), so that it starts once."""
     procs = Processes(tmp_path_factory.mktemp("members-fleet"))
     try:
         yield MembersFleet(procs)
@@ -88,7 +88,7 @@ def simulation_link(tmp_path_factory):
     """The test session's SuperLink with the simulation engine (its ``Processes``, whose env
     names it as the default connection), shared by the tests that only submit runs to it:
     each run its own name, results folder and federation config. Under pytest -n, those
-    tests run on the worker of every test that starts Flower processes (``FLOWER_PROCESSES``)."""
+    tests run on the worker of every test that starts Flower processes (marked ``flower``)."""
     procs = Processes(tmp_path_factory.mktemp("simulation-link"))
     procs.superlink(simulation=True)
     try:
@@ -97,7 +97,18 @@ def simulation_link(tmp_path_factory):
         procs.stop()
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items):
     """The slow tests first: with two workers (pytest -n), a long test started last would
-    keep one worker busy after the other is done."""
+    keep one worker busy after the other is done.
+
+    Every test that starts Flower processes (marked ``flower``: a SuperLink, SuperNodes,
+    ``flwr run``, Ray, a grid's jobs) runs on one worker, one after another (one
+    ``xdist_group``). Two such tests at once on 2 cores made each 2-5x slower and pushed
+    ClientApp starts past Flower's 30 s task claim: CI of 2026-11-28 failed so (load average
+    4.9). One alone uses about 1.3 cores (docs/testing.md); CI runs them apart from the
+    in-process tests (``.ci/run``)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    for item in items:
+        if item.get_closest_marker("flower") is not None:
+            item.add_marker(pytest.mark.xdist_group("flower"))

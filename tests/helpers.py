@@ -201,13 +201,6 @@ class Processes:
 # ---------------------------------------------------------------------------
 FLWR = shutil.which("flwr")
 
-# Every test that starts Flower processes (a SuperLink, SuperNodes, flwr run, Ray, a grid's
-# jobs) runs on one pytest-xdist worker, one after another; the other worker takes the
-# in-process tests. Two such tests at once on 2 cores made each 2-5x slower and pushed
-# ClientApp starts past Flower's 30 s task claim: CI of 2026-11-28 failed so, its load
-# average 4.9 (docs/testing.md). The session's shared fleets live on that worker too.
-FLOWER_PROCESSES = pytest.mark.xdist_group("flower-processes")
-
 
 def start_superlink(procs, simulation: bool) -> int:
     """A SuperLink on a free port (Flower 1.41 serves the Fleet, Control and runtime APIs

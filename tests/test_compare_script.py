@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from .helpers import FLOWER_PROCESSES, ROOT
+from .helpers import ROOT
 
-pytestmark = [pytest.mark.slow, FLOWER_PROCESSES,
+pytestmark = [pytest.mark.slow, pytest.mark.flower,
               pytest.mark.skipif(shutil.which("flwr") is None, reason="flwr is not installed")]
 
 

@@ -13,9 +13,9 @@ import pytest
 
 from experiments.processes import stop_tree
 
-from .helpers import FLOWER_PROCESSES, FLWR, ROOT, flwr_run, free_port, start_superlink
+from .helpers import FLWR, ROOT, flwr_run, free_port, start_superlink
 
-pytestmark = [pytest.mark.slow, FLOWER_PROCESSES,
+pytestmark = [pytest.mark.slow, pytest.mark.flower,
               pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
 
 

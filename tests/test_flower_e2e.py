@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import FLOWER_PROCESSES, FLWR, ROOT, flwr_run
+from .helpers import FLWR, ROOT, flwr_run
 
-pytestmark = [pytest.mark.slow, FLOWER_PROCESSES,
+pytestmark = [pytest.mark.slow, pytest.mark.flower,
               pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
 
 

@@ -38,7 +38,6 @@ from experiments.processes import stop_tree
 
 from .helpers import (
     FLEET_SCHEMA,
-    FLOWER_PROCESSES,
     FLWR,
     MEMBERS,
     fleet_metrics,
@@ -48,7 +47,7 @@ from .helpers import (
     start_superlink,
 )
 
-pytestmark = [pytest.mark.slow, FLOWER_PROCESSES,
+pytestmark = [pytest.mark.slow, pytest.mark.flower,
               pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
 
 NAMES = list(MEMBERS)

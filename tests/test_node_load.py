@@ -18,9 +18,9 @@ import pytest
 
 from experiments import node_load
 
-from .helpers import FLOWER_PROCESSES, FLWR
+from .helpers import FLWR
 
-pytestmark = [pytest.mark.slow, FLOWER_PROCESSES,
+pytestmark = [pytest.mark.slow, pytest.mark.flower,
               pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
 
 

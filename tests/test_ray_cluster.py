@@ -21,15 +21,13 @@ from experiments.processes import stop_tree
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402 - after the skip
 
-from .helpers import FLOWER_PROCESSES  # noqa: E402
-
 
 def _pids(node) -> list[int]:
     return [p.process.pid for infos in node.all_processes.values() for p in infos]
 
 
 @pytest.mark.slow
-@FLOWER_PROCESSES
+@pytest.mark.flower
 def test_a_grid_runs_its_clients_on_both_nodes_of_a_two_node_cluster(tmp_path, capfd):
     cluster = Cluster(initialize_head=True, head_node_args={
         "node_ip_address": "127.0.0.1", "num_cpus": 1, "resources": {"head-node": 1},

@@ -20,7 +20,7 @@ from experiments import presets, runner
 from experiments.processes import SuperLink, alive, process_tree, processes_with_env, stop_tree
 from fedamp_flwr.config import ConfigError
 
-from .helpers import FLOWER_PROCESSES, ROOT
+from .helpers import ROOT
 
 pytestmark = pytest.mark.skipif(shutil.which("flwr") is None or shutil.which("flower-superlink") is None,
                                 reason="flwr CLI not on PATH (activate the venv)")
@@ -30,7 +30,7 @@ TINY = ["--preset", "quick", "--datasets", "synthetic", "--strategies", "fedavg,
 
 
 @pytest.mark.slow
-@FLOWER_PROCESSES
+@pytest.mark.flower
 def test_tiny_grid_writes_csv_table_and_plots_then_resumes(tmp_path, capfd):
     """A grid on Flower's engine: two jobs side by side, each on its own SuperLink, stopped
     with all it started; one more round resumes each run from its checkpoint; a grid run
@@ -141,7 +141,7 @@ def _left_of(home: Path) -> list[int]:
 
 
 @pytest.mark.slow
-@FLOWER_PROCESSES
+@pytest.mark.flower
 def test_a_timed_out_run_is_stopped_and_the_grid_goes_on(tmp_path, capsys):
     out = tmp_path / "grid"
     args = ["--preset", "quick", "--datasets", "synthetic", "--strategies", "fedavg,fedamp",
@@ -159,7 +159,7 @@ def test_a_timed_out_run_is_stopped_and_the_grid_goes_on(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@FLOWER_PROCESSES
+@pytest.mark.flower
 def test_a_run_that_hangs_silently_times_out_by_the_clock(tmp_path):
     """A ClientApp that sleeps without a word: no log line ever comes, the clock stops it."""
     out = tmp_path / "grid"
@@ -184,7 +184,7 @@ def test_a_run_that_hangs_silently_times_out_by_the_clock(tmp_path):
 
 
 @pytest.mark.slow
-@FLOWER_PROCESSES
+@pytest.mark.flower
 def test_a_failed_run_is_recorded_as_failed(tmp_path, capsys):
     """flwr run exits 0 when the ServerApp fails; Flower's status says it failed."""
     bad = tmp_path / "bad.npz"
@@ -205,7 +205,7 @@ def test_a_failed_run_is_recorded_as_failed(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@FLOWER_PROCESSES
+@pytest.mark.flower
 def test_sigterm_stops_the_grid_and_everything_it_started(tmp_path):
     out = tmp_path / "grid"
     args = [sys.executable, str(simulation.ROOT / "simulation.py"), "--preset", "quick",
@@ -299,7 +299,7 @@ JOBS_GRID = ["--engine", "inprocess", "--preset", "nonconvex", "--datasets", "sy
 
 
 @pytest.mark.slow
-@FLOWER_PROCESSES
+@pytest.mark.flower
 def test_several_jobs_give_the_results_of_one_and_resume_the_same(tmp_path, capfd):
     one, two = tmp_path / "one", tmp_path / "two"
     assert simulation.main([*JOBS_GRID, "--rounds", "2", "--output", str(one)]) == 0
@@ -324,7 +324,7 @@ def test_several_jobs_give_the_results_of_one_and_resume_the_same(tmp_path, capf
 
 
 @pytest.mark.slow
-@FLOWER_PROCESSES
+@pytest.mark.flower
 def test_a_failed_job_is_recorded_and_the_others_go_on(tmp_path, capfd):
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"not an npz file")
@@ -355,7 +355,7 @@ def test_jobs_must_be_a_positive_integer_or_auto(tmp_path):
 
 
 @pytest.mark.slow
-@FLOWER_PROCESSES
+@pytest.mark.flower
 def test_sigterm_stops_every_job_and_what_it_started(tmp_path):
     out = tmp_path / "grid"
     args = [sys.executable, str(simulation.ROOT / "simulation.py"), *JOBS_GRID,

@@ -13,9 +13,9 @@ import pytest
 from tasks.graphs import write_edge_list
 from tasks.traffic import make_traffic_standin
 
-from .helpers import FLOWER_PROCESSES, FLWR, fleet_metrics, free_port, members_run, start_superlink
+from .helpers import FLWR, fleet_metrics, free_port, members_run, start_superlink
 
-pytestmark = [pytest.mark.slow, FLOWER_PROCESSES,
+pytestmark = [pytest.mark.slow, pytest.mark.flower,
               pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
 
 SENSORS = ["773869", "767541", "767542"]
