@@ -6,6 +6,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 # Clients' prepared data (tasks.cache) goes to a folder of this test session, never to the
 # user's ~/.cache; Flower processes started by the tests inherit it.
@@ -74,8 +75,7 @@ def processes(tmp_path):
 def members_fleet(tmp_path_factory):
     """The test session's loopback fleet of members (:class:`tests.helpers.MembersFleet`),
     started once for every fleet test that can share it (a test that stops or kills a node
-    starts its own). Under pytest -n, the tests that use it run on the worker of every
-    test that starts Flower processes (marked ``flower``), so that it starts once."""
+    starts its own). Under pytest -n, each worker that runs one of its tests starts its own."""
     procs = Processes(tmp_path_factory.mktemp("members-fleet"))
     try:
         yield MembersFleet(procs)
@@ -87,8 +87,8 @@ def members_fleet(tmp_path_factory):
 def simulation_link(tmp_path_factory):
     """The test session's SuperLink with the simulation engine (its ``Processes``, whose env
     names it as the default connection), shared by the tests that only submit runs to it:
-    each run its own name, results folder and federation config. Under pytest -n, those
-    tests run on the worker of every test that starts Flower processes (marked ``flower``)."""
+    each run its own name, results folder and federation config. Under pytest -n, each
+    worker that runs one of those tests starts its own."""
     procs = Processes(tmp_path_factory.mktemp("simulation-link"))
     procs.superlink(simulation=True)
     try:
@@ -97,18 +97,31 @@ def simulation_link(tmp_path_factory):
         procs.stop()
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items):
     """The slow tests first: with two workers (pytest -n), a long test started last would
-    keep one worker busy after the other is done.
-
-    Every test that starts Flower processes (marked ``flower``: a SuperLink, SuperNodes,
-    ``flwr run``, Ray, a grid's jobs) runs on one worker, one after another (one
-    ``xdist_group``). Two such tests at once on 2 cores made each 2-5x slower and pushed
-    ClientApp starts past Flower's 30 s task claim: CI of 2026-11-28 failed so (load average
-    4.9). One alone uses about 1.3 cores (docs/testing.md); CI runs them apart from the
-    in-process tests (``.ci/run``)."""
+    keep one worker busy after the other is done."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-    for item in items:
-        if item.get_closest_marker("flower") is not None:
-            item.add_marker(pytest.mark.xdist_group("flower"))
+
+
+@pytest.fixture(autouse=True)
+def one_flower_test_at_a_time(request):
+    """Every test that starts Flower processes (marked ``flower``: a SuperLink, SuperNodes,
+    ``flwr run``, Ray, a grid's jobs) runs while no other one does, whichever pytest-xdist
+    worker it is on: a lock file of this test session. Two such tests at once on 2 cores made
+    each 2-5x slower and pushed ClientApp starts past Flower's 30 s task claim: CI of
+    2026-11-28 failed so (load average 4.9). (xdist's ``xdist_group`` would not do: pytest
+    9.2 no longer reads the node id that xdist 3.8 rewrites for it.) CI runs them apart from
+    the in-process tests, with ``-n 0`` (``.ci/run``; docs/testing.md)."""
+    session = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if request.node.get_closest_marker("flower") is None or not session:
+        yield
+        return
+    import fcntl
+
+    path = Path(tempfile.gettempdir()) / f"fedamp-tests-flower-{session}.lock"
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
