@@ -11,9 +11,11 @@ from pathlib import Path
 # Clients' prepared data (tasks.cache) goes to a folder of this test session, never to the
 # user's ~/.cache; Flower processes started by the tests inherit it.
 # Members' keys (fedamp_flwr/identity.py) likewise: never in the user's ~/.local/state.
-# Folders this session made are removed when it ends.
+# Folders this session made are removed when it ends. The session's lock files likewise (one
+# folder for every pytest-xdist worker: the workers inherit this process's environment).
 for _env, _prefix in (("FEDAMP_CACHE_DIR", "fedamp-test-cache-"),
-                      ("FEDAMP_STATE_DIR", "fedamp-test-state-")):
+                      ("FEDAMP_STATE_DIR", "fedamp-test-state-"),
+                      ("FEDAMP_TEST_LOCKS", "fedamp-test-locks-")):
     if not os.environ.get(_env):
         os.environ[_env] = tempfile.mkdtemp(prefix=_prefix)
         atexit.register(shutil.rmtree, os.environ[_env], True)
@@ -97,9 +99,14 @@ def simulation_link(tmp_path_factory):
         procs.stop()
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects by the markers
 def pytest_collection_modifyitems(items):
-    """The slow tests first: with two workers (pytest -n), a long test started last would
-    keep one worker busy after the other is done."""
+    """A test that starts Flower processes (marked ``flower``) is a slow one too; the slow
+    tests first: with two workers (pytest -n), a long test started last would keep one worker
+    busy after the other is done."""
+    for item in items:
+        if item.get_closest_marker("flower") is not None:
+            item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
@@ -107,19 +114,17 @@ def pytest_collection_modifyitems(items):
 def one_flower_test_at_a_time(request):
     """Every test that starts Flower processes (marked ``flower``: a SuperLink, SuperNodes,
     ``flwr run``, Ray, a grid's jobs) runs while no other one does, whichever pytest-xdist
-    worker it is on: a lock file of this test session. Two such tests at once on 2 cores made
-    each 2-5x slower and pushed ClientApp starts past Flower's 30 s task claim: CI of
+    worker it is on: one lock file for the test session's workers. Two such tests at once on
+    2 cores made each 2-5x slower and pushed ClientApp starts past Flower's 30 s task claim: CI of
     2026-11-28 failed so (load average 4.9). (xdist's ``xdist_group`` would not do: pytest
     9.2 no longer reads the node id that xdist 3.8 rewrites for it.) CI runs them apart from
     the in-process tests, with ``-n 0`` (``.ci/run``; docs/testing.md)."""
-    session = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if request.node.get_closest_marker("flower") is None or not session:
+    if request.node.get_closest_marker("flower") is None:
         yield
         return
     import fcntl
 
-    path = Path(tempfile.gettempdir()) / f"fedamp-tests-flower-{session}.lock"
-    with open(path, "a") as lock:
+    with open(Path(os.environ["FEDAMP_TEST_LOCKS"]) / "flower.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield

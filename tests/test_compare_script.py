@@ -13,7 +13,7 @@ import pytest
 
 from .helpers import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.flower,
+pytestmark = [pytest.mark.flower,
               pytest.mark.skipif(shutil.which("flwr") is None, reason="flwr is not installed")]
 
 

@@ -15,14 +15,15 @@ from experiments.processes import stop_tree
 
 from .helpers import FLWR, ROOT, flwr_run, free_port, start_superlink
 
-pytestmark = [pytest.mark.slow, pytest.mark.flower,
+pytestmark = [pytest.mark.flower,
               pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
 
 
-def _wait_for(path: Path, until, timeout: float, what: str, tmp: Path | None = None) -> dict:
+def _wait_for(path: Path, until, timeout: float, what: str, tmp: Path) -> dict:
     """Poll metrics.json until ``until(metrics)``; return it. The limits are generous (a
-    passing test never waits them out; on CI's loaded 2-core machine a one-round run of three
-    members' nodes took 322 s); on a timeout, the tails of the test's process logs in ``tmp`` say why."""
+    passing test never waits them out; on CI's 2-core machine, beside CPU-bound neighbours, a
+    one-round run of three members' nodes took 322 s); on a timeout, the tails of the test's
+    process logs in ``tmp`` say why."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -32,7 +33,7 @@ def _wait_for(path: Path, until, timeout: float, what: str, tmp: Path | None = N
         except (OSError, ValueError):
             pass
         time.sleep(0.1)
-    logs = sorted(tmp.glob("*.log")) if tmp is not None else []
+    logs = sorted(tmp.glob("*.log"))
     tails = "\n".join(f"--- {log.name}:\n{log.read_text(errors='replace')[-1500:]}" for log in logs)
     raise AssertionError(f"timed out waiting for {what}\n{tails}")
 

@@ -28,7 +28,7 @@ from .helpers import FLEET_SCHEMA, ROOT, free_port, member_file
 
 FLWR = shutil.which("flwr")
 TOOLS = {t: shutil.which(t) for t in ("openssl", "ssh-keygen", "nginx")}
-pytestmark = [pytest.mark.slow, pytest.mark.flower, pytest.mark.skipif(
+pytestmark = [pytest.mark.flower, pytest.mark.skipif(
     FLWR is None or not all(TOOLS.values()),
     reason=f"needs flwr, openssl, ssh-keygen and nginx (missing: "
            f"{[t for t, p in TOOLS.items() if not p]})")]

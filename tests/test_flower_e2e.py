@@ -13,7 +13,7 @@ import pytest
 
 from .helpers import FLWR, ROOT, flwr_run
 
-pytestmark = [pytest.mark.slow, pytest.mark.flower,
+pytestmark = [pytest.mark.flower,
               pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
 
 

@@ -47,7 +47,7 @@ from .helpers import (
     start_superlink,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.flower,
+pytestmark = [pytest.mark.flower,
               pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
 
 NAMES = list(MEMBERS)

@@ -26,7 +26,6 @@ def _pids(node) -> list[int]:
     return [p.process.pid for infos in node.all_processes.values() for p in infos]
 
 
-@pytest.mark.slow
 @pytest.mark.flower
 def test_a_grid_runs_its_clients_on_both_nodes_of_a_two_node_cluster(tmp_path, capfd):
     cluster = Cluster(initialize_head=True, head_node_args={

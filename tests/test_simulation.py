@@ -29,7 +29,6 @@ TINY = ["--preset", "quick", "--datasets", "synthetic", "--strategies", "fedavg,
         "--rounds", "2", "--num-supernodes", "2", "--set", "local-epochs=1"]
 
 
-@pytest.mark.slow
 @pytest.mark.flower
 def test_tiny_grid_writes_csv_table_and_plots_then_resumes(tmp_path, capfd):
     """A grid on Flower's engine: two jobs side by side, each on its own SuperLink, stopped
@@ -140,7 +139,6 @@ def _left_of(home: Path) -> list[int]:
     return processes_with_env("FLWR_HOME", str(home))
 
 
-@pytest.mark.slow
 @pytest.mark.flower
 def test_a_timed_out_run_is_stopped_and_the_grid_goes_on(tmp_path, capsys):
     out = tmp_path / "grid"
@@ -158,7 +156,6 @@ def test_a_timed_out_run_is_stopped_and_the_grid_goes_on(tmp_path, capsys):
     assert _left_of(out / ".flwr-home") == []
 
 
-@pytest.mark.slow
 @pytest.mark.flower
 def test_a_run_that_hangs_silently_times_out_by_the_clock(tmp_path):
     """A ClientApp that sleeps without a word: no log line ever comes, the clock stops it."""
@@ -183,7 +180,6 @@ def test_a_run_that_hangs_silently_times_out_by_the_clock(tmp_path):
     assert _left_of(tmp_path / "home") == []
 
 
-@pytest.mark.slow
 @pytest.mark.flower
 def test_a_failed_run_is_recorded_as_failed(tmp_path, capsys):
     """flwr run exits 0 when the ServerApp fails; Flower's status says it failed."""
@@ -204,7 +200,6 @@ def test_a_failed_run_is_recorded_as_failed(tmp_path, capsys):
     assert f"Run stopped: run config 'data-dir' = '{bad}': {bad}: is not an .npz file" in log
 
 
-@pytest.mark.slow
 @pytest.mark.flower
 def test_sigterm_stops_the_grid_and_everything_it_started(tmp_path):
     out = tmp_path / "grid"
@@ -298,7 +293,6 @@ JOBS_GRID = ["--engine", "inprocess", "--preset", "nonconvex", "--datasets", "sy
              "--num-supernodes", "3", "--set", "test-samples=50", "--set", "alone=false"]
 
 
-@pytest.mark.slow
 @pytest.mark.flower
 def test_several_jobs_give_the_results_of_one_and_resume_the_same(tmp_path, capfd):
     one, two = tmp_path / "one", tmp_path / "two"
@@ -323,7 +317,6 @@ def test_several_jobs_give_the_results_of_one_and_resume_the_same(tmp_path, capf
     assert "6 runs, 6 already done, 0 to run" in capfd.readouterr().out
 
 
-@pytest.mark.slow
 @pytest.mark.flower
 def test_a_failed_job_is_recorded_and_the_others_go_on(tmp_path, capfd):
     bad = tmp_path / "bad.npz"
@@ -354,7 +347,6 @@ def test_jobs_must_be_a_positive_integer_or_auto(tmp_path):
     assert auto_jobs(16, 1) == 4 and auto_jobs(4, 1) == 2 and auto_jobs(16, 2) == 8
 
 
-@pytest.mark.slow
 @pytest.mark.flower
 def test_sigterm_stops_every_job_and_what_it_started(tmp_path):
     out = tmp_path / "grid"

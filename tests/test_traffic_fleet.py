@@ -15,7 +15,7 @@ from tasks.traffic import make_traffic_standin
 
 from .helpers import FLWR, fleet_metrics, free_port, members_run, start_superlink
 
-pytestmark = [pytest.mark.slow, pytest.mark.flower,
+pytestmark = [pytest.mark.flower,
               pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
 
 SENSORS = ["773869", "767541", "767542"]
