@@ -69,6 +69,7 @@ from typing import Any
 
 from experiments import report
 from experiments.budget import Budget, apply_budget
+from experiments.flower_cli import FlowerCliError
 from experiments.jobs import parse_jobs
 from experiments.presets import PRESETS, ConfigError, Grid, Run, apply_overrides, expand
 from experiments.runner import run_grid
@@ -171,8 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"error: {err}") from None
     failed: list[str] = []
     if not args.report_only:
-        failed = run_grid(runs, output, args.cpus_per_client, args.gpus_per_client,
-                          args.ray_address, args.timeout, args.engine, jobs)
+        try:
+            failed = run_grid(runs, output, args.cpus_per_client, args.gpus_per_client,
+                              args.ray_address, args.timeout, args.engine, jobs)
+        except FlowerCliError as err:  # the app's FAB could not be built: no run started
+            raise SystemExit(f"error: {err}") from None
     if args.tune:
         command = "python simulation.py " + shlex.join(sys.argv[1:] if argv is None else argv)
         result = choose(runs, output, command, budget=args.budget or "")

@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from experiments.flower_cli import COMPLETED, FlowerCliError, FlowerRun
+from experiments.flower_cli import COMPLETED, FlowerCliError, FlowerRun, app_snapshot
 from experiments.processes import SuperLink
 from strategies.core.records import RunFile, mean_score
 
@@ -63,21 +63,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     completed: list[str] = []
     failed: list[str] = []
-    with tempfile.TemporaryDirectory() as home, SuperLink(Path(home)) as link:
-        for s in args.strategies:
-            print(f"== {s}", flush=True)
-            run_config = (f"strategy='{s}' min-nodes={args.num_clients} run-name='{s}' "
-                          f"results-dir='{out}' overwrite=true {args.run_config}")
-            run = FlowerRun(link.env, ROOT, run_config, f"num-supernodes={args.num_clients}",
-                            out / f"{s}.log", _show_progress)
-            try:
-                outcome = run.run(args.timeout)
-                status = outcome.status + (" (timed out)" if outcome.timed_out else "")
-            except FlowerCliError as err:
-                status = f"not started: {err}"
-            ok = status == COMPLETED and (out / s / "metrics.json").is_file()
-            (completed if ok else failed).append(s)
-            print(f"{s}: {status}" + ("" if ok else f", see {out / f'{s}.log'}"), flush=True)
+    try:
+        with tempfile.TemporaryDirectory() as home, SuperLink(Path(home)) as link, \
+                app_snapshot(ROOT) as app:  # every run the same code, its FAB built once
+            for s in args.strategies:
+                print(f"== {s}", flush=True)
+                run_config = (f"strategy='{s}' min-nodes={args.num_clients} run-name='{s}' "
+                              f"results-dir='{out}' overwrite=true {args.run_config}")
+                run = FlowerRun(link.env, app, run_config, f"num-supernodes={args.num_clients}",
+                                out / f"{s}.log", _show_progress)
+                try:
+                    outcome = run.run(args.timeout)
+                    status = outcome.status + (" (timed out)" if outcome.timed_out else "")
+                except FlowerCliError as err:
+                    status = f"not started: {err}"
+                ok = status == COMPLETED and (out / s / "metrics.json").is_file()
+                (completed if ok else failed).append(s)
+                print(f"{s}: {status}" + ("" if ok else f", see {out / f'{s}.log'}"), flush=True)
+    except FlowerCliError as err:  # the app's FAB could not be built: no run started
+        raise SystemExit(f"error: {err}") from None
     if completed:
         print("\n" + table(out, completed))
     if failed:

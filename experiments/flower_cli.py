@@ -8,17 +8,28 @@ lines: a run that hangs silently times out too), stops a run with
 (``finished:completed``, ``finished:failed``, ``finished:stopped``) with
 ``flwr ls --run-id RUN_ID --format json``. ``flwr run`` exits 0 even when the
 ServerApp fails; that status is how a failed run is told from a finished one.
+
+:func:`app_snapshot` gives the files of an app that Flower sends (its FAB), built once, in
+a folder of their own: ``flwr run`` builds the FAB again for every run, and to do so
+Flower 1.41 walks every file under the app's folder before it filters them, a virtual
+environment inside the project included (58,000 files, 6-7 s of CPU per run here; from the
+snapshot's 150 files, 1.6 s with the CLI's start). The FAB built from the snapshot is the
+same, to its hash.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+import zipfile
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +40,7 @@ COMPLETED, FAILED, STOPPED = "finished:completed", "finished:failed", "finished:
 #: the status of a run whose status Flower's CLI could not give
 UNKNOWN = "unknown"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_BOX = re.compile("[\u2500-\u257f]")  # the frame the CLI draws around an error
 
 
 class FlowerCliError(RuntimeError):
@@ -64,6 +76,38 @@ class RunOutcome:
         out = asdict(self)
         out["run_id"] = None if self.run_id is None else str(self.run_id)
         return out
+
+
+def build_app(app: Path, folder: Path, flwr: str | None = None) -> Path:
+    """The files of the Flower app at ``app`` that its FAB holds (``flwr build``: the app's
+    own include and exclude rules), written to ``folder`` (made; it must not exist). A
+    ``flwr run`` of ``folder`` sends the same FAB, to its hash, as one of ``app``.
+    FlowerCliError if ``flwr build`` fails (its output in the message)."""
+    folder.mkdir(parents=True)
+    built = folder / ".build"
+    built.mkdir()
+    try:
+        done = subprocess.run([flwr or shutil.which("flwr") or "flwr", "build", "--app",
+                               str(Path(app).resolve())], cwd=built, capture_output=True,
+                              text=True, timeout=600,
+                              env={**os.environ, "COLUMNS": "1000"})  # a line, not a box
+        fabs = sorted(built.glob("*.fab"))
+        if done.returncode != 0 or len(fabs) != 1:
+            said = " ".join(_BOX.sub(" ", plain(done.stdout + done.stderr)).split())
+            raise FlowerCliError(f"flwr build --app {app} failed: {said[-2000:]}")
+        with zipfile.ZipFile(fabs[0]) as fab:  # our own build; extractall keeps it inside
+            fab.extractall(folder)
+    finally:
+        shutil.rmtree(built, ignore_errors=True)
+    return folder
+
+
+@contextlib.contextmanager
+def app_snapshot(app: Path) -> Iterator[Path]:
+    """:func:`build_app` of ``app`` into a temporary folder, removed when the context ends:
+    the app to give every ``flwr run`` of a grid (the same code for each of its runs)."""
+    with tempfile.TemporaryDirectory(prefix="fedamp-app-") as tmp:
+        yield build_app(app, Path(tmp) / "app")
 
 
 class FlowerRun:

@@ -28,6 +28,7 @@ from experiments.flower_cli import (
     FlowerCliError,
     FlowerRun,
     RunOutcome,
+    app_snapshot,
     wait_for_superlink,
     write_outcome,
 )
@@ -253,26 +254,33 @@ def run_grid(runs: list[Run], output: Path, cpus: float, gpus: float, ray_addres
     experiments.runner``), with ``cores // jobs`` CPU threads (torch, OpenMP and, for the
     Flower engine, the CPUs of its own local SuperLink's Ray instance); a worker slot's
     SuperLink keeps its ``FLWR_HOME`` (``.flwr-home-<slot>``). The results are those of one
-    job, run by run: each run is the same code with the same run config and seed.
+    job, run by run: each run is the same code with the same run config and seed. On the
+    Flower engine every run submits the app's files as they were when the grid started
+    (:func:`experiments.flower_cli.app_snapshot`: its FAB built once, not once a run).
     """
     todo = [r for r in runs if not is_done(output, r)]
     print(f"{len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run", flush=True)
     if not todo:
         return []
     resumed = {r.name: resumable(output, r) for r in todo}
-    with GridProgress(todo, min(jobs, len(todo)), resumed=resumed) as progress:
-        ok = _run_all(todo, output, cpus, gpus, ray_address, timeout, engine, jobs, progress)
+    app_or_none: contextlib.AbstractContextManager[Path | None] = (
+        app_snapshot(ROOT) if engine == "flower" else contextlib.nullcontext())
+    with app_or_none as app, GridProgress(todo, min(jobs, len(todo)),
+                                          resumed=resumed) as progress:
+        ok = _run_all(todo, output, cpus, gpus, ray_address, timeout, engine, jobs, progress,
+                      app or ROOT)
     if progress.live:  # the bars are gone: the grid's end in the terminal's scrollback
         print(f"grid: {progress.summary()}", flush=True)
     return [run.name for run, good in zip(todo, ok) if not good]
 
 
 def _run_all(todo: list[Run], output: Path, cpus: float, gpus: float, ray_address: str | None,
-             timeout: float, engine: str, jobs: int, progress: GridProgress) -> list[bool]:
-    """:func:`run_grid`'s runs: whether each succeeded."""
+             timeout: float, engine: str, jobs: int, progress: GridProgress, app: Path
+             ) -> list[bool]:
+    """:func:`run_grid`'s runs (of ``app`` on the Flower engine): whether each succeeded."""
     if jobs > 1 and len(todo) > 1:
         ok = _run_parallel(todo, output, cpus, gpus, ray_address, timeout, engine, jobs,
-                           progress)
+                           progress, app)
     else:
         link_or_none: contextlib.AbstractContextManager[SuperLink | None] = (
             _said_superlink(output / ".flwr-home", ray_address, progress.say, "grid")
@@ -288,7 +296,7 @@ def _run_all(todo: list[Run], output: Path, cpus: float, gpus: float, ray_addres
                 def emit(text: str) -> None:
                     progress.line(run, text)
 
-                outcome = (run_one(link, output, run, fed, prefix, timeout, emit=emit)
+                outcome = (run_one(link, output, run, fed, prefix, timeout, app, emit)
                            if link is not None else run_one_inprocess(output, run, prefix, emit))
                 good = _report(output, run, outcome, prefix, started)
                 progress.end(run, good)
@@ -312,7 +320,7 @@ def _said_superlink(home: Path, ray_address: str | None, say: Callable[[str], No
 
 def _run_parallel(todo: list[Run], output: Path, cpus: float, gpus: float,
                   ray_address: str | None, timeout: float, engine: str, jobs: int,
-                  progress: GridProgress) -> list[bool]:
+                  progress: GridProgress, app: Path) -> list[bool]:
     """:func:`run_grid` with several jobs: one child process per run, ``jobs`` at a time."""
     threads = threads_per_job(jobs)
     print(f"{jobs} jobs at a time, {threads} CPU thread(s) each", flush=True)
@@ -332,7 +340,7 @@ def _run_parallel(todo: list[Run], output: Path, cpus: float, gpus: float,
             spec = {"output": str(output), "name": run.name, "num_clients": run.num_clients,
                     "run_config": run.run_config, "prefix": prefix, "engine": engine,
                     "timeout": timeout, "threads": threads, "ray_address": ray_address,
-                    "home": str(output / f".flwr-home-{slot}"),
+                    "home": str(output / f".flwr-home-{slot}"), "app": str(app),
                     "federation": federation_for(run, cpus, gpus, ray_address, threads)}
             env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
@@ -381,7 +389,8 @@ def _child(spec_text: str) -> int:
     if spec["engine"] == "flower":
         say = _teller(None)
         with _said_superlink(Path(spec["home"]), spec["ray_address"], say, spec["prefix"]) as link:
-            run_one(link, output, run, spec["federation"], spec["prefix"], float(spec["timeout"]))
+            run_one(link, output, run, spec["federation"], spec["prefix"], float(spec["timeout"]),
+                    Path(spec.get("app") or ROOT))
     else:
         import torch
         from flwr.common.logger import console_handler

@@ -12,15 +12,17 @@ other (tests/test_structure.py checks it); the fixtures are in tests/conftest.py
 * :func:`setup_strategy`: a registered strategy set up for n clients, as the
   ServerApp does after the query round.
 * :class:`Processes`, :func:`start_superlink`, :func:`flwr_run`,
-  :func:`member_supernode`: real Flower processes.
+  :func:`member_supernode`: real Flower processes; :func:`app_files`: the app they run.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -200,6 +202,23 @@ class Processes:
 # Moved from the test modules that first needed them
 # ---------------------------------------------------------------------------
 FLWR = shutil.which("flwr")
+_APP: list[Path] = []
+
+
+def app_files() -> Path:
+    """The app's files that its FAB holds, built once for this test process
+    (:func:`experiments.flower_cli.build_app`; removed when the process ends): what the
+    tests give ``flwr run``. From the checkout, whose .venv Flower walks before it filters,
+    each run would build the same FAB (the same hash) for 6-7 s of CPU; one test runs
+    ``flwr run`` on the checkout itself, as the README does
+    (tests/test_flower_e2e.py ``test_strategies_by_config_alone_on_flowers_default_federation``)."""
+    if not _APP:
+        from experiments.flower_cli import build_app
+
+        folder = Path(tempfile.mkdtemp(prefix="fedamp-test-app-"))
+        atexit.register(shutil.rmtree, folder, True)
+        _APP.append(build_app(ROOT, folder / "app", FLWR))
+    return _APP[0]
 
 
 def start_superlink(procs, simulation: bool) -> int:
@@ -209,7 +228,7 @@ def start_superlink(procs, simulation: bool) -> int:
 
 
 def flwr_run(procs, run_config: str, extra: list[str], timeout: float = 400) -> str:
-    args = [FLWR, "run", str(ROOT), "--stream", "--run-config", run_config, *extra]
+    args = [FLWR, "run", str(app_files()), "--stream", "--run-config", run_config, *extra]
     out = subprocess.run(args, env=procs.env, cwd=procs.tmp, capture_output=True, text=True,
                          timeout=timeout)
     return out.stdout + out.stderr
@@ -245,7 +264,7 @@ def member_supernode(processes, port: int, data: Path, name: str, log: str):
 
 
 def members_run(processes, config: str, timeout: float = 600) -> str:
-    out = subprocess.run([FLWR, "run", str(ROOT), "--stream", "--run-config", config],
+    out = subprocess.run([FLWR, "run", str(app_files()), "--stream", "--run-config", config],
                          env=processes.env, cwd=processes.tmp, capture_output=True, text=True,
                          timeout=timeout)
     return out.stdout + out.stderr

@@ -13,7 +13,7 @@ import pytest
 
 from experiments.processes import stop_tree
 
-from .helpers import FLWR, ROOT, flwr_run, free_port, start_superlink
+from .helpers import FLWR, app_files, flwr_run, free_port, start_superlink
 
 pytestmark = [pytest.mark.flower,
               pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
@@ -68,7 +68,7 @@ def test_a_supernode_killed_mid_run_and_restarted(processes):
     results = processes.tmp / "results"
     log = open(processes.tmp / "run.log", "w")
     run = subprocess.Popen(
-        [FLWR, "run", str(ROOT), "--stream", "--run-config",
+        [FLWR, "run", str(app_files()), "--stream", "--run-config",
          f"num-server-rounds=4 local-epochs=1 min-nodes=4 round-timeout=300 "
          f"results-dir='{results}' run-name='fault'"],
         env=processes.env, cwd=processes.tmp, stdout=log, stderr=subprocess.STDOUT,
@@ -120,7 +120,8 @@ def test_a_server_killed_mid_run_and_resumed_gives_identical_metrics(processes):
               f"results-dir='{results}'")
     federation = ["--federation-config", f"num-supernodes={n} client-resources-num-cpus=1"]
     flwr_run(processes, f"{config} run-name='whole'", federation)
-    subprocess.run([FLWR, "run", str(ROOT), "--run-config", f"{config} run-name='cut'", *federation],
+    subprocess.run([FLWR, "run", str(app_files()), "--run-config", f"{config} run-name='cut'",
+                    *federation],
                    env=processes.env, cwd=processes.tmp, capture_output=True, timeout=120)
     path = results / "cut" / "metrics.json"
     _wait_for(path, lambda m: m["completed_rounds"] >= 2, 600, "round 2", processes.tmp)
@@ -150,7 +151,8 @@ def test_a_run_outlives_its_superlink_killed_and_restarted_on_its_database(proce
     config = (f"strategy='fedamp' num-server-rounds=3 local-epochs=2 min-nodes=3 "
               f"results-dir='{results}'")
     watcher = processes.start(
-        [str(Path(FLWR).parent / "python"), "-m", "experiments.watch", str(ROOT), "--run-config",
+        [str(Path(FLWR).parent / "python"), "-m", "experiments.watch", str(app_files()),
+         "--run-config",
          f"{config} run-name='cut'", "--superlink-wait", "300", "--log",
          str(processes.tmp / "cut.log")], "watch")
     path = results / "cut" / "metrics.json"

@@ -24,7 +24,7 @@ import pytest
 
 from experiments.processes import wait_for_port
 
-from .helpers import FLEET_SCHEMA, ROOT, free_port, member_file
+from .helpers import FLEET_SCHEMA, ROOT, app_files, free_port, member_file
 
 FLWR = shutil.which("flwr")
 TOOLS = {t: shutil.which(t) for t in ("openssl", "ssh-keygen", "nginx")}
@@ -121,7 +121,7 @@ def test_tls_authentication_and_a_fleet_endpoint_without_the_control_api(process
 
     results = tmp / "results"
     out = subprocess.run(
-        [FLWR, "run", str(ROOT), "admin", "--stream", "--run-config",
+        [FLWR, "run", str(app_files()), "admin", "--stream", "--run-config",
          f"{FLEET_SCHEMA} fedamp-sigma=10.0 num-server-rounds=1 min-nodes=2 alone=false "
          f"results-dir='{results}' run-name='tls' member-roster='{roster}'"],
         env=processes.env, cwd=tmp, capture_output=True, text=True, timeout=400)

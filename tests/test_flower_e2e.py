@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import FLWR, ROOT, flwr_run
+from .helpers import FLWR, ROOT, app_files, flwr_run
 
 pytestmark = [pytest.mark.flower,
               pytest.mark.skipif(FLWR is None, reason="flwr CLI not on PATH (activate the venv)")]
@@ -38,7 +38,8 @@ def test_strategies_by_config_alone_on_flowers_default_federation(simulation_lin
     default federation (2 simulated SuperNodes) and every other key at its default. FedAMP
     (the default, its weights written), Panacea (the task's graph, not given), and a mistake,
     which stops the run with one line naming what is allowed, Flower's status failed and no
-    traceback. What only a process shows: Flower's own log, status and default federation."""
+    traceback. What only a process shows: Flower's own log, status and default federation,
+    and (the first run) `flwr run` of the checkout itself, as the README's command."""
     from experiments.flower_cli import COMPLETED, FlowerRun
     from fedamp_flwr.results import load_xi
 
@@ -48,7 +49,8 @@ def test_strategies_by_config_alone_on_flowers_default_federation(simulation_lin
 
     def run(name: str, config: str):
         lines = logs.setdefault(name, [])
-        flower = FlowerRun(link.env, ROOT, f"{config} results-dir='{results}' run-name='{name}'",
+        app = ROOT if name == "fedamp" else app_files()  # the first: `flwr run .` itself
+        flower = FlowerRun(link.env, app, f"{config} results-dir='{results}' run-name='{name}'",
                            "", tmp_path / f"{name}.log", lines.append)
         return flower.run(timeout=400)
 
@@ -128,3 +130,27 @@ def test_flwr_run_panacea_gn_on_an_npz_file(simulation_link, tmp_path):
     m = _metrics(simulation_link, results, "npz")
     assert m["strategy"] == "panacea-gn" and m["num_clients"] == 4
     assert len(m["rounds"]) == 2 and 0 <= m["bmta"] <= 100
+
+
+def test_the_apps_files_built_once_send_the_same_fab_as_the_checkout(tmp_path):
+    """What every test's `flwr run` and a grid's runs submit (``build_app``: the FAB's files
+    unpacked) builds the FAB of the checkout, to its hash; an app that Flower cannot build
+    is one error with Flower's words, before any run."""
+    import subprocess
+
+    from experiments.flower_cli import FlowerCliError, build_app
+
+    snapshot = build_app(ROOT, tmp_path / "app", FLWR)
+    assert (snapshot / "pyproject.toml").is_file() and not (snapshot / ".build").exists()
+    assert not (snapshot / ".venv").exists() and (snapshot / "fedamp_flwr" / "client_app.py").is_file()
+    fabs = []
+    for i, app in enumerate((ROOT, snapshot)):
+        (tmp_path / f"b{i}").mkdir()
+        subprocess.run([FLWR, "build", "--app", str(app)], cwd=tmp_path / f"b{i}", check=True,
+                       capture_output=True, timeout=300)
+        fabs += [p.name for p in (tmp_path / f"b{i}").glob("*.fab")]
+    assert len(fabs) == 2 and fabs[0] == fabs[1]  # the name ends with the FAB's hash
+    (tmp_path / "not-an-app").mkdir()
+    with pytest.raises(FlowerCliError,
+                       match=r"flwr build --app \S*not-an-app failed: .*pyproject\.toml"):
+        build_app(tmp_path / "not-an-app", tmp_path / "nothing", FLWR)
