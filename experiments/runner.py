@@ -263,6 +263,8 @@ def run_grid(runs: list[Run], output: Path, cpus: float, gpus: float, ray_addres
     if not todo:
         return []
     resumed = {r.name: resumable(output, r) for r in todo}
+    if engine == "flower":
+        print("grid: building the app's FAB once for its runs (flwr build)", flush=True)
     app_or_none: contextlib.AbstractContextManager[Path | None] = (
         app_snapshot(ROOT) if engine == "flower" else contextlib.nullcontext())
     with app_or_none as app, GridProgress(todo, min(jobs, len(todo)),
