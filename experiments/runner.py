@@ -263,14 +263,14 @@ def run_grid(runs: list[Run], output: Path, cpus: float, gpus: float, ray_addres
     if not todo:
         return []
     resumed = {r.name: resumable(output, r) for r in todo}
+    app_or_root: contextlib.AbstractContextManager[Path] = contextlib.nullcontext(ROOT)
     if engine == "flower":
         print("grid: building the app's FAB once for its runs (flwr build)", flush=True)
-    app_or_none: contextlib.AbstractContextManager[Path | None] = (
-        app_snapshot(ROOT) if engine == "flower" else contextlib.nullcontext())
-    with app_or_none as app, GridProgress(todo, min(jobs, len(todo)),
+        app_or_root = app_snapshot(ROOT)
+    with app_or_root as app, GridProgress(todo, min(jobs, len(todo)),
                                           resumed=resumed) as progress:
         ok = _run_all(todo, output, cpus, gpus, ray_address, timeout, engine, jobs, progress,
-                      app or ROOT)
+                      app)
     if progress.live:  # the bars are gone: the grid's end in the terminal's scrollback
         print(f"grid: {progress.summary()}", flush=True)
     return [run.name for run, good in zip(todo, ok) if not good]
@@ -392,7 +392,7 @@ def _child(spec_text: str) -> int:
         say = _teller(None)
         with _said_superlink(Path(spec["home"]), spec["ray_address"], say, spec["prefix"]) as link:
             run_one(link, output, run, spec["federation"], spec["prefix"], float(spec["timeout"]),
-                    Path(spec.get("app") or ROOT))
+                    Path(spec["app"]))
     else:
         import torch
         from flwr.common.logger import console_handler

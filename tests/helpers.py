@@ -18,6 +18,7 @@ other (tests/test_structure.py checks it); the fixtures are in tests/conftest.py
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import shutil
@@ -202,23 +203,21 @@ class Processes:
 # Moved from the test modules that first needed them
 # ---------------------------------------------------------------------------
 FLWR = shutil.which("flwr")
-_APP: list[Path] = []
 
 
+@functools.cache
 def app_files() -> Path:
     """The app's files that its FAB holds, built once for this test process
     (:func:`experiments.flower_cli.build_app`; removed when the process ends): what the
     tests give ``flwr run``. From the checkout, whose .venv Flower walks before it filters,
-    each run would build the same FAB (the same hash) for 6-7 s of CPU; one test runs
+    each run would build the same FAB (the same hash) for about 7 s of CPU; one test runs
     ``flwr run`` on the checkout itself, as the README does
     (tests/test_flower_e2e.py ``test_strategies_by_config_alone_on_flowers_default_federation``)."""
-    if not _APP:
-        from experiments.flower_cli import build_app
+    from experiments.flower_cli import build_app
 
-        folder = Path(tempfile.mkdtemp(prefix="fedamp-test-app-"))
-        atexit.register(shutil.rmtree, folder, True)
-        _APP.append(build_app(ROOT, folder / "app", FLWR))
-    return _APP[0]
+    folder = Path(tempfile.mkdtemp(prefix="fedamp-test-app-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return build_app(ROOT, folder / "app", FLWR)
 
 
 def start_superlink(procs, simulation: bool) -> int:

@@ -140,7 +140,7 @@ def test_the_apps_files_built_once_send_the_same_fab_as_the_checkout(tmp_path):
 
     from experiments.flower_cli import FlowerCliError, build_app
 
-    snapshot = build_app(ROOT, tmp_path / "app", FLWR)
+    snapshot = app_files()  # build_app of the checkout, once for the test process
     assert (snapshot / "pyproject.toml").is_file() and not (snapshot / ".build").exists()
     assert not (snapshot / ".venv").exists() and (snapshot / "fedamp_flwr" / "client_app.py").is_file()
     fabs = []
