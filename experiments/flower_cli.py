@@ -14,7 +14,9 @@ a folder of their own: ``flwr run`` builds the FAB again for every run, and to d
 Flower 1.41 walks every file under the app's folder before it filters them, a virtual
 environment inside the project included (58,000 files: ``flwr build`` of the checkout took
 7.0 s here, of the snapshot's 150 files 1.4 s, most of it the CLI's start; docs/performance.md).
-The FAB built from the snapshot is the same, to its hash.
+:func:`build_app` itself gives ``flwr build`` only the files Flower's rules can keep, found
+without entering the folders those rules leave out whole (:func:`fab_candidates`). The FAB
+built from the snapshot is the same, to its hash.
 """
 
 from __future__ import annotations
@@ -78,22 +80,72 @@ class RunOutcome:
         return out
 
 
+#: a file name no include or exclude pattern of an app is expected to name: a folder whose
+#: files Flower's rules exclude whole also excludes this one (:func:`fab_candidates`)
+_PROBE = "\x00fedamp-probe\x00/\x00"
+
+
+def fab_candidates(app: Path) -> list[str] | None:
+    """The files under ``app`` (relative POSIX paths) that ``flwr build`` may put in the FAB:
+    those its publish rules include, walked as Flower walks (no symbolic link followed or
+    kept), without entering a folder that its exclude rules (built-in and the app's
+    ``.gitignore``) leave out whole, such as a virtual environment. ``None`` where that
+    cannot be told: a Flower without these rules, or a ``.gitignore`` with a negated
+    pattern (which could take a file of an excluded folder back); Flower then walks it all.
+    Flower filters what is given again, by the same rules: the FAB is the same."""
+    try:
+        from flwr.cli.utils import build_pathspec, load_gitignore_patterns
+        from flwr.supercore.constant import (
+            APP_PUBLISH_EXCLUDE_PATTERNS,
+            APP_PUBLISH_INCLUDE_PATTERNS,
+        )
+    except ImportError:
+        return None
+    ignore = app / ".gitignore"
+    patterns = load_gitignore_patterns(ignore) if ignore.is_file() else []
+    if any(p.startswith("!") for p in patterns):
+        return None
+    excluded = build_pathspec([*patterns, *APP_PUBLISH_EXCLUDE_PATTERNS])
+    included = build_pathspec(APP_PUBLISH_INCLUDE_PATTERNS)
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(app, followlinks=False):
+        here = Path(dirpath).relative_to(app)
+        dirnames[:] = [d for d in dirnames
+                       if not excluded.match_file(f"{(here / d).as_posix()}/{_PROBE}")]
+        for name in filenames:
+            rel = (here / name).as_posix()
+            if not (Path(dirpath) / name).is_symlink() and included.match_file(rel):
+                found.append(rel)
+    return found
+
+
 def build_app(app: Path, folder: Path, flwr: str | None = None) -> Path:
     """The files of the Flower app at ``app`` that its FAB holds (``flwr build``: the app's
     own include and exclude rules), written to ``folder`` (made; it must not exist). A
     ``flwr run`` of ``folder`` sends the same FAB, to its hash, as one of ``app``.
-    FlowerCliError if ``flwr build`` fails (its output in the message)."""
+    ``flwr build`` is given the files of :func:`fab_candidates` (copied), or ``app`` itself
+    where those cannot be told. FlowerCliError if ``flwr build`` fails (its output in the
+    message)."""
+    app = Path(app).resolve()
     folder.mkdir(parents=True)
     built = folder / ".build"
     built.mkdir()
     try:
+        source = app
+        if (candidates := fab_candidates(app)) is not None:
+            source = built / "source"
+            source.mkdir()
+            for rel in candidates:
+                (source / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(app / rel, source / rel)
         done = subprocess.run([flwr or shutil.which("flwr") or "flwr", "build", "--app",
-                               str(Path(app).resolve())], cwd=built, capture_output=True,
+                               str(source)], cwd=built, capture_output=True,
                               text=True, timeout=600,
                               env={**os.environ, "COLUMNS": "1000"})  # a line, not a box
         fabs = sorted(built.glob("*.fab"))
         if done.returncode != 0 or len(fabs) != 1:
             said = " ".join(_BOX.sub(" ", plain(done.stdout + done.stderr)).split())
+            said = said.replace(str(source), str(app))  # the app's own paths, not the copy's
             raise FlowerCliError(f"flwr build --app {app} failed: {said[-2000:]}")
         with zipfile.ZipFile(fabs[0]) as fab:  # our own build; extractall keeps it inside
             fab.extractall(folder)

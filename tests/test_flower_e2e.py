@@ -130,27 +130,3 @@ def test_flwr_run_panacea_gn_on_an_npz_file(simulation_link, tmp_path):
     m = _metrics(simulation_link, results, "npz")
     assert m["strategy"] == "panacea-gn" and m["num_clients"] == 4
     assert len(m["rounds"]) == 2 and 0 <= m["bmta"] <= 100
-
-
-def test_the_apps_files_built_once_send_the_same_fab_as_the_checkout(tmp_path):
-    """What every test's `flwr run` and a grid's runs submit (``build_app``: the FAB's files
-    unpacked) builds the FAB of the checkout, to its hash; an app that Flower cannot build
-    is one error with Flower's words, before any run."""
-    import subprocess
-
-    from experiments.flower_cli import FlowerCliError, build_app
-
-    snapshot = app_files()  # build_app of the checkout, once for the test process
-    assert (snapshot / "pyproject.toml").is_file() and not (snapshot / ".build").exists()
-    assert not (snapshot / ".venv").exists() and (snapshot / "fedamp_flwr" / "client_app.py").is_file()
-    fabs = []
-    for i, app in enumerate((ROOT, snapshot)):
-        (tmp_path / f"b{i}").mkdir()
-        subprocess.run([FLWR, "build", "--app", str(app)], cwd=tmp_path / f"b{i}", check=True,
-                       capture_output=True, timeout=300)
-        fabs += [p.name for p in (tmp_path / f"b{i}").glob("*.fab")]
-    assert len(fabs) == 2 and fabs[0] == fabs[1]  # the name ends with the FAB's hash
-    (tmp_path / "not-an-app").mkdir()
-    with pytest.raises(FlowerCliError,
-                       match=r"flwr build --app \S*not-an-app failed: .*pyproject\.toml"):
-        build_app(tmp_path / "not-an-app", tmp_path / "nothing", FLWR)
