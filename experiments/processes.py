@@ -59,20 +59,39 @@ def alive(proc: psutil.Process) -> bool:
         return False
 
 
-def stop_tree(pid: int, timeout: float = 30.0) -> None:
-    """Stop process ``pid`` and everything it started, by their process ids.
+def stop_tree(pid: int, timeout: float = 30.0, grace: float = 5.0) -> None:
+    """Stop process ``pid`` and everything it started, by their process ids
+    (:func:`stop_trees` of ``[pid]``)."""
+    stop_trees([pid], timeout, grace)
 
-    The tree is taken once (psutil), before anything is stopped: Flower's
+
+def stop_trees(pids: list[int], timeout: float = 30.0, grace: float = 5.0) -> None:
+    """Stop each process of ``pids`` and everything it started, by their process ids.
+
+    The trees are taken once (psutil), before anything is stopped: Flower's
     SuperLink starts a SuperExec in a session of its own, which starts the
     simulation and its Ray processes, so stopping the SuperLink's process group
-    alone would leave them running. Every process of the tree gets SIGTERM; on
-    POSIX, so does every process group of the tree (never this process's own),
-    which also reaches a group member whose parent has already exited. What is
-    still alive after ``timeout`` seconds gets SIGKILL.
+    alone would leave them running. Each of ``pids`` gets SIGTERM first, alone, and
+    up to ``grace`` seconds (all of them together) to end by itself while what it
+    started still runs: a SuperNode then leaves its SuperLink (it deactivates and
+    unregisters). Signalled at once with its SuperExec, it sometimes did not, and the
+    SuperLink held the node as connected until its heartbeat ran out (about 30 s
+    here), which the next run's first message to every node waited for. Then every
+    process of the trees gets SIGTERM; on POSIX, so does every process group of the
+    trees (never this process's own), which also reaches a group member whose parent
+    has already exited. What is still alive after ``timeout`` seconds gets SIGKILL.
     """
-    tree = process_tree(pid)
+    tree = [p for pid in pids for p in process_tree(pid)]
     if not tree:
         return
+    roots = [p for p in tree if p.pid in set(pids)]
+    if grace > 0:
+        for root in roots:
+            try:
+                root.send_signal(signal.SIGTERM)
+            except psutil.Error:
+                pass
+        psutil.wait_procs(roots, timeout=grace)  # ended, or past their grace: all below
     groups: set[int] = set()
     if hasattr(os, "killpg"):
         for p in tree:

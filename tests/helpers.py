@@ -43,7 +43,7 @@ from flwr.common.constant import ErrorCode
 
 import tasks
 from experiments.make_sites import member_name
-from experiments.processes import SuperLink, free_port, stop_tree
+from experiments.processes import SuperLink, free_port, stop_trees
 from fedamp_flwr import server_app
 from fedamp_flwr.inprocess import InProcessGrid, run_inprocess, task_identity
 
@@ -191,9 +191,10 @@ class Processes:
         return link
 
     def stop(self) -> None:
-        """Stop each process with everything it started (``experiments.processes.stop_tree``)."""
-        for proc in reversed(self.procs):
-            stop_tree(proc.pid, timeout=20)
+        """Stop every process with everything it started, all at once
+        (``experiments.processes.stop_trees``), then the SuperLinks."""
+        stop_trees([proc.pid for proc in self.procs], timeout=20)
+        for proc in self.procs:
             proc.wait()
         for link in reversed(self.links):
             link.__exit__(None, None, None)

@@ -1,4 +1,5 @@
-"""The experiment runner end to end: a tiny grid through `flwr run`, its outputs, and resuming."""
+"""The experiment runner end to end: grids through `flwr run` and in process, their outputs,
+resuming, time-outs, failures and signals."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import matplotlib.image
 import psutil
 import pytest
 
@@ -30,56 +30,35 @@ TINY = ["--preset", "quick", "--datasets", "synthetic", "--strategies", "fedavg,
 
 
 @pytest.mark.flower
-def test_tiny_grid_writes_csv_table_and_plots_then_resumes(tmp_path, capfd):
-    """A grid on Flower's engine: two jobs side by side, each on its own SuperLink, stopped
-    with all it started; one more round resumes each run from its checkpoint; a grid run
-    again runs nothing done, and again what lost its metrics. (That a resumed run gives the
-    numbers of an uninterrupted one: in process, tests/test_survival.py and
-    ``test_several_jobs_give_the_results_of_one_and_resume_the_same``.)"""
+def test_a_grid_on_flowers_engine_runs_two_jobs_each_on_its_own_superlink(tmp_path, capfd):
+    """What only processes show: a grid on Flower's engine, two jobs side by side, each on a
+    SuperLink of its own, stopped with all it started; each run's progress read from Flower's
+    log and its status from Flower. The same runner in process: resuming a grid, one more
+    round from each run's checkpoint and a run whose metrics are gone run again
+    (``test_the_inprocess_engine_runs_a_grid_with_variants_and_resumes``,
+    ``test_several_jobs_give_the_results_of_one_and_resume_the_same``); a run resumed on
+    Flower's engine after its SuperLink died (tests/test_faults_e2e.py); the table and plots
+    of a grid's results (tests/test_report.py)."""
     out = tmp_path / "grid"
-    one_round = [*TINY, "--output", str(out), "--rounds", "1"]
-    assert simulation.main([*one_round, "--jobs", "2"]) == 0
+    assert simulation.main([*TINY, "--output", str(out), "--rounds", "1", "--jobs", "2"]) == 0
     printed = capfd.readouterr().out
     assert "2 runs, 0 already done, 2 to run" in printed
     assert "(job 1)" in printed and "(job 2)" in printed
+    assert "Round 1: mean test accuracy" in printed  # a progress line per round, from the log
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert {r["status"] for r in rows} == {"finished:completed"} and len(rows) == 2
     assert len({r["flower_run_id"] for r in rows}) == 2
+    assert sorted(r["strategy"] for r in rows) == ["fedamp", "fedavg"]
+    assert all(r["dataset"] == "synthetic" and r["num_rounds"] == "1" for r in rows)
+    for row in rows:
+        metrics = json.loads((out / "runs" / row["run_name"] / "metrics.json").read_text())
+        assert metrics["finished"] and [r["round"] for r in metrics["rounds"]] == [1]
+        assert 0 <= float(row["bmta"]) <= 100
+    table = (out / "table.md").read_text()
+    assert "| fedavg |" in table and "| fedamp |" in table and "synthetic/practical" in table
     for slot in (0, 1):  # each job's SuperLink, stopped with all it started
         assert (out / f".flwr-home-{slot}" / "superlink.log").is_file()
         assert _left_of(out / f".flwr-home-{slot}") == []
-
-    assert simulation.main([*TINY, "--output", str(out)]) == 0  # one more round
-    printed = capfd.readouterr().out
-    assert printed.count("resuming after round 1 from its checkpoint") == 2
-    assert "Round 2: mean test accuracy" in printed  # a progress line per round
-    rows = list(csv.DictReader(open(out / "results.csv")))
-    assert sorted(r["strategy"] for r in rows) == ["fedamp", "fedavg"]
-    assert all(r["dataset"] == "synthetic" and r["num_rounds"] == "2" for r in rows)
-    assert all(0 <= float(r["bmta"]) <= 100 for r in rows)
-    for row in rows:
-        metrics = json.loads((out / "runs" / row["run_name"] / "metrics.json").read_text())
-        assert metrics["finished"] and [r["round"] for r in metrics["rounds"]] == [1, 2]
-    table = (out / "table.md").read_text()
-    assert "| fedavg |" in table and "| fedamp |" in table and "synthetic/practical" in table
-    pngs = sorted(p.name for p in out.glob("*.png"))
-    assert {"convergence.png", "client_accuracy.png"} <= set(pngs)
-    assert any(p.startswith("xi_") and "fedamp" in p for p in pngs)
-    for name in pngs:
-        image = matplotlib.image.imread(out / name)
-        assert image.shape[0] > 50 and image.shape[1] > 50
-
-    # resume: nothing is run again; a run whose metrics are gone runs again
-    done = out / "runs" / "fedavg-synthetic-practical-s0" / "metrics.json"
-    kept = out / "runs" / "fedamp-synthetic-practical-s0" / "metrics.json"
-    stamp = kept.stat().st_mtime_ns
-    assert simulation.main([*TINY, "--output", str(out)]) == 0
-    assert "2 runs, 2 already done, 0 to run" in capfd.readouterr().out
-    done.unlink()
-    assert simulation.main([*TINY, "--output", str(out)]) == 0
-    printed = capfd.readouterr().out
-    assert "2 runs, 1 already done, 1 to run" in printed and "fedavg-synthetic" in printed
-    assert done.is_file() and kept.stat().st_mtime_ns == stamp
 
 
 def test_bad_grid_values_fail_before_anything_runs(tmp_path):
@@ -246,6 +225,15 @@ def test_the_inprocess_engine_runs_a_grid_with_variants_and_resumes(tmp_path, ca
     assert 2.5 < ratio < 3.5
     assert simulation.main(args) == 0
     assert "6 runs, 6 already done, 0 to run" in capsys.readouterr().out
+    # a run whose metrics are gone runs again, and only that one
+    gone = runs / "fedavg-synthetic-practical-s0" / "metrics.json"
+    stamp = (runs / "nonconvex-synthetic-blocks-s0" / "metrics.json").stat().st_mtime_ns
+    gone.unlink()
+    assert simulation.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "6 runs, 5 already done, 1 to run" in printed and "fedavg-synthetic-practical" in printed
+    assert gone.is_file()
+    assert (runs / "nonconvex-synthetic-blocks-s0" / "metrics.json").stat().st_mtime_ns == stamp
 
 
 def test_run_names_name_the_partitioning_only_for_pool_datasets():
