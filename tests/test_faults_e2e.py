@@ -55,7 +55,7 @@ def _supernode(processes, port: int, pid: int, n: int, name: str):
 
 
 def test_a_supernode_killed_mid_run_and_restarted(processes):
-    """Client 1's SuperNode dies (SIGKILL, no goodbye) and client 3's is stopped (SIGTERM: it
+    """Client 1's SuperNode dies (SIGKILL, no goodbye) and client 2's is stopped (SIGTERM: it
     leaves the federation) after round 1. For the killed node the SuperLink answers with
     Flower's node-unavailable error (its sender is the SuperLink), for the stopped one the
     SuperLink takes no message at all: both are recorded as node unavailable (or, once the
@@ -64,12 +64,12 @@ def test_a_supernode_killed_mid_run_and_restarted(processes):
     show: Flower's own unavailable-node error and a node that comes back with a new id (the
     same faults scripted in process: tests/test_survival.py)."""
     port = start_superlink(processes, simulation=False)
-    nodes = {pid: _supernode(processes, port, pid, 4, f"supernode{pid}") for pid in range(4)}
+    nodes = {pid: _supernode(processes, port, pid, 3, f"supernode{pid}") for pid in range(3)}
     results = processes.tmp / "results"
     log = open(processes.tmp / "run.log", "w")
     run = subprocess.Popen(
         [FLWR, "run", str(app_files()), "--stream", "--run-config",
-         f"num-server-rounds=4 local-epochs=1 min-nodes=4 round-timeout=300 "
+         f"num-server-rounds=4 local-epochs=1 min-nodes=3 round-timeout=300 "
          f"results-dir='{results}' run-name='fault'"],
         env=processes.env, cwd=processes.tmp, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True)
@@ -77,11 +77,11 @@ def test_a_supernode_killed_mid_run_and_restarted(processes):
     try:
         _wait_for(path, lambda m: m["completed_rounds"] >= 1, 600, "round 1", processes.tmp)
         os.killpg(nodes[1].pid, signal.SIGKILL)  # client 1's SuperNode dies, with its children
-        os.killpg(nodes[3].pid, signal.SIGTERM)  # client 3's leaves the federation
+        os.killpg(nodes[2].pid, signal.SIGTERM)  # client 2's leaves the federation
         nodes[1].wait(timeout=10)
-        nodes[3].wait(timeout=30)
+        nodes[2].wait(timeout=30)
         _wait_for(path, lambda m: m["completed_rounds"] >= 2, 600, "round 2", processes.tmp)
-        _supernode(processes, port, 1, 4, "supernode1-again")  # and comes back, as a new node
+        _supernode(processes, port, 1, 3, "supernode1-again")  # and comes back, as a new node
         metrics = _wait_for(path, lambda m: m["finished"], 900, "the end of the run", processes.tmp)
         run.wait(timeout=60)
     finally:
@@ -90,13 +90,13 @@ def test_a_supernode_killed_mid_run_and_restarted(processes):
     rounds = {r["round"]: r for r in metrics["rounds"]}
     missed = [r for r, rec in rounds.items() if 1 in [int(c) for c in rec.get("absent_clients", {})]]
     assert missed and min(missed) == 2, rounds  # absent from the round it died in
-    assert rounds[4]["trained_clients"] == [0, 1, 2]  # back, and training again
+    assert rounds[4]["trained_clients"] == [0, 1]  # back, and training again
     assert "1" in rounds[4]["client_accuracy"]
     for r in missed:
-        assert rounds[r]["trained_clients"] == [0, 2]
+        assert rounds[r]["trained_clients"] == [0]
         assert "1" in rounds[r]["absent_evaluation"], rounds[r]
     for r in (2, 3, 4):
-        assert "3" in rounds[r]["absent_clients"] and "3" in rounds[r]["absent_evaluation"]
+        assert "2" in rounds[r]["absent_clients"] and "2" in rounds[r]["absent_evaluation"]
     reasons = [why for rec in rounds.values() for key in ("absent_clients", "absent_evaluation")
                for why in rec.get(key, {}).values()]
     assert reasons and all(why.startswith(("node unavailable", "node not connected"))
@@ -116,7 +116,7 @@ def test_a_server_killed_mid_run_and_resumed_gives_identical_metrics(processes):
     link = processes.superlink(simulation=True)
     n = 3
     results = processes.tmp / "results"
-    config = (f"strategy='fedamp' num-server-rounds=8 local-epochs=3 min-nodes=3 "
+    config = (f"strategy='fedamp' num-server-rounds=6 local-epochs=3 min-nodes=3 "
               f"results-dir='{results}'")
     federation = ["--federation-config", f"num-supernodes={n} client-resources-num-cpus=1"]
     flwr_run(processes, f"{config} run-name='whole'", federation)
@@ -125,10 +125,10 @@ def test_a_server_killed_mid_run_and_resumed_gives_identical_metrics(processes):
                    env=processes.env, cwd=processes.tmp, capture_output=True, timeout=120)
     path = results / "cut" / "metrics.json"
     _wait_for(path, lambda m: m["completed_rounds"] >= 2, 600, "round 2", processes.tmp)
-    # the server machine dies: the SuperLink with its ServerApp, mid-run
-    stop_tree(link.proc.pid, timeout=10)
+    # the server machine dies: the SuperLink with its ServerApp, mid-run, all at once
+    stop_tree(link.proc.pid, timeout=10, grace=0)
     half = json.loads(path.read_text())
-    assert not half["finished"] and half["completed_rounds"] < 8
+    assert not half["finished"] and half["completed_rounds"] < 6
     start_superlink(processes, simulation=True)  # a new SuperLink
     flwr_run(processes, f"{config} run-name='cut' resume=true", federation)
     _assert_same_rounds(path, results / "whole" / "metrics.json")
