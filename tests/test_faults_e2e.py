@@ -148,7 +148,7 @@ def test_a_run_outlives_its_superlink_killed_and_restarted_on_its_database(proce
     for pid in range(3):
         _supernode(processes, link.port, pid, 3, f"supernode{pid}")
     results = processes.tmp / "results"
-    config = (f"strategy='fedamp' num-server-rounds=3 local-epochs=2 min-nodes=3 "
+    config = (f"strategy='fedamp' num-server-rounds=2 local-epochs=2 min-nodes=3 "
               f"results-dir='{results}'")
     watcher = processes.start(
         [str(Path(FLWR).parent / "python"), "-m", "experiments.watch", str(app_files()),
@@ -166,7 +166,7 @@ def test_a_run_outlives_its_superlink_killed_and_restarted_on_its_database(proce
     said = processes.log("watch")
     assert "its SuperLink went away" in said and "with resume = true (1 of at most 5)" in said
     after = json.loads(path.read_text())
-    assert after["finished"] and [r["round"] for r in after["rounds"]] == [1, 2, 3]
+    assert after["finished"] and [r["round"] for r in after["rounds"]] == [1, 2]
     done = before["completed_rounds"]
     assert after["rounds"][:done] == before["rounds"][:done]  # kept as they were
     assert all(r["trained_clients"] == [0, 1, 2] for r in after["rounds"])
