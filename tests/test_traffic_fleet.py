@@ -1,9 +1,11 @@
 """Traffic sensors as members, on a real loopback fleet: a SuperLink and one SuperNode per
 sensor, each reading only its own file (its windows of the generated stand-in, named by its
-sensor id), the road graph as ``graph = "file"`` by sensor name; SFL and then Panacea run
-on the same fleet, a round each. What only processes show: each sensor's node reading its
-own file, named by its sensor id, and taking its model home; the methods' arithmetic on the
-traffic task is tested in process (tests/test_traffic.py, tests/test_sfl.py)."""
+sensor id), the road graph as ``graph = "file"`` by sensor name; Panacea runs a round. What
+only processes show: each sensor's node reading its own file, named by its sensor id, and
+taking its model home. In process: SFL on sensors that are members, over the same kind of
+graph file (tests/test_traffic.py
+``test_sensors_as_members_forecast_with_sfl_over_a_road_graph_file_by_their_names``), and
+the methods' arithmetic on the traffic task (tests/test_traffic.py, tests/test_sfl.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ pytestmark = [pytest.mark.flower,
 SENSORS = ["773869", "767541", "767542"]
 
 
-def test_sfl_and_panacea_forecast_traffic_on_a_fleet_of_sensors(processes):
+def test_panacea_forecasts_traffic_on_a_fleet_of_sensors(processes):
     tmp = processes.tmp
     path = np.array([[0, 1, 0], [1, 0, 1], [0, 1, 0]], dtype=np.float32)  # a road: 0 - 1 - 2
     np.savez(tmp / "road.npz", sensor_ids=np.array(SENSORS), adjacency=path)
@@ -43,17 +45,14 @@ def test_sfl_and_panacea_forecast_traffic_on_a_fleet_of_sensors(processes):
               f"member-outputs=12 model='gru' member-scaling='none' graph='file' "
               f"graph-file='{graph}' local-epochs=1 batch-size=16 num-server-rounds=1 alone=false "
               f"min-nodes=3 results-dir='{results}'")
+    log = members_run(processes, f"{common} strategy='panacea' run-name='panacea'")
+    metrics = fleet_metrics(results, "panacea", log)
+    assert metrics["client_names"] == sorted(SENSORS) and metrics["finished"], log[-3000:]
+    assert metrics["task_kind"] == "regression"
+    assert all(r["trained_clients"] == [0, 1, 2] for r in metrics["rounds"])
+    assert len(metrics["rounds"][-1]["client_mse"]) == 3
+    assert 0 < metrics["best_mean_mse"] < 1
     # Panacea's server clipping comes from "auto": the GRU named in the run config
-    for strategy in ("sfl", "panacea"):
-        log = members_run(processes, f"{common} strategy='{strategy}' run-name='{strategy}'")
-        metrics = fleet_metrics(results, strategy, log)
-        assert metrics["client_names"] == sorted(SENSORS) and metrics["finished"], log[-3000:]
-        assert metrics["task_kind"] == "regression"
-        assert all(r["trained_clients"] == [0, 1, 2] for r in metrics["rounds"])
-        assert len(metrics["rounds"][-1]["client_mse"]) == 3
-        assert 0 < metrics["best_mean_mse"] < 1
-        if strategy == "panacea":
-            assert metrics["config"]["panacea-server-clip"] == 50.0
-        # each sensor took its own model home
-        for sensor in SENSORS:
-            assert (tmp / sensor / strategy / f"{sensor}.safetensors").is_file()
+    assert metrics["config"]["panacea-server-clip"] == 50.0
+    for sensor in SENSORS:  # each sensor took its own model home
+        assert (tmp / sensor / "panacea" / f"{sensor}.safetensors").is_file()
