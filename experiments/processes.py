@@ -84,7 +84,8 @@ def stop_trees(pids: list[int], timeout: float = 30.0, grace: float = 5.0) -> No
     tree = [p for pid in pids for p in process_tree(pid)]
     if not tree:
         return
-    roots = [p for p in tree if p.pid in set(pids)]
+    wanted = set(pids)
+    roots = [p for p in tree if p.pid in wanted]
     if grace > 0:
         for root in roots:
             try:

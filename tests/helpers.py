@@ -108,6 +108,36 @@ def member_sites(folder: Path, dataset: str, n: int, seed: int = 0) -> tuple[dic
                          "client-id": member_name(i, n)} for i in range(n)]
 
 
+#: three traffic sensors on a road, 773869 - 767541 - 767542 (their ids, not sorted)
+SENSORS = ["773869", "767541", "767542"]
+
+
+def sensor_sites(folder: Path) -> tuple[Path, dict[str, Path]]:
+    """Traffic sensors as members (:data:`SENSORS`): the road graph as an edge list by
+    sensor name, and each sensor's own file of windows of the generated stand-in."""
+    from tasks.graphs import write_edge_list
+    from tasks.traffic import make_traffic_standin
+
+    road = np.array([[0, 1, 0], [1, 0, 1], [0, 1, 0]], dtype=np.float32)
+    np.savez(folder / "road.npz", sensor_ids=np.array(SENSORS), adjacency=road)
+    data = make_traffic_standin(folder / "road.npz", days=3, seed=0, stride=24)
+    files = {}
+    for i, sensor in enumerate(SENSORS):
+        files[sensor] = folder / f"sensor-{sensor}.npz"
+        np.savez(files[sensor], x=data.train[i].x, y=data.train[i].y, x_test=data.test[i].x,
+                 y_test=data.test[i].y)
+    graph = folder / "road.csv"
+    assert write_edge_list(graph, data.adjacency, SENSORS) == 2
+    return graph, files
+
+
+#: the run config of a members' run on :func:`sensor_sites` (one round of a GRU forecaster)
+SENSOR_CONFIG = {"dataset": "members", "member-task": "regression", "member-input-shape": "12",
+                 "member-outputs": 12, "model": "gru", "member-scaling": "none",
+                 "graph": "file", "local-epochs": 1, "batch-size": 16, "num-server-rounds": 1,
+                 "alone": False}
+
+
 def reply(node: int, arrays: dict | ArrayRecord | None = None, metrics: dict | None = None,
           message_type: str = MessageType.TRAIN, **records) -> Message:
     """A reply from ``node`` with the model ``arrays`` (a state dict), ``metrics`` and more records."""

@@ -21,7 +21,7 @@ from tasks.traffic import (
     standin_speeds,
 )
 
-from .helpers import SHARED_DATA, run_named
+from .helpers import SENSOR_CONFIG, SENSORS, SHARED_DATA, run_named, sensor_sites
 
 IDS = ["773869", "767541", "767542", "717447"]
 #: DCRNN's adjacency is directed and weighted, with ones on the diagonal
@@ -173,31 +173,16 @@ def test_sensors_as_members_forecast_with_sfl_over_a_road_graph_file_by_their_na
     sensor id; the road graph as ``graph = "file"`` by sensor name), in process: the real
     ServerApp and ClientApps. The same on a real fleet, with Panacea:
     tests/test_traffic_fleet.py."""
-    from tasks.graphs import write_edge_list
-
-    sensors = ["773869", "767541", "767542"]
-    road = np.array([[0, 1, 0], [1, 0, 1], [0, 1, 0]], dtype=np.float32)  # 0 - 1 - 2
-    np.savez(tmp_path / "road.npz", sensor_ids=np.array(sensors), adjacency=road)
-    data = make_traffic_standin(tmp_path / "road.npz", days=3, seed=0, stride=24)
-    nodes = []
-    for sensor in reversed(sensors):  # nodes in another order than the graph's
-        k = sensors.index(sensor)
-        site = tmp_path / f"sensor-{sensor}.npz"
-        np.savez(site, x=data.train[k].x, y=data.train[k].y, x_test=data.test[k].x,
-                 y_test=data.test[k].y)
-        nodes.append({"data-path": str(site), "client-id": sensor,
-                      "model-dir": str(tmp_path / sensor)})
-    graph = tmp_path / "road.csv"
-    assert write_edge_list(graph, data.adjacency, sensors) == 2
-    metrics = run_named(tmp_path, "sfl", {
-        "strategy": "sfl", "dataset": "members", "member-task": "regression",
-        "member-input-shape": "12", "member-outputs": 12, "model": "gru",
-        "member-scaling": "none", "graph": "file", "graph-file": str(graph),
-        "local-epochs": 1, "batch-size": 16, "num-server-rounds": 1, "alone": False}, 3, nodes)
-    assert metrics["client_names"] == sorted(sensors) and metrics["finished"]
+    graph, files = sensor_sites(tmp_path)
+    nodes = [{"data-path": str(files[sensor]), "client-id": sensor,
+              "model-dir": str(tmp_path / sensor)}
+             for sensor in reversed(SENSORS)]  # nodes in another order than the graph's
+    metrics = run_named(tmp_path, "sfl", {**SENSOR_CONFIG, "strategy": "sfl",
+                                          "graph-file": str(graph)}, 3, nodes)
+    assert metrics["client_names"] == sorted(SENSORS) and metrics["finished"]
     assert metrics["task_kind"] == "regression" and metrics["rounds"][0]["trained_clients"] == [0, 1, 2]
     assert len(metrics["rounds"][-1]["client_mse"]) == 3 and 0 < metrics["best_mean_mse"] < 1
-    for sensor in sensors:  # each sensor took its own model home
+    for sensor in SENSORS:  # each sensor took its own model home
         assert (tmp_path / sensor / "sfl" / f"{sensor}.safetensors").is_file()
 
 
