@@ -567,7 +567,8 @@ def evaluate(msg: Message, context: Context) -> Message:
         return _refusal(msg, problem)
     update, job, client_id, setup = _job(msg, context, train=False)
     tested = update.evaluate(job)
-    result = evaluate_model(tested, job.data.x_test, job.data.y_test, device=_device())
+    result = evaluate_model(tested, job.data.x_test, job.data.y_test, device=_device(),
+                            stackable=True)
     scores = {LOSS: result.loss, **({ACCURACY: result.accuracy} if result.accuracy is not None
                                      else {MSE: result.mse})}
     scores[NUM_EXAMPLES] = len(job.data.y_test)

@@ -281,6 +281,11 @@ class RunConfig:
         "auto", "where the server keeps and mixes models (auto: cuda if present)",
         ok=lambda v: v in ("auto", "cpu") or v.startswith("cuda"),
         allowed='"auto", "cpu" or "cuda[:N]"')
+    client_batching: str = setting(
+        "auto", "the in-process engine (simulation.py --engine inprocess) trains a round's "
+        "clients as one stacked model where the model and method allow (auto), or one after "
+        "another (off); Flower's engines and fleets train each client in its own process",
+        **one_of("auto", "off"))
     local_steps: int | str = setting("auto", "> 0: this many steps a round instead of epochs",
                                      **integer_in(0, MOST_STEPS, "0: use local-epochs"))
     # The client graph

@@ -12,23 +12,41 @@ numbers are those of the simulation engine: the same code, seeds and order
 (float sums can differ in the last digits where torch runs with another
 number of threads). ``simulation.py --engine inprocess`` uses it; the tests
 use it too.
+
+Run config ``client-batching = "auto"`` (the default): a round's train and evaluate messages
+run each in a thread of its own, taking turns (:class:`_Turn`): everything a ClientApp does
+runs in the messages' order, as one by one, except the method's generic training
+(``ClientJob.fit``) and the test of the round's model, which wait until every client has
+reached them and then run as one stacked model (:mod:`tasks.stacked`: each client's own
+batches, steps and loss terms; a model or call it cannot stack runs one by one, said once
+in the log). ``"off"``: one client after another.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
+import threading
+from collections import defaultdict
 from collections.abc import Iterator
-from logging import ERROR
+from logging import ERROR, INFO
 from pathlib import Path
 from typing import cast
 
-from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 from flwr.supercore.task_identity import TaskIdentity
+
+from tasks import stacked
+from tasks.loading import release_thread_models
+from tasks.train import STACKING, Evaluation, Fit, Test
+
+#: run config key: "auto" trains a round's clients as one stacked model where it can
+CLIENT_BATCHING = "client-batching"
 
 
 @contextlib.contextmanager
@@ -72,6 +90,9 @@ class InProcessGrid:
                           node_config=dict(node_config))
             for node, node_config in zip(nodes, configs)
         }
+        # client-batching (run config, "auto" unless "off"): a round's trainings stacked
+        self.batching = self.run_config.get(CLIENT_BATCHING, "auto") != "off"
+        self.stacked_any, self.said = False, set[str]()
         # the messages sent, for tests (``keep_sent``): a run keeps none, since a
         # personalized strategy's messages hold a model per client and round
         self.keep_sent = keep_sent
@@ -93,7 +114,40 @@ class InProcessGrid:
             from .client_app import app as client_app
 
             self.client_app = client_app
+        clients = sum(m.metadata.message_type in (MessageType.TRAIN, MessageType.EVALUATE)
+                      for m in messages)
+        if clients > 1 and self.batching:
+            return self._run_together(messages)
         return [self._run_client(m) for m in messages]
+
+    def _run_together(self, messages: list[Message]) -> list[Message]:
+        """Each message's ClientApp in a thread of its own, one thread running at a time in the
+        messages' order; a thread that calls the generic training (``ClientJob.fit``) or the
+        test of the round's model waits there, and once every thread waits or is done, the
+        waiting calls run together (:func:`_together`), and the threads go on, in order.
+        Everything else runs as one by one; the replies are the ClientApp's own."""
+        turns = [_Turn(self, m) for m in messages]
+        pending = turns
+        while pending:
+            for turn in pending:
+                turn.go_on()
+            pending = [t for t in pending if t.call is not None]
+            if pending:
+                self.stacked_any = True
+                results = _together([t.call for t in pending])  # type: ignore[misc]
+                for turn, result in zip(pending, results):
+                    turn.result = result
+        if not self.stacked_any:  # this run's model cannot be stacked: one by one from now
+            self.batching = False
+        return [t.reply for t in turns]  # type: ignore[misc]
+
+    def stacks(self, call: Fit | Test, problem: str | None) -> bool:
+        """Whether a client thread's call waits to be stacked; a reason it cannot, once."""
+        problem = problem or stacked.stack_problem(call.model)
+        if problem is not None and problem not in self.said:
+            self.said.add(problem)
+            log(INFO, "client-batching: a client trains (or is tested) one by one: %s", problem)
+        return problem is None
 
     def _run_client(self, msg: Message) -> Message:
         """The ClientApp's reply, or, as a SuperNode gives it when the ClientApp raises, an
@@ -111,6 +165,71 @@ class InProcessGrid:
         """The config records of the messages of one type sent so far."""
         return [m.content.config_records["config"] for m in self.sent
                 if m.metadata.message_type == message_type]
+
+
+class _Turn:
+    """One message's ClientApp in a thread of its own that runs only when told
+    (:meth:`go_on`), until it is done or waits with its training or test (:attr:`call`)."""
+
+    def __init__(self, grid: InProcessGrid, msg: Message) -> None:
+        self.grid, self.msg = grid, msg
+        self.call: Fit | Test | None = None
+        self.result: float | Evaluation | BaseException | None = None
+        self.reply: Message | None = None
+        self._go, self._back = threading.Event(), threading.Event()
+        context = contextvars.copy_context()  # the server's log context and the like
+        self._thread = threading.Thread(target=context.run, args=(self._main,), daemon=True,
+                                        name=f"client-{msg.metadata.dst_node_id}")
+
+    def go_on(self) -> None:
+        """Let the thread run until it waits with a training or test, or is done."""
+        self.call, self._back = None, threading.Event()
+        if not self._thread.is_alive():
+            self._thread.start()
+        else:
+            self._go.set()
+        self._back.wait()
+
+    def _main(self) -> None:
+        STACKING.park, STACKING.stacks = self._park, self.grid.stacks
+        try:
+            self.reply = self.grid._run_client(self.msg)
+        finally:
+            release_thread_models()
+            self._back.set()
+
+    def _park(self, call: Fit | Test) -> float | Evaluation:
+        self.call = call
+        self._go.clear()
+        self._back.set()
+        self._go.wait()
+        result, self.result = self.result, None
+        if isinstance(result, BaseException):
+            raise result
+        assert result is not None
+        return result
+
+
+def _together(calls: list[Fit | Test]) -> list[float | Evaluation | BaseException]:
+    """The calls run stacked, in groups that share the model and the settings
+    (:func:`tasks.stacked.group_key`); a group's error is each of its clients' error."""
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, call in enumerate(calls):
+        groups[stacked.group_key(call)].append(i)
+    results: list[float | Evaluation | BaseException] = [0.0] * len(calls)
+    for members in groups.values():
+        group = [calls[i] for i in members]
+        tests = [c for c in group if isinstance(c, Test)]
+        fits = [c for c in group if isinstance(c, Fit)]  # a group is all tests or all fits
+        try:
+            out: list = ([group[0].alone()] if len(group) == 1
+                         else stacked.evaluate_stacked(tests) if tests
+                         else stacked.train_stacked(fits))
+        except Exception as ex:  # each of these clients' ClientApp raises it: an error reply
+            out = [ex] * len(members)
+        for i, result in zip(members, out):
+            results[i] = result
+    return results
 
 
 def run_inprocess(run_config: dict, num_clients: int, log_file: Path | None = None,

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -159,12 +161,53 @@ def _adjust_gradients(params: list[nn.Parameter], center: list[torch.Tensor] | N
         nn.utils.clip_grad_norm_(params, clip_norm)
 
 
+@dataclass
+class Fit:
+    """One client's call of :func:`train` (its arguments), as an engine that trains a round's
+    clients together (:mod:`tasks.stacked`) receives it."""
+
+    model: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+    epochs: int
+    batch_size: int
+    lr: float
+    optimizer: str
+    proximal_mu: float
+    grad_correction: list[torch.Tensor] | None
+    steps: int
+    momentum: float
+    weight_decay: float
+    clip_norm: float
+    device: torch.device | str
+    seed: int
+
+    def alone(self) -> float:
+        """This call as one by one: :func:`train`."""
+        return train(self.model, self.x, self.y, epochs=self.epochs, batch_size=self.batch_size,
+                     lr=self.lr, optimizer=self.optimizer, proximal_mu=self.proximal_mu,
+                     grad_correction=self.grad_correction, steps=self.steps,
+                     momentum=self.momentum, weight_decay=self.weight_decay,
+                     clip_norm=self.clip_norm, device=self.device, seed=self.seed)
+
+
+#: a thread of an engine that trains clients together: ``park`` (a :class:`Fit` -> its loss,
+#: trained with the others) and ``stacks`` (a :class:`Fit` and a reason it cannot be, or None
+#: -> whether it is; the engine says a reason once), set by the engine
+STACKING = threading.local()
+
+
+def stacking_worker() -> bool:
+    """Whether this thread is one of an engine's client threads that train together."""
+    return getattr(STACKING, "park", None) is not None
+
+
 def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
           lr: float, optimizer: str = "adam", proximal_mu: float = 0.0,
           grad_correction: list[torch.Tensor] | None = None, steps: int = 0,
           momentum: float = 0.0, weight_decay: float = 0.0, clip_norm: float = 0.0,
           loss_fn: LossFn | None = None, device: torch.device | str = "cpu", seed: int = 0,
-          dp_sgd: DPSGD | None = None) -> float:
+          dp_sgd: DPSGD | None = None, stackable: bool = False) -> float:
     """Train ``model`` in place on (x, y) (on the CPU; batches go to ``device``) and return
     the mean training loss.
 
@@ -184,7 +227,18 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, ba
     operating system's randomness (not ``seed``), with clipped per-example gradients and
     Gaussian noise; no ``grad_correction`` then, and its clipping replaces ``clip_norm``
     (the proximal gradient, which reads no data, is added after the noise).
+
+    ``stackable``: the caller (a method's generic training, ``ClientJob.fit``) lets an engine
+    that trains a round's clients as one stacked model (run config ``client-batching``,
+    :mod:`tasks.stacked`) take this call, where it can: the same steps on the same batches,
+    the model trained in place, the same loss returned.
     """
+    if stackable and stacking_worker():
+        fit = Fit(model, x, y, epochs, batch_size, lr, optimizer, proximal_mu, grad_correction,
+                  steps, momentum, weight_decay, clip_norm, device, seed)
+        if STACKING.stacks(fit, "DP-SGD's per-example clipping" if dp_sgd is not None else
+                           "a method's own loss" if loss_fn is not None else None):
+            return STACKING.park(fit)
     loss_fn = loss_fn or loss_for(y)
     model.to(device).train()
     params = list(model.parameters())
@@ -261,6 +315,23 @@ class Evaluation(NamedTuple):
     mse: float | None
 
 
+@dataclass
+class Test:
+    """One client's call of :func:`evaluate`, as an engine that tests a round's clients
+    together (:mod:`tasks.stacked`) receives it."""
+
+    model: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+    batch_size: int
+    device: torch.device | str
+
+    def alone(self) -> Evaluation:
+        """This call as one by one: :func:`evaluate`."""
+        return evaluate(self.model, self.x, self.y, batch_size=self.batch_size,
+                        device=self.device)
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
@@ -269,13 +340,19 @@ def evaluate(
     *,
     batch_size: int = 500,
     device: torch.device | str = "cpu",
+    stackable: bool = False,
 ) -> Evaluation:
     """Test ``model`` on (x, y).
 
     Classification (integer ``y``): the mean cross-entropy and the accuracy;
     regression (float ``y``): the MSE (mean over all outputs) as both loss and mse.
     The data go to ``device`` once; the sums stay there and are read back once.
+    ``stackable``: as :func:`train`'s (the ClientApp's test of a round's model).
     """
+    if stackable and stacking_worker():
+        test = Test(model, x, y, batch_size, device)
+        if STACKING.stacks(test, None):
+            return STACKING.park(test)
     model.to(device).eval()
     regression = torch.is_floating_point(y)
     x, y = x.to(device), y.to(device)

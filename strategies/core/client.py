@@ -158,7 +158,7 @@ class ClientJob(Generic[S]):
         return train_loop(self.model if model is None else model, self.data.x_train,
                           self.targets if targets is None else targets,
                           proximal_mu=proximal_mu, grad_correction=grad_correction,
-                          dp_sgd=self.dp_sgd, **kwargs, **extra)
+                          dp_sgd=self.dp_sgd, stackable=True, **kwargs, **extra)
 
 
 class ClientUpdate(Generic[S]):

@@ -1,0 +1,377 @@
+"""A round's clients trained as one stacked model: the same steps as :func:`tasks.train.train`
+for each client, in one pass of large tensor operations instead of one client after another.
+
+:func:`train_stacked` takes the clients' :class:`tasks.train.Fit` (their calls of ``train``)
+whose models share an architecture and whose training shares its settings (:func:`group_key`):
+their parameters are stacked along a first, client axis, and every step is one forward and
+backward pass of all of them (batched matrix products, :func:`stacked_forward`) and one
+optimizer step of all of them (:func:`_adam_step`, :func:`_sgd_step`: torch's single-tensor
+Adam and SGD, operation for operation, on the stacked tensors: they are elementwise, so each
+client's state is its own). What stays each client's own:
+
+* its batches: drawn from its own data in the order its own seed gives, as ``train`` draws them
+  (:func:`batch_plan`); a short last batch is padded with weight 0 (its samples add nothing);
+* its number of steps (epochs of its own data, or ``steps``): the clients are sorted by it, and a
+  client that has taken all of its steps takes no more (no step, no optimizer update): each
+  step trains the prefix of clients that still have steps;
+* its loss terms: the proximal term toward its own starting weights (``proximal_mu``, each its
+  own), its own gradient correction (SCAFFOLD's), its own gradient-norm clipping; the loss
+  returned is its own mean training loss, as ``train`` returns it.
+
+Supported models: :class:`tasks.models.MLP` and :class:`tasks.models.GRUSeq2Seq`
+(:func:`stack_problem` says why another cannot be); DP-SGD (per-example clipping) and a
+method's own loss are not stacked. The numbers equal the one-by-one loop's to float rounding:
+a batched product sums in another order than a single one, and the GRU's gates are computed by
+hand here (:class:`_GRUGates`) rather than by torch's fused cell (``tests/test_stacked.py``
+states the tolerances). The clients are trained in chunks of at most ``chunk`` (memory: one
+chunk's models, optimizer state and batches at once).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from .models import MLP, GRUSeq2Seq
+from .train import Evaluation, Fit, Test, num_steps
+
+#: clients trained at once at most (measured best of 16-207 for the traffic GRU on 2 cores:
+#: docs/performance.md), and fewer where their state would pass :data:`MEMORY_BUDGET`
+CHUNK = 64
+#: bytes a chunk's stacked state may take (:func:`chunk_for`): the most the stacked path
+#: needs beyond one client's training
+MEMORY_BUDGET = 512 * 2**20
+_BETAS, _EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults, which make_optimizer uses
+_ATEN = torch.ops.aten
+
+
+def stack_problem(model: nn.Module) -> str | None:
+    """Why ``model`` cannot be trained stacked, or None."""
+    if type(model) not in _FORWARDS:
+        return (f"no stacked form of {type(model).__name__} (stacked: "
+                f"{', '.join(t.__name__ for t in _FORWARDS)})")
+    if any(True for _ in model.buffers()):
+        return f"{type(model).__name__} has buffers"
+    if not all(p.requires_grad for p in model.parameters()):
+        return "some of the model's parameters are frozen"
+    return None
+
+
+def group_key(call: Fit | Test) -> tuple:
+    """What clients trained (or tested) together must share: the model's architecture, the
+    data's shapes and the training's settings (its steps, seed, proximal weight and gradient
+    correction may differ)."""
+    shapes = tuple((n, tuple(p.shape), p.dtype) for n, p in call.model.named_parameters())
+    common = (type(call), type(call.model), shapes, getattr(call.model, "steps_out", None),
+              call.batch_size, str(call.device), tuple(call.x.shape[1:]), call.x.dtype,
+              tuple(call.y.shape[1:]), call.y.dtype)
+    if isinstance(call, Test):
+        return common
+    return (*common, call.optimizer, call.lr, call.momentum, call.weight_decay, call.clip_norm,
+            call.grad_correction is None)
+
+
+@torch.no_grad()
+def evaluate_stacked(tests: Sequence[Test], chunk: int = CHUNK) -> list[Evaluation]:
+    """Each test as :func:`tasks.train.evaluate` gives it (the same sums, in float64, of
+    batches of at most ``batch_size`` rows), the models stacked; they share :func:`group_key`."""
+    out: list[Evaluation] = []
+    chunk = _even(len(tests), chunk_for(tests[0], max(len(t.x) for t in tests), chunk))
+    for start in range(0, len(tests), chunk):
+        part = list(tests[start:start + chunk])
+        first, device = part[0], part[0].device
+        names = [n for n, _ in first.model.named_parameters()]
+        params = {n: torch.stack([dict(t.model.named_parameters())[n] for t in part]).to(device)
+                  for n in names}
+        x, y = _padded([t.x for t in part], device), _padded([t.y for t in part], device)
+        rows = torch.tensor([len(t.y) for t in part], device=device)
+        regression = torch.is_floating_point(first.y)
+        sums = torch.zeros(len(part), 2, dtype=torch.float64, device=device)  # loss, correct
+        for at in range(0, x.shape[1], first.batch_size):
+            xb, yb = x[:, at:at + first.batch_size], y[:, at:at + first.batch_size]
+            mask = (at + torch.arange(xb.shape[1], device=device))[None, :] < rows[:, None]
+            o = _FORWARDS[type(first.model)](first.model, params, xb)
+            if regression:
+                per = (o.reshape(yb.shape) - yb).pow(2).reshape(*yb.shape[:2], -1).sum(2)
+            else:
+                per = nn.functional.cross_entropy(o.flatten(0, 1), yb.flatten(),
+                                                  reduction="none").view(yb.shape)
+                sums[:, 1] += ((o.argmax(2) == yb) & mask).sum(1)
+            sums[:, 0] += (per * mask).sum(1).double()
+        for t, (loss_sum, correct), n in zip(part, sums.tolist(), rows.tolist()):
+            count = max(t.y.numel() if regression else n, 1)
+            out.append(Evaluation(loss_sum / count, None, loss_sum / count) if regression
+                       else Evaluation(loss_sum / count, correct / count, None))
+    return out
+
+
+def chunk_for(call: Fit | Test, rows: int, most: int = CHUNK) -> int:
+    """How many clients like ``call`` (of at most ``rows`` rows) are stacked at once: at most
+    ``most``, and as many as :data:`MEMORY_BUDGET` holds of their weights (six copies: the
+    weights, gradients, optimizer's two, proximal centre, correction), data, and one batch's
+    activations (the GRU's saved gates: about 11 x hidden a step of the sequence; the MLP's
+    layers three times); a test: the weights, data and one step's activations."""
+    model = call.model
+    params = sum(p.numel() for p in model.parameters())
+    data = rows * (call.x[0].numel() + call.y[0].numel()) if len(call.x) else 0
+    if isinstance(model, GRUSeq2Seq):
+        size = model.decoder.hidden_size
+        per_row = 11 * size * (call.x[0].numel() + model.steps_out) if isinstance(call, Fit) \
+            else 11 * size
+    else:
+        per_row = 3 * sum(m.out_features for m in model.modules() if isinstance(m, nn.Linear))
+    copies = 6 if isinstance(call, Fit) else 1
+    floats = copies * params + data + call.batch_size * per_row
+    return max(1, min(most, MEMORY_BUDGET // (4 * floats)))
+
+
+def _even(n: int, chunk: int) -> int:
+    """Chunks of about one size (207 clients by at most 64: 4 of 52, not 3 of 64 and one of
+    15)."""
+    return math.ceil(n / math.ceil(n / chunk))
+
+
+def batch_plan(fit: Fit) -> tuple[torch.Tensor, torch.Tensor]:
+    """The client's mini-batches as :func:`tasks.train.run_batches` draws them: (indices,
+    steps x batch size, a short batch padded with index 0; sizes, one per step)."""
+    n, bs = len(fit.x), fit.batch_size
+    target = num_steps(n, bs, fit.epochs, fit.steps)
+    if target == 0:
+        return torch.zeros(0, bs, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    per_pass = math.ceil(n / bs)
+    gen = torch.Generator().manual_seed(fit.seed)
+    orders = [torch.randperm(n, generator=gen) for _ in range(math.ceil(target / per_pass))]
+    padded = torch.zeros(len(orders), per_pass * bs, dtype=torch.long)
+    padded[:, :n] = torch.stack(orders)
+    sizes = torch.full((per_pass,), bs, dtype=torch.long)
+    sizes[-1] = n - (per_pass - 1) * bs
+    return padded.view(-1, bs)[:target], sizes.repeat(len(orders))[:target]
+
+
+def train_stacked(fits: Sequence[Fit], chunk: int = CHUNK) -> list[float]:
+    """Train every fit's model in place, as :func:`tasks.train.train` would one by one; return
+    their mean training losses, in order. The fits share :func:`group_key`; at most ``chunk``
+    of them at once (fewer where :func:`chunk_for` says)."""
+    plans = [batch_plan(f) for f in fits]
+    order = sorted(range(len(fits)), key=lambda i: -len(plans[i][1]))  # most steps first
+    chunk = _even(len(fits), chunk_for(fits[0], max(len(f.x) for f in fits), chunk))
+    losses = [0.0] * len(fits)
+    for start in range(0, len(order), chunk):
+        part = order[start:start + chunk]
+        for i, loss in zip(part, _train_chunk([fits[i] for i in part], [plans[i] for i in part])):
+            losses[i] = loss
+    return losses
+
+
+def _padded(tensors: list[torch.Tensor], device) -> torch.Tensor:
+    """The clients' tensors (rows of one shape) stacked, each padded with zero rows to the most."""
+    out = tensors[0].new_zeros((len(tensors), max(len(t) for t in tensors), *tensors[0].shape[1:]))
+    for i, t in enumerate(tensors):
+        out[i, :len(t)] = t
+    return out.to(device)
+
+
+def _train_chunk(fits: list[Fit], plans: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
+    """Train one chunk (sorted by steps, most first); their mean training losses."""
+    first, device = fits[0], fits[0].device
+    names = [n for n, _ in first.model.named_parameters()]
+    weights = [torch.stack([dict(f.model.named_parameters())[n].detach() for f in fits]).to(device)
+               for n in names]
+    x, y = _padded([f.x for f in fits], device), _padded([f.y for f in fits], device)
+    steps = [len(sizes) for _, sizes in plans]
+    idx = _padded([i for i, _ in plans], device) if steps[0] else None
+    sizes = _padded([s[:, None] for _, s in plans], device)[..., 0] if steps[0] else None
+    mu = torch.tensor([f.proximal_mu for f in fits], dtype=weights[0].dtype, device=device)
+    center = [w.clone() for w in weights] if bool((mu > 0).any()) else None
+    correction = None if first.grad_correction is None else [
+        torch.stack([f.grad_correction[j] for f in fits]).to(device)  # type: ignore[index]
+        for j in range(len(names))]
+    state: list[list[torch.Tensor]] = []
+    totals = torch.zeros(len(fits), dtype=torch.float64, device=device)
+    counts = torch.zeros(len(fits), dtype=torch.long, device=device)
+    forward, loss_of = _FORWARDS[type(first.model)], _loss(first.y)
+    for s in range(steps[0]):
+        k = sum(1 for n in steps if n > s)  # the clients that still have steps: a prefix
+        assert idx is not None and sizes is not None
+        rows = torch.arange(k, device=device)[:, None]
+        picked, size = idx[:k, s], sizes[:k, s]
+        mask = (torch.arange(picked.shape[1], device=device)[None, :] < size[:, None])
+        params = [w[:k].detach().requires_grad_() for w in weights]
+        per_client = loss_of(forward(first.model, dict(zip(names, params)), x[rows, picked]),
+                             y[rows, picked], mask, size)
+        grads = list(torch.autograd.grad(per_client.sum(), params))
+        _adjust(grads, [w[:k] for w in weights], center, mu[:k], correction, first.clip_norm, k)
+        _optimizer_step(first, [w[:k] for w in weights], grads, state, s, k)
+        totals[:k] += per_client.detach().double() * size
+        counts[:k] += size
+    for i, f in enumerate(fits):
+        f.model.to(device).train()  # as train leaves it
+        with torch.no_grad():
+            for p, w in zip(f.model.parameters(), weights):
+                p.copy_(w[i])
+    return (totals / counts.clamp(min=1)).tolist()
+
+
+def _loss(y: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """Each client's mean batch loss, as :func:`tasks.train.loss_for` gives it, of stacked
+    outputs (clients x batch x ...), the padded samples weighted 0."""
+    if torch.is_floating_point(y):
+        def mse(out, target, mask, size):
+            per = (out.reshape(target.shape) - target).pow(2).reshape(*target.shape[:2], -1).sum(2)
+            return (per * mask).sum(1) / (size * target[0, 0].numel())
+        return mse
+
+    def cross_entropy(out, target, mask, size):
+        per = nn.functional.cross_entropy(out.flatten(0, 1), target.flatten(),
+                                          reduction="none").view(target.shape)
+        return (per * mask).sum(1) / size
+    return cross_entropy
+
+
+def _adjust(grads, weights, center, mu, correction, clip_norm: float, k: int) -> None:
+    """:func:`tasks.train._adjust_gradients`, each client's own: its proximal gradient
+    mu_i (w - w0), its correction, its gradient norm clipped (torch's ``clip_grad_norm_``)."""
+    with torch.no_grad():
+        if center is not None:
+            for g, w, c in zip(grads, weights, center):
+                g.add_((w - c[:k]) * mu.view(-1, *([1] * (g.dim() - 1))))
+        if correction is not None:
+            for g, c in zip(grads, correction):
+                g.add_(c[:k])
+        if clip_norm > 0:
+            norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads], 1).norm(dim=1)
+            coef = (clip_norm / (norms + 1e-6)).clamp(max=1.0)
+            for g in grads:
+                g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
+
+
+def _optimizer_step(fit: Fit, weights, grads, state: list[list[torch.Tensor]], step: int,
+                    k: int) -> None:
+    """One step of the fits' optimizer on the first k clients (``state``: the stacked
+    optimizer state, made at the first step)."""
+    with torch.no_grad():
+        if fit.weight_decay != 0:
+            grads = [g.add(w, alpha=fit.weight_decay) for g, w in zip(grads, weights)]
+        if fit.optimizer == "adam":
+            if not state:
+                state += [[torch.zeros_like(w) for w in weights],
+                          [torch.zeros_like(w) for w in weights]]
+            _adam_step(weights, grads, [m[:k] for m in state[0]], [v[:k] for v in state[1]],
+                       step + 1, fit.lr)
+        elif fit.optimizer == "sgd":
+            if fit.momentum != 0:
+                if not state:
+                    state.append([g.clone() for g in grads])
+                    grads = state[0]
+                else:
+                    bufs = [b[:k] for b in state[0]]
+                    for b, g in zip(bufs, grads):
+                        b.mul_(fit.momentum).add_(g)
+                    grads = bufs
+            for w, g in zip(weights, grads):
+                w.add_(g, alpha=-fit.lr)
+        else:
+            raise ValueError(f"unknown optimizer '{fit.optimizer}'; allowed: adam, sgd")
+
+
+def _adam_step(weights, grads, exp_avgs, exp_avg_sqs, step: int, lr: float) -> None:
+    """torch's single-tensor Adam step (``torch.optim.adam._single_tensor_adam``, no amsgrad),
+    operation for operation; every client in it is at the same step."""
+    beta1, beta2 = _BETAS
+    bias_correction1, bias_correction2 = 1 - beta1 ** step, 1 - beta2 ** step
+    for w, g, m, v in zip(weights, grads, exp_avgs, exp_avg_sqs):
+        m.lerp_(g, 1 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        denom = (v.sqrt() / bias_correction2 ** 0.5).add_(_EPS)
+        w.addcdiv_(m, denom, value=-(lr / bias_correction1))
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``nn.Linear`` of every client at once: x (clients x rows x in) -> clients x rows x out."""
+    return torch.baddbmm(bias[:, None, :], x, weight.transpose(1, 2))
+
+
+def _mlp(model: nn.Module, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """:class:`tasks.models.MLP`'s forward, stacked."""
+    h = x.flatten(2)
+    assert isinstance(model, MLP)
+    layers = [i for i, m in enumerate(model.net) if isinstance(m, nn.Linear)]
+    for j, i in enumerate(layers):
+        h = _linear(h, p[f"net.{i}.weight"], p[f"net.{i}.bias"])
+        if j < len(layers) - 1:
+            h = torch.relu(h)
+    return h
+
+
+class _GRUGates(torch.autograd.Function):
+    """A GRU step's gates (torch's ``nn.GRU`` equations, gates r, z, n) from the input's and
+    the state's projections gi, gh; the backward by hand, in 8 elementwise operations (torch's
+    own ``tanh_backward`` and ``sigmoid_backward``; autograd's graph of the same: 17).
+    Measured against summing the recurrent weights' gradient over all steps in one product
+    (a hand-written backward through time): that was not faster here (docs/performance.md)."""
+
+    @staticmethod
+    def forward(ctx, gi: torch.Tensor, gh: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        size = h.shape[-1]
+        rz = torch.sigmoid(gi[..., :2 * size] + gh[..., :2 * size])
+        r, z = rz[..., :size], rz[..., size:]
+        gh_n = gh[..., 2 * size:]
+        n = torch.tanh(torch.addcmul(gi[..., 2 * size:], r, gh_n))
+        h_n = h - n
+        ctx.save_for_backward(rz, n, gh_n, h_n)
+        return torch.addcmul(n, z, h_n)  # (1 - z) n + z h
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        rz, n, gh_n, h_n = ctx.saved_tensors
+        size = n.shape[-1]
+        r, z = rz[..., :size], rz[..., size:]
+        d_gi = grad.new_empty((*grad.shape[:-1], 3 * size))
+        d_n, d_rz = d_gi[..., 2 * size:], d_gi[..., :2 * size]
+        grad_z = grad * z  # the state's own share
+        _ATEN.tanh_backward.grad_input(grad - grad_z, n, grad_input=d_n)
+        torch.mul(d_n, gh_n, out=d_gi[..., :size])
+        torch.mul(grad, h_n, out=d_gi[..., size:2 * size])
+        _ATEN.sigmoid_backward.grad_input(d_rz, rz, grad_input=d_rz)
+        return d_gi, torch.cat([d_rz, d_n * r], -1), grad_z
+
+
+def _gru_step(gi, h, p: dict[str, torch.Tensor], names: tuple[str, str]) -> torch.Tensor:
+    return _GRUGates.apply(gi, _linear(h, p[names[0]], p[names[1]]), h)
+
+
+_ENCODER = ("encoder.weight_hh_l0", "encoder.bias_hh_l0")
+_DECODER = ("decoder.weight_hh", "decoder.bias_hh")
+
+
+def _gru_seq2seq(model: nn.Module, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """:class:`tasks.models.GRUSeq2Seq`'s forward, stacked (clients x rows x steps_in)."""
+    assert isinstance(model, GRUSeq2Seq)
+    x = x.reshape(x.shape[0], x.shape[1], -1)
+    w_ih, b_ih = p["encoder.weight_ih_l0"], p["encoder.bias_ih_l0"]
+    h = x.new_zeros((x.shape[0], x.shape[1], p[_ENCODER[0]].shape[2]))
+    # the input is one reading: its projection is a product by the weight's column
+    for gi in torch.addcmul(b_ih[:, None, None, :], x[..., None],
+                            w_ih[:, None, None, :, 0]).unbind(2):
+        h = _gru_step(gi, h, p, _ENCODER)
+    reading, out = x[:, :, -1:], []
+    for _ in range(model.steps_out):
+        gi = torch.addcmul(p["decoder.bias_ih"][:, None, :], reading,
+                           p["decoder.weight_ih"][:, None, :, 0])
+        h = _gru_step(gi, h, p, _DECODER)
+        reading = _linear(h, p["head.weight"], p["head.bias"])
+        out.append(reading)
+    return torch.cat(out, -1)
+
+
+_FORWARDS: dict[type, Callable[..., torch.Tensor]] = {MLP: _mlp, GRUSeq2Seq: _gru_seq2seq}
+
+
+def stacked_forward(model: nn.Module, params: dict[str, torch.Tensor],
+                    x: torch.Tensor) -> torch.Tensor:
+    """``model``'s forward for stacked ``params`` (name -> clients x ...) on x (clients x rows
+    x ...)."""
+    return _FORWARDS[type(model)](model, params, x)
