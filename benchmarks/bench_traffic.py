@@ -13,8 +13,13 @@ process's peak resident memory. The floor is FedAvg's round in the same run: its
 does least. The server's time is taken in the base classes' calls: a strategy that overrides
 them (pFedMe, SCAFFOLD, the non-convex combination) would be undercounted.
 
+With ``--client-batching auto off`` every strategy runs once per mode (run config
+``client-batching``: a round's clients trained as one stacked model, or one after another):
+the table gives each mode's wall time, the ratio of the two, and the largest relative
+difference of a round's mean test MSE between them.
+
     python -m benchmarks.bench_traffic [--graph pems-bay] [--rounds 2]
-        [--strategies fedavg sfl panacea] [--device cpu]
+        [--strategies fedavg sfl panacea] [--device cpu] [--client-batching auto off]
 """
 
 from __future__ import annotations
@@ -50,7 +55,10 @@ from fedamp_flwr.inprocess import run_inprocess
 cfg, n = json.loads(sys.argv[2]), int(sys.argv[3])
 started = time.perf_counter()
 run_inprocess(cfg, n, None)
-print(json.dumps({"wall_s": time.perf_counter() - started, "server_s": server[0],
+wall = time.perf_counter() - started
+from pathlib import Path
+rounds = json.loads((Path(cfg["results-dir"]) / "run" / "metrics.json").read_text())["rounds"]
+print(json.dumps({"wall_s": wall, "server_s": server[0], "mse": [r["mean_mse"] for r in rounds],
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024},
                  allow_nan=False))
 """
@@ -58,14 +66,16 @@ ROUND = re.compile(r"Round (\d+) done in ([0-9.]+)s")
 CLIENTS = {"metr-la": 207, "pems-bay": 325}
 
 
-def run(strategy: str, args: argparse.Namespace) -> dict:
-    """One strategy's run in a fresh process: its rounds' seconds, server seconds, memory."""
+def run(strategy: str, args: argparse.Namespace, batching: str = "auto") -> dict:
+    """One strategy's run in a fresh process: its rounds' seconds, server seconds, memory,
+    each round's mean test MSE."""
     n = CLIENTS[args.graph]
     with tempfile.TemporaryDirectory() as tmp:
         cfg = {"strategy": strategy, "dataset": "traffic-generated", "traffic-graph": args.graph,
                "data-dir": str(Path(args.data_dir).resolve()), "num-server-rounds": args.rounds,
                "results-dir": tmp, "run-name": "run", "min-nodes": n, "checkpoint-every": 0,
-               "save-models": "none", "server-device": args.device}
+               "save-models": "none", "server-device": args.device,
+               "client-batching": batching}
         args_ = [sys.executable, "-c", CHILD, str(ROOT), json.dumps(cfg, allow_nan=False), str(n)]
         out = subprocess.run(args_, capture_output=True, text=True, cwd=ROOT)
         if out.returncode != 0:
@@ -83,7 +93,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--strategies", nargs="+", default=["fedavg", "sfl", "panacea"])
     p.add_argument("--device", default="cpu", help="the server's device (server-device)")
+    p.add_argument("--client-batching", nargs="+", choices=["auto", "off"],
+                   help="run each strategy in these modes and compare them (default: auto alone)")
     args = p.parse_args()
+    if args.client_batching:
+        return compare_batching(args)
     rows = {}
     for s in args.strategies:
         rows[s] = run(s, args)
@@ -100,6 +114,27 @@ def main() -> None:
                  if floor and floor["round_s"] else "")
         print(f"| {s} | {', '.join(f'{v:.1f}' for v in r['round_s'])} | "
               f"{r['server_s'] / args.rounds:.2f} | {ratio} | {r['peak_rss_mb']:.0f} |")
+
+
+def compare_batching(args: argparse.Namespace) -> None:
+    """Each strategy in each ``--client-batching`` mode: wall times, their ratio, and how far
+    apart the rounds' mean test MSEs are."""
+    modes, rows = args.client_batching, {}
+    for s in args.strategies:
+        for mode in modes:
+            rows[s, mode] = run(s, args, mode)
+            print(s, mode, json.dumps(rows[s, mode], allow_nan=False), flush=True)
+    print(f"\n{CLIENTS[args.graph]} clients (traffic-generated on {args.graph}'s road graph), "
+          f"{args.rounds} rounds, server on {args.device}\n")
+    print("| strategy | " + " | ".join(f"{m}: wall s (rounds)" for m in modes)
+          + " | wall ratio | largest relative MSE difference |")
+    print("|---|" + "---:|" * (len(modes) + 2))
+    for s in args.strategies:
+        r = [rows[s, m] for m in modes]
+        walls = " | ".join(f"{x['wall_s']:.1f} ({', '.join(f'{v:.1f}' for v in x['round_s'])})"
+                           for x in r)
+        diff = max(abs(a - b) / abs(b) for a, b in zip(r[0]["mse"], r[-1]["mse"]))
+        print(f"| {s} | {walls} | {r[0]['wall_s'] / r[-1]['wall_s']:.3f} | {diff:.2e} |")
 
 
 if __name__ == "__main__":
