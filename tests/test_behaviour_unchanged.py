@@ -80,10 +80,11 @@ def case(key: str) -> tuple[str, int, dict]:
     return name, 6 if graph else (5 if scenario else 3), overrides
 
 
-def run(key: str, tmp_path: Path) -> list[dict]:
+def run(key: str, tmp_path: Path, **extra) -> list[dict]:
     from strategies.core.registry import untuned
 
     name, n, overrides = case(key)
+    overrides.update(extra)
     with untuned():  # the declared defaults, as recorded (not strategies/tuned.json's)
         metrics, _ = run_local(tmp_path, name, n=n, **overrides)
     return [{f: r.get(f) for f in FIELDS} for r in metrics["rounds"]]
@@ -97,9 +98,9 @@ def counts(accuracies: dict, num_test: int) -> dict:
     return {c: round(a * num_test) for c, a in accuracies.items()}
 
 
-def assert_as_recorded(key: str, tmp_path) -> None:
+def assert_as_recorded(key: str, tmp_path, **extra) -> None:
     """Run case ``key`` and compare every round with its record (the tolerances above)."""
-    now = run(key, tmp_path)
+    now = run(key, tmp_path, **extra)
     before = recorded(key)
     num_test = 100  # test-samples of the recorded runs (the default)
     assert len(now) == len(before)
@@ -122,6 +123,13 @@ def assert_as_recorded(key: str, tmp_path) -> None:
 @pytest.mark.parametrize("key", KEYS)
 def test_results_are_those_recorded(key, tmp_path):
     assert_as_recorded(key, tmp_path)
+
+
+@pytest.mark.parametrize("key", ["fedavg", "fedamp+scenarios", "panacea", "scaffold"])
+def test_results_hold_one_client_after_another(key, tmp_path):
+    """The records hold with the engine's clients trained one by one (``client-batching =
+    "off"``) as with the default, stacked (tests/test_stacked.py)."""
+    assert_as_recorded(key, tmp_path, **{"client-batching": "off"})
 
 
 @pytest.mark.parametrize("threads", [1, 3])
