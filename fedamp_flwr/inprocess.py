@@ -14,11 +14,10 @@ number of threads). ``simulation.py --engine inprocess`` uses it; the tests
 use it too.
 
 Run config ``client-batching = "auto"`` (the default): a round's train and evaluate messages
-run each in a thread of its own, taking turns (:class:`_Turn`): everything a ClientApp does
-runs in the messages' order, as one by one, except the method's generic training
-(``ClientJob.fit``) and the test of the round's model, which wait until every client has
-reached them and then run as one stacked model (:mod:`tasks.stacked`: each client's own
-batches, steps and loss terms; a model or call it cannot stack runs one by one, said once
+run each in a thread of its own, taking turns (:class:`_Turn`) in the messages' order; the
+method's generic training (``ClientJob.fit``) and the test of the round's model wait until
+every client has reached them and then run as one stacked model (:mod:`tasks.stacked`: each
+client's own batches, steps and loss terms; a model or call it cannot stack runs one by one, said once
 in the log). ``"off"``: one client after another.
 """
 
@@ -30,7 +29,7 @@ import logging
 import threading
 from collections import defaultdict
 from collections.abc import Iterator
-from logging import ERROR, INFO
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import cast
 
@@ -124,26 +123,34 @@ class InProcessGrid:
         """Each message's ClientApp in a thread of its own, one thread running at a time in the
         messages' order; a thread that calls the generic training (``ClientJob.fit``) or the
         test of the round's model waits there, and once every thread waits or is done, the
-        waiting calls run together (:func:`_together`), and the threads go on, in order.
-        Everything else runs as one by one; the replies are the ClientApp's own."""
+        waiting calls run together (:func:`_together`), and the threads go on, in order. So
+        every client's work before its training runs (in order) before any client's work
+        after it; the replies are the ClientApp's own. A thread that raises what is not an
+        Exception (its ClientApp's exceptions are error replies) raises it here."""
         turns = [_Turn(self, m) for m in messages]
         pending = turns
-        while pending:
-            for turn in pending:
-                turn.go_on()
-            pending = [t for t in pending if t.call is not None]
-            if pending:
-                self.stacked_any = True
-                results = _together([t.call for t in pending])  # type: ignore[misc]
-                for turn, result in zip(pending, results):
-                    turn.result = result
+        try:
+            while pending:
+                for turn in pending:
+                    turn.go_on()
+                    if turn.failure is not None:  # not an Exception (those are error replies)
+                        raise turn.failure
+                pending = [t for t in pending if t.call is not None]
+                if pending:
+                    self.stacked_any = True
+                    results = _together([t.call for t in pending])  # type: ignore[misc]
+                    for turn, result in zip(pending, results):
+                        turn.result = result
+        finally:  # threads still waiting (the engine stopped): each ends with an error
+            for turn in turns:
+                turn.cancel()
         if not self.stacked_any:  # this run's model cannot be stacked: one by one from now
             self.batching = False
         return [t.reply for t in turns]  # type: ignore[misc]
 
     def stacks(self, call: Fit | Test, problem: str | None) -> bool:
         """Whether a client thread's call waits to be stacked; a reason it cannot, once."""
-        problem = problem or stacked.stack_problem(call.model)
+        problem = problem or stacked.call_problem(call)
         if problem is not None and problem not in self.said:
             self.said.add(problem)
             log(INFO, "client-batching: a client trains (or is tested) one by one: %s", problem)
@@ -176,6 +183,7 @@ class _Turn:
         self.call: Fit | Test | None = None
         self.result: float | Evaluation | BaseException | None = None
         self.reply: Message | None = None
+        self.failure: BaseException | None = None
         self._go, self._back = threading.Event(), threading.Event()
         context = contextvars.copy_context()  # the server's log context and the like
         self._thread = threading.Thread(target=context.run, args=(self._main,), daemon=True,
@@ -190,10 +198,19 @@ class _Turn:
             self._go.set()
         self._back.wait()
 
+    def cancel(self) -> None:
+        """End a thread that still waits (its ClientApp raises, as for an error)."""
+        if self._thread.is_alive() and self.call is not None:
+            self.result = RuntimeError("the in-process engine stopped before this client's "
+                                       "turn came back")
+            self.go_on()
+
     def _main(self) -> None:
         STACKING.park, STACKING.stacks = self._park, self.grid.stacks
         try:
             self.reply = self.grid._run_client(self.msg)
+        except BaseException as ex:  # the engine's thread raises it
+            self.failure = ex
         finally:
             release_thread_models()
             self._back.set()
@@ -204,15 +221,17 @@ class _Turn:
         self._back.set()
         self._go.wait()
         result, self.result = self.result, None
-        if isinstance(result, BaseException):
-            raise result
+        if isinstance(result, BaseException):  # its own, from its call's error
+            raise RuntimeError(f"{type(result).__name__}: {result}") from result
         assert result is not None
         return result
 
 
 def _together(calls: list[Fit | Test]) -> list[float | Evaluation | BaseException]:
     """The calls run stacked, in groups that share the model and the settings
-    (:func:`tasks.stacked.group_key`); a group's error is each of its clients' error."""
+    (:func:`tasks.stacked.group_key`). A group that fails stacked (its models untouched: they
+    are written once every chunk is done) runs one by one, so that an error is only the
+    client's own (each an error reply)."""
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, call in enumerate(calls):
         groups[stacked.group_key(call)].append(i)
@@ -222,14 +241,24 @@ def _together(calls: list[Fit | Test]) -> list[float | Evaluation | BaseExceptio
         tests = [c for c in group if isinstance(c, Test)]
         fits = [c for c in group if isinstance(c, Fit)]  # a group is all tests or all fits
         try:
-            out: list = ([group[0].alone()] if len(group) == 1
+            out: list = ([_alone(group[0])] if len(group) == 1
                          else stacked.evaluate_stacked(tests) if tests
                          else stacked.train_stacked(fits))
-        except Exception as ex:  # each of these clients' ClientApp raises it: an error reply
-            out = [ex] * len(members)
+        except Exception as ex:
+            log(WARNING, "client-batching: %d clients' stacked %s failed (%s: %s); one by one",
+                len(group), "test" if tests else "training", type(ex).__name__, ex)
+            out = [_alone(call) for call in group]
         for i, result in zip(members, out):
             results[i] = result
     return results
+
+
+def _alone(call: Fit | Test) -> float | Evaluation | BaseException:
+    """The call one by one, or its error (which its client's ClientApp raises)."""
+    try:
+        return call.alone()
+    except Exception as ex:
+        return ex
 
 
 def run_inprocess(run_config: dict, num_clients: int, log_file: Path | None = None,

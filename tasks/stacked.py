@@ -84,8 +84,8 @@ def evaluate_stacked(tests: Sequence[Test], chunk: int = CHUNK) -> list[Evaluati
         part = list(tests[start:start + chunk])
         first, device = part[0], part[0].device
         names = [n for n, _ in first.model.named_parameters()]
-        params = {n: torch.stack([dict(t.model.named_parameters())[n] for t in part]).to(device)
-                  for n in names}
+        params = {n: torch.stack([dict(t.model.named_parameters())[n].to(device)
+                                  for t in part]) for n in names}
         x, y = _padded([t.x for t in part], device), _padded([t.y for t in part], device)
         rows = torch.tensor([len(t.y) for t in part], device=device)
         regression = torch.is_floating_point(first.y)
@@ -100,7 +100,7 @@ def evaluate_stacked(tests: Sequence[Test], chunk: int = CHUNK) -> list[Evaluati
                 per = nn.functional.cross_entropy(o.flatten(0, 1), yb.flatten(),
                                                   reduction="none").view(yb.shape)
                 sums[:, 1] += ((o.argmax(2) == yb) & mask).sum(1)
-            sums[:, 0] += (per * mask).sum(1).double()
+            sums[:, 0] += torch.where(mask, per, 0.0).sum(1).double()
         for t, (loss_sum, correct), n in zip(part, sums.tolist(), rows.tolist()):
             count = max(t.y.numel() if regression else n, 1)
             out.append(Evaluation(loss_sum / count, None, loss_sum / count) if regression
@@ -108,23 +108,25 @@ def evaluate_stacked(tests: Sequence[Test], chunk: int = CHUNK) -> list[Evaluati
     return out
 
 
-def chunk_for(call: Fit | Test, rows: int, most: int = CHUNK) -> int:
+def chunk_for(call: Fit | Test, rows: int, most: int = CHUNK, steps: int = 0) -> int:
     """How many clients like ``call`` (of at most ``rows`` rows) are stacked at once: at most
     ``most``, and as many as :data:`MEMORY_BUDGET` holds of their weights (six copies: the
     weights, gradients, optimizer's two, proximal centre, correction), data, and one batch's
     activations (the GRU's saved gates: about 11 x hidden a step of the sequence; the MLP's
-    layers three times); a test: the weights, data and one step's activations."""
+    layers three times) and its plan of ``steps`` batches; a test: the weights, data and the
+    activations of a batch (the GRU's input projections of every step)."""
     model = call.model
     params = sum(p.numel() for p in model.parameters())
     data = rows * (call.x[0].numel() + call.y[0].numel()) if len(call.x) else 0
     if isinstance(model, GRUSeq2Seq):
         size = model.decoder.hidden_size
-        per_row = 11 * size * (call.x[0].numel() + model.steps_out) if isinstance(call, Fit) \
-            else 11 * size
+        per_row = (11 if isinstance(call, Fit) else 3) * size * (call.x[0].numel()
+                                                                 + model.steps_out)
     else:
         per_row = 3 * sum(m.out_features for m in model.modules() if isinstance(m, nn.Linear))
     copies = 6 if isinstance(call, Fit) else 1
-    floats = copies * params + data + call.batch_size * per_row
+    width = min(call.batch_size, max(rows, 1))
+    floats = copies * params + data + width * per_row + 2 * steps * width  # the plan: int64
     return max(1, min(most, MEMORY_BUDGET // (4 * floats)))
 
 
@@ -134,35 +136,61 @@ def _even(n: int, chunk: int) -> int:
     return math.ceil(n / math.ceil(n / chunk))
 
 
-def batch_plan(fit: Fit) -> tuple[torch.Tensor, torch.Tensor]:
+def batch_plan(fit: Fit, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The client's mini-batches as :func:`tasks.train.run_batches` draws them: (indices,
-    steps x batch size, a short batch padded with index 0; sizes, one per step)."""
+    steps x ``width``, a short batch padded with index 0; sizes, one per step). ``width``: at
+    least the client's largest batch, min(batch size, rows)."""
     n, bs = len(fit.x), fit.batch_size
     target = num_steps(n, bs, fit.epochs, fit.steps)
     if target == 0:
-        return torch.zeros(0, bs, dtype=torch.long), torch.zeros(0, dtype=torch.long)
-    per_pass = math.ceil(n / bs)
+        return torch.zeros(0, width, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    most, per_pass = min(bs, n), math.ceil(n / bs)
     gen = torch.Generator().manual_seed(fit.seed)
     orders = [torch.randperm(n, generator=gen) for _ in range(math.ceil(target / per_pass))]
-    padded = torch.zeros(len(orders), per_pass * bs, dtype=torch.long)
+    padded = torch.zeros(len(orders), per_pass * most, dtype=torch.long)
     padded[:, :n] = torch.stack(orders)
-    sizes = torch.full((per_pass,), bs, dtype=torch.long)
-    sizes[-1] = n - (per_pass - 1) * bs
-    return padded.view(-1, bs)[:target], sizes.repeat(len(orders))[:target]
+    plan = torch.zeros(target, width, dtype=torch.long)
+    plan[:, :most] = padded.view(-1, most)[:target]
+    sizes = torch.full((per_pass,), most, dtype=torch.long)
+    sizes[-1] = n - (per_pass - 1) * most
+    return plan, sizes.repeat(len(orders))[:target]
+
+
+def call_problem(call: Fit | Test) -> str | None:
+    """Why ``call`` cannot be stacked, or None: its model (:func:`stack_problem`), or a plan of
+    batches (steps x rows, drawn before the first step) beyond :data:`MEMORY_BUDGET` alone."""
+    problem = stack_problem(call.model)
+    if problem is None and isinstance(call, Fit):
+        steps = num_steps(len(call.x), call.batch_size, call.epochs, call.steps)
+        if 8 * steps * min(call.batch_size, len(call.x)) > MEMORY_BUDGET:
+            problem = (f"its plan of {steps} steps of up to {min(call.batch_size, len(call.x))} "
+                       f"rows passes the stacked path's memory budget ({MEMORY_BUDGET} bytes)")
+    return problem
 
 
 def train_stacked(fits: Sequence[Fit], chunk: int = CHUNK) -> list[float]:
     """Train every fit's model in place, as :func:`tasks.train.train` would one by one; return
     their mean training losses, in order. The fits share :func:`group_key`; at most ``chunk``
     of them at once (fewer where :func:`chunk_for` says)."""
-    plans = [batch_plan(f) for f in fits]
-    order = sorted(range(len(fits)), key=lambda i: -len(plans[i][1]))  # most steps first
-    chunk = _even(len(fits), chunk_for(fits[0], max(len(f.x) for f in fits), chunk))
-    losses = [0.0] * len(fits)
-    for start in range(0, len(order), chunk):
+    steps = [num_steps(len(f.x), f.batch_size, f.epochs, f.steps) for f in fits]
+    order = sorted(range(len(fits)), key=lambda i: -steps[i])  # most steps first
+    rows = max(len(f.x) for f in fits)
+    width = min(fits[0].batch_size, rows)  # a batch's most rows (no wider than the data)
+    chunk = _even(len(fits), chunk_for(fits[0], rows, chunk, max(steps)))
+    losses, trained = [0.0] * len(fits), []
+    for start in range(0, len(order), chunk):  # the models written once every chunk is done
         part = order[start:start + chunk]
-        for i, loss in zip(part, _train_chunk([fits[i] for i in part], [plans[i] for i in part])):
+        done, weights = _train_chunk([fits[i] for i in part],
+                                     [batch_plan(fits[i], width) for i in part])
+        trained.append((part, weights))
+        for i, loss in zip(part, done):
             losses[i] = loss
+    for part, weights in trained:
+        for j, i in enumerate(part):
+            fits[i].model.to(fits[i].device).train()  # as train leaves it
+            with torch.no_grad():
+                for p, w in zip(fits[i].model.parameters(), weights):
+                    p.copy_(w[j])
     return losses
 
 
@@ -174,12 +202,14 @@ def _padded(tensors: list[torch.Tensor], device) -> torch.Tensor:
     return out.to(device)
 
 
-def _train_chunk(fits: list[Fit], plans: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
-    """Train one chunk (sorted by steps, most first); their mean training losses."""
+def _train_chunk(fits: list[Fit], plans: list[tuple[torch.Tensor, torch.Tensor]]
+                 ) -> tuple[list[float], list[torch.Tensor]]:
+    """Train one chunk (sorted by steps, most first); their mean training losses and their
+    trained weights, stacked."""
     first, device = fits[0], fits[0].device
     names = [n for n, _ in first.model.named_parameters()]
-    weights = [torch.stack([dict(f.model.named_parameters())[n].detach() for f in fits]).to(device)
-               for n in names]
+    weights = [torch.stack([dict(f.model.named_parameters())[n].detach().to(device)
+                            for f in fits]) for n in names]
     x, y = _padded([f.x for f in fits], device), _padded([f.y for f in fits], device)
     steps = [len(sizes) for _, sizes in plans]
     idx = _padded([i for i, _ in plans], device) if steps[0] else None
@@ -207,12 +237,7 @@ def _train_chunk(fits: list[Fit], plans: list[tuple[torch.Tensor, torch.Tensor]]
         _optimizer_step(first, [w[:k] for w in weights], grads, state, s, k)
         totals[:k] += per_client.detach().double() * size
         counts[:k] += size
-    for i, f in enumerate(fits):
-        f.model.to(device).train()  # as train leaves it
-        with torch.no_grad():
-            for p, w in zip(f.model.parameters(), weights):
-                p.copy_(w[i])
-    return (totals / counts.clamp(min=1)).tolist()
+    return (totals / counts.clamp(min=1)).tolist(), weights
 
 
 def _loss(y: torch.Tensor) -> Callable[..., torch.Tensor]:
@@ -221,13 +246,13 @@ def _loss(y: torch.Tensor) -> Callable[..., torch.Tensor]:
     if torch.is_floating_point(y):
         def mse(out, target, mask, size):
             per = (out.reshape(target.shape) - target).pow(2).reshape(*target.shape[:2], -1).sum(2)
-            return (per * mask).sum(1) / (size * target[0, 0].numel())
+            return torch.where(mask, per, 0.0).sum(1) / (size * target[0, 0].numel())
         return mse
 
     def cross_entropy(out, target, mask, size):
         per = nn.functional.cross_entropy(out.flatten(0, 1), target.flatten(),
                                           reduction="none").view(target.shape)
-        return (per * mask).sum(1) / size
+        return torch.where(mask, per, 0.0).sum(1) / size
     return cross_entropy
 
 

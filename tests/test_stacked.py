@@ -83,12 +83,15 @@ def test_a_clients_batches_are_those_of_the_one_by_one_loop():
         return torch.zeros(())
 
     run_batches(fit.x, fit.y, step, epochs=3, batch_size=16, steps=0, device="cpu", seed=fit.seed)
-    idx, sizes = stacked.batch_plan(Fit(**{**vars(fit), "epochs": 3}))
+    idx, sizes = stacked.batch_plan(Fit(**{**vars(fit), "epochs": 3}), 16)
     assert len(seen) == len(idx) == 12 and sizes.tolist() == [16] * 12
     for xb, i in zip(seen, idx):
         assert torch.equal(xb, fit.x[i])
-    short = stacked.batch_plan(Fit(**{**vars(fit), "x": fit.x[:37], "epochs": 2}))
+    short = stacked.batch_plan(Fit(**{**vars(fit), "x": fit.x[:37], "epochs": 2}), 20)
     assert short[1].tolist() == [16, 16, 5] * 2 and short[0][2, 5:].eq(0).all()
+    # a batch size beyond the data: one batch of all its rows a pass, no wider
+    whole = stacked.batch_plan(Fit(**{**vars(fit), "x": fit.x[:10], "batch_size": 10**6}), 10)
+    assert whole[0].shape == (fit.epochs, 10) and whole[1].tolist() == [10] * fit.epochs
 
 
 @pytest.mark.parametrize("kind", ["mlp", "gru"])
@@ -107,6 +110,16 @@ def test_a_chunk_fits_the_memory_budget():
     big = Fit(**{**vars(_fits("mlp", "adam")[0]), "model": MLP(4000, 10, (2000, 2000))})
     assert stacked.chunk_for(big, 50) < stacked.CHUNK  # 12M weights x 6 copies: 290 MB each
     assert stacked.chunk_for(_fits("gru", "adam")[0], 700) == stacked.CHUNK
+
+
+def test_a_huge_batch_size_or_plan_stays_within_the_data_or_runs_one_by_one():
+    fits = _fits("gru", "adam")[:3]
+    huge = [Fit(**{**vars(f), "model": copy.deepcopy(f.model), "batch_size": 10**6}) for f in fits]
+    alone = [Fit(**{**vars(f), "model": copy.deepcopy(f.model)}) for f in huge]
+    assert stacked.train_stacked(huge) == pytest.approx([f.alone() for f in alone], rel=1e-5)
+    long = Fit(**{**vars(fits[0]), "steps": 10**7})
+    assert "passes the stacked path's memory budget" in stacked.call_problem(long)
+    assert stacked.call_problem(fits[0]) is None
 
 
 def test_what_cannot_be_stacked_says_why():
@@ -248,12 +261,20 @@ def test_the_engine_runs_everything_but_training_in_the_order_of_one_by_one():
     assert [r.has_error() for r in replies["auto"]] == [False, False, True, False]
 
 
-def test_an_error_of_the_stacked_training_is_each_clients_error_reply(monkeypatch):
+def test_a_stacked_failure_runs_its_group_one_by_one(monkeypatch, caplog):
+    """An error of the stacked training (the models untouched) leaves each client its own
+    outcome: the group trains one by one, said in the log."""
     def broken(fits, chunk=stacked.CHUNK):
         raise RuntimeError("out of memory, say")
+    off = _send(InProcessGrid({"client-batching": "off"}, 3, first_node=1, client_app=_trainer()))
     monkeypatch.setattr(stacked, "train_stacked", broken)
-    replies = _send(InProcessGrid({}, 3, first_node=1, client_app=_trainer()))
-    assert all(r.has_error() and "out of memory, say" in r.error.reason for r in replies)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        replies = _send(InProcessGrid({}, 3, first_node=1, client_app=_trainer()))
+    assert not any(r.has_error() for r in replies)
+    for a, b in zip(off, replies):
+        assert dict(b.content.config_records["losses"]) == dict(a.content.config_records["losses"])
+    assert "3 clients' stacked training failed (RuntimeError: out of memory, say); one by one" \
+        in caplog.text
 
 
 def test_a_bad_client_batching_value_is_refused_by_name():
