@@ -39,6 +39,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from strategies.core.base import GridView
+from strategies.core.layout import read
 from strategies.core.records import ABSENT, TRAINED, client_scores, evaluated_clients
 from strategies.core.tracking import Tracker
 
@@ -52,7 +53,7 @@ def model_norm(arrays: ArrayRecord) -> float:
     """The L2 norm of all floating-point arrays of a model together."""
     total = 0.0
     for a in arrays.values():
-        x = a.numpy()
+        x = read(a)
         if x.dtype.kind == "f":
             total += float(np.square(x, dtype=np.float64).sum())
     return float(np.sqrt(total))

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import (
+    Array,
     ArrayRecord,
     ConfigRecord,
     Error,
@@ -272,3 +273,59 @@ def test_fedamp_leaves_novel_clients_out_of_the_cloud_models():
     xi = torch.tensor(strategy.history.xi[1])
     assert xi[1].tolist() == [0.0, 1.0, 0.0] and xi[0, 1] == 0 and xi[2, 1] == 0
     assert torch.allclose(xi.sum(1), torch.ones(3, dtype=xi.dtype))
+
+
+_DTYPES = ["float32", "float64", "float16", "int64", "int8", "uint8", "bool", ">f4", "<i2"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dtype=st.sampled_from(_DTYPES),
+       shape=st.lists(st.integers(0, 4), max_size=4).map(tuple),
+       fortran=st.booleans(),
+       defect=st.sampled_from(["none", "truncate", "extend", "flip a header byte", "other dtype",
+                               "other shape", "object dtype", "negative shape", "not npy"]),
+       at=st.integers(0, 10_000))
+def test_an_array_read_fast_is_flowers_reading_of_any_buffer(dtype, shape, fortran, defect, at):
+    """``strategies.core.layout.read`` (the in-process engine's fast reading of a reply's
+    arrays) gives exactly what Flower's ``Array.numpy()`` gives, or the same error, for
+    honest arrays and for every defect of the buffer or of the fields beside it."""
+    from strategies.core.layout import read
+
+    values = (np.arange(int(np.prod(shape))) * 7 % 5).reshape(shape).astype(dtype)
+    if fortran:
+        values = np.asfortranarray(values)
+    honest = Array(values)  # np.save's bytes, as Flower writes them
+    data, dt, sh = honest.data, honest.dtype, tuple(honest.shape)
+    if defect == "truncate":
+        data = data[:at % (len(data) + 1)]
+    elif defect == "extend":
+        data = data + b"\0" * (1 + at % 9)
+    elif defect == "flip a header byte":
+        i = at % min(len(data), 128)
+        data = data[:i] + bytes([data[i] ^ 0x5A]) + data[i + 1:]
+    elif defect == "other dtype":
+        dt = "float64" if dt != "float64" else "int32"
+    elif defect == "other shape":
+        sh = (*sh, 1)
+    elif defect == "object dtype":
+        dt = "O"
+    elif defect == "negative shape":
+        sh = (-1, *sh)
+    elif defect == "not npy":
+        data = bytes(at % 251 for _ in range(at % 64))
+    array = Array(dtype=dt, shape=sh, stype=honest.stype, data=data)
+    try:
+        expected = array.numpy()
+    except Exception as err:  # the same error either way
+        with pytest.raises(type(err)):
+            read(array)
+        return
+    got = read(array)
+    if defect == "none" and not fortran:  # the fast way was taken, not Flower's
+        from strategies.core.layout import _npy_header
+
+        header = _npy_header(dt, sh)
+        assert header is not None and data.startswith(header)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+    assert got.flags.writeable and got.flags.c_contiguous == expected.flags.c_contiguous

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
+from .layout import read
 from .protocol import (
     ACCURACY,
     ALONE_LINEAR,
@@ -56,7 +57,7 @@ def array_spec(arrays: ArrayRecord) -> ArraySpec:
     """The keys, shapes and dtype kinds of the arrays sent (what a reply must match)."""
     spec = {}
     for key, arr in arrays.items():
-        a = arr.numpy()
+        a = read(arr)
         spec[key] = (tuple(int(n) for n in a.shape), str(a.dtype.kind))
     return spec
 
@@ -74,7 +75,7 @@ def arrays_problem(record: ArrayRecord, spec: ArraySpec) -> str | None:
     sq_norm = 0.0
     for key, arr in record.items():
         try:
-            a = arr.numpy()
+            a = read(arr)
         except Exception as err:  # a malformed buffer or dtype string
             return f"array '{key}' cannot be read ({type(err).__name__}: {err})"
         shape, kind = spec[key]
