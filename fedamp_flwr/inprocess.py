@@ -41,7 +41,7 @@ from flwr.supercore import log
 from flwr.supercore.task_identity import TaskIdentity
 
 from tasks import stacked
-from tasks.loading import release_thread_models
+from tasks.loading import drop_spare_models, release_thread_models
 from tasks.train import STACKING, Evaluation, Fit, Test
 
 #: run config key: "auto" trains a round's clients as one stacked model where it can
@@ -291,6 +291,7 @@ def run_inprocess(run_config: dict, num_clients: int, log_file: Path | None = No
             server_app(cast(Grid, grid), Context(run_id=1, node_id=0, node_config={},
                                                  state=RecordDict(), run_config=run_config))
     finally:
+        drop_spare_models()  # the clients' threads are done: their models with them
         if handler is not None:
             logging.getLogger("flwr").removeHandler(handler)
             handler.close()

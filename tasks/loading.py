@@ -164,6 +164,14 @@ def release_thread_models() -> None:
         _SPARE.setdefault(key, []).append(model)
 
 
+def drop_spare_models() -> None:
+    """Forget the models finished client threads gave back (:func:`release_thread_models`):
+    a run that stacked its clients is over, and the next one in this process (a grid's) may
+    have another architecture; what it kept (a copy per client of a round, 325 CNNs or
+    GRUs) would otherwise stay for the process's life."""
+    _SPARE.clear()
+
+
 @dataclass(frozen=True)
 class ClientData:
     """One client's tensors: training and test inputs and targets (on the CPU)."""

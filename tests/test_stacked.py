@@ -22,7 +22,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.clientapp import ClientApp
 
 from fedamp_flwr.inprocess import InProcessGrid, task_identity
-from tasks import stacked
+from tasks import loading, stacked
 from tasks.models import MLP, GRUSeq2Seq, McMahanCNN
 from tasks.train import Fit, Test, run_batches, train
 
@@ -175,6 +175,7 @@ def test_a_run_stacked_has_the_numbers_of_one_by_one(strategy, tmp_path, stacked
     auto, grid = run_local(tmp_path / "auto", strategy, n=6, **extra)  # auto: the default
     assert stacked_fits[0] == 12 and grid.batching  # every client, both rounds
     _assert_same_runs(off, auto)
+    assert not loading._SPARE  # the clients' threads' models are not kept past the run
 
 
 @pytest.mark.parametrize("strategy", ["fedavg", "sfl", "panacea"])
