@@ -59,7 +59,7 @@ from strategies.core.client import (
     instruction_problem,
     update_name,
 )
-from strategies.core.layout import state_dict
+from strategies.core.layout import record, state_dict
 from strategies.core.protocol import (
     ACCURACY,
     ALONE_LINEAR,
@@ -447,7 +447,7 @@ def train(msg: Message, context: Context) -> Message:
     loss_said = {} if private else {TRAIN_LOSS: loss}
     metrics = _metrics(job, client_id, **{NUM_EXAMPLES: len(job.data.y_train)}, **loss_said,
                        **said)
-    arrays = ArrayRecord(state)
+    arrays = record(state)
     return Message(RecordDict({ARRAYS: arrays, METRICS: metrics, **records}), reply_to=msg)
 
 

@@ -8,6 +8,7 @@ The one module that knows Flower's deployed grid (``HttpGrid``, a private class 
 
 from __future__ import annotations
 
+import sys
 import time
 
 from flwr.app import Error, Message
@@ -16,10 +17,16 @@ from flwr.serverapp import Grid
 
 from strategies.core.protocol import NO_REPLY
 
-try:  # the grid of a deployed ServerApp (Flower 1.41)
-    from flwr.superlink.grid.http_grid import HttpGrid
-except ImportError:  # another Flower: its own pulling
-    HttpGrid = ()  # type: ignore[assignment,misc]
+#: the module of the grid of a deployed ServerApp (Flower 1.41's ``HttpGrid``). Not imported
+#: here: it imports the SuperLink's state (about 1 s, which every in-process run paid for a
+#: class it never meets); a grid that is an ``HttpGrid`` has its module imported already.
+_HTTP_GRID = "flwr.superlink.grid.http_grid"
+
+
+def _is_http_grid(grid: Grid) -> bool:
+    """Whether ``grid`` is Flower's deployed grid (another Flower, without one: never)."""
+    http_grid = getattr(sys.modules.get(_HTTP_GRID), "HttpGrid", None)
+    return isinstance(http_grid, type) and isinstance(grid, http_grid)
 
 #: Seconds between two pulls of replies from the SuperLink. Flower's deployed grid
 #: (``HttpGrid``) pulls every 3 s, its simulation grid every 0.1 s: a reply that comes in
@@ -42,7 +49,7 @@ def send_and_receive(grid: Grid, messages: list[Message], timeout: float | None
     if not messages:
         return []
     started = time.monotonic()
-    if not isinstance(grid, HttpGrid):
+    if not _is_http_grid(grid):
         replies = list(grid.send_and_receive(messages, timeout=timeout))
         return replies + unanswered(messages, replies, timeout, time.monotonic() - started)
     ids = list(grid.push_messages(messages))

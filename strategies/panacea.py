@@ -39,7 +39,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
 from logging import INFO, WARNING
 
@@ -57,6 +56,7 @@ from tasks.train import evaluate
 
 from .core.base import PersonalizedStrategy
 from .core.client import ClientJob, ClientUpdate, instruction_problem, register_client_update
+from .core.layout import record
 from .core.protocol import BATCH_SIZE, CLIENT_UPDATE, CONFIG, LOCAL_EPOCHS, LOCAL_STEPS, as_int
 from .core.registry import GIVEN_GRAPHS, RunSetup, personal_kwargs, register_strategy
 from .core.settings import (
@@ -246,8 +246,7 @@ class HypernetworkClient(ClientUpdate[PanaceaSettings]):
             settings=PanaceaSettings.from_message(config),
             steps=as_int(config.get(LOCAL_STEPS, job.steps), LOCAL_STEPS),
             epochs=as_int(config.get(LOCAL_EPOCHS, job.epochs), LOCAL_EPOCHS)))
-        records[SIDE] = ArrayRecord(OrderedDict((k, v.detach().cpu())
-                                                for k, v in model.state_dict().items()))
+        records[SIDE] = record(model.state_dict())
         said = ("" if VALIDATION not in records else "; on the held-out rows the side model it "
                 "trained errs {:.4g}, the other {:.4g} (sent)".format(
                     *records[VALIDATION].to_torch_state_dict()["error"].tolist()))

@@ -329,3 +329,29 @@ def test_an_array_read_fast_is_flowers_reading_of_any_buffer(dtype, shape, fortr
     assert got.dtype == expected.dtype and got.shape == expected.shape
     np.testing.assert_array_equal(got, expected)
     assert got.flags.writeable and got.flags.c_contiguous == expected.flags.c_contiguous
+
+
+@settings(max_examples=200, deadline=None)
+@given(dtype=st.sampled_from([*_DTYPES, "complex64", "float128"]),
+       shape=st.lists(st.integers(0, 4), max_size=4).map(tuple),
+       layout=st.sampled_from(["c", "fortran", "strided", "torch"]))
+def test_an_array_written_fast_is_flowers_writing_byte_for_byte(dtype, shape, layout):
+    """``strategies.core.layout.write`` (the fast writing of a model's arrays into a message)
+    gives the Array Flower's own ``Array(...)`` gives, to the byte, for C-ordered, Fortran-ordered
+    and strided arrays and torch tensors; and :func:`record` keeps a state dict's order."""
+    from strategies.core.layout import read, record, write
+
+    values = (np.arange(int(np.prod(shape))) * 7 % 5).reshape(shape).astype(dtype)
+    if layout == "fortran":
+        values = np.asfortranarray(values)
+    elif layout == "strided":
+        values = np.concatenate([values, values], axis=-1)[..., ::2] if shape else values
+    if layout == "torch" and values.dtype.isnative and values.dtype.kind in "fiub" \
+            and dtype != "float128":
+        values = torch.from_numpy(np.ascontiguousarray(values))
+    expected, got = Array(values), write(values)
+    assert (got.dtype, tuple(got.shape), got.stype, got.data) == \
+        (expected.dtype, tuple(expected.shape), expected.stype, expected.data)
+    np.testing.assert_array_equal(read(got), expected.numpy())
+    rec = record({"b": values, "a": values})
+    assert list(rec.keys()) == ["b", "a"] and rec["a"].data == expected.data
