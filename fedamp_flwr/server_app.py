@@ -142,8 +142,8 @@ def client_graph(cfg: RunConfig, dc: tasks.DataConfig, names: list[str] | None =
     return graph
 
 
-def find_clients(cfg: RunConfig, grid: Grid, known: list[str], keys: dict[str, bytes]
-                 ) -> tuple[dict[int, ClientInfo], Membership]:
+def find_clients(cfg: RunConfig, grid: Grid, known: list[str], keys: dict[str, bytes],
+                 source: str = "checkpoint") -> tuple[dict[int, ClientInfo], Membership]:
     """The clients of the run (node id -> info) and its members: partitions (every partition
     id on one node; no members), or members (those who prove their names, :mod:`fedamp_flwr.identity`,
     and whose data fits the run config's schema, numbered by name; ``known``: a
@@ -156,7 +156,7 @@ def find_clients(cfg: RunConfig, grid: Grid, known: list[str], keys: dict[str, b
     members = Membership(schema=schema, keys=dict(roster if roster is not None else keys),
                          roster=roster)
     if roster is None and keys:
-        log(INFO, "Member names bound to the keys they first proved (checkpoint): %s",
+        log(INFO, "Member names bound to the keys they first proved (%s): %s", source,
             ", ".join(f"{n} {fingerprint(k)}" for n, k in sorted(keys.items())))
     return discover_members(grid, cfg.min_nodes, members, timeout=cfg.node_wait_timeout,
                             known=known), members
@@ -269,26 +269,29 @@ def alone_summary(result: RunFile) -> list[str]:
             + ("" if gain >= 0 else " (federation does worse here)")]
 
 
-def checkpoint_keys(checkpoint: dict | None, cfg: RunConfig) -> dict[str, bytes]:
-    """The name -> key bindings a checkpoint holds (hex). A members' checkpoint of an older
-    version binds no name: it is resumed only with a roster (else the first node to claim
-    a member's name would get that member's stored model)."""
+def checkpoint_keys(checkpoint: dict | None, cfg: RunConfig,
+                    source: str = "run config 'resume' = true") -> dict[str, bytes]:
+    """The name -> key bindings a checkpoint holds (hex): a resumed run's own, or those of the
+    run a warm start reads (``source`` names which), so that a returning member's name stays
+    bound to the key it proved before. A members' checkpoint of an older version binds no
+    name: it is resumed or started from only with a roster (else the first node to claim a
+    member's name would get that member's stored model)."""
     if not checkpoint or not checkpoint.get("client_names"):
         return {}
     held = checkpoint.get("member_keys")
     if not isinstance(held, dict):
         if not cfg.member_roster:
-            raise ConfigError("run config 'member-roster' = '': the checkpoint binds no member "
-                              "name to a key (an older version wrote it), so any node could "
-                              "take a member's stored model by its name; allowed: a roster "
-                              "of the members' keys (fedamp-flwr identity on each member's "
-                              "machine) to resume it")
+            raise ConfigError(f"run config 'member-roster' = '': the checkpoint ({source}) "
+                              "binds no member name to a key (an older version wrote it), so "
+                              "any node could take a member's stored model by its name; "
+                              "allowed: a roster of the members' keys (fedamp-flwr identity on "
+                              "each member's machine)")
         return {}
     try:
         return {str(n): bytes.fromhex(str(k)) for n, k in held.items()}
     except ValueError as err:
-        raise ConfigError(f"run config 'resume' = true: the checkpoint's member keys cannot be "
-                          f"read ({err})") from None
+        raise ConfigError(f"{source}: the checkpoint's member keys cannot be read ({err})"
+                          ) from None
 
 
 def model_fits(cfg: RunConfig):
@@ -444,7 +447,11 @@ class Run:
         """The clients and members (a checkpoint's first, in their order; the others join)."""
         cfg, checkpoint = self.cfg, self.checkpoint
         known = list(checkpoint.get("client_names", [])) if checkpoint else []
-        clients, members = find_clients(cfg, self.grid, known, checkpoint_keys(checkpoint, cfg))
+        # the names bound to keys: the run's own (resumed), or last season's (a warm start)
+        keys = checkpoint_keys(checkpoint, cfg) if checkpoint else checkpoint_keys(
+            self.warm.state if self.warm else None, cfg, self.warm_key)
+        clients, members = find_clients(cfg, self.grid, known, keys,
+                                        "checkpoint" if checkpoint else "warm start")
         if checkpoint:  # the attempts of the run so far, before this session's
             before = [dict(a) for a in checkpoint.get("impostors", []) if isinstance(a, dict)]
             members.attempts[:0] = before

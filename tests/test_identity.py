@@ -189,6 +189,36 @@ def test_an_impostor_of_a_connected_member_gets_nothing_and_the_member_trains(tm
     assert sorted(attacked["member_keys"]) == ["client-0", "client-1", "client-2"]
 
 
+def test_a_warm_start_keeps_each_returning_name_bound_to_last_seasons_key(tmp_path, caplog):
+    """Season 2 warm-starts from season 1, neither with a roster. A node with a key of its own
+    claims the returning name client-0 before client-0's node connects: it is refused (the
+    name is bound to the key client-0 proved last season), gets nothing (no model, no row,
+    no binding); client-0's node then joins with its own key, takes its own model and
+    trains."""
+    run_config, nodes = _sites(tmp_path, 3)
+    models = tmp_path / "impostor-models"
+    impostor = {**_impostor(tmp_path, nodes[0], nodes[1]), "model-dir": str(models)}
+    first = _app(InProcessGrid(_config(tmp_path, run_config, "season-1", 2), node_configs=nodes),
+                 _config(tmp_path, run_config, "season-1", 2))
+    cfg = _config(tmp_path, run_config, "season-2", 2, **{
+        "warm-start": str(tmp_path / "season-1"), "min-nodes": 2, "seed": 3})
+    grid = ArrivingGrid(cfg, [impostor, nodes[1], nodes[2], nodes[0]], late=1)
+    with caplog.at_level(logging.INFO):
+        second = _app(grid, cfg)
+    (attempt,) = second["impostors"]
+    assert attempt["node"] == 100 and "node 100 claims member 'client-0': its key" in \
+        attempt["why"] and "the one it was first accepted with" in attempt["why"]
+    assert grid.sent_to(100) == [MessageType.QUERY, MessageType.QUERY]
+    assert not models.exists()  # nothing delivered to the impostor
+    assert second["member_keys"] == first["member_keys"]  # client-0's key is last season's
+    assert second["warm_start"]["returning"] == ["client-1", "client-2", "client-0"]
+    assert second["client_names"] == ["client-1", "client-2", "client-0"]
+    assert second["rounds"][0]["trained_clients"] == [0, 1]
+    assert second["rounds"][1]["trained_clients"] == [0, 1, 2]  # the real client-0, joined
+    assert "Member names bound to the keys they first proved (warm start): client-0 SHA256:" \
+        in caplog.text
+
+
 def _store_row(run: Path, server_round: int, client: int) -> bytes:
     path = next(p for p in checkpoint_files(run) if p.name == f"round-{server_round:06d}.pt")
     state = torch.load(path, weights_only=True)
@@ -329,6 +359,12 @@ def test_a_roster_on_resume_rotates_and_revokes_keys_and_an_old_checkpoint_needs
     torch.save(state, path)
     digest_path(path).write_text(f"{seal(path, None, 'run')}  {path.name}\n")
     cfg = {k: v for k, v in {**cfg, "num-server-rounds": 3}.items() if k != "member-roster"}
-    with pytest.raises(ConfigError, match="'member-roster' = '': the checkpoint binds no member "
-                                          "name to a key"):
+    with pytest.raises(ConfigError, match=r"'member-roster' = '': the checkpoint \(run config "
+                                          r"'resume' = true\) binds no member name to a key"):
         _app(InProcessGrid(cfg, node_configs=nodes), cfg)
+    # nor is a warm start from it (a new season) without a roster
+    season = {k: v for k, v in {**cfg, "run-name": "season-2", "warm-start": str(
+        tmp_path / "run")}.items() if k != "resume"}
+    with pytest.raises(ConfigError, match=r"'member-roster' = '': the checkpoint \(run config "
+                                          r"'warm-start' = '.*run'\) binds no member name"):
+        _app(InProcessGrid(season, node_configs=nodes), season)

@@ -5,9 +5,10 @@ What only processes show, in two tests. On the test session's shared fleet of th
 (tests/conftest.py ``members_fleet``): FedAMP (every key of its own at its default: sigma
 from the data) with a misfit member left out by name, which its own SuperNode's log tells
 why; each member's model and card on its own machine, which ``fedamp-flwr predict`` scores
-as the run recorded; then HeurFedAMP with the roster of the names and keys the FedAMP run
-bound, while another node claims a member's client-id with a key of its own (it is refused
-at once, its own log says no more than that, the member trains). On a fleet of its own,
+as the run recorded; then the next season, HeurFedAMP warm-started from it without a roster,
+while another node claims a member's client-id with a key of its own (the name is bound to
+the key the member proved last season: the node is refused at once and gets nothing, its
+own log says no more than that, the member trains). On a fleet of its own,
 because it stops every SuperNode: the run resumed while an impostor claims an absent
 member's name (it gets nothing, and that member's stored model is kept to the byte), then
 the members that came back, in another order (new node ids), keeping their client ids and
@@ -19,9 +20,10 @@ with the cards saying how each started (tests/test_seasons.py
 ``test_an_sfl_newcomer_starts_from_the_mean_of_the_members_not_kept_apart``); members kept
 apart (tests/test_policy.py ``test_members_kept_apart_weigh_each_other_zero_in_every_round``);
 a member forgotten (tests/test_seasons.py ``test_forget_erases_a_member_from_every_file_of_the_run``);
-impostors and rosters (tests/test_identity.py); Panacea over a graph file, or a graph
-inferred, that names the members (tests/test_members.py, tests/test_graph_inference.py). No
-SuperNode authentication here (the hardened fleet, with it, is tests/test_fleet_e2e.py).
+impostors, rosters and a warm start's bindings (tests/test_identity.py); Panacea over a
+graph file, or a graph inferred, that names the members (tests/test_members.py,
+tests/test_graph_inference.py). No SuperNode authentication here (the hardened fleet, with
+it, is tests/test_fleet_e2e.py).
 """
 
 from __future__ import annotations
@@ -116,27 +118,31 @@ def test_members_train_on_their_own_machines_a_misfit_and_an_impostor_left_out(
     assert "this member's model accuracy" in processes.log("site-a")
     assert "site-a: accuracy" in log and "(the run's model)" in log
 
-    # 2. with the roster of the names and keys the FedAMP run bound, another node claims
-    #    site-b's client-id with a key of its own: refused at once, and site-b trains
-    roster = tmp_path / "roster.txt"
-    roster.write_text(subprocess.run([str(Path(FLWR).parent / "fedamp-flwr"), "roster",
-                                      str(results / "shared-fedamp")], capture_output=True,
-                                     text=True, check=True, timeout=60).stdout)
-    assert roster.read_text().count("ed25519:") == 3
+    # 2. the next season (HeurFedAMP) warm-started from the FedAMP run, without a roster:
+    #    another node claims site-b's name with a key of its own; the name is bound to the
+    #    key site-b proved last season, so it is refused at once, and site-b trains on
+    roster = subprocess.run([str(Path(FLWR).parent / "fedamp-flwr"), "roster",
+                             str(results / "shared-fedamp")], capture_output=True, text=True,
+                            check=True, timeout=60).stdout  # what a coordinator would pin
+    assert roster.count("ed25519:") == 3
     impostor = member_supernode(processes, fleet.port, fleet.files["site-c"], "site-b",
                                 "impostor")
     try:
         log = fleet.run(f"{common} strategy='heurfedamp' heurfedamp-sigma=25.0 "
                         f"num-server-rounds=1 run-name='shared-heurfedamp' "
-                        f"member-roster='{roster}' alone=false")
+                        f"warm-start='{results / 'shared-fedamp'}' alone=false")
     finally:
         stop_tree(impostor.pid, timeout=10)
     heur = fleet_metrics(results, "shared-heurfedamp", log)
     assert heur["client_names"] == NAMES and heur["finished"]
+    assert heur["warm_start"]["returning"] == NAMES
+    assert heur["member_keys"] == fedamp["member_keys"]  # last season's keys, site-b's too
     assert heur["rounds"][0]["trained_clients"] == [0, 1, 2]
     (attempt,) = heur["impostors"]
     assert "claims member 'site-b': its key SHA256:" in attempt["why"]
+    assert "the one it was first accepted with" in attempt["why"]
     assert "Impostor refused" in log and "held back" not in log
+    assert fleet.models("impostor", "shared-heurfedamp") == []  # it got nothing
     # the impostor's own node is told that it could not prove the name, and no more
     told = processes.log("impostor")
     assert "The run leaves this node out: left out: this node could not prove" in told
