@@ -112,9 +112,9 @@ def _parse_member(node: int, cfg, members: Membership, schema: MemberSchema,
     if not identity.verify(key, proof, challenge, name, node):
         return Impostor(f"node {node} claims member '{name}': its proof does not verify (it "
                         f"does not hold the key {identity.fingerprint(key)} it names)")
-    problem = members.binding_problem(name, key)
-    if problem is not None:
-        return Impostor(f"node {node} claims member '{name}': {problem}")
+    refusal = members.binding_refusal(node, name, key)
+    if refusal is not None:
+        return refusal
     if cfg.get(ERROR):
         return Refusal(f"{who}: {_text(cfg[ERROR])}")
     values = {}
@@ -274,14 +274,20 @@ def tell_new_nodes(grid: Grid, members: Membership, new: list[int], taken: set[i
     """Tell each node of ``new`` (asked who it is just now) that the run did not take (not in
     ``taken``) why, in its own log (:func:`tell_left_out`), once per node id: its data does
     not fit (the reason, as the coordinator's log has it), it is held back while another
-    connected node has or claims its name, or it could not prove the name it claims (no
-    more than that: a node that proved nothing learns nothing of the roster or the bound
-    keys). A node that did not answer is not told (it is asked again later)."""
+    connected node has or claims its name, its name is not on the roster (a node that
+    proved its key learns that much: whether the name it claims is on the roster), or it
+    could not prove the name it claims (no more than that: a node that proved nothing
+    learns nothing of the roster or the bound keys). A node that did not answer is not told
+    (it is asked again later)."""
     said: dict[int, str] = {}
     for node in new:
         if node in taken or node in members.told:
             continue
-        if node in members.blocked:
+        if node in members.unlisted:  # it proved its key: it learns only this
+            said[node] = ("left out: the member name this node claims is not on the run's "
+                          "member-roster (give the coordinator the line `fedamp-flwr identity` "
+                          "prints on this machine)")
+        elif node in members.blocked:
             said[node] = ("left out: this node could not prove the member name it claims with "
                           "the key the run binds to that name (the key in its identity-dir; "
                           "the coordinator's log says more)")

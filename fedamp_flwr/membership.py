@@ -39,6 +39,12 @@ class Impostor(Refusal):
     """Why a node cannot speak for the member it names: it cannot prove the name's key."""
 
 
+class NotOnRoster(Impostor):
+    """Why a node that proved a key cannot speak for the member it names: the run has a
+    roster, and the name is not on it. Refused and recorded as an :class:`Impostor` is, but
+    logged, and told to its node, as what it is (its key may be fine)."""
+
+
 def number_members(infos: dict[int, ClientInfo], known: list[str]) -> tuple[dict[int, ClientInfo],
                                                                            list[str]]:
     """Give every member its client id: members ``known`` (a checkpoint's, in its order) keep
@@ -126,12 +132,22 @@ class Membership:
     attempts: list[dict] = field(default_factory=list)
     impostors: int = 0
     blocked: set[int] = field(default_factory=set)
+    #: the nodes of :attr:`blocked` whose name is not on the roster (:class:`NotOnRoster`)
+    unlisted: set[int] = field(default_factory=set)
     #: the nodes told why the run does not take them (:func:`discovery.tell_new_nodes`)
     told: set[int] = field(default_factory=set)
 
     def bound_key(self, name: str) -> bytes | None:
         """The key bound to ``name``: the roster's, else the one pinned (None: not bound)."""
         return self.roster.get(name) if self.roster is not None else self.keys.get(name)
+
+    def binding_refusal(self, node: int, name: str, key: bytes) -> Impostor | None:
+        """Why node ``node``, holding ``key``, may not speak for ``name`` (None: it may)."""
+        problem = self.binding_problem(name, key)
+        if problem is None:
+            return None
+        kind = NotOnRoster if self.roster is not None and name not in self.roster else Impostor
+        return kind(f"node {node} claims member '{name}': {problem}")
 
     def binding_problem(self, name: str, key: bytes) -> str | None:
         """Why the holder of ``key`` may not speak for ``name`` (None: it may)."""
@@ -152,11 +168,14 @@ class Membership:
         self.pending.pop(node, None)
         if isinstance(reason, Impostor):  # not asked again while it is connected
             self.blocked.add(node)
+            if isinstance(reason, NotOnRoster):
+                self.unlisted.add(node)
             self.impostors += 1
             self.attempts.append({"node": node, "why": str(reason), "at": time.strftime(
                 "%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
             del self.attempts[:-KEPT_ATTEMPTS]  # the newest: a node may come back for ever
-            log(WARNING, "Impostor refused: %s", reason)
+            log(WARNING, "Not on the member-roster, refused: %s" if isinstance(
+                reason, NotOnRoster) else "Impostor refused: %s", reason)
         else:
             self.refused[node] = str(reason)
             log(WARNING, what, reason)
@@ -179,11 +198,12 @@ class Membership:
         forgotten."""
         self.pending = {n: i for n, i in self.pending.items() if n in live}
         self.blocked &= live  # a node that comes back with a new id proves itself again
+        self.unlisted &= live
         candidates = {**self.pending, **found}
         for node, info in list(candidates.items()):  # a key bound since it was held back
-            problem = self.binding_problem(info.name, info.key)
-            if problem is not None:
-                self.refuse(node, Impostor(f"node {node} claims member '{info.name}': {problem}"))
+            refusal = self.binding_refusal(node, info.name, info.key)
+            if refusal is not None:
+                self.refuse(node, refusal)
                 del candidates[node]
         accepted, conflicts = accept_members(candidates, taken)
         for node, reason in conflicts.items():

@@ -280,6 +280,17 @@ def test_with_a_roster_only_its_members_join_each_with_its_key(tmp_path, caplog)
         "member-roster"
     assert metrics["member_roster"] == str(roster)
     assert "held back" not in caplog.text
+    # the node whose name is not on the roster is logged and told as that, not as an impostor
+    assert "Not on the member-roster, refused: node 103 claims member 'client-2'" in caplog.text
+    assert "Impostor refused: node 103" not in caplog.text
+    told = [r.getMessage() for r in caplog.records if "leaves this node out" in r.getMessage()]
+    assert sorted(told) == [
+        "The run leaves this node out: left out: the member name this node claims is not on "
+        "the run's member-roster (give the coordinator the line `fedamp-flwr identity` prints "
+        "on this machine)",
+        "The run leaves this node out: left out: this node could not prove the member name it "
+        "claims with the key the run binds to that name (the key in its identity-dir; the "
+        "coordinator's log says more)"]
 
 
 def test_a_bad_roster_stops_the_run_naming_the_key(tmp_path):
