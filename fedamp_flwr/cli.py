@@ -87,6 +87,7 @@ import tasks
 from strategies.core.records import RunFile
 from tasks.data import Split, to_tensors
 from tasks.export import ModelFileError, load_model, predict
+from tasks.files import write_private_text
 from tasks.members import load_member_data, read_member_rows
 from tasks.train import evaluate
 
@@ -249,7 +250,7 @@ def predict_file(model_path: str, data: str, out: str | None, which: str = "all"
         for i in range(flat.shape[1]):
             table["prediction" if flat.shape[1] == 1 else f"prediction_{i}"] = flat[:, i]
     path = Path(out or "predictions.csv")
-    pd.DataFrame(table).to_csv(path, index=False)
+    write_private_text(path, pd.DataFrame(table).to_csv(index=False))  # a member's own
     card = loaded.card
     who = card.get("member") or f"client {card.get('client_id')}"
     print(f"{len(x)} predictions of {who}'s model "

@@ -64,7 +64,7 @@ from strategies.core.records import (
     mean_key,
 )
 from strategies.core.screening import REASON_KINDS
-from tasks.files import strict_json
+from tasks.files import owner_only, strict_json
 
 from .config import ConfigError, RunConfig, redact_uri
 from .results import MODELS_FOLDER, TENSORBOARD_FOLDER, write_json
@@ -314,7 +314,8 @@ class Dashboards:
         board = cls({})
         for what, make in makers.items():
             try:
-                board.sinks[what] = make()
+                with owner_only():
+                    board.sinks[what] = make()
             except Exception as err:  # a server gone, a store it cannot write
                 log(WARNING, "%s: cannot start (%s: %s); the run goes on without it", what,
                     type(err).__name__, err)
@@ -322,7 +323,8 @@ class Dashboards:
         mlflow = board.sinks.get("MLflow")
         if isinstance(mlflow, MlflowSink) and done:
             try:
-                late = mlflow.missing(sorted(done))
+                with owner_only():
+                    late = mlflow.missing(sorted(done))
             except Exception as err:
                 late = []
                 board._failed("MLflow", "missing", err)
@@ -346,7 +348,8 @@ class Dashboards:
         for what, sink in list(self.sinks.items()):
             if durable is None or sink.durable == durable:
                 try:
-                    getattr(sink, method)(*args)
+                    with owner_only():  # the files MLflow and TensorBoard make themselves
+                        getattr(sink, method)(*args)
                 except Exception as err:
                     self._failed(what, method, err)
 

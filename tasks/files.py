@@ -9,9 +9,11 @@ member's), the files written into it do not.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -25,6 +27,30 @@ def private_folder(path: Path) -> Path:
     for p in missing:
         os.chmod(p, FOLDER_MODE)
     return path
+
+
+_UMASK = threading.Lock()
+
+
+@contextlib.contextmanager
+def owner_only() -> Iterator[None]:
+    """Files and folders that a library makes inside (MLflow's file store, TensorBoard's
+    event files: they open their own) readable by their owner only: the process's umask is
+    077 for the duration, then what it was. The umask is the whole process's, so a file
+    another thread makes meanwhile is owner-only too, which is this app's rule for every
+    file it writes (the ones it writes itself are ``0600`` whatever the umask)."""
+    with _UMASK:
+        old = os.umask(0o077)
+        try:
+            yield
+        finally:
+            os.umask(old)
+
+
+def write_private_text(path: Path, text: str) -> None:
+    """``path.write_text(text)`` (UTF-8), atomically and readable by its owner only."""
+    data = text.encode("utf-8")
+    atomic_write(path, lambda f: f.write(data), private=True)
 
 
 def strict_json(value: Any) -> Any:

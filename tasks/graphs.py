@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .files import write_private_text
 from .recipes import client_group
 
 
@@ -192,7 +193,7 @@ def write_edge_list(path: Path, adj: np.ndarray, names: list[str] | None = None)
     u, v = np.nonzero(np.triu(np.asarray(adj) > 0, k=1))
     label = (lambda i: names[i]) if names is not None else str
     rows = ["u,v"] + [f"{label(int(a))},{label(int(b))}" for a, b in zip(u, v)]
-    path.write_text("\n".join(rows) + "\n")
+    write_private_text(path, "\n".join(rows) + "\n")
     return len(u)
 
 

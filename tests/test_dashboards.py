@@ -86,10 +86,18 @@ def test_a_run_killed_and_resumed_has_each_step_once_on_both_dashboards(tmp_path
     cfg = grid_config(tmp_path, "fedamp", **{"checkpoint-every": 2, "tensorboard": True,
                                         "mlflow": True, "num-server-rounds": 5})
     grid = FaultyGrid(cfg, 3, crash_at=(4, MessageType.TRAIN))
-    with pytest.raises(Crash):
-        run_on_grid(grid, cfg)
-    metrics = run_on_grid(grid, {**cfg, "resume": True})
+    old = os.umask(0o022)  # a machine's usual umask: what MLflow and TensorBoard would use
+    try:
+        with pytest.raises(Crash):
+            run_on_grid(grid, cfg)
+        metrics = run_on_grid(grid, {**cfg, "resume": True})
+    finally:
+        os.umask(old)
     assert metrics["completed_rounds"] == 5
+    # every file and folder the dashboards made is their owner's alone (every member's scores)
+    made = [*(tmp_path / "mlruns").rglob("*"), *(tmp_path / "run" / "tensorboard").rglob("*")]
+    assert len(made) > 20 and all(p.stat().st_mode & 0o077 == 0 for p in made), \
+        [(str(p), oct(p.stat().st_mode)) for p in made if p.stat().st_mode & 0o077]
     acc = _tensorboard(tmp_path / "run" / "tensorboard")
     tags = acc.Tags()["scalars"]
     assert {"mean_accuracy", "client_accuracy/0", "client_accuracy/2", "client_loss/1",

@@ -34,6 +34,7 @@ def _test_rows(dc: tasks.DataConfig, client: int, path: Path) -> Path:
 
 def _predicted_score(model: Path, data: Path, out: Path, capsys) -> str:
     assert cli.main(["predict", str(model), str(data), "--out", str(out)]) == 0
+    assert out.stat().st_mode & 0o077 == 0  # a prediction per row of the member's: its own
     line = capsys.readouterr().out.strip().splitlines()[-1]
     return line.split(" on ")[0]  # "accuracy 0.46" / "mse 0.0123..."
 
