@@ -304,6 +304,10 @@ def _read_frame(f, h5py) -> tuple[list[str], np.ndarray]:
         raise TrafficDataError("not a pandas frame in fixed format (axis0, block*_values)")
     if sum(g[k].size for k in blocks) > MOST_READINGS or g["axis0"].size > MOST_SENSORS:
         raise TrafficDataError(f"more than {MOST_READINGS} readings or {MOST_SENSORS} sensors")
+    for key in ["axis0", *(k.replace("_values", "_items") for k in blocks)]:
+        _labels_bounded(g.get(key), key, h5py)  # every size counted before anything is read
+    if any(g[k].dtype.itemsize > 8 for k in blocks):
+        raise TrafficDataError("a block's values are wider than 8 bytes each")
     ids = [_label(v) for v in g["axis0"][()]]
     if len(set(ids)) != len(ids):
         raise TrafficDataError("sensor ids repeat")
@@ -324,6 +328,22 @@ def _read_frame(f, h5py) -> tuple[list[str], np.ndarray]:
     if missing:
         raise TrafficDataError(f"columns {missing[:5]} have no numeric values")
     return ids, np.stack([columns[s] for s in ids], axis=1)
+
+
+#: the most bytes one column label (a sensor id) may take
+LABEL_BYTES = 256
+
+
+def _labels_bounded(labels, key: str, h5py) -> None:
+    """A dataset of column labels (``axis0``, a block's ``_items``) that is there, one
+    dimension, at most :data:`MOST_SENSORS` labels of at most :data:`LABEL_BYTES` bytes each
+    (its declared size: a file of a few kB can declare gigabytes it never wrote)."""
+    if not isinstance(labels, h5py.Dataset):
+        raise TrafficDataError(f"{key} is missing (a pandas frame in fixed format has it)")
+    if labels.ndim != 1 or labels.size > MOST_SENSORS or labels.dtype.itemsize > LABEL_BYTES:
+        raise TrafficDataError(
+            f"{key} declares {labels.shape} labels of {labels.dtype.itemsize} bytes; allowed: "
+            f"one row of at most {MOST_SENSORS} sensor ids of at most {LABEL_BYTES} bytes")
 
 
 def _label(value) -> str:

@@ -5,6 +5,8 @@ refusals, the generated stand-in, and real rounds on it."""
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -248,6 +250,27 @@ def test_a_speed_table_that_reaches_outside_its_file_or_asks_for_terabytes_is_re
         g.create_dataset("block0_values", shape=(10**12, 1), dtype="f8", chunks=(1024, 1))
     with pytest.raises(TrafficDataError, match="more than 200000000 readings"):
         read_speed_table(tmp_path / "huge.h5")
+    # a few kB that declare 2e9 column labels (16 GB), or one label of 2 GB: refused, counted
+    # before read, in a process that could not even allocate them (3 GB of address space
+    # beyond what it holds once the reader is imported)
+    for name, items in (("items.h5", dict(shape=(2 * 10**9,), dtype="f8", chunks=(4096,))),
+                        ("label.h5", dict(shape=(1,), dtype="S2000000000"))):
+        with h5py.File(tmp_path / name, "w") as f:
+            g = f.create_group("df")
+            g["axis0"] = np.array([b"s1"])
+            g.create_dataset("block0_items", **items)
+            g["block0_values"] = np.zeros((4, 1))
+        assert (tmp_path / name).stat().st_size < 10_000
+        code = ("import resource\nfrom tasks.traffic import read_speed_table\n"
+                "held = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+                "resource.setrlimit(resource.RLIMIT_AS, (held + (3 << 30), held + (3 << 30)))\n"
+                f"try: read_speed_table(__import__('pathlib').Path({str(tmp_path / name)!r}))\n"
+                "except Exception as e: print(type(e).__name__, e)")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120, cwd=Path(__file__).parents[1])
+        (line,) = out.stdout.splitlines()
+        assert line.startswith("TrafficDataError ") and "block0_items declares" in line, \
+            out.stdout + out.stderr[-2000:]
     (tmp_path / "e.csv").write_text("from,to\n1,2\n3\n")
     with pytest.raises(TrafficDataError, match="filled in every row"):
         read_graph(tmp_path / "e.csv")
