@@ -121,6 +121,7 @@ from .config import ConfigError, RunConfig
 from .delivery import keep_tested_model
 from .identity import IdentityError
 from .ledger import MAX_EPSILON, Declined, Ledger, NodePrivacy, data_digest
+from .sizes import check_client_memory
 
 app = ClientApp()
 
@@ -359,9 +360,12 @@ def _job(msg: Message, context: Context,
     if train and setup.partition_id >= 0 and client_id in attackers:
         classes = tasks.data_info(dc).num_outputs
         targets = flip_labels(data.y_train, classes, torch.Generator().manual_seed(seed))
+    batch = as_int(c.get(BATCH_SIZE, cfg.batch_size), BATCH_SIZE)  # bounded: instruction_problem
+    if min(batch, len(data.y_train)) > cfg.batch_size:  # the memory this node will use for it
+        check_client_memory(dataclasses.replace(cfg, batch_size=min(batch, len(data.y_train))))
     model = tasks.model_for(dc, cfg.model)  # built once per process, then reused
     model.load_state_dict(state_dict(msg.content.array_records[ARRAYS]))
-    optim = Optim(batch_size=as_int(c.get(BATCH_SIZE, cfg.batch_size), BATCH_SIZE),
+    optim = Optim(batch_size=batch,
                   lr=as_float(c.get(LR, cfg.learning_rate), LR),
                   optimizer=str(c.get(OPTIMIZER, cfg.optimizer)), device=_device())
     update = CLIENT_UPDATES[update_name(c)]

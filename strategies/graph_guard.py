@@ -87,8 +87,9 @@ def hold_out_share(value: object) -> float:
     """The share a train message asks a client to hold out, checked (client side)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not \
             0 <= float(value) <= MOST_HOLD_OUT:
-        raise ValueError(f"train config '{HOLD_OUT}' = {value!r} is invalid; allowed: a number "
-                         f"in [0, {MOST_HOLD_OUT}]")
+        text = repr(value)
+        raise ValueError(f"message key '{HOLD_OUT}' = {text[:77] + '...' if len(text) > 80 else text}"
+                         f" is invalid; allowed: a number in [0, {MOST_HOLD_OUT}]")
     return float(value)
 
 

@@ -203,6 +203,14 @@ class HypernetworkClient(ClientUpdate[PanaceaSettings]):
     name = HYPERNETWORK
     settings = PanaceaSettings
 
+    def message_problem(self, config: ConfigRecord, train: bool) -> str | None:
+        """The share to hold out (:func:`strategies.graph_guard.hold_out_share`)."""
+        try:
+            hold_out_share(config.get(HOLD_OUT, 0.0))
+        except ValueError as err:
+            return str(err)
+        return None
+
     def train(self, job: ClientJob[PanaceaSettings]) -> tuple[float, dict]:
         share = hold_out_share(job.config.get(HOLD_OUT, 0.0))
         side, other = (job.content.array_records.get(k) for k in (SIDE, OTHER))

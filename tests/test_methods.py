@@ -12,6 +12,7 @@ import strategies
 from fedamp_flwr import client_app
 from fedamp_flwr.config import RunConfig
 from strategies.core.client import (
+    GENERIC_BOUNDS,
     ClientUpdate,
     instruction_problem,
     register_client_update,
@@ -147,6 +148,77 @@ def test_the_client_refuses_a_message_it_cannot_carry_out(message_type):
     answer = handler(msg, ctx)
     assert answer.has_error() and answer.error.code == REFUSED
     assert "'apfl-alpha' (of 'apfl')" in answer.error.reason and len(ctx.state.array_records) == 0
+
+
+_HOSTILE = (10**18, -(10**18), 2**31, -1, 0, 1.5, float("nan"), float("inf"), True, "10", b"\x00")
+
+
+@pytest.mark.parametrize("key", sorted(GENERIC_BOUNDS) + ["lr", "optimizer"])
+def test_each_generic_message_value_out_of_bounds_is_one_refusal_before_any_work(key,
+                                                                                 monkeypatch):
+    """A hostile server's message: each generic key (local steps and epochs, batch size,
+    round, client index, trained rounds, learning rate, optimizer) at values outside what the
+    run config allows gets one refusal naming the key, from both handlers, before the node
+    reads its data or builds a model (``_job`` is never reached)."""
+    _, model = setup_strategy("fedavg")
+    low, high = GENERIC_BOUNDS.get(key, (1, 1))
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the node started work on a message it should refuse")
+
+    monkeypatch.setattr(client_app, "_job", no_work)
+    refused = 0
+    for value in (*_HOSTILE, low - 1, high + 1, "adamw"):
+        if key in GENERIC_BOUNDS and not isinstance(value, (bool, str, bytes)) and \
+                value == value and abs(value) != float("inf") and float(value).is_integer() \
+                and low <= value <= high:
+            continue  # allowed
+        if key == "lr" and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and 0 < value < float("inf"):
+            continue
+        for message_type, handler in ((MessageType.TRAIN, client_app.train),
+                                      (MessageType.EVALUATE, client_app.evaluate)):
+            ctx = LocalGrid({}, 3).contexts[100]
+            msg = Message(RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                                      "config": ConfigRecord({key: value})}),
+                          message_type=message_type, dst_node_id=100)
+            answer = handler(msg, ctx)
+            assert answer.has_error() and answer.error.code == REFUSED, (key, value)
+            assert f"message key '{key}' = " in answer.error.reason, answer.error.reason
+            assert len(answer.error.reason) < 400 and not ctx.state.array_records
+            refused += 1
+    assert refused >= 16
+
+
+def test_every_methods_own_message_keys_are_held_to_the_run_configs_bounds():
+    """Each registered client update's own train keys at a hostile server's extremes: never
+    an exception, one problem naming the key wherever the run config would refuse the value
+    under that key (the same declaration on both halves), and a key no settings declare
+    (Panacea's share to hold out) refuses every value outside its own bounds."""
+    from strategies.core.settings import ConfigError
+
+    checked = 0
+    for name, update in strategies.CLIENT_UPDATES.items():
+        by_message = {update.settings.message_key(k): k for k in update.settings.keys()}
+        for key in update.train_keys:
+            for value in (10**18, -(10**18), -1, 0.75, float("nan"), float("inf"), "x" * 10_000):
+                config = dict(update.settings().message_values("train"))
+                config.update({k: 0.0 for k in update.train_keys if k not in config})  # hold-out
+                config.update({"client-update": name, key: value})
+                problem = instruction_problem(ConfigRecord(config), train=True)
+                if key in by_message:  # what the run config says of the same value
+                    try:
+                        update.settings.from_values({by_message[key]: value}).check_declared()
+                        allowed = True
+                    except ConfigError:
+                        allowed = False
+                else:
+                    allowed = not isinstance(value, str) and 0 <= value <= 0.5
+                assert (problem is None) == allowed, (name, key, value, problem)
+                assert problem is None or f"'{key}' = " in problem, problem
+                assert problem is None or len(problem) < 600
+                checked += 1
+    assert checked > 60
 
 
 def test_the_server_stops_the_run_when_a_client_refuses(tmp_path, monkeypatch):

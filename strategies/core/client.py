@@ -33,6 +33,7 @@ strategies expect of a client).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from logging import WARNING
@@ -47,8 +48,32 @@ from tasks import ClientData
 from tasks.dp import DPSGD
 from tasks.train import train as train_loop
 
-from .protocol import CLIENT_UPDATE, GENERIC_KEYS, TRAINED_ROUNDS, as_int
-from .settings import EVALUATE, TRAIN, ConfigError, NoSettings, S, Settings
+from .protocol import (
+    BATCH_SIZE,
+    CLIENT_INDEX,
+    CLIENT_UPDATE,
+    GENERIC_KEYS,
+    LOCAL_EPOCHS,
+    LOCAL_STEPS,
+    LR,
+    OPTIMIZER,
+    SERVER_ROUND,
+    TRAINED_ROUNDS,
+    as_int,
+)
+from .settings import (
+    EVALUATE,
+    MOST_BATCH,
+    MOST_CLIENTS,
+    MOST_EPOCHS,
+    MOST_ROUNDS,
+    MOST_STEPS,
+    TRAIN,
+    ConfigError,
+    NoSettings,
+    S,
+    Settings,
+)
 
 LOCAL = "local"
 #: the records a client update adds to its train reply (SCAFFOLD's ``control-delta``)
@@ -183,6 +208,12 @@ class ClientUpdate(Generic[S]):
             cls.train_keys = cls.settings.sent_keys(TRAIN)
             cls.evaluate_keys = cls.settings.sent_keys(EVALUATE)
 
+    def message_problem(self, config: ConfigRecord, train: bool) -> str | None:
+        """Why a value of a key this update owns but its settings do not declare (one added
+        to :attr:`train_keys` by hand) cannot be used, or None; checked with the others by
+        :func:`instruction_problem`, before any work."""
+        return None
+
     def train(self, job: ClientJob[S]) -> tuple[float, Records]:
         """Train ``job.model`` in place; return the training loss and extra reply records."""
         return job.fit(), {}
@@ -239,6 +270,45 @@ def update_name(config: ConfigRecord) -> str:
     return str(config.get(CLIENT_UPDATE, LOCAL))
 
 
+#: The bounds of the generic keys' integer values in a message, on both halves: the run
+#: config's (fedamp_flwr/config.py), local epochs and steps doubled (``heterogeneous-epochs``
+#: gives a client up to 2E - 1 of the run's E).
+GENERIC_BOUNDS: dict[str, tuple[int, int]] = {
+    LOCAL_EPOCHS: (1, 2 * MOST_EPOCHS), LOCAL_STEPS: (0, 2 * MOST_STEPS),
+    BATCH_SIZE: (1, MOST_BATCH), SERVER_ROUND: (0, MOST_ROUNDS),
+    CLIENT_INDEX: (0, MOST_CLIENTS - 1), TRAINED_ROUNDS: (0, MOST_ROUNDS)}
+
+
+def generic_problem(config: ConfigRecord) -> str | None:
+    """Why a message's generic values cannot be used (None: they can): each count in
+    :data:`GENERIC_BOUNDS`, the learning rate a finite number > 0, the optimizer one of the
+    run config's. Checked before anything is read or built: a hostile server's local steps
+    or batch size are refused with one error reply, not trained on."""
+    for key, (low, high) in GENERIC_BOUNDS.items():
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            return (f"message key '{key}' = {_short(value)} is invalid; allowed: an integer in "
+                    f"[{low}, {high}]")
+    lr = config.get(LR)
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float))
+                           or not math.isfinite(lr) or lr <= 0):
+        return f"message key '{LR}' = {_short(lr)} is invalid; allowed: a finite number > 0"
+    optimizer = config.get(OPTIMIZER)
+    if optimizer is not None and optimizer not in ("adam", "sgd"):
+        return f"message key '{OPTIMIZER}' = {_short(optimizer)} is invalid; allowed: adam, sgd"
+    return None
+
+
+def _short(value: object) -> str:
+    """A message value as a reply may quote it: its repr, at most 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def instruction_problem(config: ConfigRecord, train: bool) -> str | None:
     """Why a train (``train``) or evaluate config cannot be carried out, or None.
 
@@ -266,10 +336,16 @@ def instruction_problem(config: ConfigRecord, train: bool) -> str | None:
                           else f"'{k}' (of no method)" for k in extra)
         return (f"the {phase} message names client update {name!r} but carries keys that "
                 f"are not its own: {owned}")
+    problem = generic_problem(config)
+    if problem is not None:
+        return f"the {phase} message for client update {name!r} carries a bad value: {problem}"
     try:  # its keys' values, checked as their declarations say (a hostile server's too)
         update.settings.from_message(config)
     except ConfigError as err:
         return f"the {phase} message for client update {name!r} carries a bad value: {err}"
+    problem = update.message_problem(config, train)
+    if problem is not None:
+        return f"the {phase} message for client update {name!r} carries a bad value: {problem}"
     return None
 
 

@@ -372,8 +372,20 @@ class Settings:
         """The settings a client half reads from a message's config (its sent keys, coerced
         and checked as the run config's are; the others keep their defaults)."""
         by_message = {cls.message_key(key): key for key in cls.keys()}
-        own = cls.from_values({by_message[k]: v for k, v in config.items() if k in by_message})
-        own.check_declared()
+        try:
+            own = cls.from_values({by_message[k]: v for k, v in config.items() if k in by_message})
+            own.check_declared()
+        except ConfigError as err:  # said of the message's key (a node has no run config key)
+            sent = next((m for m, k in by_message.items() if k == err.key), err.key)
+            if err.key is None or err.key not in by_message.values():
+                raise
+            value = repr(err.value)
+            value = value if len(value) <= 80 else value[:77] + "..."
+            raise ConfigError(
+                f"message key '{sent}' = {value} is invalid"
+                + (f" (run config '{err.key}')" if sent != err.key else "")
+                + (f"; allowed: {err.allowed}" if err.allowed else ""),
+                key=sent, value=err.value, allowed=err.allowed, kind=err.kind) from None
         return own
 
     def check_declared(self) -> None:
