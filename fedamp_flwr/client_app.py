@@ -361,7 +361,7 @@ def _job(msg: Message, context: Context,
         classes = tasks.data_info(dc).num_outputs
         targets = flip_labels(data.y_train, classes, torch.Generator().manual_seed(seed))
     batch = as_int(c.get(BATCH_SIZE, cfg.batch_size), BATCH_SIZE)  # bounded: instruction_problem
-    if min(batch, len(data.y_train)) > cfg.batch_size:  # the memory this node will use for it
+    if min(batch, len(data.y_train)) > int(cfg.batch_size):  # the memory it will use for it
         check_client_memory(dataclasses.replace(cfg, batch_size=min(batch, len(data.y_train))))
     model = tasks.model_for(dc, cfg.model)  # built once per process, then reused
     model.load_state_dict(state_dict(msg.content.array_records[ARRAYS]))
