@@ -190,6 +190,30 @@ def test_each_generic_message_value_out_of_bounds_is_one_refusal_before_any_work
     assert refused >= 16
 
 
+def test_a_batch_size_above_the_run_configs_is_checked_against_the_nodes_memory(monkeypatch):
+    """The memory a node checked at its start is for the run config's batch size; a message
+    asking a larger one (within bounds) is checked again with the rows it will use, and
+    refused, naming the key, where they would not fit."""
+    from fedamp_flwr import sizes
+    from fedamp_flwr.config import ConfigError
+
+    _, model = setup_strategy("fedavg")
+    ctx = LocalGrid({}, 3).contexts[100]
+    cfg = RunConfig.from_run_config(ctx.run_config)
+    size = sizes.model_size(cfg)
+    assert size is not None
+    monkeypatch.setattr(sizes, "machine_memory", lambda: sizes.client_bytes(cfg, size) + 1)
+
+    def message(batch: int) -> Message:
+        config = ConfigRecord({"batch-size": batch, "local-epochs": 1, "client-index": 0})
+        return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": config}),
+                       message_type=MessageType.TRAIN, dst_node_id=100)
+
+    assert not client_app.train(message(int(cfg.batch_size)), ctx).has_error()
+    with pytest.raises(ConfigError, match="'batch-size' = .*this machine has"):
+        client_app.train(message(100_000), ctx)
+
+
 def test_every_methods_own_message_keys_are_held_to_the_run_configs_bounds():
     """Each registered client update's own train keys at a hostile server's extremes: never
     an exception, one problem naming the key wherever the run config would refuse the value
