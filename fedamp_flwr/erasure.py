@@ -4,10 +4,11 @@ coordinator keeps for a run.
 What goes, in every kept checkpoint (read, checked and sealed again as the run sealed them)
 and in metrics.json: its name (``client_names`` keeps its place as "", so that the others keep
 their ids), its key, the attempts that named it, its scores in every round (the rounds' means
-computed again over the others), its row of the per-client state (FedAMP's, SFL's and
-Separate's stored model, Panacea's embedding and its momentum, the warm-up's sums) set to
-zeros, its row and column of xi (recorded matrices and ``xi/`` files) and of an inferred
-graph (``graph-inferred.csv``), its delivered-model record and any model the run folder holds
+computed again over the others), its part of every per-client state the method declares in
+its checkpoint (``client_state``, :mod:`strategies.core.client_state`; this module names no
+method's keys, except those older checkpoints wrote) set to zeros, its row and column of xi
+(recorded matrices and ``xi/`` files) and of an inferred graph (``graph-inferred.csv``), its
+delivered-model record and any model the run folder holds
 for it (``models/``), its place in the collaboration policy's and warm start's records, and a
 checkpoint the run refused and kept for a look (``*.refused``: deleted). Every other file of
 the folder is then searched for the name.
@@ -39,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from strategies.core.client_state import CLIENT_STATE, forget_client
 from strategies.core.history import RunHistory
 from strategies.core.protocol import is_name
 from strategies.core.records import (
@@ -72,8 +74,14 @@ GONE = "(a forgotten member)"  # what replaces the name in a line of text
 
 
 def _per_client_rows(strategy: dict[str, Any], cid: int) -> None:
-    """Zero client ``cid``'s row of every per-client tensor of a strategy's state (-1: none)."""
+    """Zero client ``cid``'s part of a strategy's state (-1: none): where the state declares
+    its per-client parts (every checkpoint of this version: the strategy's own
+    ``client_state``), those; a checkpoint of an older version, by the keys those versions
+    wrote (below)."""
     if cid < 0:
+        return
+    if CLIENT_STATE in strategy:
+        forget_client(strategy, cid)
         return
     if isinstance(strategy.get("started_from"), dict):
         strategy["started_from"].pop(str(cid), None)

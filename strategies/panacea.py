@@ -756,6 +756,27 @@ class Panacea(PersonalizedStrategy):
                          pair_gen=self.pair_gen.get_state())
         return state
 
+    def client_state(self) -> dict:
+        """Each client's embedding h^(0) and its optimizer momentum (of GH and of each of the
+        graph guard's hypernetworks), the warm-up's sums of its updates, its row and column
+        of an inferred graph."""
+        declared = super().client_state()
+        rows, matrices = declared["rows"], declared["matrices"]
+        nets: list[tuple[list[str], GraphHyperNetwork]] = \
+            [([], self.hnet)] if self.hnet is not None else []
+        if self.infer_k > 0 and self.guard_rounds > 0:
+            nets += [(["graph_guard", "arms", name], arm.net) for name, arm in self.arms.items()]
+            rows += [["graph_guard", "sums"], ["graph_guard", "counts"]]
+            matrices.append(["graph_guard", "inferred"])  # the graph on trial
+        for where, net in nets:
+            rows.append([*where, "hnet", "embeddings.weight"])
+            index = next(i for i, p in enumerate(net.parameters()) if p is net.embeddings.weight)
+            rows.append([*where, "optimizer", "state", index, "momentum_buffer"])
+        if self.infer_k > 0:
+            rows += [["update_sum"], ["update_count"]]
+            matrices.append(["inferred_adjacency"])
+        return declared
+
     def load_state_dict(self, state: dict, initial_arrays) -> None:
         guard = state.get("graph_guard") if self.infer_k > 0 and self.guard_rounds > 0 else None
         if isinstance(guard, dict):

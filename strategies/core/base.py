@@ -34,6 +34,7 @@ from flwr.supercore import log
 from tasks.scenarios import Roles
 
 from .client import LOCAL, instruction_problem
+from .client_state import CLIENT_STATE, declaration
 from .history import RunHistory, client_order
 from .layout import FlatLayout, dtypes_of, with_dtypes
 from .policy import ApartPolicy
@@ -181,9 +182,19 @@ class StrategyBase(ClientInstructions):
         return self.tracker.history
 
     def state_dict(self) -> dict[str, Any]:
-        """The strategy's state between rounds, for a checkpoint (tensors and plain values)."""
+        """The strategy's state between rounds, for a checkpoint (tensors and plain values),
+        with where it holds something of each client (:meth:`client_state`)."""
         return {"history": self.history.to_state(),
-                "started_from": {str(c): w for c, w in self.started_from.items()}}
+                "started_from": {str(c): w for c, w in self.started_from.items()},
+                CLIENT_STATE: self.client_state()}
+
+    def client_state(self) -> dict[str, list[list[Any]]]:
+        """The paths into :meth:`state_dict` of what it holds per client
+        (:mod:`strategies.core.client_state`): ``fedamp-flwr forget`` zeroes a client's part of
+        each. A method that keeps per-client state extends it (its own keys, named here
+        only by the method); the round records (``history``) are erased by their own
+        rules."""
+        return declaration(maps=[["started_from"]])
 
     def load_state_dict(self, state: dict[str, Any], initial_arrays: ArrayRecord) -> None:
         """Continue from :meth:`state_dict` (after ``setup_tracking`` of the resumed run)."""
@@ -579,6 +590,11 @@ class PersonalizedStrategy(StrategyBase, Strategy):
         if self.models is not None:
             state["models"] = self.models.detach().cpu()
         return state
+
+    def client_state(self) -> dict[str, list[list[Any]]]:
+        declared = super().client_state()
+        declared["rows"].append(["models"])  # each client's stored model
+        return declared
 
     def load_state_dict(self, state: dict[str, Any], initial_arrays: ArrayRecord) -> None:
         super().load_state_dict(state, initial_arrays)

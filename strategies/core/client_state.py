@@ -1,0 +1,67 @@
+"""Where a strategy's checkpoint state holds something of each client, and that client's part
+zeroed: what ``fedamp-flwr forget`` erases (:mod:`fedamp_flwr.erasure`) without naming any
+strategy's keys.
+
+Each strategy declares, in its state (:meth:`strategies.core.base.StrategyBase.client_state`,
+written into the checkpoint as ``client_state``), the paths of its per-client parts: ``rows``
+(tensors whose first axis is the client id: a stored model per client, an embedding per
+client and its optimizer's momentum, the inferred graph's warm-up sums), ``matrices``
+(client x client tensors: an inferred graph) and ``maps`` (dicts keyed by the client id as
+text: how each client's model started). A path is a list of keys into the nested state (an
+optimizer's parameter index is an int). The declaration is part of the checkpoint's sealed
+bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+#: the checkpoint state's key of the declaration
+CLIENT_STATE = "client_state"
+KINDS = ("rows", "matrices", "maps")
+
+
+def declaration(rows: Sequence[Sequence[Any]] = (), matrices: Sequence[Sequence[Any]] = (),
+                maps: Sequence[Sequence[Any]] = ()) -> dict[str, list[list[Any]]]:
+    """A strategy's declaration of its per-client parts (paths as lists of keys)."""
+    return {"rows": [list(p) for p in rows], "matrices": [list(p) for p in matrices],
+            "maps": [list(p) for p in maps]}
+
+
+def at(state: Any, path: Sequence[Any]) -> Any:
+    """The value at ``path`` in the nested ``state`` (None where any key is missing)."""
+    for key in path:
+        if not isinstance(state, dict) or key not in state:
+            return None
+        state = state[key]
+    return state
+
+
+def forget_client(state: dict[str, Any], cid: int) -> list[str]:
+    """Zero client ``cid``'s part of every path ``state`` declares (its row, its row and
+    column, its entry); the paths changed, as text. A declaration that is not a dict of lists
+    of paths, or a path that is not there or not of its kind, changes nothing."""
+    declared = state.get(CLIENT_STATE)
+    changed: list[str] = []
+    if not isinstance(declared, dict) or cid < 0:
+        return changed
+    for kind in KINDS:
+        paths = declared.get(kind, [])
+        for path in paths if isinstance(paths, list) else []:
+            if not isinstance(path, list):
+                continue
+            value = at(state, path)
+            if kind == "maps":
+                if isinstance(value, dict) and value.pop(str(cid), None) is not None:
+                    changed.append("/".join(map(str, path)))
+                continue
+            if not isinstance(value, torch.Tensor) or value.ndim < 1 or len(value) <= cid:
+                continue
+            value[cid] = 0
+            if kind == "matrices" and value.ndim == 2 and value.shape[1] > cid:
+                value[:, cid] = 0
+            changed.append("/".join(map(str, path)))
+    return changed
