@@ -29,9 +29,11 @@ chunk's models, optimizer state and batches at once).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 
+import psutil
 import torch
 from torch import nn
 
@@ -42,7 +44,8 @@ from .train import Evaluation, Fit, Test, num_steps
 #: docs/performance.md), and fewer where their state would pass :data:`MEMORY_BUDGET`
 CHUNK = 64
 #: bytes a chunk's stacked state may take (:func:`chunk_for`): the most the stacked path
-#: needs beyond one client's training
+#: needs beyond one client's training, and at most an eighth of the machine's memory
+#: (:func:`memory_budget`: a small machine stacks fewer clients at once)
 MEMORY_BUDGET = 512 * 2**20
 _BETAS, _EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults, which make_optimizer uses
 _ATEN = torch.ops.aten
@@ -107,9 +110,16 @@ def evaluate_stacked(tests: Sequence[Test], chunk: int = CHUNK) -> list[Evaluati
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def memory_budget() -> int:
+    """The bytes a stacked chunk may take here: :data:`MEMORY_BUDGET`, or an eighth of this
+    machine's memory where that is less."""
+    return min(MEMORY_BUDGET, int(psutil.virtual_memory().total) // 8)
+
+
 def chunk_for(call: Fit | Test, rows: int, most: int = CHUNK, steps: int = 0) -> int:
     """How many clients like ``call`` (of at most ``rows`` rows) are stacked at once: at most
-    ``most``, and as many as :data:`MEMORY_BUDGET` holds of their weights (six copies: the
+    ``most``, and as many as :func:`memory_budget` holds of their weights (six copies: the
     weights, gradients, optimizer's two, proximal centre, correction), data, and one batch's
     activations (the GRU's saved gates: about 11 x hidden a step of the sequence; the MLP's
     layers three times) and its plan of ``steps`` batches; a test: the weights, data and the
@@ -126,7 +136,7 @@ def chunk_for(call: Fit | Test, rows: int, most: int = CHUNK, steps: int = 0) ->
     copies = 6 if isinstance(call, Fit) else 1
     width = min(call.batch_size, max(rows, 1))
     floats = copies * params + data + width * per_row + 2 * steps * width  # the plan: int64
-    return max(1, min(most, MEMORY_BUDGET // (4 * floats)))
+    return max(1, min(most, memory_budget() // (4 * floats)))
 
 
 def _even(n: int, chunk: int) -> int:

@@ -106,10 +106,20 @@ def test_stacked_tests_give_each_clients_own_scores(kind):
         assert got.accuracy == want.accuracy and (got.mse is None) == (want.mse is None)
 
 
-def test_a_chunk_fits_the_memory_budget():
+def test_a_chunk_fits_the_memory_budget(monkeypatch):
     big = Fit(**{**vars(_fits("mlp", "adam")[0]), "model": MLP(4000, 10, (2000, 2000))})
     assert stacked.chunk_for(big, 50) < stacked.CHUNK  # 12M weights x 6 copies: 290 MB each
     assert stacked.chunk_for(_fits("gru", "adam")[0], 700) == stacked.CHUNK
+    # on a machine of 1 GB the budget is an eighth of it: the GRUs are stacked fewer at once
+    gru = _fits("gru", "adam")[0]
+    per = stacked.MEMORY_BUDGET // stacked.chunk_for(gru, 700, most=10**6)
+    stacked.memory_budget.cache_clear()
+    monkeypatch.setattr(stacked.psutil, "virtual_memory", lambda: type("M", (), {"total": 2**30}))
+    try:
+        assert stacked.memory_budget() == 2**27
+        assert stacked.chunk_for(gru, 700, most=10**6) == pytest.approx(2**27 // per, rel=0.05)
+    finally:
+        stacked.memory_budget.cache_clear()
 
 
 def test_a_huge_batch_size_or_plan_stays_within_the_data_or_runs_one_by_one():
