@@ -64,7 +64,7 @@ from strategies.core.records import (
     mean_key,
 )
 from strategies.core.screening import REASON_KINDS
-from tasks.files import owner_only, strict_json
+from tasks.files import owner_only_tree, private_folder, strict_json
 
 from .config import ConfigError, RunConfig, redact_uri
 from .results import MODELS_FOLDER, TENSORBOARD_FOLDER, write_json
@@ -188,6 +188,7 @@ class TensorBoardSink:
     def __init__(self, folder: Path, first_round: int) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        self.folder = private_folder(folder)  # its files: their owner's alone (close)
         self.writer = SummaryWriter(str(folder), purge_step=first_round)
         self.first = first_round
 
@@ -210,6 +211,7 @@ class TensorBoardSink:
 
     def close(self, finished: bool) -> None:
         self.writer.close()
+        owner_only_tree(self.folder)
 
 
 class MlflowSink:
@@ -221,8 +223,14 @@ class MlflowSink:
     durable = True
 
     def __init__(self, uri: str, run_name: str, token: str) -> None:
+        self.store: Path | None = None
         if uri.startswith("file:"):  # MLflow 3 keeps its file store behind this switch
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            from urllib.parse import urlparse
+            from urllib.request import url2pathname
+
+            # a local store: made 0700 before MLflow writes into it, its files 0600 at close
+            self.store = private_folder(Path(url2pathname(urlparse(uri).path)))
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=uri)
@@ -284,6 +292,8 @@ class MlflowSink:
 
     def close(self, finished: bool) -> None:
         self.client.set_terminated(self.run_id, "FINISHED" if finished else "FAILED")
+        if self.store is not None:
+            owner_only_tree(self.store)
 
 
 class Dashboards:
@@ -314,8 +324,7 @@ class Dashboards:
         board = cls({})
         for what, make in makers.items():
             try:
-                with owner_only():
-                    board.sinks[what] = make()
+                board.sinks[what] = make()
             except Exception as err:  # a server gone, a store it cannot write
                 log(WARNING, "%s: cannot start (%s: %s); the run goes on without it", what,
                     type(err).__name__, err)
@@ -323,8 +332,7 @@ class Dashboards:
         mlflow = board.sinks.get("MLflow")
         if isinstance(mlflow, MlflowSink) and done:
             try:
-                with owner_only():
-                    late = mlflow.missing(sorted(done))
+                late = mlflow.missing(sorted(done))
             except Exception as err:
                 late = []
                 board._failed("MLflow", "missing", err)
@@ -348,8 +356,7 @@ class Dashboards:
         for what, sink in list(self.sinks.items()):
             if durable is None or sink.durable == durable:
                 try:
-                    with owner_only():  # the files MLflow and TensorBoard make themselves
-                        getattr(sink, method)(*args)
+                    getattr(sink, method)(*args)
                 except Exception as err:
                     self._failed(what, method, err)
 

@@ -288,10 +288,20 @@ def checkpoint_keys(checkpoint: dict | None, cfg: RunConfig,
                               "each member's machine)")
         return {}
     try:
-        return {str(n): bytes.fromhex(str(k)) for n, k in held.items()}
+        keys = {str(n): bytes.fromhex(k) for n, k in held.items()
+                if isinstance(k, str) and len(k) == 64}
     except ValueError as err:
         raise ConfigError(f"{source}: the checkpoint's member keys cannot be read ({err})"
                           ) from None
+    # a member of the run whose name binds no key (a roster dropped it, or the record was
+    # altered) would go to the first node to claim it, with its stored state
+    unbound = sorted(str(n) for n in checkpoint["client_names"] if n and str(n) not in keys)
+    if unbound and not cfg.member_roster:
+        raise ConfigError(f"run config 'member-roster' = '': the checkpoint ({source}) binds no "
+                          f"key to its member(s) {unbound[:5]}, so any node could take their "
+                          "stored state by name; allowed: a roster of the members' keys "
+                          "(fedamp-flwr roster on that run prints the ones it bound)")
+    return keys
 
 
 def model_fits(cfg: RunConfig):

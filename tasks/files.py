@@ -9,11 +9,9 @@ member's), the files written into it do not.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -29,22 +27,21 @@ def private_folder(path: Path) -> Path:
     return path
 
 
-_UMASK = threading.Lock()
-
-
-@contextlib.contextmanager
-def owner_only() -> Iterator[None]:
-    """Files and folders that a library makes inside (MLflow's file store, TensorBoard's
-    event files: they open their own) readable by their owner only: the process's umask is
-    077 for the duration, then what it was. The umask is the whole process's, so a file
-    another thread makes meanwhile is owner-only too, which is this app's rule for every
-    file it writes (the ones it writes itself are ``0600`` whatever the umask)."""
-    with _UMASK:
-        old = os.umask(0o077)
-        try:
-            yield
-        finally:
-            os.umask(old)
+def owner_only_tree(folder: Path) -> None:
+    """Every file under ``folder`` made ``0600`` and every folder ``0700`` (links are not
+    followed): for what a library writes with its own modes (MLflow's file store,
+    TensorBoard's event files), into a folder made ``0700`` before it wrote, so that no other
+    account could reach them meanwhile. The process's umask is never changed (other threads,
+    and libraries that read it by setting it, share it)."""
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        for name in dirs:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, FOLDER_MODE)
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, FILE_MODE)
 
 
 def write_private_text(path: Path, text: str) -> None:

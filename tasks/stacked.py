@@ -167,13 +167,13 @@ def batch_plan(fit: Fit, width: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def call_problem(call: Fit | Test) -> str | None:
     """Why ``call`` cannot be stacked, or None: its model (:func:`stack_problem`), or a plan of
-    batches (steps x rows, drawn before the first step) beyond :data:`MEMORY_BUDGET` alone."""
+    batches (steps x rows, drawn before the first step) beyond :func:`memory_budget` alone."""
     problem = stack_problem(call.model)
     if problem is None and isinstance(call, Fit):
         steps = num_steps(len(call.x), call.batch_size, call.epochs, call.steps)
-        if 8 * steps * min(call.batch_size, len(call.x)) > MEMORY_BUDGET:
+        if 8 * steps * min(call.batch_size, len(call.x)) > memory_budget():
             problem = (f"its plan of {steps} steps of up to {min(call.batch_size, len(call.x))} "
-                       f"rows passes the stacked path's memory budget ({MEMORY_BUDGET} bytes)")
+                       f"rows passes the stacked path's memory budget ({memory_budget()} bytes)")
     return problem
 
 

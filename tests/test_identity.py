@@ -362,6 +362,13 @@ def test_a_roster_on_resume_rotates_and_revokes_keys_and_an_old_checkpoint_needs
     assert "node 100 claims member 'client-0'" in why and "not on the run's member-roster" in why
     state = torch.load(checkpoint_files(tmp_path / "run")[0], weights_only=True)
     assert sorted(state["member_keys"]) == ["client-0", "client-1"]
+    # client-2, dropped by the roster, binds no key: a warm start without a roster would give
+    # its stored model to whoever claims its name first, and is refused
+    season = {k: v for k, v in {**cfg, "run-name": "season-2", "num-server-rounds": 1,
+                                "warm-start": str(tmp_path / "run")}.items()
+              if k not in ("resume", "member-roster")}
+    with pytest.raises(ConfigError, match=r"binds no key to its member\(s\) \['client-2'\]"):
+        _app(InProcessGrid(season, node_configs=nodes), season)
     # a checkpoint of an older version binds no name: refused without a roster
     path = checkpoint_files(tmp_path / "run")[0]
     del state["member_keys"]

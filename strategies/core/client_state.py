@@ -34,7 +34,7 @@ def declaration(rows: Sequence[Sequence[Any]] = (), matrices: Sequence[Sequence[
 def at(state: Any, path: Sequence[Any]) -> Any:
     """The value at ``path`` in the nested ``state`` (None where any key is missing)."""
     for key in path:
-        if not isinstance(state, dict) or key not in state:
+        if not isinstance(state, dict) or not isinstance(key, str | int) or key not in state:
             return None
         state = state[key]
     return state
