@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord
 
-from .core.protocol import BATCH_SIZE, LOCAL_EPOCHS, LOCAL_STEPS
+from .core.protocol import BATCH_SIZE, LOCAL_EPOCHS, LOCAL_STEPS, short_repr
 from .core.replies import arrays_problem
 from .hypernetwork import GraphHyperNetwork, normalized_adjacency, sample_pairs, server_step
 
@@ -87,9 +87,8 @@ def hold_out_share(value: object) -> float:
     """The share a train message asks a client to hold out, checked (client side)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not \
             0 <= float(value) <= MOST_HOLD_OUT:
-        text = repr(value)
-        raise ValueError(f"message key '{HOLD_OUT}' = {text[:77] + '...' if len(text) > 80 else text}"
-                         f" is invalid; allowed: a number in [0, {MOST_HOLD_OUT}]")
+        raise ValueError(f"message key '{HOLD_OUT}' = {short_repr(value)} is invalid; allowed: "
+                         f"a number in [0, {MOST_HOLD_OUT}]")
     return float(value)
 
 

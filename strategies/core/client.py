@@ -60,6 +60,7 @@ from .protocol import (
     SERVER_ROUND,
     TRAINED_ROUNDS,
     as_int,
+    short_repr,
 )
 from .settings import (
     EVALUATE,
@@ -291,22 +292,16 @@ def generic_problem(config: ConfigRecord) -> str | None:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            return (f"message key '{key}' = {_short(value)} is invalid; allowed: an integer in "
+            return (f"message key '{key}' = {short_repr(value)} is invalid; allowed: an integer in "
                     f"[{low}, {high}]")
     lr = config.get(LR)
     if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float))
                            or not math.isfinite(lr) or lr <= 0):
-        return f"message key '{LR}' = {_short(lr)} is invalid; allowed: a finite number > 0"
+        return f"message key '{LR}' = {short_repr(lr)} is invalid; allowed: a finite number > 0"
     optimizer = config.get(OPTIMIZER)
     if optimizer is not None and optimizer not in ("adam", "sgd"):
-        return f"message key '{OPTIMIZER}' = {_short(optimizer)} is invalid; allowed: adam, sgd"
+        return f"message key '{OPTIMIZER}' = {short_repr(optimizer)} is invalid; allowed: adam, sgd"
     return None
-
-
-def _short(value: object) -> str:
-    """A message value as a reply may quote it: its repr, at most 80 characters."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def instruction_problem(config: ConfigRecord, train: bool) -> str | None:

@@ -146,6 +146,12 @@ def as_float(value: object, key: str) -> float:
     return float(value)
 
 
+def short_repr(value: object, most: int = 80) -> str:
+    """A message value as an error may quote it: its repr, at most ``most`` characters."""
+    text = repr(value)
+    return text if len(text) <= most else text[:most - 3] + "..."
+
+
 def as_int(value: object, key: str) -> int:
     """A message's value of ``key`` as an int (a ValueError naming the key if it is none)."""
     if isinstance(value, float) and value.is_integer():

@@ -48,6 +48,8 @@ from typing import Any, ClassVar, TypeVar
 
 from tasks.export import MAX_INPUTS, MAX_OUTPUTS
 
+from .protocol import short_repr
+
 S = TypeVar("S", bound="Settings")
 
 # The upper bounds of the run config's sizes, one place for the app's keys and the methods'
@@ -379,10 +381,8 @@ class Settings:
             sent = next((m for m, k in by_message.items() if k == err.key), err.key)
             if err.key is None or err.key not in by_message.values():
                 raise
-            value = repr(err.value)
-            value = value if len(value) <= 80 else value[:77] + "..."
             raise ConfigError(
-                f"message key '{sent}' = {value} is invalid"
+                f"message key '{sent}' = {short_repr(err.value)} is invalid"
                 + (f" (run config '{err.key}')" if sent != err.key else "")
                 + (f"; allowed: {err.allowed}" if err.allowed else ""),
                 key=sent, value=err.value, allowed=err.allowed, kind=err.kind) from None
