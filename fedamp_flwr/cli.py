@@ -518,6 +518,11 @@ def forget_member(run: str, name: str, report: bool, secret_file: str) -> int:
           f"removed; audit in {Path(run).resolve() / 'forgotten.json'}")
     if entry.get("not_erased"):
         print(f"warning: not erased here: {entry['not_erased']}", file=sys.stderr)
+    if erasure.secret is None:
+        print("warning: the run has no checkpoint secret: its manifest (which remembers this "
+              "erasure) carries a plain sha256 that whoever can write the folder can recompute; "
+              "this machine's register still refuses the folder put back from before the "
+              "erasure, as long as the register is not edited too", file=sys.stderr)
     if entry["name_still_found_in"]:
         print(f"warning: the name is still found in {entry['name_still_found_in']}",
               file=sys.stderr)

@@ -26,6 +26,12 @@ for the name (as a name, not inside a longer one) still found it. A run that
 forgot a member cannot be resumed (a new run warm-starts from it), and a warm start refuses
 a checkpoint that still names a forgotten member. A live run (its ServerApp holds the
 folder's ``.lock``) is refused.
+
+The folder's manifest (:mod:`fedamp_flwr.manifest`) is written before the first checkpoint is
+rewritten (one generation on, a mark of the member, the new seals; the old seals kept for this
+member's ``forget`` only) and again after the last (one more generation): the checkpoints from
+before the erasure, put back, are refused by resume, warm start and ``forget``, with or
+without ``forgotten.json``; an erasure cut short is finished by running ``forget`` again.
 """
 
 from __future__ import annotations
@@ -56,6 +62,9 @@ from tasks.export import sha256_of
 from tasks.files import atomic_write, strict_json
 
 from .config import ConfigError, redact_uri
+from .manifest import Manifest, mark
+from .manifest import read as read_manifest
+from .manifest import write as write_manifest
 from .results import (
     CHECKPOINT_FORMAT,
     FORGOTTEN,
@@ -295,15 +304,17 @@ class Erasure:
                      "warm-start = '<the folder>'; or a fresh run without it.")
         return lines
 
-    def _plan(self) -> list[tuple[Path, bytes | None]]:
+    def _plan(self, manifest: Manifest) -> list[tuple[Path, bytes | None]]:
         """Each file to change and its new bytes (None: to remove), every one read and made
         before any is written. A checkpoint (sealed: what metrics.json says is not) that
-        places the member at another client id stops it."""
+        places the member at another client id, or that the folder's ``manifest`` does not
+        list, stops it."""
         plan: list[tuple[Path, bytes | None]] = []
         file = RunFile.from_dict(self.run)
         roles = set(file.novel_clients), set(file.attackers)
         for path in checkpoint_files(self.folder):
-            state, problem = _read_checkpoint(path, self.secret, self.folder.name)
+            state, problem = _read_checkpoint(path, self.secret, self.folder.name, manifest,
+                                              self.name)
             names = state.get("client_names") or []
             if problem is None and self.name in names and names.index(self.name) != self.cid:
                 problem = (f"it holds member {self.name!r} as client {names.index(self.name)}, "
@@ -313,7 +324,7 @@ class Erasure:
                                   f"rewritten: {problem}; nothing was changed")
             # a checkpoint from before the member joined holds no row of it
             plan.append((path, _checkpoint_bytes(state, self.cid if self.name in names else -1,
-                                                 self.name, *roles)))
+                                                 self.name, *roles, manifest.generation + 1)))
         for path in sorted((self.folder / "checkpoint").glob("*.refused")):
             plan.append((path, None))
         run = _scrub_run(copy.deepcopy(self.run), self.cid, self.name)
@@ -367,7 +378,10 @@ class Erasure:
                               "the folder); allowed: once the run has stopped")
         try:
             held = self._audit()
-            plan = self._plan()  # every file read and checked: nothing written yet
+            # a folder rolled back (its manifest, or the register's record of it) stops it here
+            manifest = read_manifest(self.folder, self.secret, self.folder.name,
+                                     f"RUN_DIR = '{self.folder}'")
+            plan = self._plan(manifest)  # every file read and checked: nothing written yet
             files = [{"file": str(path.relative_to(self.folder)), "sha256_before": sha256_of(path),
                       **({"removed": True} if data is None else {})} for path, data in plan]
             entry = {"member": self.name, "client_id": self.cid,
@@ -375,6 +389,7 @@ class Erasure:
                      "first_contribution_round": self.first_round(), "files": files}
             held["forgotten"].append(entry)
             write_json(self.folder / FORGOTTEN, held)
+            self._seal_ahead(manifest, plan)
             for (path, data), record in zip(plan, files, strict=True):
                 if data is None:
                     path.unlink()
@@ -386,6 +401,11 @@ class Erasure:
                     _write(digest_path(path), f"{seal(path, self.secret, self.folder.name)}  "
                                               f"{path.name}\n".encode())
                 record["sha256_after"] = sha256_of(path)
+            # one generation more again: the manifest of the erasure under way (which lists
+            # the checkpoints from before it for this member's forget) cannot be put back
+            manifest.generation += 1
+            manifest.erasing = {}
+            write_manifest(self.folder, manifest, self.secret, self.folder.name)
             entry.update(status="done", name_still_found_in=self._search())
             config = self.run.get("config") if isinstance(self.run.get("config"), dict) else {}
             if config.get("mlflow") is True:  # a store this command does not own
@@ -397,6 +417,20 @@ class Erasure:
             return entry
         finally:
             lock.close()
+
+    def _seal_ahead(self, manifest: Manifest, plan: list[tuple[Path, bytes | None]]) -> None:
+        """The manifest, before any checkpoint is rewritten: one generation on, the member
+        forgotten, the new checkpoints' seals listed, and the old ones kept only for this
+        member's ``forget`` (an erasure cut short is done again; nothing else reads them)."""
+        checkpoints = [(path, data) for path, data in plan if path.suffix == ".pt" and data]
+        old = {path.name: digest_path(path).read_text().split()[0] for path, _ in checkpoints}
+        manifest.erasing = {"member": self.name, "checkpoints": old}
+        manifest.generation += 1
+        manifest.forgotten = sorted({*manifest.forgotten,
+                                     mark(self.name, self.secret, self.folder.name)})
+        manifest.checkpoints = {path.name: seal(path, self.secret, self.folder.name, data)
+                                for path, data in checkpoints}
+        write_manifest(self.folder, manifest, self.secret, self.folder.name)
 
     def _pattern(self) -> re.Pattern[bytes]:
         """The name as a name in a file's bytes (not inside a longer one)."""
@@ -421,13 +455,15 @@ class Erasure:
 
 
 def _checkpoint_bytes(state: dict[str, Any], cid: int, name: str, novel: set[int],
-                      attackers: set[int]) -> bytes:
-    """A checkpoint's file without the member (``cid`` -1: it holds no row of it)."""
+                      attackers: set[int], generation: int) -> bytes:
+    """A checkpoint's file without the member (``cid`` -1: it holds no row of it), of the
+    folder's ``generation``."""
     import io
 
     out = io.BytesIO()
     torch.save({"format": CHECKPOINT_FORMAT,
-                **_scrub_checkpoint(state, cid, name, novel, attackers)}, out)
+                **_scrub_checkpoint(state, cid, name, novel, attackers),
+                "generation": generation}, out)
     return out.getvalue()
 
 

@@ -26,6 +26,9 @@ results from being lost.
   :func:`checkpoint_secret`) the digest is an HMAC-SHA256 of the file's name
   and bytes under that secret (``hmac-sha256:<hex>``), and a checkpoint
   edited with its digest recomputed is refused like a flipped byte.
+* ``checkpoint/manifest.json``: the folder's generation, each kept checkpoint's seal and
+  the marks of the members it forgot, sealed likewise; with the coordinator's register it
+  refuses a folder put back from an older copy (:mod:`fedamp_flwr.manifest`).
 
 Rules: the default run name is unique per run (it ends with the start
 time); a folder that already holds a run (metrics or a checkpoint) is used
@@ -59,6 +62,9 @@ from tasks.export import sha256_of
 from tasks.files import atomic_write, private_folder, strict_json
 
 from .config import ConfigError, RunConfig
+from .manifest import SEALED, Manifest, generation_floor
+from .manifest import read as read_manifest
+from .manifest import write as write_manifest
 
 CHECKPOINT_FORMAT = 1
 # Keys that may differ between a run and its resumption: how to treat the folder, and how long.
@@ -135,7 +141,6 @@ class XiFiles:
 SECRET_ENV = "FEDAMP_CHECKPOINT_SECRET"
 #: the fewest bytes a secret may have (an HMAC key shorter than its hash's 32 bytes is weak)
 SECRET_LEAST = 32
-SEALED = "hmac-sha256:"
 
 
 def checkpoint_secret(cfg: RunConfig) -> bytes | None:
@@ -211,6 +216,7 @@ class RunFolder:
         self.path = cfg.results_path(self.name)
         self._secret: tuple[bytes | None] | None = None
         self._lock: Any = None
+        self._manifest: Manifest | None = None  # the folder's, as this run last wrote or read it
 
     @property
     def secret(self) -> bytes | None:
@@ -313,14 +319,25 @@ class RunFolder:
             raise UnsafeCheckpoint(f"round {state['round']}: the server's state holds non-finite "
                                    f"values in {bad}; no checkpoint written")
         path = self.path / "checkpoint" / f"round-{int(state['round']):06d}.pt"
-        atomic_write(path, lambda f: torch.save({"format": CHECKPOINT_FORMAT, **state}, f),
-                     private=True)
+        # a new run's count goes on from the register's (a replaced run of this folder)
+        manifest = self._manifest or Manifest(generation=generation_floor(self.path))
+        generation = manifest.generation + 1
+        atomic_write(path, lambda f: torch.save(
+            {"format": CHECKPOINT_FORMAT, **state, "generation": generation}, f), private=True)
         digest = seal(path, self.secret, self.name)
         atomic_write(digest_path(path), lambda f: f.write(f"{digest}  {path.name}\n".encode()),
                      private=True)
-        for old in self.checkpoints()[max(self.cfg.checkpoint_keep, 1):]:
-            digest_path(old).unlink(missing_ok=True)
-            old.unlink(missing_ok=True)
+        files = self.checkpoints()
+        kept, old = files[:max(self.cfg.checkpoint_keep, 1)], files[max(self.cfg.checkpoint_keep,
+                                                                         1):]
+        listed = {**manifest.checkpoints, path.name: digest}
+        manifest.generation = generation
+        manifest.checkpoints = {p.name: listed[p.name] for p in kept if p.name in listed}
+        write_manifest(self.path, manifest, self.secret, self.name)  # before the old go
+        self._manifest = manifest
+        for stale in old:
+            digest_path(stale).unlink(missing_ok=True)
+            stale.unlink(missing_ok=True)
         return path.stat().st_size, time.perf_counter() - started
 
     def load_checkpoint(self, check: Callable[[dict[str, Any]], str | None] | None = None
@@ -340,9 +357,16 @@ class RunFolder:
                               f"{self.path} are sealed with a coordinator secret; allowed: the "
                               f"file of that secret (run config 'checkpoint-secret' or "
                               f"${SECRET_ENV})")
+        key = "run config 'resume' = true"
+        manifest = read_manifest(self.path, self.secret, self.name, key)
+        if manifest.forgotten:  # forgotten.json deleted, or not: the manifest remembers
+            raise ConfigError(f"{key}: {self.path} has forgotten a member (its checkpoint/"
+                              "manifest.json); allowed: a new run with warm-start = "
+                              f"'{self.path}'")
+        warn_unversioned(self.path, manifest)
         refused: list[tuple[Path, str]] = []
         for path in self.checkpoints():
-            state, problem = _read_checkpoint(path, self.secret, self.name)
+            state, problem = _read_checkpoint(path, self.secret, self.name, manifest)
             if problem is None:
                 problem = check(state) if check is not None else None
             if problem is None:
@@ -350,6 +374,7 @@ class RunFolder:
                     log(WARNING, "Resuming from %s (round %d), the newest intact checkpoint",
                         path.name, state["round"])
                 state = self._same_run(state)
+                self._manifest = manifest
                 for bad, _ in refused:  # kept for a look, out of the checkpoints' count
                     for f in (bad, digest_path(bad)):
                         if f.exists():
@@ -444,11 +469,22 @@ def _is_sealed(path: Path) -> bool:
         return False
 
 
-def _read_checkpoint(path: Path, secret: bytes | None = None, run: str = ""
+def warn_unversioned(folder: Path, manifest: Manifest) -> None:
+    """A WARNING where a folder with checkpoints has no manifest (an older version's)."""
+    if not manifest.present and checkpoint_files(folder):
+        log(WARNING, "%s has no checkpoint/manifest.json (written by an older version): a "
+            "checkpoint restored there from an older copy cannot be told from the run's own",
+            folder)
+
+
+def _read_checkpoint(path: Path, secret: bytes | None = None, run: str = "",
+                     manifest: Manifest | None = None, member: str = ""
                      ) -> tuple[dict[str, Any], str | None]:
     """A checkpoint file's state, or why it cannot be used (its digest or seal, its
-    contents); with a ``secret`` only a checkpoint of run ``run`` sealed with it is read.
-    The file is read once: the bytes checked are the bytes loaded."""
+    contents, and, given the folder's ``manifest``, whether it is the file the manifest
+    lists: :meth:`Manifest.unlisted`, ``member`` the one a ``forget`` erases); with a
+    ``secret`` only a checkpoint of run ``run`` sealed with it is read. The file is read
+    once: the bytes checked are the bytes loaded."""
     try:
         recorded = digest_path(path).read_text().split()[0]
     except (OSError, IndexError, UnicodeDecodeError):
@@ -480,6 +516,10 @@ def _read_checkpoint(path: Path, secret: bytes | None = None, run: str = ""
     bad = nonfinite_tensor(state)
     if bad is not None:
         return {}, f"non-finite values in {bad}"
+    if manifest is not None:
+        problem = manifest.unlisted(path.name, actual, state.get("generation"), member)
+        if problem is not None:
+            return {}, problem
     return state, None
 
 

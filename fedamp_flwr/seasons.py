@@ -25,7 +25,9 @@ from strategies.core.base import StrategyBase
 from tasks.export import sha256_of
 
 from .config import ConfigError, RunConfig
-from .results import FORGOTTEN, _read_checkpoint, checkpoint_files, hold_folder
+from .manifest import holds_forgotten
+from .manifest import read as read_manifest
+from .results import FORGOTTEN, _read_checkpoint, checkpoint_files, hold_folder, warn_unversioned
 
 #: what two seasons must share: the task, the members' data schema, the model
 SEASON_KEYS = ("dataset", "model", "member-input-shape", "member-task", "member-outputs",
@@ -106,14 +108,20 @@ def read_warm_start(cfg: RunConfig, secret: bytes | None,
 
 def _read(cfg: RunConfig, key: str, folder: Path, files: list[Path], secret: bytes | None,
           fits: Callable[[dict[str, Any]], str | None]) -> WarmStart:
-    gone = forgotten_names(folder)
+    manifest = read_manifest(folder, secret, folder.name, key)  # a rollback: refused here
+    warn_unversioned(folder, manifest)
+    gone = set(forgotten_names(folder))
     refused = []
     for path in files:
-        state, problem = _read_checkpoint(path, secret, folder.name)
+        state, problem = _read_checkpoint(path, secret, folder.name, manifest)
         if problem is None:
             problem = fits(state)
-        if problem is None and gone and set(gone) & set(state.get("client_names", [])):
-            problem = "it still holds a member the run has forgotten (forgotten.json)"
+        names = state.get("client_names") or []
+        # forgotten.json deleted, or not: the manifest remembers
+        if problem is None and (gone & set(names) or
+                                holds_forgotten(names, manifest, secret, folder.name)):
+            problem = ("it still holds a member the run has forgotten (forgotten.json, "
+                       "the manifest)")
         if problem is None:
             break
         refused.append(f"{path.name}: {problem}")

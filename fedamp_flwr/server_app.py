@@ -44,6 +44,7 @@ from .dashboards import Dashboards
 from .delivery import ModelDelivery, new_token
 from .discovery import ClientSetupError, discover_clients, discover_members
 from .identity import IdentityError, fingerprint, key_text, read_roster
+from .manifest import register_dir
 from .membership import KEPT_ATTEMPTS, Membership
 from .preflight import check_before_clients
 from .results import MODELS_FOLDER, RunFolder, UnsafeCheckpoint, Writer, XiFiles, snapshot
@@ -408,7 +409,14 @@ class Run:
         """The run folder claimed, the checkpoint read, the clients found, the strategy built."""
         cfg, folder = self.cfg, self.folder
         if cfg.checkpoint_every and folder.secret is not None:  # read (and checked) already
-            log(INFO, "Checkpoints are sealed with the coordinator's secret (HMAC-SHA256)")
+            log(INFO, "Checkpoints are sealed with the coordinator's secret (HMAC-SHA256), and "
+                "listed in the folder's sealed manifest; this machine's register (%s) keeps "
+                "its generation", register_dir())
+        elif cfg.checkpoint_every:
+            log(INFO, "Checkpoints carry a plain sha256 (no checkpoint-secret): it detects "
+                "damage, not an edit; whoever can write %s can edit a checkpoint, its digest "
+                "and the manifest. This machine's register (%s) still refuses the folder put "
+                "back from an older copy (docs/survival.md)", folder.path, register_dir())
         folder.claim()
         self.checkpoint = folder.load_checkpoint(check=model_fits(cfg)) if cfg.resume else None
         if self.checkpoint is not None:

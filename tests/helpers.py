@@ -530,3 +530,19 @@ class MembersFleet:
         """The files of run ``run`` in member ``name``'s model-dir (its own machine)."""
         folder = self.tmp / f"{name}-models" / run
         return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def as_older_version(run: Path, secret: bytes | None = None) -> None:
+    """Make run folder ``run`` look as a version before the manifest wrote it: no
+    ``checkpoint/manifest.json``, no register record, no generation in its checkpoints (each
+    sealed again, with ``secret`` where the run had one)."""
+    from fedamp_flwr.manifest import MANIFEST, register_path
+    from fedamp_flwr.results import checkpoint_files, digest_path, seal
+
+    (run / "checkpoint" / MANIFEST).unlink()
+    register_path(run).unlink()
+    for path in checkpoint_files(run):
+        state = torch.load(path, weights_only=True)
+        state.pop("generation")
+        torch.save(state, path)
+        digest_path(path).write_text(f"{seal(path, secret, run.name)}  {path.name}\n")

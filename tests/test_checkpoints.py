@@ -50,7 +50,7 @@ def test_a_damaged_checkpoint_is_refused_and_the_run_resumes_from_the_one_before
         newest.with_name(newest.name + ".sha256").unlink()
     with caplog.at_level(logging.WARNING):
         resumed = _run(tmp_path, "run", 4, resume=True)
-    refused = [r.getMessage() for r in caplog.records if "Checkpoint" in r.getMessage()]
+    refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert refused[0].startswith(f"Checkpoint {newest} refused: ")
     why = {"flipped bytes": "its sha256", "truncated": "its sha256",
            "no digest": "no digest beside it"}[damage]
@@ -135,6 +135,11 @@ def test_a_sealed_checkpoint_edited_with_its_digest_recomputed_is_refused(tmp_pa
     shutil.copytree(tmp_path / "run" / "checkpoint", tmp_path / "moved" / "checkpoint")
     cfg = RunConfig.from_run_config({"results-dir": str(tmp_path), "run-name": "moved",
                                      "resume": True, "checkpoint-secret": str(secret)})
+    with pytest.raises(ConfigError, match="moved/checkpoint/manifest.json's seal does not "
+                                          "verify: edited, or sealed with another secret or "
+                                          "for another run"):
+        RunFolder(cfg).load_checkpoint()
+    (tmp_path / "moved" / "checkpoint" / "manifest.json").unlink()  # and without its manifest
     with pytest.raises(ConfigError, match="holds no intact checkpoint .*its seal does not "
                                           "verify"):
         RunFolder(cfg).load_checkpoint()
@@ -153,11 +158,13 @@ def test_a_sealed_checkpoint_edited_with_its_digest_recomputed_is_refused(tmp_pa
     wrong.chmod(0o600)
     cfg = RunConfig.from_run_config({"results-dir": str(tmp_path), "run-name": "third",
                                      "resume": True, "checkpoint-secret": str(wrong)})
-    with pytest.raises(ConfigError, match="holds no intact checkpoint .*its seal does not "
-                                          "verify"):
+    with pytest.raises(ConfigError, match="manifest.json's seal does not verify"):
         RunFolder(cfg).load_checkpoint()
     assert sorted(p.name for p in (tmp_path / "third" / "checkpoint").iterdir()) == before
-    # without a secret the same edit with a recomputed sha256 resumes: damage, not tampering
+    # without a secret the same edit with a recomputed sha256 is not the file the manifest
+    # lists; with the manifest's sha256 recomputed too, it resumes: damage, not tampering
+    from fedamp_flwr import manifest as manifests
+
     _run(tmp_path, "open", 2)
     newest = checkpoint_files(tmp_path / "open")[0]
     _edit(newest)
@@ -165,6 +172,14 @@ def test_a_sealed_checkpoint_edited_with_its_digest_recomputed_is_refused(tmp_pa
     cfg = RunConfig.from_run_config({"results-dir": str(tmp_path), "run-name": "open",
                                      "resume": True, "min-nodes": 3, "local-epochs": 1,
                                      "save-models": "none", "server-device": "cpu"})
+    with caplog.at_level(logging.WARNING):
+        assert RunFolder(cfg).load_checkpoint()["round"] == 1
+    assert "round-000002.pt the folder's manifest (generation 2) records" in caplog.text
+    for kept in (newest, digest_path(newest)):  # put back where the resume moved them
+        kept.with_name(kept.name + ".refused").rename(kept)
+    held = manifests.read(tmp_path / "open", None, "open", "test")
+    held.checkpoints[newest.name] = seal(newest, None, "open")
+    manifests.write(tmp_path / "open", held, None, "open")
     assert RunFolder(cfg).load_checkpoint()["round"] == 2
 
 

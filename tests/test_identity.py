@@ -370,10 +370,14 @@ def test_a_roster_on_resume_rotates_and_revokes_keys_and_an_old_checkpoint_needs
     with pytest.raises(ConfigError, match=r"binds no key to its member\(s\) \['client-2'\]"):
         _app(InProcessGrid(season, node_configs=nodes), season)
     # a checkpoint of an older version binds no name: refused without a roster
-    path = checkpoint_files(tmp_path / "run")[0]
-    del state["member_keys"]
     from fedamp_flwr.results import digest_path, seal
 
+    from .helpers import as_older_version
+
+    as_older_version(tmp_path / "run")
+    path = checkpoint_files(tmp_path / "run")[0]
+    state = torch.load(path, weights_only=True)
+    del state["member_keys"]
     torch.save(state, path)
     digest_path(path).write_text(f"{seal(path, None, 'run')}  {path.name}\n")
     cfg = {k: v for k, v in {**cfg, "num-server-rounds": 3}.items() if k != "member-roster"}

@@ -281,6 +281,106 @@ def test_forget_takes_the_members_place_from_the_sealed_checkpoints_and_names_ex
     assert out["rounds"][0]["mean_accuracy"] == 1.0 and out["bmta"] == 100.0
 
 
+@pytest.mark.parametrize("sealed", [True, False], ids=["secret", "no-secret"])
+def test_an_erasure_rolled_back_is_refused_by_resume_warm_start_and_forget(tmp_path, sealed):
+    """Whoever can write the run folder puts back the checkpoints from before ``forget`` and
+    deletes forgotten.json (then the manifest of then too, then the manifest at all): resume,
+    warm start and ``forget`` itself refuse each, naming what does not match; the folder as
+    forget left it is still a season's start."""
+    from fedamp_flwr.erasure import Erasure
+    from fedamp_flwr.manifest import register_path
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"k" * 40)
+    secret.chmod(0o600)
+    cfg, nodes = _season(tmp_path, "fedamp",
+                         **({"checkpoint-secret": str(secret)} if sealed else {}))
+    s1 = {**cfg, "num-server-rounds": 3, "run-name": "s1", "checkpoint-keep": 3}
+    run_app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
+    run, key = tmp_path / "s1", secret.read_bytes().strip() if sealed else None
+    before = {p.name: p.read_bytes() for p in (run / "checkpoint").iterdir()}
+    Erasure(run, "client-2", key).forget()
+    after = {p.name: p.read_bytes() for p in (run / "checkpoint").iterdir()}
+    assert json.loads(after["manifest.json"])["generation"] == 5  # 3 rounds, 2 for the erasure
+    assert b"client-2" not in after["manifest.json"]  # a mark of the name, not the name
+
+    def put(files: dict[str, bytes], *, manifest: bool) -> None:
+        for name, data in files.items():
+            if manifest or name != "manifest.json":
+                (run / "checkpoint" / name).write_bytes(data)
+
+    resume = {**s1, "num-server-rounds": 4, "resume": True}
+    s2 = {**cfg, "num-server-rounds": 1, "run-name": "s2", "warm-start": str(run)}
+
+    def refused(match: str) -> None:
+        with pytest.raises(ConfigError, match=match):
+            run_app(InProcessGrid(s2, node_configs=nodes[:3]), s2)
+        with pytest.raises(ConfigError, match="'resume' = true: .*(" + match + "|has forgotten "
+                                              "a member)"):
+            run_app(InProcessGrid(resume, node_configs=nodes[:3]), resume)
+        with pytest.raises(ConfigError, match=match):
+            Erasure(run, "client-1", key).forget()
+
+    # the checkpoints of before, forgotten.json gone: not the files the manifest lists
+    put(before, manifest=False)
+    (run / "forgotten.json").unlink()
+    refused("not the round-000003.pt the folder's manifest \\(generation 5\\) records: an "
+            "older copy restored")
+    # the manifest of before with them: older than the coordinator's register
+    put(before, manifest=True)
+    refused("is generation 3, and the coordinator's register .* records generation 5 of this "
+            "folder: the folder was restored from an older copy")
+    # no manifest at all: the register, else each checkpoint's own generation, says there was
+    (run / "checkpoint" / "manifest.json").unlink()
+    refused("manifest.json is missing, and the coordinator's register .* records generation 5")
+    register_path(run).unlink()
+    refused("it was written with the folder's manifest \\(generation 3\\), and "
+            "checkpoint/manifest.json is missing")
+    # the folder as forget left it: a season starts from it; it is still not resumed
+    for name in [p.name for p in (run / "checkpoint").iterdir()]:
+        (run / "checkpoint" / name).unlink()
+    put(after, manifest=True)
+    second = run_app(InProcessGrid(s2, node_configs=nodes[:3]), s2)
+    assert second["warm_start"]["new"] == ["client-2"]
+    with pytest.raises(ConfigError, match="has forgotten a member \\(its checkpoint/manifest"):
+        run_app(InProcessGrid(resume, node_configs=nodes[:3]), resume)
+
+
+def test_an_erasure_cut_short_is_refused_until_forget_is_run_again(tmp_path, monkeypatch):
+    """``forget`` dies after rewriting one checkpoint: the manifest already lists the new
+    seals, so the checkpoint not yet rewritten (still holding the member) is refused by a warm
+    start; ``forget`` of the same member (and only it) takes it and finishes the erasure."""
+    from fedamp_flwr import erasure
+
+    cfg, nodes = _season(tmp_path, "fedamp")
+    s1 = {**cfg, "num-server-rounds": 3, "run-name": "s1", "checkpoint-keep": 3}
+    run_app(InProcessGrid(s1, node_configs=nodes[:3]), s1)
+    run, write, calls = tmp_path / "s1", erasure._write, []
+
+    def dies(path, data):
+        calls.append(path.name)
+        if len(calls) == 3:  # round 3's checkpoint and its seal written; then round 2's
+            raise OSError("the machine went down")
+        write(path, data)
+
+    monkeypatch.setattr(erasure, "_write", dies)
+    with pytest.raises(OSError, match="went down"):
+        erasure.Erasure(run, "client-2", None).forget()
+    monkeypatch.setattr(erasure, "_write", write)
+    audit = json.loads((run / "forgotten.json").read_text())["forgotten"]
+    assert [e["status"] for e in audit] == ["erasing"]
+    s2 = {**cfg, "num-server-rounds": 1, "run-name": "s2", "warm-start": str(run)}
+    (run / "checkpoint" / "round-000003.pt").unlink()  # only round 2's is left: refused
+    with pytest.raises(ConfigError, match="no intact checkpoint \\(round-000002.pt: it is not "
+                                          "the round-000002.pt the folder's manifest"):
+        run_app(InProcessGrid(s2, node_configs=nodes[:3]), s2)
+    with pytest.raises(ConfigError, match="cannot be rewritten: it is not the round-000002.pt"):
+        erasure.Erasure(run, "client-1", None).forget()
+    assert erasure.Erasure(run, "client-2", None).forget()["status"] == "done"
+    found = [p.name for p in run.rglob("*") if p.is_file() and b"client-2" in p.read_bytes()]
+    assert found == ["forgotten.json"]
+
+
 def _strategy_tensors(value, path=()) -> dict[tuple, torch.Tensor]:
     """Every tensor of a checkpoint's strategy state, by its path of keys."""
     if isinstance(value, torch.Tensor):
