@@ -120,7 +120,9 @@ class Membership:
         The run's ``member-roster`` (None: none; names are pinned on first use).
     attempts : list[dict]
         The newest :data:`KEPT_ATTEMPTS` nodes refused for a name they could not prove:
-        ``node``, ``why`` (which names the member), ``at`` (UTC); ``impostors`` counts all.
+        ``node``, ``kind`` ("impostor": a key that is not the one bound to the name; "not on
+        the roster": a name the roster does not list), ``why`` (which names the member),
+        ``at`` (UTC); ``impostors`` counts all.
     """
 
     names: list[str] = field(default_factory=list)
@@ -171,8 +173,9 @@ class Membership:
             if isinstance(reason, NotOnRoster):
                 self.unlisted.add(node)
             self.impostors += 1
-            self.attempts.append({"node": node, "why": str(reason), "at": time.strftime(
-                "%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            self.attempts.append({"node": node, "kind": "not on the roster" if isinstance(
+                reason, NotOnRoster) else "impostor", "why": str(reason),
+                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
             del self.attempts[:-KEPT_ATTEMPTS]  # the newest: a node may come back for ever
             log(WARNING, "Not on the member-roster, refused: %s" if isinstance(
                 reason, NotOnRoster) else "Impostor refused: %s", reason)

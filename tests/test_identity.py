@@ -185,6 +185,7 @@ def test_an_impostor_of_a_connected_member_gets_nothing_and_the_member_trains(tm
     (attempt,) = attacked["impostors"]
     assert attempt["node"] == 103 and "node 103 claims member 'client-0': its key SHA256:" in \
         attempt["why"] and "is not the key bound to 'client-0'" in attempt["why"]
+    assert attempt["kind"] == "impostor"
     assert "Impostor refused: node 103 claims member 'client-0'" in caplog.text
     assert sorted(attacked["member_keys"]) == ["client-0", "client-1", "client-2"]
 
@@ -360,6 +361,8 @@ def test_a_roster_on_resume_rotates_and_revokes_keys_and_an_old_checkpoint_needs
     assert resumed["rounds"][1]["trained_clients"] == [0, 1]
     why = " ".join(a["why"] for a in resumed["impostors"])
     assert "node 100 claims member 'client-0'" in why and "not on the run's member-roster" in why
+    kinds = {a["kind"] for a in resumed["impostors"] if "not on the run's" in a["why"]}
+    assert kinds == {"not on the roster"}
     state = torch.load(checkpoint_files(tmp_path / "run")[0], weights_only=True)
     assert sorted(state["member_keys"]) == ["client-0", "client-1"]
     # client-2, dropped by the roster, binds no key: a warm start without a roster would give
