@@ -97,17 +97,29 @@ def _per_client_rows(strategy: dict[str, Any], cid: int) -> None:
     for key in ("models", "update_sum", "update_count"):
         if isinstance(strategy.get(key), torch.Tensor) and len(strategy[key]) > cid:
             strategy[key][cid] = 0
-    graph = strategy.get("inferred_adjacency")
-    if isinstance(graph, torch.Tensor) and len(graph) > cid:
-        graph[cid, :] = 0
-        graph[:, cid] = 0
-    hnet = strategy.get("hnet")
+    guard = strategy.get("graph_guard") if isinstance(strategy.get("graph_guard"), dict) else {}
+    for key in ("sums", "counts"):  # the guard's warm-up (the versions that had it)
+        if isinstance(guard.get(key), torch.Tensor) and len(guard[key]) > cid:
+            guard[key][cid] = 0
+    for graph in (strategy.get("inferred_adjacency"), guard.get("inferred")):
+        if isinstance(graph, torch.Tensor) and graph.ndim == 2 and len(graph) > cid:
+            graph[cid, :] = 0
+            graph[:, cid] = 0
+    arms = guard.get("arms") if isinstance(guard.get("arms"), dict) else {}
+    for net in [strategy, *(a for a in arms.values() if isinstance(a, dict))]:
+        _legacy_embedding(net, cid)
+
+
+def _legacy_embedding(net: dict[str, Any], cid: int) -> None:
+    """Zero client ``cid``'s embedding and its momentum in an older version's ``hnet`` and
+    ``optimizer`` of ``net`` (GH's, or one of the graph guard's hypernetworks)."""
+    hnet = net.get("hnet")
     if isinstance(hnet, dict) and len(hnet.get("embeddings.weight", ())) > cid:
         hnet["embeddings.weight"][cid] = 0
         # the optimizer numbers GH's parameters in their order: the embeddings come first
         index = [k for k, v in hnet.items() if v.is_floating_point()].index("embeddings.weight")
-        state = strategy.get("optimizer", {}).get("state", {}).get(index, {})
-        momentum = state.get("momentum_buffer")
+        optimizer = net.get("optimizer") if isinstance(net.get("optimizer"), dict) else {}
+        momentum = optimizer.get("state", {}).get(index, {}).get("momentum_buffer")
         if isinstance(momentum, torch.Tensor) and len(momentum) > cid:
             momentum[cid] = 0
 

@@ -4,6 +4,7 @@ what a warm start refuses. The loopback fleet's two seasons: tests/test_members_
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from pathlib import Path
@@ -452,6 +453,18 @@ def test_every_strategy_forgets_a_members_rows_and_only_those(tmp_path, strategy
             assert tensor.numpy().tobytes() == was.numpy().tobytes(), (strategy, key)
     # with the guard, one checkpoint at least held its own hypernetworks' embeddings to erase
     assert guarded == (extra.get("graph") == "inferred")
+    # a checkpoint of a version before the declaration: erased by the keys those versions
+    # wrote, to the same bytes (the guard's sums, graph on trial and hypernetworks included)
+    from fedamp_flwr.erasure import _per_client_rows
+
+    for name, held in before.items():
+        declared, legacy = copy.deepcopy(held), copy.deepcopy(held)
+        _per_client_rows(declared, 3)
+        legacy.pop(CLIENT_STATE)
+        _per_client_rows(legacy, 3)
+        want, got = _strategy_tensors(declared), _strategy_tensors(legacy)
+        for key, tensor in want.items():
+            assert got[key].numpy().tobytes() == tensor.numpy().tobytes(), (strategy, name, key)
 
 
 def test_a_clients_declared_part_of_a_state_is_zeroed_by_hand_worked_values():
