@@ -97,7 +97,8 @@ def _per_client_rows(strategy: dict[str, Any], cid: int) -> None:
     for key in ("models", "update_sum", "update_count"):
         if isinstance(strategy.get(key), torch.Tensor) and len(strategy[key]) > cid:
             strategy[key][cid] = 0
-    guard = strategy.get("graph_guard") if isinstance(strategy.get("graph_guard"), dict) else {}
+    held = strategy.get("graph_guard")
+    guard: dict[str, Any] = held if isinstance(held, dict) else {}
     for key in ("sums", "counts"):  # the guard's warm-up (the versions that had it)
         if isinstance(guard.get(key), torch.Tensor) and len(guard[key]) > cid:
             guard[key][cid] = 0
@@ -105,8 +106,9 @@ def _per_client_rows(strategy: dict[str, Any], cid: int) -> None:
         if isinstance(graph, torch.Tensor) and graph.ndim == 2 and len(graph) > cid:
             graph[cid, :] = 0
             graph[:, cid] = 0
-    arms = guard.get("arms") if isinstance(guard.get("arms"), dict) else {}
-    for net in [strategy, *(a for a in arms.values() if isinstance(a, dict))]:
+    arms = guard.get("arms")
+    for net in [strategy, *(a for a in (arms.values() if isinstance(arms, dict) else ())
+                            if isinstance(a, dict))]:
         _legacy_embedding(net, cid)
 
 
@@ -118,8 +120,9 @@ def _legacy_embedding(net: dict[str, Any], cid: int) -> None:
         hnet["embeddings.weight"][cid] = 0
         # the optimizer numbers GH's parameters in their order: the embeddings come first
         index = [k for k, v in hnet.items() if v.is_floating_point()].index("embeddings.weight")
-        optimizer = net.get("optimizer") if isinstance(net.get("optimizer"), dict) else {}
-        momentum = optimizer.get("state", {}).get(index, {}).get("momentum_buffer")
+        optimizer = net.get("optimizer")
+        state = optimizer.get("state", {}) if isinstance(optimizer, dict) else {}
+        momentum = state.get(index, {}).get("momentum_buffer")
         if isinstance(momentum, torch.Tensor) and len(momentum) > cid:
             momentum[cid] = 0
 
