@@ -20,9 +20,11 @@ import numpy as np
 from tasks.federated import make_fl60_grda
 
 
-def write(clients: int, seed: int, out: Path) -> Path:
-    """Generate the task and write it to ``out``."""
-    data = make_fl60_grda(clients, seed)
+def write(clients: int, seed: int, out: Path, per_class: int = 50,
+          edge_threshold: float = 0.2) -> Path:
+    """Generate the task and write it to ``out`` (``per_class`` points of each class a client:
+    the fewer, the more a client needs its neighbours)."""
+    data = make_fl60_grda(clients, seed, per_class=per_class, edge_threshold=edge_threshold)
     x = np.concatenate([np.concatenate([s.x, t.x]) for s, t in zip(data.train, data.test)])
     y = np.concatenate([np.concatenate([s.y, t.y]) for s, t in zip(data.train, data.test)])
     client = np.concatenate([np.full(len(s.y) + len(t.y), c)
@@ -39,9 +41,12 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, default=60)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--per-class", type=int, default=50,
+                   help="points of each class a client (default 50; fewer: the graph matters more)")
+    p.add_argument("--edge-threshold", type=float, default=0.2)
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
-    print(write(a.clients, a.seed, a.out))
+    print(write(a.clients, a.seed, a.out, a.per_class, a.edge_threshold))
 
 
 if __name__ == "__main__":

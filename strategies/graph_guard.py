@@ -28,7 +28,14 @@ toward unrelated clients, and such a run can end worse than with no graph at all
   guard rounds, is below 1 - :data:`GUARD_MARGIN` (0.8: a smaller win does not make up for
   the difference between Panacea's settings, which the graph brings, and pFedHN's); else
   the side is dropped and the run goes on as the pFedHN it has been. The choice is logged
-  and recorded in ``metrics.json`` (``graph_guard``).
+  and recorded in ``metrics.json`` (``graph_guard``);
+* where the graph took over, it is watched to the run's end (:data:`WATCH`): the no-graph
+  path the run had been (pFedHN, at its settings) goes on training on the side, every client
+  training its model as the side model and testing both on its held-out rows (on which, from
+  then on, the run's model does not train either: :data:`HOLD_OUT_RUN`); where the graph's
+  run is no better than the no-graph path over the last two watch rounds
+  (:func:`falls_behind`), the run goes back to that path for good, logged at WARNING and
+  recorded (``graph_guard.switched_back``). So a choice made early is checked to the end.
 
 So a run whose graph loses is the pFedHN run of the same run config, to the last digit
 (``tests/test_graph_guard.py``). Why the comparison is of two side hypernetworks at the same
@@ -40,7 +47,8 @@ after 4 guard rounds, 0.0165 against 0.020 after 60; docs/methods.md).
 The choice is made on held-out training rows only, never on the test rows. Cost: W + G rounds
 in which each client trains two models (the run's and the side's), two more models in each of
 their messages, and G x 2 more numbers in replies; a run that keeps the graph has trained it on
-half the clients for G rounds. With dp there is no guard (its errors are not made private:
+half the clients for G rounds; a run that took the graph trains two models a client in every
+round after (the watch), and its run's model trains on the rows less the held-out share. With dp there is no guard (its errors are not made private:
 ``graph-guard-rounds`` must be 0).
 """
 
@@ -228,7 +236,21 @@ def side_problem(losses_needed: bool, side: ArrayRecord | None, spec: Any,
         return None, None if validation is None else f"'{VALIDATION}' in a warm-up round"
     return read_validation(validation)
 
-#: the guard's stages (``Panacea.stage``): the warm-up's rounds, then the guard's
-WARMUP, GUARD = "warm-up", "guard"
+#: the guard's stages (``Panacea.stage``): the warm-up's rounds, the guard's, and, once the
+#: graph took over, the watch to the run's end
+WARMUP, GUARD, WATCH = "warm-up", "guard", "watch"
+#: in a watch round's train message: the run's model too trains on the rows less the held-out
+#: ones (so that both models compared on them have never seen them)
+HOLD_OUT_RUN = "panacea-hold-out-run"
+
+
+def falls_behind(rounds: list[dict]) -> bool:
+    """Whether, over the last two watch rounds with replies (one, where there is only one),
+    the graph's run has a mean held-out error no lower than the no-graph path's
+    (:func:`error_ratio` at least 1): the run then goes back to the no-graph path. Every
+    client tests both models each watch round, so the two errors are of the same clients and
+    rows (no zig-zag); two rounds, so that one noisy round does not decide."""
+    seen = [r for r in rounds if r["clients"] > 0][-2:]
+    return bool(seen) and sum(map(error_ratio, seen)) / len(seen) >= 1.0
 #: the generic keys of a train message that the side training takes from the run's own
 GENERIC_TRAIN = (LOCAL_STEPS, LOCAL_EPOCHS, BATCH_SIZE)

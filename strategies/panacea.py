@@ -57,7 +57,15 @@ from tasks.train import evaluate
 from .core.base import PersonalizedStrategy
 from .core.client import ClientJob, ClientUpdate, instruction_problem, register_client_update
 from .core.layout import record
-from .core.protocol import BATCH_SIZE, CLIENT_UPDATE, CONFIG, LOCAL_EPOCHS, LOCAL_STEPS, as_int
+from .core.protocol import (
+    BATCH_SIZE,
+    CLIENT_UPDATE,
+    CONFIG,
+    LOCAL_EPOCHS,
+    LOCAL_STEPS,
+    as_int,
+    short_repr,
+)
 from .core.registry import GIVEN_GRAPHS, RunSetup, personal_kwargs, register_strategy
 from .core.settings import (
     MOST_LAYERS,
@@ -76,6 +84,7 @@ from .graph_guard import (
     GUARD_MARGIN,
     GUARD_SHARE,
     HOLD_OUT,
+    HOLD_OUT_RUN,
     NONE,
     OTHER,
     SIDE,
@@ -83,8 +92,10 @@ from .graph_guard import (
     TRIM,
     VALIDATION,
     WARMUP,
+    WATCH,
     Arm,
     choose,
+    falls_behind,
     guard_arms,
     held_out_error,
     hold_out_share,
@@ -209,6 +220,9 @@ class HypernetworkClient(ClientUpdate[PanaceaSettings]):
             hold_out_share(config.get(HOLD_OUT, 0.0))
         except ValueError as err:
             return str(err)
+        if not isinstance(config.get(HOLD_OUT_RUN, False), bool):
+            return (f"message key '{HOLD_OUT_RUN}' = {short_repr(config.get(HOLD_OUT_RUN))} is "
+                    "invalid; allowed: true or false")
         return None
 
     def train(self, job: ClientJob[PanaceaSettings]) -> tuple[float, dict]:
@@ -222,6 +236,12 @@ class HypernetworkClient(ClientUpdate[PanaceaSettings]):
                              f"'{HOLD_OUT}' = {share:g}: a side model comes with its config and "
                              "a share > 0, and a model to compare only with a side model")
         records = {} if side is None else self._side(job, share, side, side_config, other)
+        if job.config.get(HOLD_OUT_RUN) is True and side is not None:  # the guard's watch
+            _, rest = held_rows(len(job.data.y_train), share, job.run_seed, job.client_id,
+                                HOLD_OUT)
+            job = dataclasses.replace(job, data=ClientData(
+                job.data.x_train[rest], job.data.y_train[rest], job.data.x_test,
+                job.data.y_test), targets=job.targets[rest])
         return _fit(job), records
 
     def _side(self, job: ClientJob[PanaceaSettings], share: float, side: ArrayRecord,
@@ -230,7 +250,8 @@ class HypernetworkClient(ClientUpdate[PanaceaSettings]):
         compare, both models' errors on the held-out rows."""
         assert config is not None
         problem = instruction_problem(ConfigRecord({**dict(config), CLIENT_UPDATE: self.name,
-                                                    HOLD_OUT: share}), train=True)
+                                                    HOLD_OUT: share, HOLD_OUT_RUN: False}),
+                                      train=True)
         if problem is not None:
             raise ValueError(f"'{SIDE_CONFIG}': {problem}")
         held, rest = held_rows(len(job.data.y_train), share, job.run_seed, job.client_id,
@@ -274,7 +295,7 @@ def _fit(job: ClientJob[PanaceaSettings]) -> float:
 
 
 # besides its settings' keys, every train message of the family says what to hold out
-HypernetworkClient.train_keys = (*HypernetworkClient.train_keys, HOLD_OUT)
+HypernetworkClient.train_keys = (*HypernetworkClient.train_keys, HOLD_OUT, HOLD_OUT_RUN)
 register_client_update(HypernetworkClient)
 
 
@@ -429,8 +450,9 @@ class Panacea(PersonalizedStrategy):
 
     def train_keys(self) -> dict:
         """Every train message says what share of its rows a client holds out for its side
-        training (0 but in the guard's warm-up and guard rounds; :meth:`configure_train`)."""
-        return {**super().train_keys(), HOLD_OUT: 0.0}
+        training (0 but in the guard's rounds; :meth:`configure_train`), and whether the run's
+        model trains without them too (in the watch)."""
+        return {**super().train_keys(), HOLD_OUT: 0.0, HOLD_OUT_RUN: False}
 
     def summary(self) -> None:
         super().summary()
@@ -694,10 +716,14 @@ class Panacea(PersonalizedStrategy):
                              for m in messages], dtype=torch.long)
         arms = guard_arms(rows, server_round)
         trains, other = self._side_models(rows, arms)
+        if self.stage == WATCH:  # the side trains the no-graph path (pFedHN) at its settings
+            own = {**self.path[0].message_values(TRAIN), **{
+                k: config[k] for k in GENERIC_TRAIN if k in config}, **self.path[1]}
         for msg, row, arm, vec, test in zip(messages, rows.tolist(), arms.tolist(), trains, other,
                                             strict=True):
             msg.content[CONFIG] = ConfigRecord({**dict(msg.content[CONFIG]),
-                                                HOLD_OUT: GUARD_SHARE})
+                                                HOLD_OUT: GUARD_SHARE,
+                                                HOLD_OUT_RUN: self.stage == WATCH})
             msg.content[SIDE] = self.flat.unflatten(vec)
             msg.content[SIDE_CONFIG] = ConfigRecord(own)
             if test is not None:
@@ -711,6 +737,8 @@ class Panacea(PersonalizedStrategy):
         and to test (the other arm's; none in the warm-up)."""
         if self.stage == WARMUP:
             return self._initial[None].expand(len(rows), -1).clone(), [None] * len(rows)
+        if self.stage == WATCH:  # the no-graph path's model to train, the run's to test
+            return self.arms[NONE].generate(rows, self.buffers), list(self.generated(rows))
         graph = self.arms[GRAPH].generate(rows, self.buffers)
         none = self.arms[NONE].generate(rows, self.buffers).to(graph)
         pick = (arms == 0).to(graph.device)[:, None]
@@ -725,7 +753,8 @@ class Panacea(PersonalizedStrategy):
         if self._row.get(cid) not in self._side:
             return None if side is None and losses is None else \
                 f"'{SIDE}' or '{VALIDATION}' in a reply to a message that sent no side model"
-        held, problem = side_problem(self.stage == GUARD, side, self.tracker.replies.spec,
+        held, problem = side_problem(self.stage in (GUARD, WATCH), side,
+                                     self.tracker.replies.spec,
                                      losses)
         if problem is None:
             assert side is not None
@@ -813,8 +842,10 @@ class Panacea(PersonalizedStrategy):
                                  f"{tuple(guard['sums'].shape)}, the run's "
                                  f"{tuple(self._update_sum.shape)}")
             self._update_sum, self._update_count = guard["sums"].double(), guard["counts"].long()
-        if self.stage == GUARD:
-            self.arms = self._make_arms(guard["inferred"])
+        if self.stage in (GUARD, WATCH):
+            self.arms = self._make_arms(guard["inferred"]) if self.stage == GUARD else {
+                NONE: Arm(*self._make_net(_sizes(self.path[0], 0), False, self.path[0]), None,
+                          False)}
             for name, arm in self.arms.items():
                 arm.net.load_state_dict(guard["arms"][name]["hnet"])
                 arm.optimizer.load_state_dict(guard["arms"][name]["optimizer"])
@@ -867,6 +898,9 @@ class Panacea(PersonalizedStrategy):
             arms = torch.zeros(len(rows), dtype=torch.long)  # both step on the warm-up's models
             self.arms[NONE].steps(rows, params, int(s.panacea_server_steps),
                                   float(s.panacea_server_clip), 0.0, self.pair_gen)
+        elif self.stage == WATCH:
+            self._watch(server_round, rows, params)
+            return
         else:
             held = [self._back[self.client_ids[r]][1] for r in rows.tolist()]
             self._record_guard(server_round, arms, held)
@@ -885,14 +919,53 @@ class Panacea(PersonalizedStrategy):
 
     def _record_guard(self, server_round: int, arms: torch.Tensor,
                       held: list[torch.Tensor | None]) -> None:
-        """A guard round's mean held-out errors of both hypernetworks, logged and kept."""
+        """A guard (or watch) round's mean held-out errors of both hypernetworks (in the
+        watch: the run's on the graph, and the no-graph path's), logged and kept."""
         have = [i for i, h in enumerate(held) if h is not None]
         kept = [h for h in held if h is not None]
         losses = torch.stack(kept) if kept else torch.zeros(0, 2, dtype=torch.float64)
-        means = {"round": server_round, **round_means(arms[have], losses)}
+        means: dict = {"round": server_round, **round_means(arms[have], losses)}
+        if self.stage == WATCH:
+            means["stage"] = WATCH
         self.guard_record.append(means)
-        log(INFO, "Round %d: guard: mean error on held-out rows of %d clients: inferred graph "
-            "%.4g, no graph %.4g", server_round, means["clients"], means[GRAPH], means[NONE])
+        log(INFO, "Round %d: %s: mean error on held-out rows of %d clients: inferred graph "
+            "%.4g, no graph%s %.4g", server_round, self.stage, means["clients"], means[GRAPH],
+            " (pFedHN)" if self.stage == WATCH else "", means[NONE])
+
+    def _watch(self, server_round: int, rows: torch.Tensor, params: torch.Tensor) -> None:
+        """A watch round (the graph took over): the no-graph path's steps (at its settings) on
+        the side models trained, both errors recorded and, where the graph's run has fallen
+        behind the no-graph path on the held-out rows, the run back on that path."""
+        held = [self._back[self.client_ids[r]][1] for r in rows.tolist()]
+        # every client trained the no-graph path's model and tested the run's as the other
+        self._record_guard(server_round, torch.ones(len(rows), dtype=torch.long), held)
+        path = self.path[0]
+        self.arms[NONE].steps(rows, params, int(path.panacea_server_steps),
+                              float(path.panacea_server_clip), 0.0, self.pair_gen)
+        if not self.arms[NONE].finite():
+            raise RunCannotGoOn(f"round {server_round}: the watched no-graph hypernetwork's "
+                               "parameters are no longer finite (the last checkpoint is intact)")
+        self.history.notes.setdefault("graph_guard", {})["rounds"] = self.guard_record
+        if falls_behind([r for r in self.guard_record if r.get("stage") == WATCH]):
+            self._switch_back(server_round)
+
+    def _switch_back(self, server_round: int) -> None:
+        """The graph's run fell behind on the held-out rows: the run goes on as the no-graph
+        path (pFedHN) it kept training on the side, at its settings, to the end."""
+        arm, path = self.arms[NONE], self.path[0]
+        self._apply(path)
+        self.adjacency, self.use_generator, self.sizes = None, False, _sizes(path, 0)
+        self.hnet, self.optimizer, self.adj, self.prop = arm.net, arm.optimizer, None, None
+        self.learned_weights = _propagated(None, path.panacea_gnn_layers)
+        self.decided, self.stage, self.arms = NONE, "", {}
+        note = self.history.notes.setdefault("graph_guard", {})
+        note["switched_back"] = {"round": server_round, "why": (
+            "the inferred graph's run had a mean held-out error no lower than the no-graph "
+            "path's (pFedHN, trained on the side since the graph took over), averaged over the "
+            "last two watch rounds")}
+        log(WARNING, "Round %d: the inferred graph's run fell behind the no-graph path (pFedHN) "
+            "on the clients' held-out rows: the run goes back to pFedHN from the next round "
+            "(trained on the side since round %d)", server_round, int(note.get("round", 0)) + 1)
 
     def _decide(self, server_round: int) -> None:
         """The guard's end: the graph's hypernetwork takes over the run if it won; else the
@@ -907,6 +980,8 @@ class Panacea(PersonalizedStrategy):
             "rounds": self.guard_record}
         if chosen == GRAPH:
             arm = self.arms[GRAPH]
+            # the no-graph path the run has been (pFedHN) goes on training on the side, watched
+            watched = Arm(self.net, self.optimizer, None, False)
             self._apply(self.own)
             self.adjacency, self.use_generator = self.inferred, self.wants_generator
             self.sizes = _sizes(self.own, self.own.panacea_gnn_layers)
@@ -914,13 +989,16 @@ class Panacea(PersonalizedStrategy):
                 arm.prop
             self.learned_weights = _propagated(self.prop, self.own.panacea_gnn_layers)
             log(INFO, "Round %d: the inferred graph beat no graph by more than %g%% on the "
-                "clients' held-out rows: Panacea on it takes over the run", server_round,
-                100 * GUARD_MARGIN)
+                "clients' held-out rows: Panacea on it takes over the run, watched to the end "
+                "against pFedHN (trained on the side; the run goes back to it if the graph "
+                "falls behind)", server_round, 100 * GUARD_MARGIN)
+            self.stage, self.arms = WATCH, {NONE: watched}
         else:
             log(WARNING, "Round %d: the inferred graph did not beat no graph by more than %g%% "
                 "on the clients' held-out rows: the run goes on as pFedHN (no graph), as it "
                 "has trained since round 1", server_round, 100 * GUARD_MARGIN)
-        self.stage, self.arms, self._update_sum, self._update_count = "", {}, None, None
+            self.stage, self.arms = "", {}
+        self._update_sum, self._update_count = None, None
 
     def _server_steps(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
         """K_s steps of GH toward the trained models of ``rows``."""
@@ -947,9 +1025,15 @@ class Panacea(PersonalizedStrategy):
         edges: dict[int, list[int]] = {cid: [] for cid in ids[: graph.shape[0]]}
         for a, b in torch.nonzero(graph > 0).tolist():  # one pass over the edges
             edges[ids[a]].append(ids[b])
+        back = self.history.notes.get("graph_guard", {}).get("switched_back")
         if self.stage == GUARD:
             said = (f"on trial: the guard decides after round "
                     f"{self.warmup_rounds + self.guard_rounds}")
+        elif self.stage == WATCH:
+            said = "used by the run, watched against pFedHN on the clients' held-out rows"
+        elif back:
+            said = (f"used until round {back['round']}, then dropped: pFedHN did better on "
+                    "the clients' held-out rows")
         elif self.decided == NONE:
             said = "not used: it did not beat no graph on the clients' held-out rows"
         else:

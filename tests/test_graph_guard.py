@@ -26,12 +26,14 @@ from strategies.core.client import ClientJob, Optim
 from strategies.graph_guard import (
     GRAPH,
     HOLD_OUT,
+    HOLD_OUT_RUN,
     NONE,
     OTHER,
     SIDE,
     SIDE_CONFIG,
     VALIDATION,
     choose,
+    falls_behind,
     guard_arms,
     held_out_error,
     hold_out_share,
@@ -99,6 +101,15 @@ def test_the_graph_goes_on_only_if_it_wins_by_the_margin():
     assert choose([_round(0.0, 0.0)]) == NONE  # both perfect: a tie
     assert choose([_round(0.1, 0.0)]) == NONE and choose([_round(0.0, 0.1)]) == GRAPH
     assert choose([]) == NONE and choose([_round(math.nan, math.nan, 0)]) == NONE
+
+
+def test_the_graph_falls_behind_when_it_is_no_better_over_the_last_two_watch_rounds():
+    assert not falls_behind([])
+    assert not falls_behind([_round(0.9, 1.0)]) and falls_behind([_round(1.0, 1.0)])
+    # ratios: (0.8 + 1.3) / 2 = 1.05; an older round does not count
+    assert falls_behind([_round(0.1, 1.0), _round(0.8, 1.0), _round(1.3, 1.0)])
+    assert not falls_behind([_round(2.0, 1.0), _round(0.8, 1.0), _round(1.1, 1.0)])
+    assert not falls_behind([_round(0.8, 1.0), _round(math.nan, math.nan, 0)])
 
 
 @pytest.mark.parametrize("record, words", [
@@ -217,6 +228,23 @@ def test_the_client_tests_both_side_models_on_its_held_rows_and_trains_each_as_t
     assert torch.equal(held_rows(40, 0.25, 7, 2, HOLD_OUT)[0], held)
 
 
+def test_in_the_watch_the_runs_model_too_trains_without_the_held_out_rows():
+    """A watch round (the graph took over): the run's model trains on the rows less the
+    held-out ones too, so that the two models compared there have never seen them."""
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randn(40, 3, generator=gen), torch.randint(0, 2, (40,), generator=gen)
+    data = ClientData(x, y, x[:4], y[:4])
+    model, side = nn.Linear(3, 2), nn.Linear(3, 2)
+    received = copy.deepcopy(model)
+    content = RecordDict({SIDE: ArrayRecord(side.state_dict()),
+                          SIDE_CONFIG: ConfigRecord(SIDE_KEYS),
+                          OTHER: ArrayRecord(model.state_dict())})
+    HypernetworkClient().train(_job(model, data, {HOLD_OUT: 0.25, HOLD_OUT_RUN: True}, content))
+    _, rest = held_rows(40, 0.25, 7, 2, HOLD_OUT)
+    assert _same(model, _trained(received, x[rest], y[rest], steps=6, batch_size=4, lr=0.1))
+    assert not _same(model, _trained(received, x, y, steps=6, batch_size=4, lr=0.1))
+
+
 def test_a_client_refuses_a_side_model_it_cannot_train_as_told():
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(20, 3, generator=gen), torch.randint(0, 2, (20,), generator=gen)
@@ -323,17 +351,29 @@ def test_a_hostile_servers_edges_are_left_off_the_card(tmp_path, caplog, edges, 
     assert "inferred_graph" not in card and "left off the model's card" in caplog.text
 
 
-def test_a_graph_that_wins_takes_over_the_run_at_the_runs_own_settings(tmp_path, monkeypatch):
+@pytest.mark.parametrize("behind", [False, True], ids=["kept", "switched-back"])
+def test_a_graph_that_wins_takes_over_the_run_at_the_runs_own_settings(tmp_path, monkeypatch,
+                                                                       behind):
+    """The graph wins the guard (round 2) and takes over at the run's own settings, watched:
+    in rounds 3 and 4 every client also trains pFedHN's model on the side (at pFedHN's keys)
+    and both train on the rows less the held-out ones. Where the graph falls behind after
+    round 3, the run is pFedHN again from round 4: its keys, no side."""
     import strategies.panacea as panacea
     from fedamp_flwr.config import RunConfig
     from fedamp_flwr.results import checkpoint_files
 
     monkeypatch.setattr(panacea, "choose", lambda rounds: GRAPH)  # the rule: tested above
+    monkeypatch.setattr(panacea, "falls_behind", lambda rounds: behind)
     overrides = {"graph": "inferred", "graph-k": 2, "graph-warmup-rounds": 1,
-                 "graph-guard-rounds": 1, "num-server-rounds": 3, "local-steps": 3,
+                 "graph-guard-rounds": 1, "num-server-rounds": 4, "local-steps": 3,
                  "panacea-server-lr": 0.01}
     metrics, grid = run_local(tmp_path, "panacea", 6, **overrides)
     assert metrics["graph_guard"]["chosen"] == GRAPH and metrics["graph_guard"]["round"] == 2
+    watched = [r for r in metrics["graph_guard"]["rounds"] if r.get("stage") == "watch"]
+    assert [r["round"] for r in watched] == ([3] if behind else [3, 4])
+    assert all(r["clients"] == 6 for r in watched)
+    assert (metrics["graph_guard"].get("switched_back", {}).get("round") == 3) == behind
+    graph_until = 3 if behind else 4
     cfg = RunConfig.from_run_config({"strategy": "panacea", **overrides})
     assert cfg.no_graph is not None
     run_lr, path_lr = (float(c.settings.panacea_client_lr) for c in (cfg, cfg.no_graph))
@@ -343,19 +383,28 @@ def test_a_graph_that_wins_takes_over_the_run_at_the_runs_own_settings(tmp_path,
             continue
         c, rnd = msg.content.config_records["config"], msg.content.config_records["config"][
             "server-round"]
-        # pFedHN's keys while the guard runs, the side model with the run's own; then the graph's
-        assert c["panacea-client-lr"] == (path_lr if rnd <= 2 else run_lr)
-        assert (SIDE in msg.content.array_records) == (rnd <= 2)
-        assert (OTHER in msg.content.array_records) == (rnd == 2)
-        assert c[HOLD_OUT] == (0.2 if rnd <= 2 else 0.0)
-        if rnd <= 2:
-            assert msg.content.config_records[SIDE_CONFIG]["panacea-client-lr"] == run_lr
-    # from round 3 GH is the graph's: the checkpoint holds the inferred graph it is built on
+        # pFedHN's keys while the guard runs, the side model with the run's own; then the
+        # graph's, with pFedHN's on the side (the watch); pFedHN's again once switched back
+        graph = 3 <= rnd <= graph_until
+        assert c["panacea-client-lr"] == (run_lr if graph else path_lr)
+        assert (SIDE in msg.content.array_records) == (rnd <= graph_until)
+        assert (OTHER in msg.content.array_records) == (2 <= rnd <= graph_until)
+        assert c[HOLD_OUT] == (0.2 if rnd <= graph_until else 0.0)
+        assert c[HOLD_OUT_RUN] is graph
+        if rnd <= graph_until:
+            assert msg.content.config_records[SIDE_CONFIG]["panacea-client-lr"] == (
+                path_lr if graph else run_lr)
     state = torch.load(checkpoint_files(tmp_path / "panacea")[0], weights_only=True)["strategy"]
+    if behind:  # GH is pFedHN's again: no graph
+        assert "inferred_adjacency" not in state and state["graph_guard"]["decided"] == NONE
+        assert state["graph_guard"]["arms"] == {} and state["graph_guard"]["stage"] == ""
+        return
+    # from round 3 GH is the graph's: the checkpoint holds the inferred graph it is built on
     used = state["inferred_adjacency"].numpy()
     assert {(int(u), int(v)) for u, v in np.argwhere(np.triu(used, 1))} == {
         tuple(e) for e in metrics["inferred_graph"]["edges"]}
-    assert state["graph_guard"]["decided"] == GRAPH and state["graph_guard"]["arms"] == {}
+    assert state["graph_guard"]["decided"] == GRAPH and state["graph_guard"]["stage"] == "watch"
+    assert list(state["graph_guard"]["arms"]) == [NONE]  # pFedHN's, watched
 
 
 @pytest.mark.parametrize("override, words", [

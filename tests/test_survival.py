@@ -53,6 +53,31 @@ def test_a_serverapp_killed_and_resumed_gives_the_uninterrupted_numbers(tmp_path
     assert resumed["bmta"] == whole["bmta"]
 
 
+@pytest.mark.slow
+def test_a_run_cut_in_the_guards_watch_resumes_to_the_last_digit(tmp_path, monkeypatch):
+    """The inferred graph won the guard (round 2) and is watched against pFedHN trained on the
+    side; the ServerApp dies in round 4: the resumed run has both hypernetworks, the watch's
+    record and every number of the uninterrupted run."""
+    import strategies.panacea as panacea
+    from strategies.graph_guard import GRAPH
+
+    monkeypatch.setattr(panacea, "choose", lambda rounds: GRAPH)
+    overrides = {"graph": "inferred", "graph-k": 2, "graph-warmup-rounds": 1,
+                 "graph-guard-rounds": 1, "local-steps": 3, "min-nodes": 6,
+                 "panacea-server-lr": 0.01}
+    whole = run_on_grid(LocalGrid(cfg := grid_config(tmp_path / "whole", "panacea",
+                                                     **overrides), 6), cfg)
+    cut = grid_config(tmp_path / "cut", "panacea", **overrides)
+    grid = FaultyGrid(cut, 6, crash_at=(4, MessageType.TRAIN))
+    with pytest.raises(Crash):
+        run_on_grid(grid, cut)
+    resumed = run_on_grid(grid, {**cut, "resume": True})
+    assert rounds(resumed) == rounds(whole)
+    watched = [r for r in whole["graph_guard"]["rounds"] if r.get("stage") == "watch"]
+    assert [r["round"] for r in watched] == [3, 4]
+    assert resumed["graph_guard"]["rounds"] == whole["graph_guard"]["rounds"]
+
+
 @pytest.mark.parametrize("every, written", [(2, 2), (0, 3)])
 def test_metrics_json_is_written_with_each_checkpoint(tmp_path, every, written):
     # killed in round 4: with a checkpoint every 2 rounds metrics.json holds rounds 1-2 (what
