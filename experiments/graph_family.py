@@ -57,7 +57,7 @@ def run(out: Path, task: dict[str, int], strategy: str, seed: int, rounds: int,
     npz = out / "tasks" / f"{task_name(task)}.npz"
     if not npz.is_file():
         write_task(task["clients"], task["task_seed"], npz, task["per_class"])
-    label = "-".join([strategy, *(f"{k}={v}" for k, v in sorted(extra.items()))])
+    label = "-".join([strategy, *(f"{k}_{v}" for k, v in sorted(extra.items()))])
     folder = out / "runs" / task_name(task) / f"{label}-s{seed}"
     metrics = folder / "metrics.json"
     if metrics.is_file():
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
             r = rows[-1]
             print(f"{task_name(task)} s{seed}: pFedHN {r['pfedhn']:.2f}, inferred "
                   f"{r['inferred']:.2f} ({r['gain']:+.2f}, {r['chosen']})", flush=True)
-    label = "-".join([a.half, *(f"{k}={v}" for k, v in sorted(extra.items()))])
+    label = "-".join([a.half, *(f"{k}_{v}" for k, v in sorted(extra.items()))])
     (a.out / f"{label}.json").write_text(json.dumps(strict_json(rows), indent=1))
     (a.out / f"{label}.md").write_text(table(rows))
     print(table(rows))

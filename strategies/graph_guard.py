@@ -246,11 +246,12 @@ HOLD_OUT_RUN = "panacea-hold-out-run"
 
 def falls_behind(rounds: list[dict]) -> bool:
     """Whether, over the last two watch rounds with replies (one, where there is only one),
-    the graph's run has a mean held-out error no lower than the no-graph path's
-    (:func:`error_ratio` at least 1): the run then goes back to the no-graph path. Every
-    client tests both models each watch round, so the two errors are of the same clients and
-    rows (no zig-zag); two rounds, so that one noisy round does not decide."""
+    the graph's run has a mean held-out error above the no-graph path's (:func:`error_ratio`
+    above 1): the run then goes back to the no-graph path. A tie (both errors 0, say) keeps
+    the graph: it is then no worse. Every client tests both models each watch round, so the
+    two errors are of the same clients and rows (no zig-zag); two rounds, so that one noisy
+    round does not decide."""
     seen = [r for r in rounds if r["clients"] > 0][-2:]
-    return bool(seen) and sum(map(error_ratio, seen)) / len(seen) >= 1.0
+    return bool(seen) and sum(map(error_ratio, seen)) / len(seen) > 1.0
 #: the generic keys of a train message that the side training takes from the run's own
 GENERIC_TRAIN = (LOCAL_STEPS, LOCAL_EPOCHS, BATCH_SIZE)

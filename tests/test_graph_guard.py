@@ -105,7 +105,9 @@ def test_the_graph_goes_on_only_if_it_wins_by_the_margin():
 
 def test_the_graph_falls_behind_when_it_is_no_better_over_the_last_two_watch_rounds():
     assert not falls_behind([])
-    assert not falls_behind([_round(0.9, 1.0)]) and falls_behind([_round(1.0, 1.0)])
+    assert not falls_behind([_round(0.9, 1.0)]) and falls_behind([_round(1.1, 1.0)])
+    assert not falls_behind([_round(1.0, 1.0)]) and not falls_behind([_round(0.0, 0.0)])  # ties
+    assert falls_behind([_round(0.1, 0.0)])
     # ratios: (0.8 + 1.3) / 2 = 1.05; an older round does not count
     assert falls_behind([_round(0.1, 1.0), _round(0.8, 1.0), _round(1.3, 1.0)])
     assert not falls_behind([_round(2.0, 1.0), _round(0.8, 1.0), _round(1.1, 1.0)])
