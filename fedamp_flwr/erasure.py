@@ -62,7 +62,7 @@ from tasks.export import sha256_of
 from tasks.files import atomic_write, strict_json
 
 from .config import ConfigError, redact_uri
-from .manifest import Manifest, mark
+from .manifest import Manifest, mark, no_link
 from .manifest import read as read_manifest
 from .manifest import write as write_manifest
 from .results import (
@@ -276,7 +276,7 @@ class Erasure:
     before any file is written."""
 
     def __init__(self, run_dir: str | Path, name: str, secret: bytes | None) -> None:
-        self.folder = Path(run_dir).expanduser().resolve()
+        self.folder = no_link(Path(run_dir), "RUN_DIR")
         self.name, self.secret = name, secret
         if not is_name(name):
             raise ConfigError(f"NAME = {name[:80]!r} is not a member name (letters, digits and "
@@ -288,11 +288,24 @@ class Erasure:
             raise ConfigError(f"RUN_DIR = '{self.folder}': its metrics.json cannot be read "
                               f"({err}); allowed: a run's folder") from None
         names = self.run.get("client_names") or []
-        if name not in names:
+        cut = self._cut_short()
+        if name not in names and cut is None:
             raise ConfigError(f"NAME = {name!r}: run '{self.folder.name}' has no member of that "
                               f"name ({len([n for n in names if n])} members"
                               f"{'; a partitioned simulation names none' if not names else ''})")
-        self.cid = names.index(name)
+        # an erasure cut short after metrics.json: the client id its audit recorded
+        self.cid = names.index(name) if name in names else int(cut or 0)
+
+    def _cut_short(self) -> int | None:
+        """The client id of this member's erasure that is still "erasing" in forgotten.json
+        (None: none)."""
+        try:
+            held = json.loads((self.folder / FORGOTTEN).read_text(encoding="utf-8"))
+            entries = [e for e in held.get("forgotten", []) if isinstance(e, dict) and
+                       e.get("member") == self.name and e.get("status") == "erasing"]
+            return int(entries[-1]["client_id"]) if entries else None
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return None
 
     def first_round(self) -> int | None:
         """The first round whose training used the member's reply (None: none did)."""
@@ -342,9 +355,6 @@ class Erasure:
                                                  self.name, *roles, manifest.generation + 1)))
         for path in sorted((self.folder / "checkpoint").glob("*.refused")):
             plan.append((path, None))
-        run = _scrub_run(copy.deepcopy(self.run), self.cid, self.name)
-        plan.append((self.folder / "metrics.json",
-                     json.dumps(strict_json(run), indent=1, allow_nan=False).encode()))
         xi = self.folder / XI_FOLDER
         if (xi / "client_ids.npy").is_file():
             ids = np.load(xi / "client_ids.npy", allow_pickle=False).tolist()
@@ -365,6 +375,10 @@ class Erasure:
         for suffix in (".safetensors", ".json"):  # a partitioned run's server-written model
             if (self.folder / "models" / f"{self.name}{suffix}").is_file():
                 plan.append((self.folder / "models" / f"{self.name}{suffix}", None))
+        # metrics.json last: a forget cut short before it finds the member by name again
+        run = _scrub_run(copy.deepcopy(self.run), self.cid, self.name)
+        plan.append((self.folder / "metrics.json",
+                     json.dumps(strict_json(run), indent=1, allow_nan=False).encode()))
         return plan
 
     def _audit(self) -> dict[str, Any]:

@@ -21,8 +21,9 @@ checkpoint's own generation) says there was one, or a forgotten name the manifes
 is refused, naming what does not match.
 
 What this cannot prove: without a secret, the manifest's sha256 can be recomputed by whoever
-edits it (the register still holds the generation and the forgotten names, unless it is
-edited too); a folder copied to another path is one the register has not seen (its manifest
+edits it, at the register's generation and marks too (read off the manifest): the register
+then catches a restore by mistake, not one on purpose; the register is the state folder's of
+whoever runs the command (``forget`` must share the ServerApp's); a folder copied to another path is one the register has not seen (its manifest
 still binds the checkpoints to each other); whoever can write both the coordinator's state
 folder and the run folder, and read the secret, can make any state look genuine. A folder
 written by an older version has neither: it is read as before, with a WARNING.
@@ -52,6 +53,16 @@ FORMAT = 1
 DOMAIN = b"fedamp-flwr run manifest 1\x00"
 
 
+def no_link(given: Path, key: str) -> Path:
+    """``given`` resolved, unless the run folder itself is a symbolic link: a ConfigError
+    (the register knows a folder by its place, and a link would put another folder there)."""
+    given = Path(given).expanduser()
+    if given.is_symlink():
+        raise ConfigError(f"{key}: {given} is a symbolic link (to {given.resolve()}); allowed: "
+                          "the run's own folder, not a link to one")
+    return given.resolve()
+
+
 def register_dir() -> Path:
     """The coordinator's register of run folders: ``<state dir>/register``
     (:func:`fedamp_flwr.identity.state_dir`)."""
@@ -75,7 +86,8 @@ def _seal(body: bytes, secret: bytes | None, run: str) -> str:
 class Manifest:
     """A run folder's manifest (see the module's docstring).
 
-    ``checkpoints``: each kept checkpoint's file name and seal. ``forgotten``: the
+    ``checkpoints``: each kept checkpoint's file name and seal (with, while old ones are
+    being deleted, theirs). ``forgotten``: the
     :func:`mark` of each member the run has forgotten. ``erasing``: where an erasure
     was cut short, the member and the seals of the checkpoints it was rewriting (``forget``
     of that member accepts them; nothing else does). ``present``: whether the folder had one
@@ -86,6 +98,10 @@ class Manifest:
     forgotten: list[str] = field(default_factory=list)
     erasing: dict[str, Any] = field(default_factory=dict)
     present: bool = False
+    #: where the manifest is missing: whether the register knows the folder, and whether the
+    #: folder holds one checkpoint only (a new run's first, cut before its manifest)
+    registered: bool = False
+    lone: bool = False
 
     def body(self) -> bytes:
         return json.dumps({"format": FORMAT, "generation": self.generation,
@@ -96,27 +112,40 @@ class Manifest:
         """Why checkpoint file ``name`` of seal ``seal`` (holding ``generation``) is not the
         one the manifest records (None: it is). ``member``: the member a ``forget`` erases
         (the seals of its erasure cut short count)."""
+        if generation == self.generation + 1 and isinstance(generation, int) and (
+                self.present or self.lone):
+            return None  # written after the manifest's last write, before a crash cut the next
         if not self.present:
-            if generation is None:
+            if generation is None and not self.registered:
                 return None  # written by an older version, which kept no manifest
             return (f"it was written with the folder's manifest (generation {generation}), and "
-                    f"checkpoint/{MANIFEST} is missing: deleted, or the folder restored in part")
-        known = self.checkpoints.get(name, "")
-        if known and hmac.compare_digest(known.encode(), seal.encode()):
-            return None
-        old = self.erasing.get("checkpoints", {}).get(name, "")
-        if member and self.erasing.get("member") == member and old and \
-                hmac.compare_digest(old.encode(), seal.encode()):
+                    f"checkpoint/{MANIFEST} is missing: deleted, or the folder restored in part"
+                    if generation is not None else
+                    "it is an older version's checkpoint, in a folder the coordinator's "
+                    f"register records at generation {self.generation}")
+        if self.lists(name, seal, member):
             return None
         return (f"it is not the {name} the folder's manifest (generation {self.generation}) "
                 "records: an older copy restored (from before an erasure, say), or a file of "
                 "another run")
 
 
+    def lists(self, name: str, seal: str, member: str = "") -> bool:
+        """Whether the manifest lists ``seal`` for checkpoint file ``name`` (``member``: the
+        one a ``forget`` erases; the seals of its erasure cut short count)."""
+        known = self.checkpoints.get(name, "")
+        if known and hmac.compare_digest(known.encode(), seal.encode()):
+            return True
+        old = self.erasing.get("checkpoints", {}).get(name, "")
+        return bool(member and self.erasing.get("member") == member and old and
+                    hmac.compare_digest(old.encode(), seal.encode()))
+
+
 def mark(name: str, secret: bytes | None, run: str) -> str:
     """What a manifest and the register keep of a forgotten member's name: a digest of it
     bound to the run (with the secret, an HMAC), so that no file but the audit names it."""
-    return _seal(b"forgotten member\x00" + name.encode(), secret, run).removeprefix(SEALED)
+    return _seal(b"forgotten member\x00" + run.encode() + b"\x00" + name.encode(), secret,
+                 run).removeprefix(SEALED)
 
 
 def holds_forgotten(names: object, manifest: Manifest, secret: bytes | None, run: str) -> bool:
@@ -132,13 +161,12 @@ def read(folder: Path, secret: bytes | None, run: str, key: str) -> Manifest:
     path = folder / "checkpoint" / MANIFEST
     held = _register(folder, key)
     if not path.is_file():
-        if held is not None and (held["generation"] > 0 or held["forgotten"]):
-            raise ConfigError(
-                f"{key}: {path} is missing, and the coordinator's register "
-                f"({register_path(folder)}) records generation {held['generation']} of this "
-                "folder: deleted, or the folder restored from an older copy; allowed: the "
-                "folder as its last run or forget left it")
-        return Manifest()
+        count = len(list((folder / "checkpoint").glob("round-*.pt")))
+        if held is None or not count:  # a new folder, an older version's, or one holding nothing
+            return Manifest(lone=count == 1)
+        # each checkpoint is then checked against the register's generation (Manifest.unlisted)
+        return Manifest(generation=held["generation"], forgotten=list(held["forgotten"]),
+                        registered=True, lone=count == 1)
     try:
         raw = json.loads(path.read_bytes())
         given, body = str(raw.pop("seal")), raw

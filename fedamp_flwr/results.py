@@ -62,7 +62,7 @@ from tasks.export import sha256_of
 from tasks.files import atomic_write, private_folder, strict_json
 
 from .config import ConfigError, RunConfig
-from .manifest import SEALED, Manifest, generation_floor
+from .manifest import SEALED, Manifest, generation_floor, no_link
 from .manifest import read as read_manifest
 from .manifest import write as write_manifest
 
@@ -328,11 +328,13 @@ class RunFolder:
         atomic_write(digest_path(path), lambda f: f.write(f"{digest}  {path.name}\n".encode()),
                      private=True)
         files = self.checkpoints()
-        kept, old = files[:max(self.cfg.checkpoint_keep, 1)], files[max(self.cfg.checkpoint_keep,
-                                                                         1):]
-        listed = {**manifest.checkpoints, path.name: digest}
+        old = files[max(self.cfg.checkpoint_keep, 1):]
+        # the first manifest of a folder takes its checkpoints as they are (an older
+        # version's, resumed); the ones about to go stay listed until they are gone
+        listed = {**({} if manifest.present else _recorded(files)), **manifest.checkpoints,
+                  path.name: digest}
         manifest.generation = generation
-        manifest.checkpoints = {p.name: listed[p.name] for p in kept if p.name in listed}
+        manifest.checkpoints = {p.name: listed[p.name] for p in files if p.name in listed}
         write_manifest(self.path, manifest, self.secret, self.name)  # before the old go
         self._manifest = manifest
         for stale in old:
@@ -358,11 +360,12 @@ class RunFolder:
                               f"file of that secret (run config 'checkpoint-secret' or "
                               f"${SECRET_ENV})")
         key = "run config 'resume' = true"
+        no_link(Path(self.cfg.results_dir) / self.name, key)
         manifest = read_manifest(self.path, self.secret, self.name, key)
         if manifest.forgotten:  # forgotten.json deleted, or not: the manifest remembers
             raise ConfigError(f"{key}: {self.path} has forgotten a member (its checkpoint/"
-                              "manifest.json); allowed: a new run with warm-start = "
-                              f"'{self.path}'")
+                              "manifest.json, or the coordinator's register); allowed: a new "
+                              f"run with warm-start = '{self.path}'")
         warn_unversioned(self.path, manifest)
         refused: list[tuple[Path, str]] = []
         for path in self.checkpoints():
@@ -469,6 +472,17 @@ def _is_sealed(path: Path) -> bool:
         return False
 
 
+def _recorded(files: list[Path]) -> dict[str, str]:
+    """Each checkpoint's digest as recorded beside it (those with none left out)."""
+    out = {}
+    for path in files:
+        try:
+            out[path.name] = digest_path(path).read_text().split()[0]
+        except (OSError, IndexError, UnicodeDecodeError):
+            continue
+    return out
+
+
 def warn_unversioned(folder: Path, manifest: Manifest) -> None:
     """A WARNING where a folder with checkpoints has no manifest (an older version's)."""
     if not manifest.present and checkpoint_files(folder):
@@ -501,7 +515,11 @@ def _read_checkpoint(path: Path, secret: bytes | None = None, run: str = "",
     except OSError as err:
         return {}, f"cannot be read ({err})"
     actual = seal(path, secret, run, data)
-    if not hmac.compare_digest(actual.encode(), recorded.encode()):
+    # a digest left stale by a crash between a checkpoint and its digest: the sealed manifest
+    # vouches for the file
+    vouched = manifest is not None and manifest.present and manifest.lists(path.name, actual,
+                                                                           member)
+    if not vouched and not hmac.compare_digest(actual.encode(), recorded.encode()):
         if sealed:  # never a prefix of the right seal in a log line
             return {}, ("its seal does not verify: the file was changed or damaged, or "
                         "sealed with another secret or for another run or round")

@@ -25,7 +25,7 @@ from strategies.core.base import StrategyBase
 from tasks.export import sha256_of
 
 from .config import ConfigError, RunConfig
-from .manifest import holds_forgotten
+from .manifest import holds_forgotten, no_link
 from .manifest import read as read_manifest
 from .results import FORGOTTEN, _read_checkpoint, checkpoint_files, hold_folder, warn_unversioned
 
@@ -91,7 +91,7 @@ def read_warm_start(cfg: RunConfig, secret: bytes | None,
     this run (``fits``: the model's keys and shapes); a ConfigError names the key and what
     does not fit."""
     key = f"run config 'warm-start' = {cfg.warm_start!r}"
-    folder = Path(cfg.warm_start).expanduser().resolve()
+    folder = no_link(Path(cfg.warm_start), key)
     files = checkpoint_files(folder) if folder.is_dir() else []
     if not files:
         raise ConfigError(f"{key}: {folder} holds no checkpoint (checkpoint/round-*.pt); "

@@ -331,9 +331,11 @@ def test_an_erasure_rolled_back_is_refused_by_resume_warm_start_and_forget(tmp_p
     put(before, manifest=True)
     refused("is generation 3, and the coordinator's register .* records generation 5 of this "
             "folder: the folder was restored from an older copy")
-    # no manifest at all: the register, else each checkpoint's own generation, says there was
+    # no manifest at all (and then no register either): each checkpoint's own generation says
+    # there was one
     (run / "checkpoint" / "manifest.json").unlink()
-    refused("manifest.json is missing, and the coordinator's register .* records generation 5")
+    refused("it was written with the folder's manifest \\(generation 3\\), and "
+            "checkpoint/manifest.json is missing")
     register_path(run).unlink()
     refused("it was written with the folder's manifest \\(generation 3\\), and "
             "checkpoint/manifest.json is missing")
@@ -341,6 +343,12 @@ def test_an_erasure_rolled_back_is_refused_by_resume_warm_start_and_forget(tmp_p
     for name in [p.name for p in (run / "checkpoint").iterdir()]:
         (run / "checkpoint" / name).unlink()
     put(after, manifest=True)
+    # nor is a link put in the run folder's place (the register knows folders by their place)
+    run.rename(tmp_path / "elsewhere")
+    run.symlink_to(tmp_path / "elsewhere")
+    refused("is a symbolic link")
+    run.unlink()
+    (tmp_path / "elsewhere").rename(run)
     second = run_app(InProcessGrid(s2, node_configs=nodes[:3]), s2)
     assert second["warm_start"]["new"] == ["client-2"]
     with pytest.raises(ConfigError, match="has forgotten a member \\(its checkpoint/manifest"):
