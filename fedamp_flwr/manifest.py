@@ -23,8 +23,9 @@ is refused, naming what does not match.
 What this cannot prove: without a secret, the manifest's sha256 can be recomputed by whoever
 edits it, at the register's generation and marks too (read off the manifest): the register
 then catches a restore by mistake, not one on purpose; the register is the state folder's of
-whoever runs the command (``forget`` must share the ServerApp's); a folder copied to another path is one the register has not seen (its manifest
-still binds the checkpoints to each other); whoever can write both the coordinator's state
+whoever runs the command (``forget`` must share the ServerApp's); a folder copied to
+another path is one the register has not seen (its manifest still binds the checkpoints to
+each other); whoever can write both the coordinator's state
 folder and the run folder, and read the secret, can make any state look genuine. A folder
 written by an older version has neither: it is read as before, with a WARNING.
 """

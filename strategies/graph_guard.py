@@ -48,8 +48,8 @@ The choice is made on held-out training rows only, never on the test rows. Cost:
 in which each client trains two models (the run's and the side's), two more models in each of
 their messages, and G x 2 more numbers in replies; a run that keeps the graph has trained it on
 half the clients for G rounds; a run that took the graph trains two models a client in every
-round after (the watch), and its run's model trains on the rows less the held-out share. With dp there is no guard (its errors are not made private:
-``graph-guard-rounds`` must be 0).
+round after (the watch), and its run's model trains on the rows less the held-out share. With
+dp there is no guard (its errors are not made private: ``graph-guard-rounds`` must be 0).
 """
 
 from __future__ import annotations
