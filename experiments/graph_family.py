@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from strategies.core.records import ACCURACY_SCORE
 from tasks.files import strict_json
 from tasks.graphs import edge_agreement
 
@@ -82,9 +83,10 @@ def row(out: Path, task: dict[str, int], seed: int, rounds: int,
     for u, v in (inferred.get("inferred_graph") or {}).get("edges", []):
         found[u, v] = found[v, u] = 1
     guard = inferred.get("graph_guard") or {}
-    return {**task, "seed": seed, "pfedhn": base["bmta"], "inferred": inferred["bmta"],
-            "gain": inferred["bmta"] - base["bmta"], "chosen": guard.get("chosen"),
-            "switches": guard.get("switches", []),
+    bmta = ACCURACY_SCORE.headline
+    return {**task, "seed": seed, "pfedhn": base[bmta], "inferred": inferred[bmta],
+            "gain": inferred[bmta] - base[bmta], "chosen": guard.get("chosen"),
+            "switched_back": guard.get("switched_back"),
             "edges": edge_agreement(found, truth), "guard_rounds": guard.get("rounds", [])}
 
 

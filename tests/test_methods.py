@@ -227,7 +227,8 @@ def test_every_methods_own_message_keys_are_held_to_the_run_configs_bounds():
         for key in update.train_keys:
             for value in (10**18, -(10**18), -1, 0.75, float("nan"), float("inf"), "x" * 10_000):
                 config = dict(update.settings().message_values("train"))
-                config.update({k: 0.0 for k in update.train_keys if k not in config})  # hold-out
+                config.update({k: False if k.endswith("-run") else 0.0  # hold-out, the watch's
+                               for k in update.train_keys if k not in config})
                 config.update({"client-update": name, key: value})
                 problem = instruction_problem(ConfigRecord(config), train=True)
                 if key in by_message:  # what the run config says of the same value
@@ -236,6 +237,8 @@ def test_every_methods_own_message_keys_are_held_to_the_run_configs_bounds():
                         allowed = True
                     except ConfigError:
                         allowed = False
+                elif key.endswith("-run"):  # the watch's flag: true or false only
+                    allowed = isinstance(value, bool)
                 else:
                     allowed = not isinstance(value, str) and 0 <= value <= 0.5
                 assert (problem is None) == allowed, (name, key, value, problem)

@@ -200,7 +200,8 @@ def test_a_client_half_owns_the_keys_its_settings_send_and_no_others():
     updates = strategies.CLIENT_UPDATES
     assert updates["hypernetwork"].train_keys == (
         "panacea-client-lr", "panacea-client-momentum", "panacea-client-weight-decay",
-        "panacea-client-clip", "panacea-hold-out")  # the last: the guard's, set each round
+        "panacea-client-clip", "panacea-hold-out",
+        "panacea-hold-out-run")  # the last two: the guard's, set each round
     assert updates["proximal"].train_keys == ("proximal-mu",)  # Flower FedProx's key
     assert updates["finetune"].train_keys == () and updates["finetune"].evaluate_keys == (
         "finetune-epochs",)
