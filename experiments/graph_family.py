@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{task_name(task)} s{seed}: pFedHN {r['pfedhn']:.2f}, inferred "
                   f"{r['inferred']:.2f} ({r['gain']:+.2f}, {r['chosen']})", flush=True)
     label = "-".join([a.half, *(f"{k}_{v}" for k, v in sorted(extra.items()))])
-    (a.out / f"{label}.json").write_text(json.dumps(strict_json(rows), indent=1))
+    (a.out / f"{label}.json").write_text(json.dumps(strict_json(rows), indent=1, allow_nan=False))
     (a.out / f"{label}.md").write_text(table(rows))
     print(table(rows))
 

@@ -107,7 +107,7 @@ class Manifest:
     def body(self) -> bytes:
         return json.dumps({"format": FORMAT, "generation": self.generation,
                            "checkpoints": self.checkpoints, "forgotten": self.forgotten,
-                           "erasing": self.erasing}, sort_keys=True).encode()
+                           "erasing": self.erasing}, sort_keys=True, allow_nan=False).encode()
 
     def unlisted(self, name: str, seal: str, generation: object, member: str = "") -> str | None:
         """Why checkpoint file ``name`` of seal ``seal`` (holding ``generation``) is not the
@@ -210,13 +210,15 @@ def write(folder: Path, manifest: Manifest, secret: bytes | None, run: str) -> N
     into the register; a register that cannot be written is said in a WARNING (the folder's
     rollback as a whole is then not detected), never stops the run."""
     body = json.loads(manifest.body())
-    text = json.dumps({**body, "seal": _seal(manifest.body(), secret, run)}, indent=1)
+    text = json.dumps({**body, "seal": _seal(manifest.body(), secret, run)}, indent=1,
+                      allow_nan=False)
     atomic_write(folder / "checkpoint" / MANIFEST, lambda f: f.write(text.encode()),
                  private=True)
     manifest.present = True
     record = json.dumps({"run": run, "folder": str(Path(folder).resolve()),
                          "generation": manifest.generation,
-                         "forgotten": sorted(manifest.forgotten)}, indent=1).encode()
+                         "forgotten": sorted(manifest.forgotten)}, indent=1,
+                        allow_nan=False).encode()
     try:
         atomic_write(register_path(folder), lambda f: f.write(record), private=True)
     except OSError as err:
