@@ -8,7 +8,8 @@ inline PNGs, and its Content-Security-Policy lets it load nothing else). It show
   (``coverage``: clients in the best round, of the benign ones) and at what budget
   (rounds, local epochs or steps), and the novel clients' where the run has them;
 * each client's test curve with the mean, the absences by reason per round, FedAMP's
-  weights xi (the last round written) or the inferred client graph, each member's epsilon;
+  weights xi (the last round written) or the inferred client graph, the inferred graph's
+  guard (its choice, a switch back to pFedHN, the held-out errors), each member's epsilon;
 * a table of the clients (best, last, rounds evaluated, absences, epsilon, alone), and the
   run config.
 
@@ -50,6 +51,8 @@ from .config import ConfigError, redact_uri
 from .results import load_xi
 
 PAGE = "report.html"
+#: the two arms a ``graph_guard`` record's rounds hold (strategies/graph_guard.py's names)
+GUARD_ARMS = ("inferred graph", "no graph")
 #: the most clients whose weights or graph a page draws, and whose curves it draws
 MOST_DRAWN = 2000
 MEANS = {mean_key(m, novel) for m in METRICS for novel in (False, True)}
@@ -106,6 +109,10 @@ def _client(key: Any) -> int | None:
 def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and bool(
         np.isfinite(value))
+
+
+def _round_no(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MOST_ROUNDS
 
 
 def clean_round(rec: Any) -> dict[str, Any] | None:
@@ -347,6 +354,52 @@ class RunPage:
         ax.set_yticks(ticks, labels, fontsize="small")
         return f"<h2>Who learns from whom</h2>{_img(fig, title)}"
 
+    def guard(self) -> str:
+        """The inferred graph's guard (``graph_guard``): when it was tried, whether it took
+        over, and whether the run went back to pFedHN; the coordinator's page draws each
+        guard and watch round's mean held-out errors (a member's: the sentence alone)."""
+        held = self.run.extra.get("graph_guard")
+        if not isinstance(held, dict) or not _round_no(held.get("round")):
+            return ""
+        decided, chosen = held["round"], held.get("chosen")
+        back = held.get("switched_back")
+        back = back["round"] if isinstance(back, dict) and _round_no(back.get("round")) else None
+        if chosen == GUARD_ARMS[0]:
+            said = (f"The inferred graph beat no graph on the clients' held-out rows in the "
+                    f"guard (decided in round {decided}) and took over the run; "
+                    + (f"in round {back} it fell behind pFedHN, trained on the side, and the "
+                       "run went back to pFedHN to the end." if back is not None else
+                       "it stayed ahead of pFedHN, watched on the side, to the end."))
+        elif chosen == GUARD_ARMS[1]:
+            said = (f"The inferred graph did not beat no graph on the clients' held-out rows "
+                    f"in the guard (decided in round {decided}): the run was pFedHN "
+                    "throughout.")
+        else:
+            return ""
+        text = f'<h2>The inferred graph\'s guard</h2><p class="note">{_e(said)}</p>'
+        rounds = held.get("rounds")
+        if self.cid is not None or not isinstance(rounds, list):
+            return text
+        points = [r for r in rounds[:MOST_ROUNDS] if isinstance(r, dict) and _round_no(
+            r.get("round")) and all(_finite(r.get(a)) for a in GUARD_ARMS)]
+        if not points:
+            return text
+        plt = _plt()
+        fig, ax = plt.subplots(figsize=(8, 3.4))
+        xs = [r["round"] for r in points]
+        ax.plot(xs, [float(r[GUARD_ARMS[0]]) for r in points], "o-", label="inferred graph")
+        ax.plot(xs, [float(r[GUARD_ARMS[1]]) for r in points], "s-",
+                label="no graph (the watch: pFedHN)")
+        ax.axvline(decided, color="grey", ls="--", lw=1, label=f"decided (round {decided})")
+        if back is not None:
+            ax.axvline(back, color="red", ls=":", lw=1.5, label=f"back to pFedHN (round {back})")
+        ax.set(xlabel="round", ylabel="mean held-out error",
+               title="The guard's and the watch's held-out errors")
+        ax.grid(alpha=0.3)
+        _whole_rounds(ax)
+        ax.legend(fontsize="small")
+        return text + _img(fig, "the guard's held-out errors")
+
     def epsilon_plot(self) -> str:
         spent = {cid: e for cid in self.clients() if (e := self.epsilon(cid)) is not None}
         if not spent:
@@ -404,7 +457,7 @@ class RunPage:
             sub += ". A member's page: only this member's numbers."
         body = [f"<h1>{_e(title)}</h1>", f'<p class="sub">{_e(sub)}</p>', self.headline(),
                 "<h2>Test curves</h2>", self.curves(), "<h2>Absences</h2>", self.absence_plot(),
-                self.weights(), self.epsilon_plot(), self.table(), self.config_table()]
+                self.weights(), self.guard(), self.epsilon_plot(), self.table(), self.config_table()]
         csp = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
         return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
                 f'<meta http-equiv="Content-Security-Policy" content="{csp}">'

@@ -122,8 +122,40 @@ def test_a_panacea_run_with_an_inferred_graph(tmp_path):
     assert seen["headline"].startswith("BMTA ")
     assert "The inferred client graph" in (tmp_path / "page.html").read_text()
     assert "No client was absent in any round." in seen["text"]
-    # the curves and the graph
-    assert len(seen["images"]) == 2 and all(c and w > 200 for c, w, _ in seen["images"])
+    assert "in the guard (decided in round 2)" in seen["text"]
+    # the curves, the graph and the guard's held-out errors
+    assert len(seen["images"]) == 3 and all(c and w > 200 for c, w, _ in seen["images"])
+
+
+def test_the_guards_choice_and_a_switch_back_are_on_the_page(tmp_path):
+    """The coordinator's page says when the inferred graph took over and when the run went
+    back to pFedHN, and draws both arms' held-out errors; a member's page says it alone."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    rounds = [{"round": k, "clients": 4, "inferred graph": 0.3, "no graph": 0.4} for k in (3, 4)]
+    rounds += [{"round": k, "clients": 4, "inferred graph": e, "no graph": 0.3, "stage": "watch"}
+               for k, e in ((5, 0.2), (6, 0.5), (7, 0.6))]
+    record = {"run_name": "r", "strategy": "panacea", "dataset": "x", "num_clients": 2,
+              "client_names": ["site-a", "site-b"], "graph_guard": {
+                  "round": 4, "chosen": "inferred graph", "rounds": rounds,
+                  "switched_back": {"round": 7, "why": "fell behind"}},
+              "rounds": [{"round": 1, "client_accuracy": {"0": 0.5, "1": 0.25}}]}
+    (folder / "metrics.json").write_text(json.dumps(record))
+    assert main(["report", str(folder)]) == 0 and main(["report", str(folder), "--members"]) == 0
+    page = (folder / "report.html").read_text()
+    assert "took over the run; in round 7 it fell behind pFedHN" in page
+    assert page.count("<img") == 2 and "held-out errors" in page  # the curves, the guard's
+    member = (folder / "report-site-a.html").read_text()
+    assert "in round 7 it fell behind pFedHN" in member and "held-out errors" not in member
+    # kept: the sentence without a switch; refused: a record that is no guard's
+    for guard, said in (({"round": 4, "chosen": "inferred graph"}, "stayed ahead of pFedHN"),
+                        ({"round": 4, "chosen": "no graph"}, "the run was pFedHN throughout"),
+                        ({"round": True, "chosen": "no graph"}, None),
+                        ({"round": 4, "chosen": "<b>"}, None), ("x", None)):
+        (folder / "metrics.json").write_text(json.dumps({**record, "graph_guard": guard}))
+        assert main(["report", str(folder)]) == 0
+        page = (folder / "report.html").read_text()
+        assert (said in page) if said else "guard</h2>" not in page
 
 
 def test_a_runs_strings_are_shown_never_run_and_bad_arguments_are_one_line(tmp_path, capsys):
@@ -154,7 +186,10 @@ def test_a_damaged_or_hostile_run_file_is_drawn_or_refused_in_one_line(tmp_path,
                    {"round": 1, "client_accuracy": {"5": 0.5, "x": 1, "1": "s", "2": None},
                     "absent_clients": {"5": "boom", "zz": 1}, "client_dp_epsilon": [1]},
                    {"client_accuracy": {"0": 1}}, "not a round"],
-        "inferred_graph": {"edges": [[0, 1], [5, 99], "x"]}, "alone": {"5": [1, 2]}}))
+        "inferred_graph": {"edges": [[0, 1], [5, 99], "x"]}, "alone": {"5": [1, 2]},
+        "graph_guard": {"round": 2, "chosen": "no graph", "rounds": [
+            {"round": 1, "inferred graph": "x"}, {"round": 2, "inferred graph": float("nan"),
+                                                  "no graph": 1}, 7]}}))
     assert main(["report", str(folder)]) == 0  # what can be read is drawn, the rest left out
     # names that are no member names, or that two clients hold, get no page
     assert main(["report", str(folder), "--members"]) == 0
