@@ -11,9 +11,9 @@ the ``report`` half the odd ones, so that no default is tested on a task it was 
 Every run is the real app in process (:func:`fedamp_flwr.inprocess.run_inprocess`) at the
 run config's defaults but for the keys ``--set`` gives: pFedHN, and Panacea with ``graph =
 "inferred"``, at each run seed. Written: ``<out>/<half>.json`` (one row per task and seed:
-both BMTAs, the difference, the guard's record, the inferred edges' precision and recall
-against the task's own graph) and ``<out>/<half>.md`` (the table). Finished runs are kept and
-not run again (their metrics.json).
+both BMTAs and both last rounds' mean accuracies, the differences, the guard's record, the
+inferred edges' precision and recall against the task's own graph) and ``<out>/<half>.md``
+(the table). Finished runs are kept and not run again (their metrics.json).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from strategies.core.records import ACCURACY_SCORE
+from strategies.core.records import ACCURACY_SCORE, mean_score
 from tasks.files import strict_json
 from tasks.graphs import edge_agreement
 
@@ -73,6 +73,15 @@ def run(out: Path, task: dict[str, int], strategy: str, seed: int, rounds: int,
     return json.loads(metrics.read_text())
 
 
+def _last(metrics: dict[str, Any]) -> float:
+    """The mean test accuracy (%) of the run's last round that has one: the model it ends
+    with (a BMTA is its best round's)."""
+    for rec in reversed(metrics["rounds"]):
+        if (value := mean_score(rec, ACCURACY_SCORE)) is not None:
+            return 100 * float(value)
+    raise ValueError(f"run {metrics.get('run_name')!r} has no round with a mean accuracy")
+
+
 def row(out: Path, task: dict[str, int], seed: int, rounds: int,
         extra: dict[str, Any]) -> dict[str, Any]:
     """A task and seed: pFedHN's and inferred Panacea's BMTA, the guard, the edges."""
@@ -84,24 +93,30 @@ def row(out: Path, task: dict[str, int], seed: int, rounds: int,
         found[u, v] = found[v, u] = 1
     guard = inferred.get("graph_guard") or {}
     bmta = ACCURACY_SCORE.headline
+    last = [_last(m) for m in (base, inferred)]
     return {**task, "seed": seed, "pfedhn": base[bmta], "inferred": inferred[bmta],
-            "gain": inferred[bmta] - base[bmta], "chosen": guard.get("chosen"),
+            "gain": inferred[bmta] - base[bmta], "last_pfedhn": last[0],
+            "last_inferred": last[1], "last_gain": last[1] - last[0],
+            "chosen": guard.get("chosen"),
             "switched_back": guard.get("switched_back"),
             "edges": edge_agreement(found, truth), "guard_rounds": guard.get("rounds", [])}
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The half's table, its mean gain and its worst case."""
-    lines = ["| task | seed | pFedHN | inferred | gain | chosen | edges: precision, recall |",
-             "|---|---:|---:|---:|---:|---|---|"]
+    lines = ["| task | seed | BMTA: pFedHN | inferred | gain | last round: pFedHN | inferred "
+             "| gain | chosen | back to pFedHN | edges: precision, recall |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
     for r in rows:
-        e = r["edges"]
+        e, back = r["edges"], (r.get("switched_back") or {}).get("round", "")
         lines.append(f"| {task_name(r)} | {r['seed']} | {r['pfedhn']:.2f} | {r['inferred']:.2f} "
-                     f"| {r['gain']:+.2f} | {r['chosen']} | {e['precision']:.2f}, "
+                     f"| {r['gain']:+.2f} | {r['last_pfedhn']:.2f} | {r['last_inferred']:.2f} | "
+                     f"{r['last_gain']:+.2f} | {r['chosen']} | {back} | {e['precision']:.2f}, "
                      f"{e['recall']:.2f} |")
-    gains = [r["gain"] for r in rows]
-    lines.append(f"\n{len(rows)} runs: mean gain {np.mean(gains):+.2f} points, worst "
-                 f"{min(gains):+.2f}, best {max(gains):+.2f}")
+    for what, key in (("BMTA", "gain"), ("the last round's mean", "last_gain")):
+        gains = [r[key] for r in rows]
+        lines.append(f"\n{len(rows)} runs, {what}: mean gain {np.mean(gains):+.2f} points, "
+                     f"worst {min(gains):+.2f}, best {max(gains):+.2f}")
     return "\n".join(lines) + "\n"
 
 

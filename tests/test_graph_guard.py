@@ -23,6 +23,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from torch import nn
 
 from strategies.core.client import ClientJob, Optim
+from strategies.core.protocol import GRAPH_USED
 from strategies.graph_guard import (
     GRAPH,
     HOLD_OUT,
@@ -332,7 +333,6 @@ def test_a_hostile_servers_edges_are_left_off_the_card(tmp_path, caplog, edges, 
     from fedamp_flwr.delivery import keep_tested_model
     from strategies.core.protocol import (
         GRAPH_EDGES,
-        GRAPH_USED,
         MODEL_KEPT,
         SAVE_MODEL,
         SAVE_TOKEN,
@@ -396,6 +396,13 @@ def test_a_graph_that_wins_takes_over_the_run_at_the_runs_own_settings(tmp_path,
         if rnd <= graph_until:
             assert msg.content.config_records[SIDE_CONFIG]["panacea-client-lr"] == (
                 path_lr if graph else run_lr)
+    # each member is told with its final model (its card, its log) whether the graph was used
+    told = {m.content.config_records["config"].get(GRAPH_USED) for m in grid.sent
+            if m.metadata.message_type == "evaluate" and GRAPH_USED in
+            m.content.config_records["config"]}
+    assert told == {"used until round 3, then dropped: pFedHN did better on the clients' "
+                    "held-out rows" if behind else "used by the run, watched against pFedHN "
+                    "on the clients' held-out rows"}
     state = torch.load(checkpoint_files(tmp_path / "panacea")[0], weights_only=True)["strategy"]
     if behind:  # GH is pFedHN's again: no graph
         assert "inferred_adjacency" not in state and state["graph_guard"]["decided"] == NONE
