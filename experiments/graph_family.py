@@ -9,8 +9,9 @@ number of points per class and client (few: a client needs its neighbours, and t
 matters a lot; many: a little) and a task seed; the ``choose`` half has the even task seeds,
 the ``report`` half the odd ones, so that no default is tested on a task it was chosen on.
 Every run is the real app in process (:func:`fedamp_flwr.inprocess.run_inprocess`) at the
-run config's defaults but for the keys ``--set`` gives: pFedHN, and Panacea with ``graph =
-"inferred"``, at each run seed. Written: ``<out>/<half>.json`` (one row per task and seed:
+run config's defaults but for the keys ``--set`` gives (pFedHN all but the ``graph-*`` keys,
+which only the inferred graph reads): pFedHN, and Panacea with ``graph = "inferred"``, at
+each run seed. Written: ``<out>/<half>.json`` (one row per task and seed:
 both BMTAs and both last rounds' mean accuracies, the differences, the guard's record, the
 inferred edges' precision and recall against the task's own graph) and ``<out>/<half>.md``
 (the table). Finished runs are kept and not run again (their metrics.json).
@@ -85,7 +86,10 @@ def _last(metrics: dict[str, Any]) -> float:
 def row(out: Path, task: dict[str, int], seed: int, rounds: int,
         extra: dict[str, Any]) -> dict[str, Any]:
     """A task and seed: pFedHN's and inferred Panacea's BMTA, the guard, the edges."""
-    base = run(out, task, "pfedhn", seed, rounds, {})
+    # pFedHN of the same run config: the keys set but the graph's (which only the inferred
+    # graph reads)
+    base = run(out, task, "pfedhn", seed, rounds,
+               {k: v for k, v in extra.items() if not k.startswith("graph")})
     inferred = run(out, task, "panacea", seed, rounds, {"graph": "inferred", **extra})
     truth = np.load(out / "tasks" / f"{task_name(task)}.npz")["adjacency"]
     found = np.zeros_like(truth)
