@@ -9,9 +9,12 @@
     Rebuilds the model of a ``.safetensors`` file from its card (the weights'
     sha256 checked), reads DATA (``.npz``, CSV, Parquet or an image folder)
     through the same reader and the card's schema, and writes one row per sample
-    of DATA, in file order: ``prediction`` (the class, by name where the card
-    names them; or the regression outputs), then the class probabilities. Where
-    DATA has labels it prints the accuracy (or MSE) as the run measures it. With
+    of DATA, in file order: ``row`` (its number in DATA, 0 first; ``--rows all``
+    only), ``prediction`` (the class, by name where the card names them; or the
+    regression outputs), then the class probabilities. Where DATA has labels it
+    prints the accuracy (or MSE) as the run measures it, then the scores an
+    analyst reads (:mod:`tasks.scores`: balanced accuracy, AUC, log loss, the
+    Brier score and the confusion matrix; MSE, MAE and R^2). With
     ``--rows test`` (``train``) only the rows the run tested (trained) on, chosen
     as the run chose them: on the member's own file the score is the card's.
 
@@ -89,6 +92,8 @@ from tasks.data import Split, to_tensors
 from tasks.export import ModelFileError, load_model, predict
 from tasks.files import write_private_text
 from tasks.members import load_member_data, read_member_rows
+from tasks.scores import classification_scores, regression_scores
+from tasks.scores import said as scores_line
 from tasks.train import evaluate
 
 from .config import ConfigError, RunConfig, default_values, explain
@@ -237,7 +242,9 @@ def predict_file(model_path: str, data: str, out: str | None, which: str = "all"
         return 1
     schema = loaded.schema
     outputs = predict(loaded.model, x)
-    table: dict[str, object] = {}
+    # the row's number in the file (0 first), so that a prediction joins back to its row
+    table: dict[str, object] = {"row": np.arange(len(x))} if which == "all" else {}
+    probabilities = None
     if schema.kind == tasks.CLASSIFICATION:
         classes = outputs.argmax(1).numpy()
         names = list(schema.class_names) or [str(i) for i in range(schema.num_outputs)]
@@ -266,7 +273,10 @@ def predict_file(model_path: str, data: str, out: str | None, which: str = "all"
         recorded = recorded if isinstance(recorded, dict) else {}
         said = (f" (the card: {recorded.get('accuracy', recorded.get('mse'))!r})"
                 if which == "test" else "")
-        print(f"{score} on {len(y)} {what} of {data}{said}")
+        scores = (classification_scores(probabilities, y.numpy()) if probabilities is not None
+                  else regression_scores(outputs.reshape(y.shape).double().numpy(), y.numpy()))
+        print(f"On the {len(y)} {what}: {scores_line(scores)}")
+        print(f"{score} on {len(y)} {what} of {data}{said}")  # last: the run's own measure
     return 0
 
 

@@ -74,7 +74,7 @@ def test_a_simulated_run_leaves_every_clients_model_and_predict_gives_its_record
             assert float(value) == pytest.approx(last["client_mse"][str(client)], abs=1e-6)
     rows = (tmp_path / "p.csv").read_text().splitlines()
     assert len(rows) == 1 + len(tasks.load_client_data(dc, n - 1).y_test)
-    assert rows[0].startswith("prediction")
+    assert rows[0].startswith("row,prediction")
 
 
 def test_a_changed_byte_is_refused_and_data_that_does_not_fit_gets_one_line(tmp_path, capsys):
@@ -354,10 +354,14 @@ def test_predict_on_the_rows_the_run_used_prints_the_cards_score(tmp_path, capsy
             warnings.simplefilter("error")  # no warning on a normal call
             assert cli.main(["predict", str(model), node["data-path"], "--rows", "test",
                              "--out", str(tmp_path / "p.csv")]) == 0
-        said = capsys.readouterr().out.strip().splitlines()[-1]
+        scores, said = capsys.readouterr().out.strip().splitlines()[-2:]
         assert said.startswith(f"accuracy {last[str(i)]!r} on {card['score']['num_examples']} "
                                f"rows the run tested on"), (node, said)
         assert said.endswith(f"(the card: {last[str(i)]!r})")
+        # and the scores an analyst reads, on the same rows
+        assert scores.startswith(f"On the {card['score']['num_examples']} rows the run tested "
+                                 f"on: accuracy {last[str(i)]:.4g}, balanced accuracy "), scores
+        assert ", AUC " in scores and ", log loss " in scores and "confusion matrix" in scores
     assert cli.main(["predict", str(model), node["data-path"], "--rows", "train", "--out",
                      str(tmp_path / "p.csv")]) == 0
     assert "training rows the run used" in capsys.readouterr().out

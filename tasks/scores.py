@@ -1,0 +1,115 @@
+"""The scores a member's analysts use, beside accuracy: pure functions on a model's outputs.
+
+Classification (``probabilities``: one row per example, one column per class, each row
+summing to 1; ``y``: the true class indices), the prediction being the most probable class:
+
+* ``accuracy``; ``balanced_accuracy``: the mean over the classes present in ``y`` of each
+  one's recall (a table with 6% positives scores 0.5 for always "no", where its accuracy
+  is 0.94);
+* ``log_loss``: the mean of -log p(true class), each p clipped to [1e-15, 1] (a proper
+  score: lowest for the true probabilities);
+* ``auc``: the area under the ROC curve, the probability that a random positive is ranked
+  above a random negative (ties count a half: Mann-Whitney's U over n1 n0 with average
+  ranks); of the second class's probability where there are two classes, else the mean of
+  each class's one-vs-rest AUC over the classes present in ``y`` (where ``y`` holds one
+  class only, none);
+* ``brier`` (two classes): the mean of (p(second class) - [y is the second class])^2;
+* ``confusion``: rows the true class, columns the predicted one.
+
+Regression (``predictions`` and ``y`` of one shape): ``mse``, ``mae`` and ``r2`` (1 - the
+squared error's sum over y's sum of squares about each output's mean, pooled over the
+outputs: scikit-learn's ``multioutput="variance_weighted"``; none where y is constant).
+
+No scikit-learn here (a member's node does not install it); tests/test_scores.py checks
+each against scikit-learn's and against values worked by hand.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+#: the smallest probability log loss takes the log of
+EPS = 1e-15
+
+
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n of ``values`` (ties: the mean of the ranks they share)."""
+    order = np.argsort(values, kind="mergesort")
+    _, inverse, counts = np.unique(values[order], return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    ranks = np.empty(len(values), dtype=np.float64)
+    ranks[order] = ((ends - counts + 1 + ends) / 2.0)[inverse]
+    return ranks
+
+
+def auc(score: np.ndarray, positive: np.ndarray) -> float | None:
+    """ROC AUC of ``score`` for the boolean labels ``positive``; None where one is absent."""
+    positive = np.asarray(positive, dtype=bool)
+    n1 = int(positive.sum())
+    n0 = len(positive) - n1
+    if n1 == 0 or n0 == 0:
+        return None
+    ranks = average_ranks(np.asarray(score, dtype=np.float64))
+    return float((ranks[positive].sum() - n1 * (n1 + 1) / 2.0) / (n1 * n0))
+
+
+def classification_scores(probabilities: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    """Accuracy, balanced accuracy, log loss, AUC, Brier (two classes) and the confusion
+    matrix of ``probabilities`` (n x classes) against ``y`` (n class indices)."""
+    p = np.asarray(probabilities, dtype=np.float64)
+    y = np.asarray(y, dtype=np.int64)
+    if p.ndim != 2 or y.shape != (len(p),) or len(p) == 0:
+        raise ValueError(f"probabilities of shape {p.shape} and labels of shape {y.shape}: "
+                         "allowed: (n, classes) and (n,), n > 0")
+    classes = p.shape[1]
+    if y.min() < 0 or y.max() >= classes:
+        raise ValueError(f"labels in [{y.min()}, {y.max()}]; allowed: 0 to {classes - 1}")
+    predicted = p.argmax(1)
+    confusion = np.bincount(y * classes + predicted, minlength=classes * classes).reshape(
+        classes, classes)
+    present = confusion.sum(1) > 0
+    recall = np.diag(confusion)[present] / confusion.sum(1)[present]
+    out: dict[str, Any] = {
+        "accuracy": float((predicted == y).mean()),
+        "balanced_accuracy": float(recall.mean()),
+        "log_loss": float(-np.log(np.clip(p[np.arange(len(y)), y], EPS, 1.0)).mean()),
+        "confusion": confusion.tolist()}
+    if classes == 2:
+        out["auc"] = auc(p[:, 1], y == 1)
+        out["brier"] = float(((p[:, 1] - (y == 1)) ** 2).mean())
+    else:
+        each = [auc(p[:, c], y == c) for c in np.flatnonzero(present)]
+        known = [a for a in each if a is not None]
+        out["auc"] = float(np.mean(known)) if known else None
+    return out
+
+
+def regression_scores(predictions: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    """MSE, MAE and R^2 of ``predictions`` against ``y`` (the same shape; over all outputs)."""
+    pred = np.asarray(predictions, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if pred.shape != y.shape or y.size == 0:
+        raise ValueError(f"predictions of shape {pred.shape} and targets of shape {y.shape}: "
+                         "allowed: the same shape, not empty")
+    error = pred - y
+    spread = float(((y - y.mean(0)) ** 2).sum())
+    return {"mse": float((error ** 2).mean()), "mae": float(np.abs(error).mean()),
+            "r2": 1.0 - float((error ** 2).sum()) / spread if spread > 0 else None}
+
+
+#: the words each score is printed with, in the order printed
+WORDS = {"accuracy": "accuracy", "balanced_accuracy": "balanced accuracy", "auc": "AUC",
+         "log_loss": "log loss", "brier": "Brier score", "mse": "MSE", "mae": "MAE",
+         "r2": "R^2"}
+
+
+def said(scores: dict[str, Any]) -> str:
+    """The scores in one line (those that are numbers), then the confusion matrix's rows."""
+    line = ", ".join(f"{WORDS[k]} {scores[k]:.4g}" for k in WORDS
+                     if isinstance(scores.get(k), float))
+    if "confusion" in scores:
+        line += "; confusion matrix (a row per true class, a column per predicted): " + \
+            " / ".join(" ".join(str(v) for v in row) for row in scores["confusion"])
+    return line
