@@ -616,7 +616,8 @@ def evaluate(msg: Message, context: Context) -> Message:
             alone["model"], scores[alone["metric"]])
     kept, said = keep_tested_model(context, setup.cfg, setup.dc, job.config, kept_model,
                                    client_id, setup.name if setup.partition_id < 0 else None,
-                                   kept_scores, standardize=setup.scaling,
+                                   kept_scores, (job.data.x_test, job.data.y_test),
+                                   standardize=setup.scaling,
                                    alone={**alone, "kept": "alone" if kept_model is not tested
                                           else "federated"} if alone else None)
     alone_said = {k: v for k, v in ((ALONE_LINEAR, alone.get("linear")),

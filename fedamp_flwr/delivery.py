@@ -81,6 +81,8 @@ from strategies.core.protocol import (
 from strategies.core.records import ABSENT, client_scores, score_of
 from strategies.core.replies import ArraySpec, arrays_problem, evaluate_reply_problem, metrics_of
 from tasks.export import CARD, PREPROCESSING, package_version, schema_record, write_model
+from tasks.scores import of_model
+from tasks.scores import said as said_scores
 
 from .config import RUN_NAME_MOST, ConfigError, RunConfig
 
@@ -129,6 +131,8 @@ def model_card(cfg: RunConfig, dc: tasks.DataConfig, *, run: str, token: str, cl
         "round": server_round, "why": why,
         "score": {main: scores.get(main), LOSS: scores.get(LOSS),
                   "num_examples": scores.get(NUM_EXAMPLES),
+                  # the scores an analyst reads, on the same rows (tasks/scores.py)
+                  **({ANALYST: scores[ANALYST]} if ANALYST in scores else {}),
                   "on": ("validation rows (validation-fraction = "
                          f"{cfg.validation_fraction:g})" if cfg.validation_fraction > 0
                          else "test rows")},
@@ -263,17 +267,21 @@ def _graph(config: ConfigRecord) -> dict[str, Any] | None:
 
 
 _TOLD = "fedamp-no-model-dir"
+#: the card's scores an analyst reads (``score.analyst``)
+ANALYST = "analyst"
 
 
 def keep_tested_model(context: Context, cfg: RunConfig, dc: tasks.DataConfig, config: ConfigRecord,
                       model: nn.Module, client_id: int, member: str | None,
-                      scores: dict[str, Any], **card: Any
-                      ) -> tuple[dict[str, ArrayRecord], dict[str, int]]:
+                      scores: dict[str, Any], test_rows: tuple[Any, Any] | None = None,
+                      **card: Any) -> tuple[dict[str, ArrayRecord], dict[str, int]]:
     """Keep the model a client just tested, as the message asks: write it to the node's
     ``model-dir``, or return it as a reply record (a partitioned run's node without one).
     A member's node without a ``model-dir`` writes nothing and says so once. Returns the
-    reply's extra records and metrics (``model-kept``: whether the node wrote it). ``card``:
-    more for its card (:func:`model_card`'s ``standardize`` and ``alone``)."""
+    reply's extra records and metrics (``model-kept``: whether the node wrote it).
+    ``test_rows``: the rows ``scores`` are on, where the node writes the model: the scores an
+    analyst reads (:mod:`tasks.scores`) go on its card and in its log. ``card``: more for
+    its card (:func:`model_card`'s ``standardize`` and ``alone``)."""
     try:
         request = SaveRequest.of(config)
     except (ConfigError, ValueError) as err:  # a message this node will not follow: said
@@ -293,11 +301,16 @@ def keep_tested_model(context: Context, cfg: RunConfig, dc: tasks.DataConfig, co
             log(ERROR, "Model not kept: run name %r leaves the model-dir %s", request.run, base)
             return {}, {MODEL_KEPT: 0}
         stem = member or str(client_id)
+        analyst = of_model(model, *test_rows) if test_rows is not None else None
         written = _write_on_node(where, stem, model, model_card(
             cfg, dc, run=request.run, token=request.token, client_id=client_id, member=member,
             server_round=as_int(config.get(SERVER_ROUND, 0), SERVER_ROUND), why=request.why,
-            scores=scores, learned_from=request.learned_from, started=request.started,
+            scores={**scores, **({ANALYST: analyst} if analyst else {})},
+            learned_from=request.learned_from, started=request.started,
             graph=request.graph, **card))
+        if written and analyst:
+            log(INFO, "This model on its %s test rows: %s", scores.get(NUM_EXAMPLES, "?"),
+                said_scores(analyst))
         if written and request.learned_from:
             log(INFO, "This model learned most from %s; its own model's weight %.3g",
                 ", ".join(f"'{o['member']}' ({o['weight']:.3g})"

@@ -26,6 +26,7 @@ each against scikit-learn's and against values worked by hand.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -113,3 +114,22 @@ def said(scores: dict[str, Any]) -> str:
         line += "; confusion matrix (a row per true class, a column per predicted): " + \
             " / ".join(" ".join(str(v) for v in row) for row in scores["confusion"])
     return line
+
+
+def of_model(model: Any, x: Any, y: Any) -> dict[str, Any]:
+    """The scores of a torch model on rows ``x`` with labels ``y`` (integer: classes, the
+    softmax of its outputs; float: regression), on the model's own device; a score that is
+    not finite (a diverged model's) is None."""
+    import torch
+
+    from .export import predict
+
+    device = next(model.parameters()).device
+    outputs = predict(model, x.to(device)).detach().cpu().double()
+    if torch.is_floating_point(y):
+        found = regression_scores(outputs.reshape(y.shape).numpy(), y.double().numpy())
+    else:
+        found = classification_scores(torch.softmax(outputs, dim=1).numpy(), y.cpu().numpy())
+    # a diverged model's outputs: its scores are none, never NaN (a card is strict JSON)
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v
+            for k, v in found.items()}

@@ -350,6 +350,9 @@ def test_predict_on_the_rows_the_run_used_prints_the_cards_score(tmp_path, capsy
         model = tmp_path / f"models-{i}" / "run" / f"{node['client-id']}.safetensors"
         card = json.loads(model.with_suffix(".json").read_text())
         assert card["score"]["accuracy"] == last[str(i)]
+        analyst = card["score"]["analyst"]  # what the member's analysts read, on the same rows
+        assert analyst["accuracy"] == last[str(i)] and 0 <= analyst["auc"] <= 1
+        assert sum(map(sum, analyst["confusion"])) == card["score"]["num_examples"]
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # no warning on a normal call
             assert cli.main(["predict", str(model), node["data-path"], "--rows", "test",

@@ -69,3 +69,23 @@ def test_as_scikit_learn_scores_them(classes):
 def test_outputs_that_do_not_fit_their_labels_are_refused(p, y):
     with pytest.raises(ValueError, match="allowed"):
         classification_scores(p, y)
+
+
+def test_a_models_scores_and_a_diverged_models_are_none_not_nan():
+    import torch
+    from torch import nn
+
+    from tasks.scores import of_model
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    x, y = torch.randn(20, 3), torch.randint(0, 2, (20,))
+    got = of_model(model, x, y)
+    p = torch.softmax(model(x).double(), 1).detach().numpy()
+    assert got == classification_scores(p, y.numpy())
+    with torch.no_grad():
+        model.weight.fill_(float("nan"))
+    broken = of_model(model, x, y)
+    assert broken["log_loss"] is None and broken["brier"] is None
+    reg = of_model(nn.Linear(3, 1), x, torch.randn(20, 1))
+    assert set(reg) == {"mse", "mae", "r2"} and all(isinstance(v, float) for v in reg.values())
