@@ -108,6 +108,7 @@ from strategies.core.protocol import (
     is_name,
 )
 from strategies.core.records import score_of
+from strategies.core.registry import STRATEGIES
 from tasks.dp import DPSGD, os_generator, privatize_update
 from tasks.scenarios import flip_labels
 from tasks.tabular import LEAST_ROWS, column_stats, fit_linear, scaling_problem, standardize
@@ -531,7 +532,7 @@ def _alone(context: Context, setup: Setup, job: ClientJob, scores: dict) -> dict
         "Round %d: this member's model %s %.4g on its %d test rows; alone, %sthe run's model "
         "%.4g (%d steps): %+.3g%s%s", job.server_round, main, scale * mine,
         len(job.data.y_test), linear_said, scale * model_score, alone["steps"], scale * gain,
-        unit, "" if gain >= 0 else
+        unit, "" if gain >= 0 or not STRATEGIES[setup.cfg.strategy].federates else
         ": federation does worse for this member than its better model alone")
     return alone
 

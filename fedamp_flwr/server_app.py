@@ -221,9 +221,11 @@ def member_scaling(cfg: RunConfig, clients: dict[int, ClientInfo],
     return {"mean": mean, "std": std, "members": len(stats), "rows": rows}
 
 
-def alone_lines(result: RunFile, names: list[str]) -> list[str]:
+def alone_lines(result: RunFile, names: list[str], federates: bool = True) -> list[str]:
     """Each member's last score beside what it scores alone (metrics.json's ``alone``): the
-    coordinator's table of what federation gave each member, by name."""
+    coordinator's table of what federation gave each member, by name (``federates``: False
+    for a method whose clients each train alone, which is never said to do worse by
+    federation)."""
     alone = result.alone or {}
     last = result.rounds[-1] if result.rounds else {}
     score = round_score(last) or ACCURACY_SCORE
@@ -238,14 +240,16 @@ def alone_lines(result: RunFile, names: list[str]) -> list[str]:
         lines.append(f"{who}: {main} {scale * mine:.4g} in round {last.get('round')}; alone "
                      f"{scale * own.get('linear', float('nan')):.4g} (linear), "
                      f"{scale * own.get('model', float('nan')):.4g} (the run's model): "
-                     f"{scale * gain:+.3g}" + ("" if gain >= 0 else " (federation does worse)"))
+                     f"{scale * gain:+.3g}" + ("" if gain >= 0 or not federates else
+                                               " (federation does worse)"))
     return lines
 
 
-def alone_summary(result: RunFile) -> list[str]:
+def alone_summary(result: RunFile, federates: bool = True) -> list[str]:
     """The closing lines of a partitioned run whose clients also trained alone (``alone``):
     the mean of the last round's scores of its benign clients against the mean of their
-    models trained alone, on the same test rows, and for how many federation did better."""
+    models trained alone, on the same test rows, and for how many federation did better
+    (``federates``: as :func:`alone_lines`)."""
     alone, last = result.alone or {}, result.rounds[-1] if result.rounds else {}
     score = round_score(last) or ACCURACY_SCORE
     scores = {str(c): float(v) for c, v in client_scores(last, score).items()}
@@ -263,11 +267,13 @@ def alone_summary(result: RunFile) -> list[str]:
     return [f"Each client alone, on the same test rows: the run's model trained on its own "
             f"rows for the same local steps scores {scale * mean_alone:.2f}{unit} on average"
             + (f" (a linear model {scale * sum(linear) / len(linear):.2f}{unit})" if linear
-               else "") + f"; this run's models {scale * mean_run:.2f}{unit} in round "
+               else "") + "; this run's models" + ("" if federates else
+                                                   " (each trained alone, no federation)")
+            + f" {scale * mean_run:.2f}{unit} in round "
             f"{last.get('round')}: {scale * gain:+.2f}"
             f"{' points' if score.higher_is_better else ''}, better for "
             f"{sum(g > 0 for g in gains)} of {len(both)} clients"
-            + ("" if gain >= 0 else " (federation does worse here)")]
+            + ("" if gain >= 0 or not federates else " (federation does worse here)")]
 
 
 def checkpoint_keys(checkpoint: dict | None, cfg: RunConfig,
@@ -772,8 +778,9 @@ class Run:
                 over)
         for cid, why in cover["never_evaluated"].items():
             log(WARNING, "Client %s never produced a result in this run: %s", cid, why)
-        for line in (alone_lines(result, self.members.names) if self.members.names else
-                     alone_summary(result)):
+        federates = strategies.STRATEGIES[cfg.strategy].federates
+        for line in (alone_lines(result, self.members.names, federates) if self.members.names
+                     else alone_summary(result, federates)):
             log(INFO, "%s", line)
         if cfg.strategy != "fedavg" and not self.members.names:
             log(INFO, "FedAvg on the same clients: the same command with --run-config "

@@ -23,6 +23,6 @@ class Separate(PersonalizedStrategy):
     """
 
 
-@register_strategy("separate", keeps_apart=True)
+@register_strategy("separate", keeps_apart=True, federates=False)
 def _separate(settings: Settings, run: RunSetup) -> Separate:
     return Separate(**personal_kwargs(run))

@@ -220,3 +220,20 @@ def test_check_config_reads_a_run_config_as_flwr_run_does(text):
     from flwr.common.config import parse_config_args
 
     assert cli.read_run_config(text) == parse_config_args([text])
+
+
+def test_a_method_that_does_not_federate_is_never_said_to_do_worse_by_federation(tmp_path):
+    from fedamp_flwr.server_app import alone_lines, alone_summary
+    from strategies import STRATEGIES
+    from strategies.core.records import RunFile
+
+    (tmp_path / "metrics.json").write_text(json.dumps({
+        "strategy": "separate", "rounds": [{"round": 2, "client_accuracy": {"0": 0.5, "1": 0.6}}],
+        "alone": {"0": {"model": 0.7, "linear": 0.65}, "1": {"model": 0.8}}}))
+    result = RunFile.read(tmp_path / "metrics.json")
+    assert not STRATEGIES["separate"].federates and STRATEGIES["fedamp"].federates
+    said = alone_summary(result) + alone_lines(result, ["a", "b"])
+    assert all("federation does worse" in line for line in said), said
+    said = alone_summary(result, False) + alone_lines(result, ["a", "b"], False)
+    assert not any("federation" in line.replace("no federation", "") for line in said), said
+    assert "this run's models (each trained alone, no federation) 55.00% in round 2" in said[0]

@@ -116,6 +116,9 @@ class StrategyEntry:
     #: it honours a collaboration policy by its own weights (FedAMP's xi) or by weighing no
     #: one (Separate); a graph method honours it through its client graph
     keeps_apart: bool = False
+    #: it mixes what clients learn (False: each client trains alone, as Separate; its
+    #: closing words then never speak of federation doing worse)
+    federates: bool = True
 
     @property
     def uses_graph(self) -> bool:
@@ -155,7 +158,8 @@ def register_strategy(name: str, *, settings: type[Settings] = NoSettings,
                       task_auto: Mapping[str, Mapping[str, Any]] | None = None,
                       tune: Mapping[str, tuple[float, ...]] | None = None,
                       not_private: Mapping[str, str] | None = None,
-                      keeps_apart: bool = False) -> Callable[[Factory], Factory]:
+                      keeps_apart: bool = False,
+                      federates: bool = True) -> Callable[[Factory], Factory]:
     """Decorator: register ``factory(settings, run)`` as the strategy ``name``.
 
     ``settings``: the class of the method's own run-config keys. ``graph``: the
@@ -175,6 +179,7 @@ def register_strategy(name: str, *, settings: type[Settings] = NoSettings,
     not the generic one DP-SGD runs), refused before any work. ``keeps_apart``: it honours
     a collaboration policy (``collaboration-policy``, :mod:`strategies.core.policy`) by its
     own weights or by weighing no one; a graph method honours it through its graph.
+    ``federates``: False for a method whose clients each train alone (Separate).
     """
     def add(factory: Factory) -> Factory:
         current = STRATEGIES.get(name)
@@ -189,7 +194,7 @@ def register_strategy(name: str, *, settings: type[Settings] = NoSettings,
         STRATEGIES[name] = StrategyEntry(name, factory, settings, graphs, dict(auto or {}),
                                          {k: dict(v) for k, v in (task_auto or {}).items()},
                                          {k: tuple(v) for k, v in (tune or {}).items()},
-                                         dict(not_private or {}), keeps_apart)
+                                         dict(not_private or {}), keeps_apart, federates)
         return factory
     return add
 
