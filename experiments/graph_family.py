@@ -139,8 +139,10 @@ def main(argv: list[str] | None = None) -> None:
     extra: dict[str, Any] = {}
     for item in a.set:
         key, _, value = item.partition("=")
-        extra[key] = json.loads(value) if value[:1].isdigit() or value in ("true", "false") \
-            else value
+        try:  # a number or true/false as such; anything else as the text it is
+            extra[key] = json.loads(value)
+        except ValueError:
+            extra[key] = value
     wanted = {int(c) for c in a.clients.split(",")}
     rows = []
     for task in [t for t in tasks(a.half) if t["clients"] in wanted]:

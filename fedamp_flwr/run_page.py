@@ -25,6 +25,7 @@ import base64
 import html
 import io
 import json
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -107,8 +108,13 @@ def _client(key: Any) -> int | None:
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and bool(
-        np.isfinite(value))
+    """A number that is finite as a float (an integer too large for one is not)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def _round_no(value: Any) -> bool:
@@ -381,7 +387,7 @@ class RunPage:
         if self.cid is not None or not isinstance(rounds, list):
             return text
         points = [r for r in rounds[:MOST_ROUNDS] if isinstance(r, dict) and _round_no(
-            r.get("round")) and all(_finite(r.get(a)) for a in GUARD_ARMS)]
+            r.get("round")) and all(_finite(r.get(a)) and r[a] >= 0 for a in GUARD_ARMS)]
         if not points:
             return text
         plt = _plt()

@@ -33,8 +33,8 @@ toward unrelated clients, and such a run can end worse than with no graph at all
   path the run had been (pFedHN, at its settings) goes on training on the side, every client
   training its model as the side model and testing both on its held-out rows (on which, from
   then on, the run's model does not train either: :data:`HOLD_OUT_RUN`); where the graph's
-  run is no better than the no-graph path over the last two watch rounds
-  (:func:`falls_behind`), the run goes back to that path for good, logged at WARNING and
+  run has a higher mean held-out error than the no-graph path over the last two watch
+  rounds (:func:`falls_behind`), the run goes back to that path for good, logged at WARNING and
   recorded (``graph_guard.switched_back``). So a choice made early is checked to the end.
 
 So a run whose graph loses is the pFedHN run of the same run config, to the last digit
@@ -128,19 +128,23 @@ def read_validation(record: ArrayRecord | None) -> tuple[torch.Tensor | None, st
     return error, None
 
 
-#: the share of the clients' errors left out at each end of a guard round's mean: a client that
-#: lies about its errors (0 for one hypernetwork, 1e9 for the other) moves it no more than
-#: an honest one at the edge
+#: the share of the clients' errors left out at each end of a guard round's mean (at least
+#: one at each end where three or more replied): a client that lies about its errors (0 for
+#: one hypernetwork, 1e300 for the other) moves it no more than an honest one at the edge,
+#: as long as the liars are no more than that share (or one, below ten clients)
 TRIM = 0.1
 
 
 def trimmed_mean(values: torch.Tensor, trim: float = TRIM) -> float:
-    """The mean of ``values`` without the ``floor(trim * n)`` smallest and largest."""
-    if not len(values):
+    """The mean of ``values`` without the ``max(1, floor(trim * n))`` smallest and largest
+    (none where fewer than three), each divided by the count before the sum (finite values
+    never overflow to an infinite mean)."""
+    n = len(values)
+    if not n:
         return math.nan
-    cut = int(trim * len(values))
-    kept = torch.sort(values).values[cut: len(values) - cut]
-    return float(kept.mean())
+    cut = max(1, int(trim * n)) if n >= 3 else 0
+    kept = torch.sort(values.double()).values[cut: n - cut]
+    return float((kept / len(kept)).sum())
 
 
 def round_means(arms: torch.Tensor, errors: torch.Tensor) -> dict[str, float | int]:
@@ -245,13 +249,17 @@ HOLD_OUT_RUN = "panacea-hold-out-run"
 
 
 def falls_behind(rounds: list[dict]) -> bool:
-    """Whether, over the last two watch rounds with replies (one, where there is only one),
-    the graph's run has a mean held-out error above the no-graph path's (:func:`error_ratio`
-    above 1): the run then goes back to the no-graph path. A tie (both errors 0, say) keeps
-    the graph: it is then no worse. Every client tests both models each watch round, so the
-    two errors are of the same clients and rows (no zig-zag); two rounds, so that one noisy
-    round does not decide."""
+    """Whether, over the last two watch rounds with replies (none before there are two), the
+    graph's run has a higher held-out error than the no-graph path's: the sum of its two
+    rounds' means above the path's: the run then goes back to the no-graph path. A tie (both
+    errors 0, say) keeps the graph: it is then no worse. Every client tests both models each
+    watch round, on the same rows (each mean is trimmed on its own: :func:`trimmed_mean`), so
+    the two rounds' means are summed, not their ratios (no zig-zag to even out); two rounds,
+    so that one noisy round does not decide, and the first watch round, where the no-graph
+    path has trained on the held-out rows in the warm-up and guard rounds (it was the run),
+    never decides alone."""
     seen = [r for r in rounds if r["clients"] > 0][-2:]
-    return bool(seen) and sum(map(error_ratio, seen)) / len(seen) > 1.0
+    return len(seen) == 2 and sum(float(r[GRAPH]) for r in seen) > sum(
+        float(r[NONE]) for r in seen)
 #: the generic keys of a train message that the side training takes from the run's own
 GENERIC_TRAIN = (LOCAL_STEPS, LOCAL_EPOCHS, BATCH_SIZE)

@@ -960,9 +960,9 @@ class Panacea(PersonalizedStrategy):
         self.decided, self.stage, self.arms = NONE, "", {}
         note = self.history.notes.setdefault("graph_guard", {})
         note["switched_back"] = {"round": server_round, "why": (
-            "the inferred graph's run had a mean held-out error no lower than the no-graph "
-            "path's (pFedHN, trained on the side since the graph took over), averaged over the "
-            "last two watch rounds")}
+            "the inferred graph's run had a higher mean held-out error than the no-graph "
+            "path's (pFedHN, trained on the side since the graph took over) over the last two "
+            "watch rounds")}
         log(WARNING, "Round %d: the inferred graph's run fell behind the no-graph path (pFedHN) "
             "on the clients' held-out rows: the run goes back to pFedHN from the next round "
             "(trained on the side since round %d)", server_round, int(note.get("round", 0)) + 1)

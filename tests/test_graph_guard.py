@@ -62,11 +62,21 @@ def test_a_rounds_means_worked_by_hand():
     arms = torch.tensor([0, 1, 0])
     losses = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], dtype=torch.float64)
     # [loss of the model trained, of the other]: arm 0 trains the graph's, arm 1 no graph's
+    two = round_means(arms[:2], losses[:2])  # two clients: nothing left out
+    assert two["clients"] == 2
+    assert two[GRAPH] == pytest.approx((1 + 4) / 2) and two[NONE] == pytest.approx((2 + 3) / 2)
+    # three: the lowest and the highest left out (one at each end, at least, from three)
     means = round_means(arms, losses)
-    assert means["clients"] == 3
-    assert means[GRAPH] == pytest.approx((1 + 4 + 5) / 3)
-    assert means[NONE] == pytest.approx((2 + 3 + 6) / 3)
+    assert means["clients"] == 3 and means[GRAPH] == 4.0 and means[NONE] == 3.0
     assert math.isnan(round_means(arms[:0], losses[:0])[GRAPH])
+    # five clients, one liar (0 for the graph, 1e300 for no graph): it moves neither mean
+    # past an honest client's; two replies of 1e308 never make a mean infinite
+    five = torch.tensor([[0.3, 0.2], [0.2, 0.3], [0.4, 0.1], [0.0, 1e300], [0.3, 0.3]],
+                        dtype=torch.float64)
+    lied5 = round_means(torch.zeros(5, dtype=torch.long), five)
+    assert lied5[GRAPH] == pytest.approx(0.8 / 3) and lied5[NONE] == pytest.approx(0.8 / 3)
+    huge = torch.full((2, 2), 1e308, dtype=torch.float64)
+    assert math.isfinite(round_means(torch.zeros(2, dtype=torch.long), huge)[GRAPH])
     # ten clients: the lowest and the highest of each are left out; one that lies about
     # its errors (0 for the graph, 1e9 for no graph) moves neither mean
     errors = torch.tensor([[0.1 * i, 0.2] for i in range(10)], dtype=torch.float64)
@@ -104,15 +114,21 @@ def test_the_graph_goes_on_only_if_it_wins_by_the_margin():
     assert choose([]) == NONE and choose([_round(math.nan, math.nan, 0)]) == NONE
 
 
-def test_the_graph_falls_behind_when_it_is_no_better_over_the_last_two_watch_rounds():
+def test_the_graph_falls_behind_when_it_is_worse_over_the_last_two_watch_rounds():
     assert not falls_behind([])
-    assert not falls_behind([_round(0.9, 1.0)]) and falls_behind([_round(1.1, 1.0)])
-    assert not falls_behind([_round(1.0, 1.0)]) and not falls_behind([_round(0.0, 0.0)])  # ties
-    assert falls_behind([_round(0.1, 0.0)])
-    # ratios: (0.8 + 1.3) / 2 = 1.05; an older round does not count
-    assert falls_behind([_round(0.1, 1.0), _round(0.8, 1.0), _round(1.3, 1.0)])
+    # one watch round never decides (the no-graph path was the run until then)
+    assert not falls_behind([_round(1.1, 1.0)]) and not falls_behind([_round(0.1, 0.0)])
+    assert falls_behind([_round(1.1, 1.0), _round(1.0, 1.0)])  # 2.1 against 2.0
+    assert not falls_behind([_round(0.9, 1.0), _round(1.1, 1.0)])  # 2.0 against 2.0: a tie
+    assert not falls_behind([_round(0.0, 0.0), _round(0.0, 0.0)])  # both perfect: a tie
+    assert falls_behind([_round(0.1, 0.0), _round(0.0, 0.0)])
+    # the means are summed, not their ratios: 0.01 / 0.005 is no reason to go back where the
+    # other round is 0.4 against 0.5 (0.41 against 0.505); an older round does not count
+    assert not falls_behind([_round(0.01, 0.005), _round(0.4, 0.5)])
+    assert falls_behind([_round(0.1, 1.0), _round(0.8, 1.0), _round(1.3, 1.0)])  # 2.1 > 2
     assert not falls_behind([_round(2.0, 1.0), _round(0.8, 1.0), _round(1.1, 1.0)])
-    assert not falls_behind([_round(0.8, 1.0), _round(math.nan, math.nan, 0)])
+    # a round nobody answered is skipped
+    assert falls_behind([_round(1.5, 1.0), _round(math.nan, math.nan, 0), _round(0.8, 1.0)])
 
 
 @pytest.mark.parametrize("record, words", [

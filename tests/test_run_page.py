@@ -185,11 +185,13 @@ def test_a_damaged_or_hostile_run_file_is_drawn_or_refused_in_one_line(tmp_path,
         "rounds": [{"round": "x"}, {"round": 2, "client_accuracy": [1, 2]},
                    {"round": 1, "client_accuracy": {"5": 0.5, "x": 1, "1": "s", "2": None},
                     "absent_clients": {"5": "boom", "zz": 1}, "client_dp_epsilon": [1]},
-                   {"client_accuracy": {"0": 1}}, "not a round"],
+                   {"client_accuracy": {"0": 1}}, "not a round",
+                   {"round": 3, "client_accuracy": {"0": 10**400}}],
         "inferred_graph": {"edges": [[0, 1], [5, 99], "x"]}, "alone": {"5": [1, 2]},
         "graph_guard": {"round": 2, "chosen": "no graph", "rounds": [
             {"round": 1, "inferred graph": "x"}, {"round": 2, "inferred graph": float("nan"),
-                                                  "no graph": 1}, 7]}}))
+                                                  "no graph": 1}, 7,
+            {"round": 3, "inferred graph": 10**400, "no graph": -5}]}}))
     assert main(["report", str(folder)]) == 0  # what can be read is drawn, the rest left out
     # names that are no member names, or that two clients hold, get no page
     assert main(["report", str(folder), "--members"]) == 0
