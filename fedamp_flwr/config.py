@@ -327,7 +327,8 @@ class RunConfig:
     traffic_stride: int = setting(12, "traffic tasks: steps between two windows' starts (12: "
                                   "one an hour)", **integer_in(1, 288))
     model: str = setting("auto", "the model (auto: the task's)",
-                         allowed="auto, mlp, mlp-16, cnn, resnet18, gru (one that fits the "
+                         allowed="auto, mlp, mlp-16, linear (one layer: logistic or "
+                         "least-squares regression), cnn, resnet18, gru (one that fits the "
                          "data)")
     # Members' own data (dataset = "members")
     member_input_shape: str = setting("", 'one input\'s shape: "F" or "C,H,W"')

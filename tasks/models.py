@@ -114,6 +114,9 @@ Shape = tuple[int, ...]
 #: Model builders by name: ``(input shape, outputs) -> a freshly initialised model``.
 MODELS: dict[str, Callable[[Shape, int], nn.Module]] = {
     "mlp": lambda shape, out: MLP(int(np.prod(shape)), out, (64, 64)),
+    # one layer: multinomial logistic regression (cross-entropy), or least squares
+    # (regression), the model a member's analysts fit and trust, personalized by the run
+    "linear": lambda shape, out: MLP(int(np.prod(shape)), out, ()),
     "mlp-16": lambda shape, out: MLP(int(np.prod(shape)), out, (16,)),
     "cnn": lambda shape, out: McMahanCNN(shape[0], out, shape[1], shape[2]),
     "resnet18": lambda shape, out: resnet18(out),

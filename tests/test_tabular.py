@@ -143,6 +143,37 @@ def test_members_tables_are_standardized_by_pooled_statistics_and_their_cards_sa
             f"(the card: {last[str(i)]!r})"), said
 
 
+def test_fedamp_personalizes_the_linear_model_an_analyst_fits(tmp_path, capsys):
+    """model = "linear": one layer (multinomial logistic regression on the standardized
+    columns) as the federated model; each member takes home its own, rebuilt by predict to
+    the card's score."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from fedamp_flwr import cli
+
+    from .helpers import run_named
+
+    nodes = _tables(tmp_path)
+    metrics = run_named(tmp_path, "run", {**TABLE, "model": "linear"}, 3, nodes)
+    last = metrics["rounds"][-1]["client_accuracy"]
+    weights = []
+    for i, node in enumerate(nodes):
+        model = tmp_path / f"models-{i}" / "run" / f"site-{i}.safetensors"
+        card = json.loads(model.with_suffix(".json").read_text())
+        assert card["model"]["name"] == "linear"
+        tensors = load_file(str(model))
+        assert sorted((k, tuple(v.shape)) for k, v in tensors.items()) == [
+            ("net.0.bias", (3,)), ("net.0.weight", (3, 4))]
+        weights.append(tensors["net.0.weight"])
+        assert cli.main(["predict", str(model), node["data-path"], "--rows", "test",
+                         "--out", str(tmp_path / "p.csv")]) == 0
+        said = capsys.readouterr().out.strip().splitlines()[-1]
+        assert said.endswith(f"(the card: {last[str(i)]!r})"), said
+    assert not torch.equal(weights[0], weights[1])  # each member its own
+
+
 def test_under_dp_no_member_gives_its_sums_and_each_standardizes_by_its_own(tmp_path, caplog):
     import json
     import logging
