@@ -223,8 +223,13 @@ class Arm:
         return losses
 
     def finite(self) -> bool:
-        """Whether every parameter is still finite (steps too large make them not)."""
-        return all(bool(torch.isfinite(p).all()) for p in self.net.parameters())
+        """Whether every parameter, and every client's model it generates, is still finite
+        (steps too large make them not; parameters finite but large enough that a
+        generated model overflows, too)."""
+        if not all(bool(torch.isfinite(p).all()) for p in self.net.parameters()):
+            return False
+        with torch.no_grad():
+            return bool(torch.isfinite(self.net.generate(self.net.encode(self.prop))).all())
 
 
 def side_problem(losses_needed: bool, side: ArrayRecord | None, spec: Any,

@@ -860,10 +860,13 @@ class Panacea(PersonalizedStrategy):
             if server_round < self.warmup_rounds:
                 return
             self._adopt(self._infer_graph(server_round))  # then GH's first server steps
+        diverged = False
         if len(rows):
-            self._server_steps(server_round, rows, trained)
+            diverged = self._server_steps(server_round, rows, trained)
         if self.stage:
             self._side_update(server_round, rows)
+        if diverged and self.stage == WATCH:  # the pFedHN path it watched takes the run back
+            self._switch_back(server_round, diverged=True)
 
     def _add_warmup(self, rows: torch.Tensor, params: torch.Tensor) -> None:
         """The warm-up's sums: each client's update from the initial model."""
@@ -910,10 +913,10 @@ class Panacea(PersonalizedStrategy):
             rows, params = rows[arms == 0], params[~mask]
         self.arms[GRAPH].steps(rows, params, int(s.panacea_server_steps),
                                float(s.panacea_server_clip), s.panacea_lambda_d, self.pair_gen)
-        if not all(arm.finite() for arm in self.arms.values()):
-            raise RunCannotGoOn(f"round {server_round}: a guard hypernetwork's parameters are no "
-                               "longer finite: lower panacea-server-lr or panacea-server-steps "
-                               "(the last checkpoint is intact)")
+        broken = [name for name, arm in self.arms.items() if not arm.finite()]
+        if broken:  # the run (pFedHN) is intact: the side is dropped, the run goes on
+            self._decide(server_round, diverged=broken)
+            return
         if self.stage == GUARD and server_round >= self.warmup_rounds + self.guard_rounds:
             self._decide(server_round)
 
@@ -942,16 +945,24 @@ class Panacea(PersonalizedStrategy):
         path = self.path[0]
         self.arms[NONE].steps(rows, params, int(path.panacea_server_steps),
                               float(path.panacea_server_clip), 0.0, self.pair_gen)
-        if not self.arms[NONE].finite():
-            raise RunCannotGoOn(f"round {server_round}: the watched no-graph hypernetwork's "
-                               "parameters are no longer finite (the last checkpoint is intact)")
-        self.history.notes.setdefault("graph_guard", {})["rounds"] = self.guard_record
+        note = self.history.notes.setdefault("graph_guard", {})
+        note["rounds"] = self.guard_record
+        if not self.arms[NONE].finite():  # the run (the graph's) is intact: it goes on alone
+            note["watch_ended"] = {"round": server_round, "why": (
+                "the watched no-graph path's hypernetwork diverged (its parameters or a model "
+                "it generates no longer finite)")}
+            log(WARNING, "Round %d: the watched no-graph path (pFedHN) diverged: the watch "
+                "ends, the run goes on with the inferred graph", server_round)
+            self.stage, self.arms = "", {}
+            return
         if falls_behind([r for r in self.guard_record if r.get("stage") == WATCH]):
             self._switch_back(server_round)
 
-    def _switch_back(self, server_round: int) -> None:
-        """The graph's run fell behind on the held-out rows: the run goes on as the no-graph
-        path (pFedHN) it kept training on the side, at its settings, to the end."""
+    def _switch_back(self, server_round: int, diverged: bool = False) -> None:
+        """The graph's run fell behind on the held-out rows (or ``diverged``: its
+        hypernetwork's parameters or a model it generates are no longer finite): the run goes
+        on as the no-graph path (pFedHN) it kept training on the side, at its settings, to
+        the end."""
         arm, path = self.arms[NONE], self.path[0]
         self._apply(path)
         self.adjacency, self.use_generator, self.sizes = None, False, _sizes(path, 0)
@@ -960,24 +971,29 @@ class Panacea(PersonalizedStrategy):
         self.decided, self.stage, self.arms = NONE, "", {}
         note = self.history.notes.setdefault("graph_guard", {})
         note["switched_back"] = {"round": server_round, "why": (
+            "the inferred graph's run diverged (its hypernetwork's parameters or a model it "
+            "generates no longer finite)" if diverged else
             "the inferred graph's run had a higher mean held-out error than the no-graph "
             "path's (pFedHN, trained on the side since the graph took over) over the last two "
             "watch rounds")}
-        log(WARNING, "Round %d: the inferred graph's run fell behind the no-graph path (pFedHN) "
-            "on the clients' held-out rows: the run goes back to pFedHN from the next round "
-            "(trained on the side since round %d)", server_round, int(note.get("round", 0)) + 1)
+        log(WARNING, "Round %d: the inferred graph's run %s: the run goes back to pFedHN from "
+            "the next round (trained on the side since round %d)", server_round,
+            "diverged" if diverged else "fell behind the no-graph path (pFedHN) on the "
+            "clients' held-out rows", int(note.get("round", 0)) + 1)
 
-    def _decide(self, server_round: int) -> None:
+    def _decide(self, server_round: int, diverged: list[str] | None = None) -> None:
         """The guard's end: the graph's hypernetwork takes over the run if it won; else the
-        run goes on as the pFedHN it has been."""
-        chosen = self.decided = choose(self.guard_record)
+        run goes on as the pFedHN it has been (at once where a side hypernetwork
+        ``diverged``: its parameters or a model it generates no longer finite)."""
+        chosen = self.decided = NONE if diverged else choose(self.guard_record)
         self.history.notes["graph_guard"] = {
             "round": server_round, "chosen": chosen, "held_out_share": GUARD_SHARE,
             "criterion": f"mean error (classification: 1 - accuracy; regression: MSE) on the "
                          f"clients' held-out training rows (each round's {TRIM:.0%} highest and "
                          f"lowest left out), the graph's over no graph's, averaged over the last "
                          f"two guard rounds: the graph takes over if below {1 - GUARD_MARGIN:g}",
-            "rounds": self.guard_record}
+            "rounds": self.guard_record,
+            **({"diverged": diverged} if diverged else {})}
         if chosen == GRAPH:
             arm = self.arms[GRAPH]
             # the no-graph path the run has been (pFedHN) goes on training on the side, watched
@@ -993,6 +1009,12 @@ class Panacea(PersonalizedStrategy):
                 "against pFedHN (trained on the side; the run goes back to it if the graph "
                 "falls behind)", server_round, 100 * GUARD_MARGIN)
             self.stage, self.arms = WATCH, {NONE: watched}
+        elif diverged:
+            log(WARNING, "Round %d: the guard's side hypernetwork of %s diverged (its "
+                "parameters or a model it generates no longer finite): the side is dropped, the "
+                "run goes on as pFedHN (no graph), as it has trained since round 1",
+                server_round, " and ".join(diverged))
+            self.stage, self.arms = "", {}
         else:
             log(WARNING, "Round %d: the inferred graph did not beat no graph by more than %g%% "
                 "on the clients' held-out rows: the run goes on as pFedHN (no graph), as it "
@@ -1000,17 +1022,23 @@ class Panacea(PersonalizedStrategy):
             self.stage, self.arms = "", {}
         self._update_sum, self._update_count = None, None
 
-    def _server_steps(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
-        """K_s steps of GH toward the trained models of ``rows``."""
+    def _server_steps(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> bool:
+        """K_s steps of GH toward the trained models of ``rows``; in the watch, whether GH
+        diverged (its parameters or a generated model no longer finite: the run then goes
+        back to the watched pFedHN path), elsewhere a divergence stops the run."""
         main = Arm(self.net, self.optimizer, self.adj, self.use_generator)
         losses = main.steps(rows, trained[:, : self.flat.num_params], self.server_steps,
                             self.server_clip, self.lambda_d, self.pair_gen)
         self.history.record_server_losses(server_round, losses)  # the last step's
         log(INFO, "Round %d: server step on %d clients, mean 1/2 ||theta - trained||^2 = %.4g",
             server_round, len(rows), losses.get("model", 0.0))
-        if not main.finite():
-            raise RunCannotGoOn(
-                f"round {server_round}: the hypernetwork's parameters are no longer finite after "
+        if main.finite():
+            return False
+        if self.stage == WATCH:
+            return True
+        raise RunCannotGoOn(
+                f"round {server_round}: the hypernetwork's parameters or the models it generates "
+                f"are no longer finite after "
                 f"{self.server_steps} server steps at lr {self.server_lr:g} (momentum "
                 f"{self.server_momentum:g}): the steps are too large for this task; lower "
                 f"panacea-server-lr or panacea-server-steps (the last checkpoint is intact)")

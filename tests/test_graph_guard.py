@@ -452,3 +452,54 @@ def test_the_guards_keys_get_one_clear_line_before_any_round(override, words):
         RunConfig.from_run_config({"strategy": "panacea", "graph": "inferred",
                                    "num-server-rounds": 10, **override,
                                    "graph-guard-rounds": 0})
+
+
+def test_an_arm_whose_generated_models_overflow_is_not_finite():
+    from strategies.graph_guard import Arm
+    from strategies.hypernetwork import GraphHyperNetwork
+
+    net = GraphHyperNetwork(4, [3, 2], embed_dim=4, gnn_layers=0, hidden=4, mlp_layers=1,
+                            generator=False)
+    arm = Arm(net, torch.optim.SGD(net.parameters(), lr=0.1), None, False)
+    assert arm.finite()
+    with torch.no_grad():  # every parameter finite, the models it generates not
+        for p in net.parameters():
+            p.fill_(1e30)
+    assert all(bool(torch.isfinite(p).all()) for p in net.parameters()) and not arm.finite()
+
+
+@pytest.mark.parametrize("where", ["guard", "watch"])
+def test_a_hypernetwork_that_diverges_never_stops_a_guarded_run(tmp_path, monkeypatch, where):
+    """The graph's hypernetwork diverges: in the guard, the side is dropped and the run goes
+    on as the pFedHN it has been; in the watch, the run goes back to the pFedHN path it
+    watched. Either way the run ends, its rounds all evaluated."""
+    import strategies.panacea as panacea
+    from strategies.graph_guard import Arm
+
+    monkeypatch.setattr(panacea, "choose", lambda rounds: GRAPH)
+    monkeypatch.setattr(panacea, "falls_behind", lambda rounds: False)
+    calls = {"graph": 0}
+    # the graph's hypernetwork is checked after the warm-up's round 1, after the guard's
+    # round 2, then (the run's, in the watch) after round 3: it diverges at the 1st or 3rd
+    limit = 1 if where == "guard" else 3
+    real = Arm.finite
+
+    def finite(self):
+        if self.adj is None:
+            return real(self)
+        calls["graph"] += 1
+        return calls["graph"] < limit
+
+    monkeypatch.setattr(Arm, "finite", finite)
+    metrics, _ = run_local(tmp_path, "panacea", 6, **{
+        "graph": "inferred", "graph-k": 2, "graph-warmup-rounds": 1, "graph-guard-rounds": 1,
+        "num-server-rounds": 4, "local-steps": 3, "panacea-server-lr": 0.01})
+    guard = metrics["graph_guard"]
+    assert metrics["finished"] and [r["round"] for r in metrics["rounds"]] == [1, 2, 3, 4]
+    assert all(r.get("mean_accuracy") is not None for r in metrics["rounds"])
+    if where == "guard":
+        assert guard["chosen"] == NONE and guard["round"] == 1
+        assert guard["diverged"] == [GRAPH] and "switched_back" not in guard
+    else:
+        assert guard["chosen"] == GRAPH and guard["switched_back"]["round"] == 3
+        assert "diverged" in guard["switched_back"]["why"]
