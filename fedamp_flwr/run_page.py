@@ -368,14 +368,23 @@ class RunPage:
         if not isinstance(held, dict) or not _round_no(held.get("round")):
             return ""
         decided, chosen = held["round"], held.get("chosen")
-        back = held.get("switched_back")
+        back, ended = held.get("switched_back"), held.get("watch_ended")
+        diverged = isinstance(back, dict) and "diverged" in str(back.get("why", ""))
         back = back["round"] if isinstance(back, dict) and _round_no(back.get("round")) else None
+        ended = ended["round"] if isinstance(ended, dict) and _round_no(ended.get("round")) \
+            else None
         if chosen == GUARD_ARMS[0]:
             said = (f"The inferred graph beat no graph on the clients' held-out rows in the "
-                    f"guard (decided in round {decided}) and took over the run; "
-                    + (f"in round {back} it fell behind pFedHN, trained on the side, and the "
-                       "run went back to pFedHN to the end." if back is not None else
-                       "it stayed ahead of pFedHN, watched on the side, to the end."))
+                    f"guard (decided in round {decided}) and took over the run; " + (
+                        f"in round {back} it {'diverged' if diverged else 'fell behind pFedHN'}"
+                        ", and the run went back to pFedHN (trained on the side) to the end."
+                        if back is not None else
+                        f"in round {ended} the pFedHN path watched beside it diverged, and the "
+                        "run went on with the graph, unwatched, to the end." if ended is not None
+                        else "it stayed ahead of pFedHN, watched on the side, to the end."))
+        elif chosen == GUARD_ARMS[1] and held.get("diverged"):
+            said = (f"A hypernetwork of the guard diverged in round {decided}: the side was "
+                    "dropped, and the run was pFedHN throughout.")
         elif chosen == GUARD_ARMS[1]:
             said = (f"The inferred graph did not beat no graph on the clients' held-out rows "
                     f"in the guard (decided in round {decided}): the run was pFedHN "

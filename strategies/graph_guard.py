@@ -264,7 +264,7 @@ def falls_behind(rounds: list[dict]) -> bool:
     path has trained on the held-out rows in the warm-up and guard rounds (it was the run),
     never decides alone."""
     seen = [r for r in rounds if r["clients"] > 0][-2:]
-    return len(seen) == 2 and sum(float(r[GRAPH]) for r in seen) > sum(
-        float(r[NONE]) for r in seen)
+    return len(seen) == 2 and sum(float(r[GRAPH]) / 2 for r in seen) > sum(  # no overflow
+        float(r[NONE]) / 2 for r in seen)
 #: the generic keys of a train message that the side training takes from the run's own
 GENERIC_TRAIN = (LOCAL_STEPS, LOCAL_EPOCHS, BATCH_SIZE)

@@ -867,6 +867,12 @@ class Panacea(PersonalizedStrategy):
             self._side_update(server_round, rows)
         if diverged and self.stage == WATCH:  # the pFedHN path it watched takes the run back
             self._switch_back(server_round, diverged=True)
+        elif diverged and self.decided == GRAPH:  # and the path watched diverged too
+            raise RunCannotGoOn(
+                f"round {server_round}: the inferred graph's hypernetwork and the pFedHN path "
+                "watched beside it both diverged (their parameters or the models they generate "
+                "no longer finite): lower panacea-server-lr or panacea-server-steps (the last "
+                "checkpoint is intact)")
 
     def _add_warmup(self, rows: torch.Tensor, params: torch.Tensor) -> None:
         """The warm-up's sums: each client's update from the initial model."""
@@ -1060,10 +1066,13 @@ class Panacea(PersonalizedStrategy):
         elif self.stage == WATCH:
             said = "used by the run, watched against pFedHN on the clients' held-out rows"
         elif back:
-            said = (f"used until round {back['round']}, then dropped: pFedHN did better on "
-                    "the clients' held-out rows")
+            said = (f"used until round {back['round']}, then dropped: " + (
+                "it diverged" if "diverged" in str(back.get("why", "")) else
+                "pFedHN did better on the clients' held-out rows"))
         elif self.decided == NONE:
-            said = "not used: it did not beat no graph on the clients' held-out rows"
+            said = ("not used: a hypernetwork of the guard diverged" if self.history.notes.get(
+                "graph_guard", {}).get("diverged") else
+                "not used: it did not beat no graph on the clients' held-out rows")
         else:
             said = "used by the run"
         return edges, said

@@ -14,11 +14,13 @@ summing to 1; ``y``: the true class indices), the prediction being the most prob
   each class's one-vs-rest AUC over the classes present in ``y`` (where ``y`` holds one
   class only, none);
 * ``brier`` (two classes): the mean of (p(second class) - [y is the second class])^2;
-* ``confusion``: rows the true class, columns the predicted one.
+* ``confusion``: rows the true class, columns the predicted one (up to
+  :data:`MOST_CONFUSION` classes).
 
 Regression (``predictions`` and ``y`` of one shape): ``mse``, ``mae`` and ``r2`` (1 - the
 squared error's sum over y's sum of squares about each output's mean, pooled over the
-outputs: scikit-learn's ``multioutput="variance_weighted"``; none where y is constant).
+outputs: scikit-learn's ``multioutput="variance_weighted"`` where no output is constant;
+none where y is constant).
 
 No scikit-learn here (a member's node does not install it); tests/test_scores.py checks
 each against scikit-learn's and against values worked by hand.
@@ -33,6 +35,8 @@ import numpy as np
 
 #: the smallest probability log loss takes the log of
 EPS = 1e-15
+#: the most classes whose confusion matrix is given
+MOST_CONFUSION = 100
 
 
 def average_ranks(values: np.ndarray) -> np.ndarray:
@@ -68,15 +72,17 @@ def classification_scores(probabilities: np.ndarray, y: np.ndarray) -> dict[str,
     if y.min() < 0 or y.max() >= classes:
         raise ValueError(f"labels in [{y.min()}, {y.max()}]; allowed: 0 to {classes - 1}")
     predicted = p.argmax(1)
-    confusion = np.bincount(y * classes + predicted, minlength=classes * classes).reshape(
-        classes, classes)
-    present = confusion.sum(1) > 0
-    recall = np.diag(confusion)[present] / confusion.sum(1)[present]
+    counts = np.bincount(y, minlength=classes)
+    present = counts > 0
+    right = np.bincount(y[predicted == y], minlength=classes)
+    recall = right[present] / counts[present]
     out: dict[str, Any] = {
         "accuracy": float((predicted == y).mean()),
         "balanced_accuracy": float(recall.mean()),
-        "log_loss": float(-np.log(np.clip(p[np.arange(len(y)), y], EPS, 1.0)).mean()),
-        "confusion": confusion.tolist()}
+        "log_loss": float(-np.log(np.clip(p[np.arange(len(y)), y], EPS, 1.0)).mean())}
+    if classes <= MOST_CONFUSION:  # (more: classes^2 numbers on a card and a log line)
+        out["confusion"] = np.bincount(y * classes + predicted, minlength=classes * classes
+                                       ).reshape(classes, classes).tolist()
     if classes == 2:
         out["auc"] = auc(p[:, 1], y == 1)
         out["brier"] = float(((p[:, 1] - (y == 1)) ** 2).mean())
@@ -118,14 +124,19 @@ def said(scores: dict[str, Any]) -> str:
 
 def of_model(model: Any, x: Any, y: Any) -> dict[str, Any]:
     """The scores of a torch model on rows ``x`` with labels ``y`` (integer: classes, the
-    softmax of its outputs; float: regression), on the model's own device; a score that is
-    not finite (a diverged model's) is None."""
+    softmax of its outputs; float: regression), on the model's own device; a model whose
+    outputs are not all finite (a diverged one) gets none of its scores (None), and a score
+    that is not finite is None."""
     import torch
 
     from .export import predict
 
     device = next(model.parameters()).device
     outputs = predict(model, x.to(device)).detach().cpu().double()
+    if not bool(torch.isfinite(outputs).all()):  # a diverged model: no score is its own
+        keys = ("mse", "mae", "r2") if torch.is_floating_point(y) else (
+            "accuracy", "balanced_accuracy", "log_loss", "auc")
+        return dict.fromkeys(keys)
     if torch.is_floating_point(y):
         found = regression_scores(outputs.reshape(y.shape).numpy(), y.double().numpy())
     else:

@@ -468,7 +468,7 @@ def test_an_arm_whose_generated_models_overflow_is_not_finite():
     assert all(bool(torch.isfinite(p).all()) for p in net.parameters()) and not arm.finite()
 
 
-@pytest.mark.parametrize("where", ["guard", "watch"])
+@pytest.mark.parametrize("where", ["guard", "watch", "both"])
 def test_a_hypernetwork_that_diverges_never_stops_a_guarded_run(tmp_path, monkeypatch, where):
     """The graph's hypernetwork diverges: in the guard, the side is dropped and the run goes
     on as the pFedHN it has been; in the watch, the run goes back to the pFedHN path it
@@ -485,15 +485,25 @@ def test_a_hypernetwork_that_diverges_never_stops_a_guarded_run(tmp_path, monkey
     real = Arm.finite
 
     def finite(self):
-        if self.adj is None:
-            return real(self)
+        if self.adj is None:  # "both": the pFedHN path watched diverges in the same round
+            return real(self) and not (where == "both" and calls["graph"] >= limit)
         calls["graph"] += 1
         return calls["graph"] < limit
 
     monkeypatch.setattr(Arm, "finite", finite)
-    metrics, _ = run_local(tmp_path, "panacea", 6, **{
-        "graph": "inferred", "graph-k": 2, "graph-warmup-rounds": 1, "graph-guard-rounds": 1,
-        "num-server-rounds": 4, "local-steps": 3, "panacea-server-lr": 0.01})
+    overrides = {"graph": "inferred", "graph-k": 2, "graph-warmup-rounds": 1,
+                 "graph-guard-rounds": 1, "num-server-rounds": 4, "local-steps": 3,
+                 "panacea-server-lr": 0.01}
+    if where == "both":  # nothing intact to go on with: the run stops, round 2 its last
+        from strategies.core.settings import RunCannotGoOn
+
+        with pytest.raises(RunCannotGoOn, match="round 3: the inferred graph's hypernetwork "
+                                                 "and the pFedHN path watched beside it both"):
+            run_local(tmp_path, "panacea", 6, **overrides)
+        metrics = json.loads((tmp_path / "panacea" / "metrics.json").read_text())
+        assert not metrics["finished"] and metrics["completed_rounds"] == 2
+        return
+    metrics, _ = run_local(tmp_path, "panacea", 6, **overrides)
     guard = metrics["graph_guard"]
     assert metrics["finished"] and [r["round"] for r in metrics["rounds"]] == [1, 2, 3, 4]
     assert all(r.get("mean_accuracy") is not None for r in metrics["rounds"])

@@ -149,6 +149,12 @@ def test_the_guards_choice_and_a_switch_back_are_on_the_page(tmp_path):
     assert "in round 7 it fell behind pFedHN" in member and "held-out errors" not in member
     # kept: the sentence without a switch; refused: a record that is no guard's
     for guard, said in (({"round": 4, "chosen": "inferred graph"}, "stayed ahead of pFedHN"),
+                        ({"round": 4, "chosen": "inferred graph", "switched_back": {
+                            "round": 6, "why": "the run diverged"}}, "in round 6 it diverged"),
+                        ({"round": 4, "chosen": "inferred graph", "watch_ended": {"round": 5}},
+                         "in round 5 the pFedHN path watched beside it diverged"),
+                        ({"round": 3, "chosen": "no graph", "diverged": ["inferred graph"]},
+                         "A hypernetwork of the guard diverged in round 3"),
                         ({"round": 4, "chosen": "no graph"}, "the run was pFedHN throughout"),
                         ({"round": True, "chosen": "no graph"}, None),
                         ({"round": 4, "chosen": "<b>"}, None), ("x", None)):

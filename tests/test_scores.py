@@ -85,7 +85,13 @@ def test_a_models_scores_and_a_diverged_models_are_none_not_nan():
     assert got == classification_scores(p, y.numpy())
     with torch.no_grad():
         model.weight.fill_(float("nan"))
-    broken = of_model(model, x, y)
-    assert broken["log_loss"] is None and broken["brier"] is None
+    broken = of_model(model, x, y)  # no score looks real
+    assert broken == dict.fromkeys(("accuracy", "balanced_accuracy", "log_loss", "auc"))
     reg = of_model(nn.Linear(3, 1), x, torch.randn(20, 1))
     assert set(reg) == {"mse", "mae", "r2"} and all(isinstance(v, float) for v in reg.values())
+
+
+def test_many_classes_get_no_confusion_matrix():
+    p = np.full((3, 500), 1 / 500)
+    s = classification_scores(p, np.array([0, 1, 499]))
+    assert "confusion" not in s and s["accuracy"] == 1 / 3 and s["balanced_accuracy"] == 1 / 3
