@@ -92,7 +92,7 @@ from tasks.data import Split, to_tensors
 from tasks.export import ModelFileError, load_model, predict
 from tasks.files import write_private_text
 from tasks.members import load_member_data, read_member_rows
-from tasks.scores import classification_scores, regression_scores
+from tasks.scores import of_outputs
 from tasks.scores import said as scores_line
 from tasks.train import evaluate
 
@@ -244,7 +244,6 @@ def predict_file(model_path: str, data: str, out: str | None, which: str = "all"
     outputs = predict(loaded.model, x)
     # the row's number in the file (0 first), so that a prediction joins back to its row
     table: dict[str, object] = {"row": np.arange(len(x))} if which == "all" else {}
-    probabilities = None
     if schema.kind == tasks.CLASSIFICATION:
         classes = outputs.argmax(1).numpy()
         names = list(schema.class_names) or [str(i) for i in range(schema.num_outputs)]
@@ -273,9 +272,7 @@ def predict_file(model_path: str, data: str, out: str | None, which: str = "all"
         recorded = recorded if isinstance(recorded, dict) else {}
         said = (f" (the card: {recorded.get('accuracy', recorded.get('mse'))!r})"
                 if which == "test" else "")
-        scores = (classification_scores(probabilities, y.numpy()) if probabilities is not None
-                  else regression_scores(outputs.reshape(y.shape).double().numpy(), y.numpy()))
-        print(f"On the {len(y)} {what}: {scores_line(scores)}")
+        print(f"On the {len(y)} {what}: {scores_line(of_outputs(outputs, y))}")
         print(f"{score} on {len(y)} {what} of {data}{said}")  # last: the run's own measure
     return 0
 

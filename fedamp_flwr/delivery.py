@@ -309,8 +309,9 @@ def keep_tested_model(context: Context, cfg: RunConfig, dc: tasks.DataConfig, co
             learned_from=request.learned_from, started=request.started,
             graph=request.graph, **card))
         if written and analyst:
-            log(INFO, "This model on its %s test rows: %s", scores.get(NUM_EXAMPLES, "?"),
-                said_scores(analyst))
+            log(INFO, "This model on the %s rows its score is on (%s): %s",
+                scores.get(NUM_EXAMPLES, "?"), "validation" if cfg.validation_fraction > 0
+                else "test", said_scores(analyst))
         if written and request.learned_from:
             log(INFO, "This model learned most from %s; its own model's weight %.3g",
                 ", ".join(f"'{o['member']}' ({o['weight']:.3g})"

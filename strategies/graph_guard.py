@@ -249,7 +249,8 @@ def side_problem(losses_needed: bool, side: ArrayRecord | None, spec: Any,
 #: graph took over, the watch to the run's end
 WARMUP, GUARD, WATCH = "warm-up", "guard", "watch"
 #: in a watch round's train message: the run's model too trains on the rows less the held-out
-#: ones (so that both models compared on them have never seen them)
+#: ones (so that the graph's run never sees the rows it is compared on; the pFedHN path did,
+#: as the run, in the warm-up's and the guard's rounds)
 HOLD_OUT_RUN = "panacea-hold-out-run"
 
 

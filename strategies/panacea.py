@@ -964,16 +964,24 @@ class Panacea(PersonalizedStrategy):
         if falls_behind([r for r in self.guard_record if r.get("stage") == WATCH]):
             self._switch_back(server_round)
 
+    def _run_on(self, arm: Arm, settings: PanaceaSettings, adjacency: torch.Tensor | None,
+                generator: bool, layers: int) -> None:
+        """The run goes on with ``arm``'s hypernetwork (its graph, ``adjacency``, and
+        ``layers`` GCN layers) at ``settings``: the guard's choice of the graph, or the
+        watch's way back to pFedHN."""
+        self._apply(settings)
+        self.adjacency, self.use_generator = adjacency, generator
+        self.sizes = _sizes(settings, layers)
+        self.hnet, self.optimizer, self.adj, self.prop = arm.net, arm.optimizer, arm.adj, \
+            arm.prop
+        self.learned_weights = _propagated(self.prop, settings.panacea_gnn_layers)
+
     def _switch_back(self, server_round: int, diverged: bool = False) -> None:
         """The graph's run fell behind on the held-out rows (or ``diverged``: its
         hypernetwork's parameters or a model it generates are no longer finite): the run goes
         on as the no-graph path (pFedHN) it kept training on the side, at its settings, to
         the end."""
-        arm, path = self.arms[NONE], self.path[0]
-        self._apply(path)
-        self.adjacency, self.use_generator, self.sizes = None, False, _sizes(path, 0)
-        self.hnet, self.optimizer, self.adj, self.prop = arm.net, arm.optimizer, None, None
-        self.learned_weights = _propagated(None, path.panacea_gnn_layers)
+        self._run_on(self.arms[NONE], self.path[0], None, False, 0)
         self.decided, self.stage, self.arms = NONE, "", {}
         note = self.history.notes.setdefault("graph_guard", {})
         note["switched_back"] = {"round": server_round, "why": (
@@ -1004,12 +1012,8 @@ class Panacea(PersonalizedStrategy):
             arm = self.arms[GRAPH]
             # the no-graph path the run has been (pFedHN) goes on training on the side, watched
             watched = Arm(self.net, self.optimizer, None, False)
-            self._apply(self.own)
-            self.adjacency, self.use_generator = self.inferred, self.wants_generator
-            self.sizes = _sizes(self.own, self.own.panacea_gnn_layers)
-            self.hnet, self.optimizer, self.adj, self.prop = arm.net, arm.optimizer, arm.adj, \
-                arm.prop
-            self.learned_weights = _propagated(self.prop, self.own.panacea_gnn_layers)
+            self._run_on(arm, self.own, self.inferred, self.wants_generator,
+                         self.own.panacea_gnn_layers)
             log(INFO, "Round %d: the inferred graph beat no graph by more than %g%% on the "
                 "clients' held-out rows: Panacea on it takes over the run, watched to the end "
                 "against pFedHN (trained on the side; the run goes back to it if the graph "

@@ -113,34 +113,41 @@ WORDS = {"accuracy": "accuracy", "balanced_accuracy": "balanced accuracy", "auc"
 
 
 def said(scores: dict[str, Any]) -> str:
-    """The scores in one line (those that are numbers), then the confusion matrix's rows."""
+    """The scores in one line (those that are numbers; "no score: its outputs are not all
+    finite" where none is), then the confusion matrix's rows."""
     line = ", ".join(f"{WORDS[k]} {scores[k]:.4g}" for k in WORDS
-                     if isinstance(scores.get(k), float))
+                     if isinstance(scores.get(k), float)) or \
+        "no score: the model's outputs are not all finite"
     if "confusion" in scores:
         line += "; confusion matrix (a row per true class, a column per predicted): " + \
             " / ".join(" ".join(str(v) for v in row) for row in scores["confusion"])
     return line
 
 
-def of_model(model: Any, x: Any, y: Any) -> dict[str, Any]:
-    """The scores of a torch model on rows ``x`` with labels ``y`` (integer: classes, the
-    softmax of its outputs; float: regression), on the model's own device; a model whose
-    outputs are not all finite (a diverged one) gets none of its scores (None), and a score
-    that is not finite is None."""
+def of_outputs(outputs: Any, y: Any) -> dict[str, Any]:
+    """The scores of a model's raw outputs (a torch tensor) against labels ``y`` (integer:
+    classes, the softmax of the outputs; float: regression); outputs that are not all
+    finite (a diverged model's) get none of the scores (None), and a score that is not
+    finite is None."""
     import torch
 
-    from .export import predict
-
-    device = next(model.parameters()).device
-    outputs = predict(model, x.to(device)).detach().cpu().double()
+    outputs = outputs.detach().cpu().double()
     if not bool(torch.isfinite(outputs).all()):  # a diverged model: no score is its own
         keys = ("mse", "mae", "r2") if torch.is_floating_point(y) else (
             "accuracy", "balanced_accuracy", "log_loss", "auc")
         return dict.fromkeys(keys)
     if torch.is_floating_point(y):
-        found = regression_scores(outputs.reshape(y.shape).numpy(), y.double().numpy())
+        found = regression_scores(outputs.reshape(y.shape).numpy(), y.double().cpu().numpy())
     else:
         found = classification_scores(torch.softmax(outputs, dim=1).numpy(), y.cpu().numpy())
-    # a diverged model's outputs: its scores are none, never NaN (a card is strict JSON)
+    # a card is strict JSON: a score that is not finite is none, never NaN
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v
             for k, v in found.items()}
+
+
+def of_model(model: Any, x: Any, y: Any) -> dict[str, Any]:
+    """:func:`of_outputs` of a torch model on rows ``x``, on the model's own device."""
+    from .export import predict
+
+    device = next(model.parameters()).device
+    return of_outputs(predict(model, x.to(device)), y)

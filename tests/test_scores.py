@@ -87,6 +87,7 @@ def test_a_models_scores_and_a_diverged_models_are_none_not_nan():
         model.weight.fill_(float("nan"))
     broken = of_model(model, x, y)  # no score looks real
     assert broken == dict.fromkeys(("accuracy", "balanced_accuracy", "log_loss", "auc"))
+    assert said(broken) == "no score: the model's outputs are not all finite"
     reg = of_model(nn.Linear(3, 1), x, torch.randn(20, 1))
     assert set(reg) == {"mse", "mae", "r2"} and all(isinstance(v, float) for v in reg.values())
 
