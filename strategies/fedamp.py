@@ -200,11 +200,10 @@ class FedAMP(PersonalizedStrategy):
         if flags.rescaled_rows and flags.largest > 0:
             if not self._rescaled_rounds:
                 log(INFO, "Round %d: in %d of %d rows the others' Eq. 6 weights summed above 1 "
-                    "(max %.3g): those clients' cloud models mix only the others' models "
-                    "(xi_ii = 0). A number for %s-self-weight, or a smaller fedamp-alpha-k, "
-                    "keeps each client's own model in (docs/methods.md; said once a run)",
+                    "(max %.3g): the own model counts as one at distance 0 there (xi_ii >= "
+                    "1 / %d); a number for %s-self-weight fixes xi_ii (docs/methods.md)",
                     server_round, flags.rescaled_rows, flags.rows, flags.largest_row_sum,
-                    self.method)
+                    flags.rows, self.method)
             if server_round not in self._rescaled_rounds:
                 self._rescaled_rounds.append(server_round)
         if flags.underflow and not self._underflow_warned:

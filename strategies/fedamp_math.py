@@ -32,7 +32,7 @@ class Flags(NamedTuple):
     """What the safeguards of :func:`fedamp_weights` did (not in the paper).
 
     ``rows``: of xi; ``rescaled_rows``: rows whose off-diagonal Eq. 6 weights summed above 1
-    (scaled to 1, xi_ii = 0), ``largest_row_sum`` the largest sum; ``underflow``: every
+    (:func:`fedamp_weights`), ``largest_row_sum`` the largest sum; ``underflow``: every
     off-diagonal weight is 0 (sigma too small for the squared distances, ``smallest`` to
     ``largest``): every client trains alone."""
 
@@ -111,11 +111,12 @@ def fedamp_weights(models: torch.Tensor, alpha_k: float, sigma: float,
     to 1 - xi_ii: xi_ij = (1 - xi_ii) softmax_{j != i}(-||w_i - w_j||^2 / sigma). ``apart``
     as the module says. Returns the (m, m) float64 xi (rows convex) and the :class:`Flags`.
 
-    Deviations (numerical safeguards, not in the paper): under Eq. 6's rule a row whose
-    off-diagonal weights sum above 1 (xi_ii would be negative) is scaled to sum to 1 with
-    xi_ii = 0; where every off-diagonal weight underflows to 0, FedAMP has become local
-    training (flagged). With a fixed self weight the proportions are a softmax in log space,
-    which cannot underflow; alpha_k cancels out.
+    Deviations (not in the paper): a row whose off-diagonal weights sum above 1 (xi_ii
+    would be negative) counts the own model as Eq. 6 counts one at distance 0 (alpha_k /
+    sigma): xi_ij = e_ij / (1 + sum_l e_il), xi_ii = 1 / (1 + sum_l e_il) >= 1 / m, e_ij =
+    exp(-||w_i - w_j||^2 / sigma); where every off-diagonal weight underflows to 0, FedAMP
+    has become local training (flagged). With a fixed self weight
+    the proportions are a softmax in log space, which cannot underflow; alpha_k cancels out.
     """
     if alpha_k <= 0 or sigma <= 0:
         raise ValueError(f"alpha_k and sigma must be > 0, got alpha_k={alpha_k}, sigma={sigma}")
@@ -128,7 +129,8 @@ def fedamp_weights(models: torch.Tensor, alpha_k: float, sigma: float,
     xi = torch.where(off, alpha_k * torch.exp(-d2 / sigma) / sigma, torch.zeros_like(d2))
     row_sum = xi.sum(dim=1)
     over = row_sum > 1.0
-    xi[over] = xi[over] / row_sum[over, None]
+    own = alpha_k / sigma  # alpha_k A'(0): the weight Eq. 6 gives a model at distance 0
+    xi[over] = xi[over] / (row_sum[over, None] + own)
     underflow = bool(off.any()) and not bool((xi[off] > 0).any())
     xi.diagonal().copy_((1.0 - xi.sum(dim=1)).clamp_min(0.0))
     if not off.any():

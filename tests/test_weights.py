@@ -39,20 +39,32 @@ def test_fedamp_three_clients_by_hand():
     assert torch.allclose(xi.sum(1), torch.ones(3, dtype=torch.float64))
 
 
-def test_fedamp_rows_above_one_are_rescaled_with_zero_self_weight():
-    # d^2(0,1) = 1, d^2(0,2) = 4; alpha = 10, sigma = 1: row 0 off-diagonals
-    # 10 e^-1 = 3.68 and 10 e^-4 = 0.18 sum above 1 -> scaled, xi_00 = 0
+def test_fedamp_rows_above_one_keep_the_own_model_as_one_at_distance_zero():
+    # d^2(0,1) = 1, d^2(0,2) = 4, d^2(1,2) = 5; alpha = 10, sigma = 1: row 0's off-diagonals
+    # 10 e^-1 = 3.68 and 10 e^-4 = 0.18 sum above 1 -> normalised with its own model counted
+    # at distance 0 (10 e^0 = 10): xi_00 = 1 / (1 + e^-1 + e^-4) = 0.7214..., never 0
     models = t([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]])
     xi, flags = fedamp_weights(models, alpha_k=10.0, sigma=1.0)
-    a, b = math.exp(-1), math.exp(-4)
+    a, b, c = math.exp(-1), math.exp(-4), math.exp(-5)
     # rows 0 (10 e^-1 + 10 e^-4 = 3.86) and 1 (10 e^-1 + 10 e^-5) sum above 1, row 2 does not
     assert flags.rescaled_rows == 2 and not flags.underflow
     assert flags.largest_row_sum == pytest.approx(10 * (a + b), abs=1e-12)
-    assert xi[0, 0] == 0.0
-    assert xi[0, 1].item() == pytest.approx(a / (a + b), abs=1e-15)
-    assert xi[0, 2].item() == pytest.approx(b / (a + b), abs=1e-15)
+    assert xi[0].tolist() == pytest.approx([1 / (1 + a + b), a / (1 + a + b), b / (1 + a + b)],
+                                           abs=1e-15)
+    assert xi[0, 0].item() == pytest.approx(0.72140, abs=1e-5)
+    assert xi[1].tolist() == pytest.approx([a / (1 + a + c), 1 / (1 + a + c), c / (1 + a + c)],
+                                           abs=1e-15)
+    assert xi[2].tolist() == pytest.approx([10 * b, 10 * c, 1 - 10 * b - 10 * c], abs=1e-15)
     assert torch.allclose(xi.sum(1), torch.ones(3, dtype=torch.float64))
-    assert (xi >= 0).all()
+    assert (xi.diagonal() > 0).all()
+
+
+def test_fedamp_far_above_one_the_own_model_weighs_at_least_one_over_m():
+    # every model equal: every row's others sum to alpha (m - 1) / sigma >> 1; the own model
+    # weighs as one of m equal ones
+    xi, flags = fedamp_weights(torch.zeros(4, 3), alpha_k=1e4, sigma=1.0)
+    assert flags.rescaled_rows == 4
+    assert torch.allclose(xi, torch.full((4, 4), 0.25, dtype=torch.float64), atol=1e-15)
 
 
 def test_fedamp_underflow_is_flagged_with_the_distances():
