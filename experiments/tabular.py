@@ -30,8 +30,10 @@ import numpy as np
 from strategies.core.records import RunFile, client_scores
 
 STRATEGIES = ("fedamp", "heurfedamp", "separate")
+#: scikit-learn's tables (``load_<name>``)
+DATASETS = ("wine", "breast_cancer", "digits")
 SCALINGS = ("pooled", "own", "none")
-#: each member's class mix: member m draws a row of class c with probability MIX[m][c] / ...
+#: each member's class mix: member m draws a row of class c with probability MIX[m][c % 3] / ...
 MIX = ((0.7, 0.2, 0.1), (0.15, 0.7, 0.15), (0.1, 0.2, 0.7))
 
 
@@ -44,7 +46,7 @@ def members(dataset: str, folder: Path, seed: int) -> tuple[list[dict], dict]:
     x, y = data.data, data.target.to_numpy()
     names = [str(n).replace(" ", "_") for n in data.target_names]
     classes = len(names)
-    mix = np.array([row[:classes] for row in MIX], dtype=float)
+    mix = np.array([[row[c % 3] for c in range(classes)] for row in MIX], dtype=float)
     rng = np.random.default_rng(seed)
     owner = np.array([rng.choice(3, p=mix[:, c] / mix[:, c].sum()) for c in y])
     folder.mkdir(parents=True, exist_ok=True)
@@ -84,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.tabular",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--dataset", default="wine", choices=("wine", "breast_cancer"))
+    parser.add_argument("--dataset", default="wine", choices=DATASETS)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--scalings", nargs="+", default=list(SCALINGS), choices=SCALINGS)

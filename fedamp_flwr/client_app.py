@@ -79,8 +79,10 @@ from strategies.core.protocol import (
     FEATURE_MEAN,
     FEATURE_ROW_MEAN,
     FEATURE_STD,
+    HELD_OUT_GAIN,
     INFO,
     INPUT_SHAPE,
+    KEPT_MODEL,
     LOCAL_EPOCHS,
     LOCAL_STEPS,
     LOSS,
@@ -111,17 +113,25 @@ from strategies.core.records import score_of
 from strategies.core.registry import STRATEGIES
 from tasks.dp import DPSGD, os_generator, privatize_update
 from tasks.scenarios import flip_labels
-from tasks.tabular import LEAST_ROWS, column_stats, fit_linear, scaling_problem, standardize
+from tasks.tabular import (
+    LEAST_ROWS,
+    column_stats,
+    fit_linear,
+    folded,
+    scaling_problem,
+    standardize,
+)
 from tasks.tabular import own as own_stats
 from tasks.train import evaluate as evaluate_model
 from tasks.train import num_steps
 from tasks.train import train as train_model
 
-from . import identity
+from . import identity, member_choice
 from .config import ConfigError, RunConfig
 from .delivery import keep_tested_model
 from .identity import IdentityError
 from .ledger import MAX_EPSILON, Declined, Ledger, NodePrivacy, data_digest
+from .member_choice import Choice
 from .sizes import check_client_memory
 
 app = ClientApp()
@@ -174,6 +184,10 @@ class Setup:
     name: str
     #: a member's standardizing statistics (its vector inputs are standardized by them)
     scaling: dict | None = None
+    #: a member's own rule for the model it keeps (:mod:`.member_choice`), and the training
+    #: rows it holds out for it (inputs, targets; None: none held out)
+    choice: Choice | None = None
+    held: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @functools.lru_cache(maxsize=8)
@@ -201,13 +215,15 @@ def _setup(context: Context) -> Setup:
     cfg = _run_config(context)
     if cfg.dataset == tasks.MEMBERS:
         name, path = member_identity(context)
-        keeps_better(context)  # its node config's keep checked before anything runs
         dc = cfg.data_config(0, member=name, data_path=path)
+        assert dc.schema is not None
+        # its own rule for the model it keeps, checked before anything runs
+        choice = Choice.of(dict(context.node_config), dc.schema.kind)
         try:
             data = tasks.load_client_data(dc, 0)
         except tasks.MemberDataError as err:
             raise ConfigError(f"node config '{DATA_PATH}' = {path!r}: {err}") from None
-        return Setup(cfg, -1, dc, data, name)
+        return _held_out(context, Setup(cfg, -1, dc, data, name, choice=choice))
     partition, n = _ids(context)
     if not 0 <= partition < n:
         raise ConfigError(f"node config 'partition-id' = {partition} is outside [0, num-partitions={n})")
@@ -226,6 +242,30 @@ def _setup(context: Context) -> Setup:
                    else f"'dataset' = {cfg.dataset!r}, 'partitioning' = {cfg.partitioning!r}")
         raise ConfigError(f"run config {setting} with num-partitions = {n} clients: {err}") from None
     return Setup(cfg, partition, dc, data, str(partition))
+
+
+def _held_out(context: Context, setup: Setup) -> Setup:
+    """A member's setup with its held-out rows taken from its training rows, where its rule
+    chooses its model on them (:func:`member_choice.held_out`); where it has too few rows
+    to, it keeps the federated model, and its log says so once."""
+    choice, d = setup.choice, setup.data
+    if choice is None or not choice.on:
+        return setup
+    rows = member_choice.held_out(len(d.y_train), choice.fraction, setup.name)
+    if rows is None:
+        if _TOO_FEW not in context.state.config_records:
+            context.state[_TOO_FEW] = ConfigRecord({"told": True})
+            log(logging.WARNING, "This member has %d training rows, too few to hold out %d "
+                "to choose its model on and train on the rest: it keeps the federated model, "
+                "whatever it scores (node config '%s' = %s)", len(d.y_train),
+                member_choice.LEAST_HELD, member_choice.KEEP, "better")
+        return dataclasses.replace(setup, choice=dataclasses.replace(choice, on=False))
+    held, rest = rows
+    data = tasks.ClientData(d.x_train[rest], d.y_train[rest], d.x_test, d.y_test)
+    return dataclasses.replace(setup, data=data, held=(d.x_train[held], d.y_train[held]))
+
+
+_TOO_FEW = "member-too-few-to-hold-out"
 
 
 def _seed(cfg: RunConfig, server_round: int, client_id: int) -> int:
@@ -330,7 +370,9 @@ def _scaled(setup: Setup, config: ConfigRecord) -> tuple[Setup, dict | None]:
     d = setup.data
     data = tasks.ClientData(standardize(d.x_train, means, stds), d.y_train,
                             standardize(d.x_test, means, stds), d.y_test)
-    return (dataclasses.replace(setup, data=data),
+    held = (None if setup.held is None
+            else (standardize(setup.held[0], means, stds), setup.held[1]))
+    return (dataclasses.replace(setup, data=data, held=held),
             {"mean": means, "std": stds, "from": source,
              "columns": (setup.dc.schema.input_names(setup.dc.schema.feature_columns)
                          if setup.dc.schema else [])})
@@ -489,30 +531,25 @@ def _private(context: Context, setup: Setup, job: ClientJob
 
 
 _ALONE, _ALONE_MODEL = "member-alone", "member-alone-model"
-#: node config: which model a member keeps, "federated" (the run's, the default) or "better"
-#: (the run's model trained alone instead, where it scores better on the same test rows)
-KEEP = "keep"
+#: a member's linear model alone, on the run's inputs (:func:`tasks.tabular.folded`)
+_ALONE_LINEAR = "member-alone-linear"
 
 
-def keeps_better(context: Context) -> bool:
-    """Whether this member's node config asks to keep the better of its federated model and
-    the run's model trained alone (``keep = "better"``); a ConfigError names a bad value."""
-    value = context.node_config.get(KEEP, "federated")
-    if value not in ("federated", "better"):
-        raise ConfigError(f"node config '{KEEP}' = {value!r} is invalid; allowed: federated "
-                          "(the run's model), better (the better of it and the run's model "
-                          "trained alone)")
-    return value == "better"
+def _guarded(setup: Setup) -> bool:
+    """Whether this node is a member that chooses the model it keeps (:mod:`.member_choice`)."""
+    return setup.choice is not None and setup.choice.on and setup.held is not None
 
 
 def _alone(context: Context, setup: Setup, job: ClientJob, scores: dict) -> dict:
     """What this client scores alone on the same test rows, with the same inputs, after the
     same local work (:func:`_alone_now`), beside its federated score: said in a member's own
     log. Empty where ``alone`` is false (by default: but for members' tables and the
-    synthetic task)."""
-    if setup.cfg.alone is not True:
+    synthetic task) and this node is not a member that chooses its model on held-out rows
+    (:mod:`.member_choice`: it needs the models alone)."""
+    if setup.cfg.alone is not True and not _guarded(setup):
         return {}
-    held = _alone_now(context, setup, job)
+    with torch.random.fork_rng(devices=[]):  # its training touches no one's random state
+        held = _alone_now(context, setup, job)
     main = str(held["metric"])
     mine = float(scores[main])
     model_score = as_float(held["model"], "model")
@@ -526,14 +563,15 @@ def _alone(context: Context, setup: Setup, job: ClientJob, scores: dict) -> dict
     if setup.partition_id >= 0:  # a simulated client: the server's closing lines say it
         return alone
     scale, unit = (100.0, " points") if accuracy else (1.0, "")
-    taken_home = SAVE_MODEL in job.config  # the model this member keeps: said loudly if worse
     linear_said = "" if linear_score is None else f"the linear model {scale * linear_score:.4g} and "
-    log(logging.WARNING if gain < 0 and taken_home else logging.INFO,
+    # the model it keeps is chosen on held-out rows, and said there (_choose); here, how the
+    # run's model does on the test rows, round by round
+    log(logging.INFO,
         "Round %d: this member's model %s %.4g on its %d test rows; alone, %sthe run's model "
         "%.4g (%d steps): %+.3g%s%s", job.server_round, main, scale * mine,
         len(job.data.y_test), linear_said, scale * model_score, alone["steps"], scale * gain,
         unit, "" if gain >= 0 or not STRATEGIES[setup.cfg.strategy].federates else
-        ": federation does worse for this member than its better model alone")
+        ": federation does worse on these rows than its better model alone")
     return alone
 
 
@@ -543,8 +581,8 @@ def _alone_now(context: Context, setup: Setup, job: ClientJob) -> ConfigRecord:
     up to this one (at each evaluation, the rounds' steps since the one before, with a fresh
     optimizer, as the no-federation baseline trains; kept in ``context.state``, so that no
     round pays for more than its own), and, for vector inputs, the standardized linear model
-    (tasks/tabular.py), fitted once; both tested on its test rows. A member that keeps the
-    better (``keep = "better"``) takes the model from ``context.state``."""
+    (tasks/tabular.py), fitted once; both tested on its test rows. Both models are kept in
+    ``context.state``, for the member's choice (:func:`_choose`)."""
     cfg, data = setup.cfg, job.data
     held = context.state.config_records.get(_ALONE)
     last = as_int(held["round"], "round") if held is not None and "round" in held else 0
@@ -577,9 +615,12 @@ def _alone_now(context: Context, setup: Setup, job: ClientJob) -> ConfigRecord:
         values["linear"] = as_float(held["linear"], "linear")
     elif data.x_train.dim() == 2:  # vectors: the linear model, on its own statistics, once
         mean, std = own_stats(data.x_train)
-        linear = fit_linear(standardize(data.x_train, mean, std), data.y_train, classes)
-        result = evaluate_model(linear, standardize(data.x_test, mean, std), data.y_test,
-                                device=_device())
+        with torch.random.fork_rng(devices=[]):  # (building it draws from the RNG)
+            linear = folded(fit_linear(standardize(data.x_train, mean, std), data.y_train,
+                                       classes), mean, std)  # on the run's inputs
+        context.state[_ALONE_LINEAR] = ArrayRecord(
+            OrderedDict((k, v.detach().cpu()) for k, v in linear.state_dict().items()))
+        result = evaluate_model(linear, data.x_test, data.y_test, device=_device())
         values["linear"] = float(result.accuracy if main == ACCURACY else result.mse)  # type: ignore[arg-type]
     held = context.state[_ALONE] = ConfigRecord({**values, "metric": main, "steps": target,
                                                  "round": job.server_round})
@@ -600,28 +641,71 @@ def evaluate(msg: Message, context: Context) -> Message:
                                      else {MSE: result.mse})}
     scores[NUM_EXAMPLES] = len(job.data.y_test)
     alone = _alone(context, setup, job, scores)
-    kept_model, kept_scores = tested, scores
-    held = context.state.array_records.get(_ALONE_MODEL)
-    federated = float(scores[alone["metric"]] or 0.0) if alone else 0.0
-    alone_better = bool(alone) and (alone["model"] > federated if alone["metric"] == ACCURACY
-                                    else alone["model"] < federated)
-    if alone_better and held is not None and keeps_better(context):  # as the member asked
-        kept_model = tasks.build_model(setup.dc, setup.cfg.model)
-        kept_model.load_state_dict(state_dict(held))
-        result = evaluate_model(kept_model, job.data.x_test, job.data.y_test, device=_device())
-        kept_scores = {LOSS: result.loss, NUM_EXAMPLES: len(job.data.y_test),
-                       **({ACCURACY: result.accuracy} if result.accuracy is not None
-                          else {MSE: result.mse})}
-        log(logging.INFO, "keep = better: the run's model trained alone on this member's rows "
-            "is kept (%s %.4g against the federated %.4g)", alone["metric"],
-            alone["model"], scores[alone["metric"]])
-    kept, said = keep_tested_model(context, setup.cfg, setup.dc, job.config, kept_model,
-                                   client_id, setup.name if setup.partition_id < 0 else None,
-                                   kept_scores, (job.data.x_test, job.data.y_test),
-                                   standardize=setup.scaling,
-                                   alone={**alone, "kept": "alone" if kept_model is not tested
-                                          else "federated"} if alone else None)
+    kept_model, kept_scores, choice = tested, scores, None
+    if _guarded(setup) and SAVE_MODEL in job.config:  # the member's own rule
+        with torch.random.fork_rng(devices=[]):  # the models it builds touch no one's RNG
+            kept_model, choice = _choose(context, setup, job, tested)
+        if kept_model is not tested:
+            result = evaluate_model(kept_model, job.data.x_test, job.data.y_test,
+                                    device=_device())
+            kept_scores = {LOSS: result.loss, NUM_EXAMPLES: len(job.data.y_test),
+                           **({ACCURACY: result.accuracy} if result.accuracy is not None
+                              else {MSE: result.mse})}
+    kept, said = keep_tested_model(
+        context, setup.cfg, setup.dc, job.config, kept_model, client_id,
+        setup.name if setup.partition_id < 0 else None, kept_scores,
+        (job.data.x_test, job.data.y_test), standardize=setup.scaling,
+        alone=alone or None, choice=choice,
+        model_name="linear" if choice and choice["kept"] == member_choice.LINEAR else None)
+    if choice is not None:
+        said[KEPT_MODEL] = member_choice.CODES[choice["kept"]]
+        if choice["gain"] is not None:
+            said[HELD_OUT_GAIN] = choice["gain"]
     alone_said = {k: v for k, v in ((ALONE_LINEAR, alone.get("linear")),
                                     (ALONE_MODEL, alone.get("model"))) if v is not None}
     metrics = _metrics(job, client_id, **scores, **said, **alone_said)
     return Message(RecordDict({METRICS: metrics, **kept}), reply_to=msg)
+
+
+_TOLD_WORSE = "member-told-federation-worse"
+
+
+def _choose(context: Context, setup: Setup, job: ClientJob, tested: torch.nn.Module
+            ) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The model this member keeps: the best on its held-out rows of its federated model and
+    its models alone (:func:`member_choice.choose`), and the choice's record (its card's);
+    said in its log, at WARNING once where federation does worse there."""
+    assert setup.choice is not None and setup.held is not None
+    candidates: dict[str, torch.nn.Module] = {member_choice.FEDERATED: tested}
+    stored = context.state.array_records.get(_ALONE_LINEAR)
+    if stored is not None:
+        state = state_dict(stored)
+        linear = tasks.MODELS["linear"]((state["net.0.weight"].shape[1],),
+                                        state["net.0.weight"].shape[0])
+        linear.load_state_dict(state)
+        candidates[member_choice.LINEAR] = linear
+    stored = context.state.array_records.get(_ALONE_MODEL)
+    if stored is not None:
+        model = tasks.build_model(setup.dc, setup.cfg.model)
+        model.load_state_dict(state_dict(stored))
+        candidates[member_choice.MODEL] = model
+    final = {}
+    if member_choice.LINEAR in candidates:  # refitted on every training row, held-out too
+        x = torch.cat([job.data.x_train, setup.held[0]])
+        y = torch.cat([job.data.y_train, setup.held[1]])
+        mean, std = own_stats(x)
+        final[member_choice.LINEAR] = folded(fit_linear(standardize(x, mean, std), y,
+                                                        setup.dc.schema.num_outputs
+                                                        if setup.dc.schema else 0), mean, std)
+    choice = member_choice.choose(candidates, setup.held, (job.data.x_test, job.data.y_test),
+                                  setup.choice.metric, final)
+    log(logging.INFO, "Round %d: the model this member keeps, chosen by %s", job.server_round,
+        member_choice.said(choice))
+    if choice["kept"] != member_choice.FEDERATED and _TOLD_WORSE not in \
+            context.state.config_records:
+        context.state[_TOLD_WORSE] = ConfigRecord({"told": True})
+        log(logging.WARNING, "This member's federated model scores below its %s on its "
+            "held-out rows (%s): it takes home the %s (node config '%s' = \"federated\" "
+            "keeps the federated model instead)", choice["kept"],
+            member_choice.said(choice).split("; kept")[0], choice["kept"], member_choice.KEEP)
+    return {**candidates, **final}[choice["kept"]], choice

@@ -113,14 +113,19 @@ def model_card(cfg: RunConfig, dc: tasks.DataConfig, *, run: str, token: str, cl
                alone: dict[str, Any] | None = None,
                learned_from: dict[str, Any] | None = None,
                started: dict[str, Any] | None = None,
-               graph: dict[str, Any] | None = None) -> dict[str, Any]:
+               graph: dict[str, Any] | None = None,
+               choice: dict[str, Any] | None = None,
+               model_name: str | None = None) -> dict[str, Any]:
     """A model's card (:mod:`tasks.export`), but for the weights' name and hash;
     ``standardize``: the inputs' standardizing statistics (the model works on raw rows
     only with them: ``predict`` applies them); ``alone``: what the member scores alone;
     ``learned_from``: whom the model learned from (:meth:`SaveRequest.of`); ``started``: how
     it started (a warm start's run, round and sha256 as ``warm_start``; ``from``, the start
     itself, as ``started_from``); ``graph``: the client's edges in the run's inferred client
-    graph and whether the run uses it (``inferred_graph``)."""
+    graph and whether the run uses it (``inferred_graph``); ``choice``: the member's choice
+    of the model it keeps, on its held-out rows (fedamp_flwr/member_choice.py);
+    ``model_name``: the model's own architecture where it is not the run's (a member's
+    linear model alone)."""
     schema = data_schema(cfg, dc)
     main = ACCURACY if ACCURACY in scores else MSE
     return {
@@ -146,12 +151,13 @@ def model_card(cfg: RunConfig, dc: tasks.DataConfig, *, run: str, token: str, cl
         "preprocessing": {**PREPROCESSING, **({"standardize": standardize} if standardize
                                               else {})},
         **({"alone": alone} if alone else {}),
+        **({"choice": choice} if choice else {}),
         **({"learned_from": learned_from} if learned_from else {}),
         **({"inferred_graph": graph} if graph else {}),
         **({"warm_start": {k: started[k] for k in ("run", "round", "sha256")}}
            if started and "run" in started else {}),
         **({"started_from": started["from"]} if started and "from" in started else {}),
-        "model": {"name": tasks.model_name(dc, cfg.model),
+        "model": {"name": model_name or tasks.model_name(dc, cfg.model),
                   "input_shape": list(schema.input_shape), "num_outputs": schema.num_outputs},
         "package": {"name": "fedamp-flwr", "version": package_version()},
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -42,6 +42,7 @@ from strategies.core.records import (
     Score,
     client_key,
     is_client_map,
+    kept_said,
     mean_key,
     mean_score,
 )
@@ -252,11 +253,12 @@ class RunPage:
             top = score.best(ys)
             at = xs[ys.index(top)]
             alone = (run.alone or {}).get(str(self.cid))
-            alone = {k: v for k, v in alone.items() if _finite(v)} \
-                if isinstance(alone, dict) else {}
+            alone = alone if isinstance(alone, dict) else {}
+            scores = {k: alone[k] for k in ("linear", "model") if _finite(alone.get(k))}
             alone_text = "; alone: " + ", ".join(
-                f"{score.scale * float(v):.4g}{unit} ({_e(k)})" for k, v in alone.items()
-            ) if alone else ""
+                f"{score.scale * float(v):.4g}{unit} ({_e(k)})" for k, v in scores.items()
+            ) if scores else ""
+            alone_text += _e(kept_said(alone))
             return (f'<div id="headline">{_e(self.member)}: best test {_e(score.metric)} '
                     f"{top:{number}}{unit} (round {at}), last {ys[-1]:{number}}{unit}"
                     f"<small>{_e(budget)}{alone_text}</small></div>")

@@ -30,7 +30,13 @@ from strategies.core.protocol import (
     LR,
     OPTIMIZER,
 )
-from strategies.core.records import ACCURACY_SCORE, RunFile, client_scores, round_score
+from strategies.core.records import (
+    ACCURACY_SCORE,
+    RunFile,
+    client_scores,
+    kept_said,
+    round_score,
+)
 from strategies.core.replies import array_spec
 from strategies.core.roster import ClientInfo
 from strategies.core.settings import MOST_CLIENTS, RunCannotGoOn
@@ -235,13 +241,19 @@ def alone_lines(result: RunFile, names: list[str], federates: bool = True) -> li
         if cid not in scores and int(cid) not in scores:
             continue
         mine = float(scores.get(cid, scores.get(int(cid), 0.0)))
-        gain, scale = score.gain(mine, own.values()), score.scale
         who = names[int(cid)] if int(cid) < len(names) else f"client {cid}"
+        measured = [own[k] for k in ("linear", "model") if k in own]
+        if not measured:  # the run did not train alone (alone = false): its choice only
+            lines.append(f"{who}: {main} {score.scale * mine:.4g} in round "
+                         f"{last.get('round')}{kept_said(own)}")
+            continue
+        gain, scale = score.gain(mine, measured), score.scale
         lines.append(f"{who}: {main} {scale * mine:.4g} in round {last.get('round')}; alone "
                      f"{scale * own.get('linear', float('nan')):.4g} (linear), "
                      f"{scale * own.get('model', float('nan')):.4g} (the run's model): "
                      f"{scale * gain:+.3g}" + ("" if gain >= 0 or not federates else
-                                               " (federation does worse)"))
+                                               " (federation does worse on the test rows)")
+                     + kept_said(own))
     return lines
 
 

@@ -151,3 +151,29 @@ def of_model(model: Any, x: Any, y: Any) -> dict[str, Any]:
 
     device = next(model.parameters()).device
     return of_outputs(predict(model, x.to(device)), y)
+
+
+#: the scores a member may choose its model by (node config ``member-metric``), per kind of
+#: task, the first being the default (both proper scoring rules)
+CLASSIFICATION_CHOICES = ("log_loss", "accuracy", "balanced_accuracy", "auc", "brier")
+REGRESSION_CHOICES = ("mse", "mae", "r2")
+#: the scores where higher is better (the others: lower is)
+HIGHER_IS_BETTER = frozenset({"accuracy", "balanced_accuracy", "auc", "r2"})
+
+
+def goodness(scores: dict[str, Any], metric: str) -> float:
+    """``scores[metric]`` as a number where higher is better (lower-is-better scores
+    negated); -inf where it is missing or not finite (a diverged model's: the worst)."""
+    value = scores.get(metric)
+    if not isinstance(value, float | int) or isinstance(value, bool) or not math.isfinite(value):
+        return -math.inf
+    return float(value) if metric in HIGHER_IS_BETTER else -float(value)
+
+
+def best(candidates: dict[str, dict[str, Any]], metric: str) -> str:
+    """The name of the candidate whose ``metric`` is best (:func:`goodness`); a tie goes to
+    the one named first (a member's federated model, where it is named first)."""
+    if not candidates:
+        raise ValueError("no candidate to choose from")
+    top = max(goodness(s, metric) for s in candidates.values())
+    return next(name for name, s in candidates.items() if goodness(s, metric) == top)

@@ -153,3 +153,18 @@ def fit_linear(x: torch.Tensor, y: torch.Tensor, num_outputs: int,
 
     optimizer.step(objective)
     return model.float()
+
+
+def folded(linear: nn.Linear, mean: list[float], std: list[float]) -> nn.Module:
+    """The linear model ``linear``, fitted on inputs standardized by ``mean`` and ``std``, as
+    a model of the run's "linear" architecture on the unstandardized inputs: W ((x - m) / s)
+    + b = (W / s) x + (b - (W / s) m), exact up to float rounding."""
+    from .models import MODELS
+
+    m = torch.tensor(mean, dtype=torch.float64)
+    s = torch.tensor(std, dtype=torch.float64)
+    weight = linear.weight.detach().double() / s
+    bias = linear.bias.detach().double() - weight @ m
+    model = MODELS["linear"]((weight.shape[1],), weight.shape[0])
+    model.load_state_dict({"net.0.weight": weight.float(), "net.0.bias": bias.float()})
+    return model

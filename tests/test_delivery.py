@@ -193,7 +193,15 @@ def test_each_member_gets_its_own_model_on_its_own_machine_and_left_out_members_
             np.savez(tmp_path / "t.npz", x=site["x_test"], y=site["y_test"])
         got = _predicted_score(tmp_path / name / "run" / f"{name}.safetensors",
                                tmp_path / "t.npz", tmp_path / "p.csv", capsys)
-        assert got == f"accuracy {last['client_accuracy'][str(cid)]!r}"
+        # the model it took home by its own rule (fedamp_flwr/member_choice.py), scored as
+        # its card says; the run's own where that is its federated model
+        choice = card["choice"]
+        assert sorted(choice["held_out"]) == sorted(choice["test"]) == [
+            "federated", "linear alone", "model alone"]
+        assert got == f"accuracy {card['score']['accuracy']!r}"
+        assert card["score"]["accuracy"] == choice["test"][choice["kept"]]["accuracy"]
+        if choice["kept"] == "federated":
+            assert got == f"accuracy {last['client_accuracy'][str(cid)]!r}"
         # whom it learned from: the other members by name, with the last round's xi row
         xi = np.load(sorted((tmp_path / "coordinator" / "run" / "xi").glob("round-*.npy"))[-1])
         learned = card["learned_from"]
@@ -349,25 +357,36 @@ def test_predict_on_the_rows_the_run_used_prints_the_cards_score(tmp_path, capsy
     for i, node in enumerate(nodes):
         model = tmp_path / f"models-{i}" / "run" / f"{node['client-id']}.safetensors"
         card = json.loads(model.with_suffix(".json").read_text())
-        assert card["score"]["accuracy"] == last[str(i)]
+        mine = _kept_score(card, last[str(i)])
         analyst = card["score"]["analyst"]  # what the member's analysts read, on the same rows
-        assert analyst["accuracy"] == last[str(i)] and 0 <= analyst["auc"] <= 1
+        assert analyst["accuracy"] == mine and 0 <= analyst["auc"] <= 1
         assert sum(map(sum, analyst["confusion"])) == card["score"]["num_examples"]
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # no warning on a normal call
             assert cli.main(["predict", str(model), node["data-path"], "--rows", "test",
                              "--out", str(tmp_path / "p.csv")]) == 0
         scores, said = capsys.readouterr().out.strip().splitlines()[-2:]
-        assert said.startswith(f"accuracy {last[str(i)]!r} on {card['score']['num_examples']} "
+        assert said.startswith(f"accuracy {mine!r} on {card['score']['num_examples']} "
                                f"rows the run tested on"), (node, said)
-        assert said.endswith(f"(the card: {last[str(i)]!r})")
+        assert said.endswith(f"(the card: {mine!r})")
         # and the scores an analyst reads, on the same rows
         assert scores.startswith(f"On the {card['score']['num_examples']} rows the run tested "
-                                 f"on: accuracy {last[str(i)]:.4g}, balanced accuracy "), scores
+                                 f"on: accuracy {mine:.4g}, balanced accuracy "), scores
         assert ", AUC " in scores and ", log loss " in scores and "confusion matrix" in scores
     assert cli.main(["predict", str(model), node["data-path"], "--rows", "train", "--out",
                      str(tmp_path / "p.csv")]) == 0
     assert "training rows the run used" in capsys.readouterr().out
+
+
+def _kept_score(card: dict, recorded: float) -> float:
+    """The accuracy on a member's card: that of the model it took home by its own rule
+    (fedamp_flwr/member_choice.py), which is the run's recorded one where that model is its
+    federated model."""
+    choice = card["choice"]
+    assert card["score"]["accuracy"] == choice["test"][choice["kept"]]["accuracy"]
+    if choice["kept"] == "federated":
+        assert card["score"]["accuracy"] == recorded
+    return card["score"]["accuracy"]
 
 
 def test_a_table_with_a_categorical_column_trains_and_predict_one_hots_it_as_the_run(
@@ -401,7 +420,7 @@ def test_a_table_with_a_categorical_column_trains_and_predict_one_hots_it_as_the
         assert cli.main(["predict", str(model), node["data-path"], "--rows", "test",
                          "--out", str(tmp_path / "p.csv")]) == 0
         said = capsys.readouterr().out.strip().splitlines()[-1]
-        assert said.startswith(f"accuracy {last[str(i)]!r} on"), said
+        assert said.startswith(f"accuracy {_kept_score(card, last[str(i)])!r} on"), said
     # the docs' plain-PyTorch snippet gives predict's classes on the whole file
     import re
 

@@ -105,12 +105,36 @@ def test_members_train_on_their_own_machines_a_misfit_and_an_impostor_left_out(
     # each member's machine holds its own model and card, and no other member's; used on
     # its test rows, the model gives the score the run recorded for that member
     last = fedamp["rounds"][-1]["client_accuracy"]
+    cards = {}
     for cid, name in enumerate(NAMES):
         assert fleet.models(name, "shared-fedamp") == [f"{name}.json", f"{name}.safetensors"]
-        card = json.loads((tmp / f"{name}-models" / "shared-fedamp" / f"{name}.json").read_text())
+        card = cards[name] = json.loads(
+            (tmp / f"{name}-models" / "shared-fedamp" / f"{name}.json").read_text())
         assert (card["member"], card["client_id"], card["round"]) == (name, cid, 1)
+        # the model it takes home is its own node's choice on its held-out rows, by its
+        # metric (log loss): the card records the three models' scores there and on the test
+        # rows; a member whose federated model is worse there takes home a model alone and
+        # its own log says so at WARNING, once
+        choice = card["choice"]
+        assert choice["metric"] == "log_loss" and choice["held_out_rows"] == 20
+        assert sorted(choice["held_out"]) == sorted(choice["test"]) == [
+            "federated", "linear alone", "model alone"]
+        kept = choice["held_out"][choice["kept"]]["log_loss"]
+        assert kept == min(s["log_loss"] for s in choice["held_out"].values())
+        assert card["score"]["accuracy"] == choice["test"][choice["kept"]]["accuracy"]
+        if choice["kept"] != "federated":
+            told = [line for line in processes.log(name).splitlines()
+                    if "This member's federated model scores below its" in line]
+            assert told and all("WARNING" in line for line in told), told
+            assert f"it takes home the {choice['kept']}" in told[-1]
+        else:
+            assert card["score"]["accuracy"] == last[str(cid)]
+        assert f"{name}: accuracy" in log and "; kept: " in log
+    # after one round of two local epochs, the linear model alone beats the run's model on
+    # some member's held-out rows (the members' classes lie around centres of their own)
+    assert any(c["choice"]["kept"] != "federated" for c in cards.values())
     assert _predict_test_rows(tmp, "site-b", "shared-fedamp", fleet.files["site-b"]) == \
-        f"accuracy {last['1']!r}"
+        f"accuracy {cards['site-b']['score']['accuracy']!r}"
     assert fleet.models("misfit", "shared-fedamp") == []  # its node wrote nothing
     # each member's inputs standardized by the pooled statistics, and its score alone beside
     # its own in its log, its card and the run's records

@@ -116,7 +116,8 @@ def test_members_tables_are_standardized_by_pooled_statistics_and_their_cards_sa
 
     from .helpers import run_named
 
-    nodes = _tables(tmp_path)
+    # every training row trains (no rows held out for the member's choice of its model)
+    nodes = [{**n, "keep": "federated"} for n in _tables(tmp_path)]
     metrics = run_named(tmp_path, "run", TABLE, 3, nodes)
     train = pd.concat([pd.read_csv(n["data-path"]).query("split == 'train'") for n in nodes])
     want_mean = train[["a", "b", "c", "d"]].mean().to_numpy()
@@ -155,7 +156,7 @@ def test_fedamp_personalizes_the_linear_model_an_analyst_fits(tmp_path, capsys):
 
     from .helpers import run_named
 
-    nodes = _tables(tmp_path)
+    nodes = [{**n, "keep": "federated"} for n in _tables(tmp_path)]  # its federated model
     metrics = run_named(tmp_path, "run", {**TABLE, "model": "linear"}, 3, nodes)
     last = metrics["rounds"][-1]["client_accuracy"]
     weights = []
@@ -202,7 +203,7 @@ def test_scaling_none_leaves_the_inputs_and_a_bad_message_is_refused(tmp_path):
 
     from .helpers import run_named
 
-    nodes = _tables(tmp_path)
+    nodes = [{**n, "keep": "federated"} for n in _tables(tmp_path)]  # nothing alone at all
     run_named(tmp_path, "plain", {**TABLE, "member-scaling": "none", "alone": False}, 3,
               nodes)
     card = json.loads((tmp_path / "models-0" / "plain" / "site-0.json").read_text())
@@ -220,11 +221,12 @@ def test_scaling_none_leaves_the_inputs_and_a_bad_message_is_refused(tmp_path):
         client_app.evaluate(msg, ctx)
 
 
-def test_a_member_that_asks_keeps_the_better_of_its_federated_model_and_its_model_alone(
+def test_a_member_takes_home_the_best_on_its_held_out_rows_even_where_the_run_says_alone_false(
         tmp_path):
-    """keep = "better": where the run's model trained alone scores better on the member's
-    test rows, the member takes that one home (its card says so, and predict gives its
-    score); the run's records keep the federated score. Without it, the federated model."""
+    """By default each member keeps the best of its federated model and its models alone
+    on rows it held out, by log loss (fedamp_flwr/member_choice.py), whatever the run
+    config says (``alone = false`` here): its card records the choice, its score and
+    predict's are the kept model's; the run's records keep the federated score."""
     import json
 
     from fedamp_flwr import cli
@@ -232,22 +234,24 @@ def test_a_member_that_asks_keeps_the_better_of_its_federated_model_and_its_mode
     from .helpers import run_named
 
     nodes = _tables(tmp_path)
-    for node in nodes:
-        node["keep"] = "better"
     # FedAvg's one global model over three class mixes: alone does better for some members
     metrics = run_named(tmp_path, "run", {**TABLE, "strategy": "fedavg", "num-server-rounds": 3,
-                                          "local-steps": 5}, 3, nodes)
+                                          "local-steps": 5, "alone": False}, 3, nodes)
     kept_alone = 0
     for i, node in enumerate(nodes):
         model = tmp_path / f"models-{i}" / "run" / f"site-{i}.safetensors"
         card = json.loads(model.with_suffix(".json").read_text())
         federated = metrics["rounds"][-1]["client_accuracy"][str(i)]
-        alone = card["alone"]
-        if alone["model"] > federated:
-            kept_alone += 1
-            assert alone["kept"] == "alone" and card["score"]["accuracy"] == alone["model"]
-        else:
-            assert alone["kept"] == "federated" and card["score"]["accuracy"] == federated
+        choice = card["choice"]
+        on_held = {k: v["log_loss"] for k, v in choice["held_out"].items()}
+        assert choice["kept"] == min(on_held, key=on_held.__getitem__)
+        assert choice["test"]["federated"]["accuracy"] == federated
+        assert card["score"]["accuracy"] == choice["test"][choice["kept"]]["accuracy"]
+        assert card["model"]["name"] == ("linear" if choice["kept"] == "linear alone"
+                                         else "mlp")
+        kept_alone += choice["kept"] != "federated"
+        assert metrics["alone"][str(i)]["kept"] == ["federated", "linear alone",
+                                                    "model alone"].index(choice["kept"])
         assert cli.main(["predict", str(model), node["data-path"], "--rows", "test",
                          "--out", str(tmp_path / "p.csv")]) == 0
     assert kept_alone >= 1
@@ -262,4 +266,4 @@ def test_a_member_that_asks_keeps_the_better_of_its_federated_model_and_its_mode
         info = client_app.query(Message(RecordDict({"config": ConfigRecord(
             {"query": "client-info", "challenge": b"\x01" * 32})}),
             message_type=MessageType.QUERY, dst_node_id=7), ctx).content["info"]
-    assert "node config 'keep' = 'sometimes' is invalid; allowed: federated" in info["error"]
+    assert "node config 'keep' = 'sometimes' is invalid; allowed: better" in info["error"]

@@ -12,7 +12,16 @@ import torch
 from flwr.app import Message
 from flwr.supercore import log
 
-from .protocol import ACCURACY, ALONE_LINEAR, ALONE_MODEL, DP_EPSILON, MSE, TRAIN_LOSS
+from .protocol import (
+    ACCURACY,
+    ALONE_LINEAR,
+    ALONE_MODEL,
+    DP_EPSILON,
+    HELD_OUT_GAIN,
+    KEPT_MODEL,
+    MSE,
+    TRAIN_LOSS,
+)
 from .records import (
     ABSENT,
     DP_SPENT,
@@ -159,7 +168,9 @@ class RunHistory:
                 if m in metrics:
                     values[m][cid] = float(metrics[m])
             alone = {name: float(metrics[key]) for name, key in (("linear", ALONE_LINEAR),
-                                                                  ("model", ALONE_MODEL))
+                                                                  ("model", ALONE_MODEL),
+                                                                  ("kept", KEPT_MODEL),
+                                                                  ("held_out_gain", HELD_OUT_GAIN))
                      if key in metrics}
             if alone:  # a member's scores alone: once per run, the latest said
                 self.notes.setdefault("alone", {})[str(cid)] = alone

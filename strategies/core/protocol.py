@@ -86,6 +86,11 @@ FEATURE_MEAN, FEATURE_STD = "feature-mean", "feature-std"
 # Evaluate reply metrics of a member: what it scores alone on the same test rows (the
 # standardized linear model, the run's model trained alone for the run's budget).
 ALONE_LINEAR, ALONE_MODEL = "alone-linear", "alone-model"
+# ... and the model it took home by its own rule (fedamp_flwr/member_choice.py): 0 its
+# federated model, 1 its linear model alone, 2 the run's model alone; and its federated
+# model's score on its held-out rows against the best alone's (positive: federation better)
+KEPT_MODEL, HELD_OUT_GAIN = "kept-model", "held-out-gain"
+KEPT_NAMES = ("federated", "linear alone", "model alone")  # by kept-model's code
 # In those evaluate messages too, where the run inferred its client graph (graph = "inferred"):
 # the client's neighbours in it (members by name, others by client id) and whether the run
 # uses it (a short line: used, on trial, or not used and why). Names only.

@@ -28,13 +28,14 @@ through :meth:`RunFile.to_dict`, every reader reads it through :meth:`RunFile.fr
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .protocol import ACCURACY, LOSS, MSE
+from .protocol import ACCURACY, KEPT_NAMES, LOSS, MSE
 
 #: The version of a run's records (metrics.json's ``records_version``): 2 since they are
 #: spelled here (issue 41), with the keys of version 1, which wrote no version.
@@ -303,3 +304,19 @@ def _fits(value: Any, default: Any, key: str) -> bool:
     if kind is int:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, kind) if kind is not None else True
+
+
+def kept_said(alone: dict[str, Any]) -> str:
+    """What a member's record of its scores alone (metrics.json's ``alone``) says of the
+    model it took home by its own rule (fedamp_flwr/member_choice.py): "; kept: NAME (its
+    federated model's score on its held-out rows against the best alone's: GAIN)", or ""
+    where it says nothing (or nothing readable: a record is untrusted)."""
+    code = alone.get("kept")
+    if not isinstance(code, int | float) or isinstance(code, bool) or code not in (0, 1, 2):
+        return ""
+    gain = alone.get("held_out_gain")
+    gain_said = (f" (the federated model against the best alone on its held-out rows: "
+                 f"{gain:+.3g}, by the member's metric)"
+                 if isinstance(gain, int | float) and not isinstance(gain, bool)
+                 and math.isfinite(gain) else "")
+    return f"; kept: {KEPT_NAMES[int(code)]}{gain_said}"

@@ -35,6 +35,8 @@ from .protocol import (
     ARRAYS,
     CLIENT_ID,
     DP_EPSILON,
+    HELD_OUT_GAIN,
+    KEPT_MODEL,
     LOSS,
     METRICS,
     MSE,
@@ -164,10 +166,15 @@ def evaluate_reply_problem(msg: Message, most_examples: int | None = None,
     # what a member scores alone is on its main metric's scale
     main_high = 1.0 if ACCURACY in metrics else math.inf
     for key, low, high in ((ACCURACY, 0.0, 1.0), (MSE, 0.0, math.inf), (LOSS, 0.0, math.inf),
-                           (ALONE_LINEAR, 0.0, main_high), (ALONE_MODEL, 0.0, main_high)):
+                           (ALONE_LINEAR, 0.0, main_high), (ALONE_MODEL, 0.0, main_high),
+                           (HELD_OUT_GAIN, -math.inf, math.inf)):
         if key in metrics and not (finite_number(metrics[key]) and low <= metrics[key] <= high):
-            allowed = f"in [{low:g}, {high:g}]" if high < math.inf else f">= {low:g}"
-            return f"metric '{key}' = {metrics[key]!r} is not a finite number {allowed}"
+            allowed = (f"in [{low:g}, {high:g}]" if high < math.inf else
+                       f">= {low:g}" if low > -math.inf else "")
+            return f"metric '{key}' = {metrics[key]!r} is not a finite number {allowed}".rstrip()
+    kept = metrics.get(KEPT_MODEL, 0)
+    if isinstance(kept, bool) or not isinstance(kept, int) or kept not in (0, 1, 2):
+        return f"metric '{KEPT_MODEL}' = {metrics[KEPT_MODEL]!r} is not 0, 1 or 2"
     return _count_problem(metrics, most_examples) or _ids_problem(metrics, client_id, server_round)
 
 

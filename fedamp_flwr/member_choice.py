@@ -1,0 +1,167 @@
+"""A member never takes home less than it has alone: the choice its own node makes.
+
+A member's node (``dataset = "members"``) holds out a share of its training rows that
+no model trains on: ``held-out-fraction`` of them (node config; default
+:data:`DEFAULT_FRACTION`, at least :data:`LEAST_HELD` rows, and at least as many left
+to train on). Whenever the run asks it to keep a model (``save-models``), it scores
+three models on those rows by ``member-metric`` (node config; default log loss for
+classification, MSE for regression, both proper scores) and takes home the best:
+
+* ``federated``: the run's model for this member (its personalized model);
+* ``linear alone``: a logistic (classification) or ridge (regression) model fitted on
+  its own training rows alone (:func:`tasks.tabular.fit_linear`; vector inputs only),
+  chosen by its fit without the held-out rows and, where chosen, refitted on all of
+  them, held-out rows too, as the member's analysts would fit it (one fit: cheap);
+* ``model alone``: the run's model trained on its own rows alone for the same local
+  steps.
+
+Only then are the three scored on its test rows, once; the choice, the held-out scores
+and the test scores of all three go in its log and on its model's card, and the choice
+and the held-out gain (the federated model's metric against the best alone, positive
+where federation is better) in the reply, for the coordinator's closing lines. A member
+whose federated model scores below alone on its held-out rows is told so once, at
+WARNING, with the choice made.
+
+It is the member's own rule: the run config has no key for it. Its node config turns it
+off (``keep = "federated"``: every training row trains, the run's model is kept,
+whatever it scores). A member with fewer than 2 x :data:`LEAST_HELD` training rows
+cannot hold out enough rows to choose on: it keeps the federated model and its log says
+so at WARNING.
+
+Left out (docs/federation.md): cross-validation or repeated splits for a small member
+(the federated model is trained once, on one split); a tie goes to the federated model.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+import tasks
+from strategies.core.protocol import KEPT_NAMES
+from tasks.scores import (
+    CLASSIFICATION_CHOICES,
+    HIGHER_IS_BETTER,
+    REGRESSION_CHOICES,
+    WORDS,
+    best,
+    goodness,
+    of_model,
+)
+
+from .config import ConfigError
+
+#: node config: which model a member keeps: "better" (the default: the best on its held-out
+#: rows of its federated model, its linear model alone and the run's model alone) or
+#: "federated" (the run's model, whatever it scores; no rows held out)
+KEEP = "keep"
+#: node config: the share of a member's training rows held out to choose its model on
+HELD_OUT_FRACTION = "held-out-fraction"
+#: node config: the score a member chooses its model by
+MEMBER_METRIC = "member-metric"
+DEFAULT_FRACTION = 0.2
+#: the fewest rows a member holds out (and trains on)
+LEAST_HELD = 10
+#: the candidates, in the order a tie is settled
+FEDERATED, LINEAR, MODEL = KEPT_NAMES
+#: a candidate's code in the reply's ``kept-model``
+CODES = {name: code for code, name in enumerate(KEPT_NAMES)}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A member's own rule for the model it keeps (its node config, checked)."""
+
+    on: bool
+    fraction: float
+    metric: str
+
+    @classmethod
+    def of(cls, node_config: dict[str, Any], kind: str) -> Choice:
+        """The node config's ``keep``, ``held-out-fraction`` and ``member-metric`` for a task
+        of ``kind`` (classification or regression); a ConfigError names a bad value."""
+        keep = node_config.get(KEEP, "better")
+        if keep not in ("better", "federated"):
+            raise ConfigError(f"node config '{KEEP}' = {keep!r} is invalid; allowed: better (the "
+                              "best on held-out rows of the federated model, the linear model "
+                              "alone and the run's model alone; the default), federated (the "
+                              "run's model, whatever it scores)")
+        fraction = node_config.get(HELD_OUT_FRACTION, DEFAULT_FRACTION)
+        if (isinstance(fraction, bool) or not isinstance(fraction, int | float)
+                or not math.isfinite(fraction) or not 0 < fraction <= 0.5):
+            raise ConfigError(f"node config '{HELD_OUT_FRACTION}' = {fraction!r} is invalid; "
+                              "allowed: a number in (0, 0.5] (the share of this member's "
+                              f"training rows held out to choose its model on; default "
+                              f"{DEFAULT_FRACTION})")
+        choices = REGRESSION_CHOICES if kind == tasks.REGRESSION else CLASSIFICATION_CHOICES
+        metric = node_config.get(MEMBER_METRIC, choices[0])
+        if metric not in choices:
+            raise ConfigError(f"node config '{MEMBER_METRIC}' = {metric!r} is invalid for a "
+                              f"{kind} task; allowed: {', '.join(choices)} (default "
+                              f"{choices[0]})")
+        return cls(keep == "better", float(fraction), str(metric))
+
+
+def held_out(n: int, fraction: float, member: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The indices of a member's held-out rows and of the rest, seeded by the member's name
+    alone (not the run's seed: a later season, or another seed, holds out the same rows, so
+    that no model it starts from trained on them): ``fraction`` of its ``n`` training rows,
+    at least :data:`LEAST_HELD`, with at least as many left; None where ``n`` is too small."""
+    held = max(LEAST_HELD, round(fraction * n))
+    if n - held < LEAST_HELD:
+        return None
+    gen = torch.Generator().manual_seed(zlib.crc32(f"held-out:{member}".encode()))
+    order = torch.randperm(n, generator=gen)
+    return order[:held], order[held:]
+
+
+def choose(candidates: dict[str, nn.Module], held: tuple[torch.Tensor, torch.Tensor],
+           test: tuple[torch.Tensor, torch.Tensor], metric: str,
+           final: dict[str, nn.Module] | None = None) -> dict[str, Any]:
+    """Score the ``candidates`` (federated first) on the held-out rows, choose the best by
+    ``metric``, then score all of them on the test rows (once, after the choice), each as
+    ``final`` has it where it names it (the linear model alone refitted on every training
+    row, held-out rows too: the model that is kept), else as it was chosen. Returns
+    the card's ``choice`` record: ``kept``, ``metric``, ``held_out`` and ``test`` (each
+    candidate's scores, :func:`tasks.scores.of_model`), ``held_out_rows``, ``gain`` (the
+    federated model's ``metric`` on the held-out rows against the best alone's, positive
+    where federation is better; None where it cannot be said)."""
+    on_held = {name: of_model(model, *held) for name, model in candidates.items()}
+    kept = best(on_held, metric)
+    final = {**candidates, **(final or {})}
+    on_test = {name: of_model(final[name], *test) for name in candidates}
+    alone = [goodness(s, metric) for name, s in on_held.items() if name != FEDERATED]
+    fed = goodness(on_held.get(FEDERATED, {}), metric)
+    gain = fed - max(alone) if alone and math.isfinite(fed) and math.isfinite(max(alone)) \
+        else None
+    return {"kept": kept, "metric": metric, "held_out_rows": len(held[1]),
+            "held_out": _plain(on_held), "test": _plain(on_test), "gain": gain}
+
+
+def _plain(by_name: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The scores without their confusion matrices (the card's ``score.analyst`` has the
+    kept model's)."""
+    return {name: {k: v for k, v in s.items() if k != "confusion"} for name, s in by_name.items()}
+
+
+def said(choice: dict[str, Any]) -> str:
+    """The choice in one line: the metric on the held-out rows and on the test rows of each."""
+    metric = choice["metric"]
+    word = WORDS[metric]
+
+    def each(on: str) -> str:
+        return ", ".join(f"{name} {_num(s.get(metric))}" for name, s in choice[on].items())
+
+    direction = "higher" if metric in HIGHER_IS_BETTER else "lower"
+    return (f"{word} ({direction} is better) on its {choice['held_out_rows']} held-out rows: "
+            f"{each('held_out')}; kept: {choice['kept']}; then on its test rows: "
+            f"{each('test')}")
+
+
+def _num(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else "none"

@@ -1,0 +1,141 @@
+"""A member's own rule for the model it takes home (fedamp_flwr/member_choice.py): its node
+config checked, its held-out rows, the choice on them by its metric worked by hand, the
+linear model folded onto the run's inputs, and what the coordinator is told.
+
+The run end to end: tests/test_delivery.py (every member's card records the three models'
+held-out and test scores; ``predict`` gives the kept model's); on a loopback fleet, a
+member whose federated model is worse on its held-out rows takes home a model alone and
+its own log says so at WARNING (tests/test_members_fleet.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from flwr.app import Message, MessageType
+from torch import nn
+
+from fedamp_flwr.config import ConfigError
+from fedamp_flwr.member_choice import LEAST_HELD, Choice, choose, held_out, said
+from strategies.core.records import kept_said
+from strategies.core.replies import evaluate_reply_problem
+from tasks.scores import best, goodness
+from tasks.tabular import fit_linear, folded, standardize
+
+from .helpers import reply
+
+
+def test_the_node_config_is_checked_and_defaults_to_choosing_by_a_proper_score():
+    assert Choice.of({}, "classification") == Choice(True, 0.2, "log_loss")
+    assert Choice.of({}, "regression") == Choice(True, 0.2, "mse")
+    assert Choice.of({"keep": "federated"}, "classification").on is False
+    assert Choice.of({"member-metric": "auc", "held-out-fraction": 0.3},
+                     "classification") == Choice(True, 0.3, "auc")
+    for config, match in (({"keep": "best"}, "'keep' = 'best' is invalid; allowed: better"),
+                          ({"held-out-fraction": 0.0}, "'held-out-fraction' = 0.0"),
+                          ({"held-out-fraction": 0.6}, "allowed: a number in \\(0, 0.5\\]"),
+                          ({"held-out-fraction": True}, "'held-out-fraction' = True"),
+                          ({"member-metric": "mse"}, "'member-metric' = 'mse' is invalid for "
+                                                     "a classification task; allowed: log_loss")):
+        with pytest.raises(ConfigError, match=match):
+            Choice.of(config, "classification")
+    with pytest.raises(ConfigError, match="allowed: mse, mae, r2"):
+        Choice.of({"member-metric": "auc"}, "regression")
+
+
+def test_held_out_rows_are_a_seeded_share_never_fewer_than_the_least():
+    held, rest = held_out(100, 0.2, "site-a")
+    assert len(held) == 20 and len(rest) == 80
+    assert sorted(torch.cat([held, rest]).tolist()) == list(range(100))
+    again, _ = held_out(100, 0.2, "site-a")
+    other, _ = held_out(100, 0.2, "site-b")
+    assert torch.equal(held, again) and not torch.equal(held, other)
+    held, rest = held_out(30, 0.2, "site-a")  # 6 would be too few: the least, 10
+    assert (len(held), len(rest)) == (LEAST_HELD, 20)
+    assert held_out(2 * LEAST_HELD, 0.2, "x") is not None
+    assert held_out(2 * LEAST_HELD - 1, 0.2, "x") is None
+
+
+class Fixed(nn.Module):
+    """A model whose outputs are given: row i of ``logits`` for input i (x = [[i]])."""
+
+    def __init__(self, logits: list[list[float]]) -> None:
+        super().__init__()
+        self.logits = nn.Parameter(torch.tensor(logits), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits[x[:, 0].long()]
+
+
+def test_the_best_on_held_out_rows_by_log_loss_is_kept_and_scored_on_test_rows_after():
+    # two held-out rows (inputs 0, 1), both of class 1; two test rows (inputs 2, 3), classes
+    # 0 and 1. Logits [0, ln 3] give p(1) = 3/4, [0, 0] p(1) = 1/2, [ln 3, 0] p(1) = 1/4
+    q, h, o = [0.0, math.log(3)], [0.0, 0.0], [math.log(3), 0.0]
+    held = (torch.tensor([[0.0], [1.0]]), torch.tensor([1, 1]))
+    test = (torch.tensor([[2.0], [3.0]]), torch.tensor([0, 1]))
+    candidates = {"federated": Fixed([h, h, q, q]),  # log loss ln 2 on the held-out rows
+                  "linear alone": Fixed([q, q, o, q]),  # -ln(3/4) = 0.2877: the best
+                  "model alone": Fixed([q, o, h, h])}  # (ln(4/3) + ln 4) / 2 = 0.8370
+    choice = choose(candidates, held, test, "log_loss")
+    assert choice["kept"] == "linear alone" and choice["held_out_rows"] == 2
+    assert choice["held_out"]["federated"]["log_loss"] == pytest.approx(math.log(2))
+    assert choice["held_out"]["linear alone"]["log_loss"] == pytest.approx(-math.log(0.75))
+    assert choice["held_out"]["model alone"]["log_loss"] == pytest.approx(
+        (math.log(4 / 3) + math.log(4)) / 2)
+    # the gain: the federated model's log loss against the best alone's, positive = better
+    assert choice["gain"] == pytest.approx(-(math.log(2) + math.log(0.75)))
+    # each scored on the test rows: linear alone right on both (p = 3/4 each), accuracy 1
+    assert choice["test"]["linear alone"]["accuracy"] == 1.0
+    assert choice["test"]["federated"]["accuracy"] == 0.5
+    assert choice["test"]["linear alone"]["log_loss"] == pytest.approx(-math.log(0.75))
+    assert "confusion" not in choice["test"]["federated"]
+    # by accuracy: the federated model predicts class 0 (a tie's argmax) and is wrong on both;
+    # where it ties with the best, it is kept
+    assert choose(candidates, held, test, "accuracy")["kept"] == "linear alone"
+    assert choose({"federated": Fixed([q, q, q, q]), "linear alone": Fixed([q, q, o, q])},
+                  held, test, "accuracy")["kept"] == "federated"
+    # as "final" has it: the linear model refitted is the one scored on the test rows
+    final = choose(candidates, held, test, "log_loss", {"linear alone": Fixed([h, h, h, o])})
+    assert final["test"]["linear alone"]["accuracy"] == 0.5
+    assert final["held_out"] == choice["held_out"]
+    line = said(choice)
+    assert line.startswith("log loss (lower is better) on its 2 held-out rows: federated "
+                           "0.6931, linear alone 0.2877, model alone 0.837; kept: linear alone")
+
+
+def test_a_diverged_candidate_is_never_chosen_and_higher_scores_rank_first():
+    assert goodness({"auc": 0.7}, "auc") == 0.7 and goodness({"mse": 2.0}, "mse") == -2.0
+    assert goodness({"mse": None}, "mse") == -math.inf
+    assert goodness({"mse": float("nan")}, "mse") == -math.inf
+    assert best({"federated": {"mse": None}, "model alone": {"mse": 9.0}}, "mse") == "model alone"
+    assert best({"federated": {"r2": 0.5}, "model alone": {"r2": 0.4}}, "r2") == "federated"
+
+
+def test_the_linear_model_folded_onto_the_run_inputs_gives_the_same_outputs():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(50, 4, generator=gen) * torch.tensor([1.0, 10.0, 0.1, 5.0]) + 3.0
+    y = (x[:, 0] + x[:, 1] / 10 > 3.5).long()
+    mean, std = x.mean(0).tolist(), x.std(0).tolist()
+    linear = fit_linear(standardize(x, mean, std), y, 2)
+    model = folded(linear, mean, std)
+    assert set(model.state_dict()) == {"net.0.weight", "net.0.bias"}  # the "linear" model's
+    assert torch.allclose(model(x), linear(standardize(x, mean, std)), atol=1e-4)
+
+
+def _reply(**metrics) -> Message:
+    return reply(1, metrics={"accuracy": 0.5, "loss": 1.0, "num-examples": 10, "client-id": 0,
+                             "server-round": 1, **metrics}, message_type=MessageType.EVALUATE)
+
+
+def test_what_the_coordinator_is_told_is_checked_and_said():
+    assert evaluate_reply_problem(_reply(**{"kept-model": 1, "held-out-gain": -0.2})) is None
+    assert "'kept-model' = 3 is not 0, 1 or 2" in evaluate_reply_problem(
+        _reply(**{"kept-model": 3}))
+    assert "'held-out-gain' = inf" in evaluate_reply_problem(
+        _reply(**{"held-out-gain": float("inf")}))
+    assert kept_said({"kept": 1.0, "held_out_gain": -0.25}) == (
+        "; kept: linear alone (the federated model against the best alone on its held-out "
+        "rows: -0.25, by the member's metric)")
+    assert kept_said({"kept": 0.0}) == "; kept: federated"
+    assert kept_said({"kept": "2"}) == kept_said({"kept": True}) == kept_said({}) == ""
