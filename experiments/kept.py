@@ -53,8 +53,8 @@ def logistic(path: str, classes: list[str]) -> dict[str, float]:
     return {"accuracy": scores["accuracy"], "auc": scores["auc"], "rows": len(y)}
 
 
-def run(dataset: str, seed: int, out: Path, strategy: str, rounds: int | None
-        ) -> list[dict]:
+def run(dataset: str, seed: int, out: Path, strategy: str, rounds: int | None,
+        extra: dict | None = None) -> list[dict]:
     """One run of ``strategy`` over ``dataset``'s members: a row per member."""
     from fedamp_flwr.inprocess import run_inprocess
 
@@ -65,7 +65,7 @@ def run(dataset: str, seed: int, out: Path, strategy: str, rounds: int | None
     nodes = [{**n, "model-dir": str(models)} for n in nodes]
     config = {**schema, "strategy": strategy, "seed": seed, "results-dir": str(folder),
               "run-name": strategy, "overwrite": True, "min-nodes": 3,
-              **({"num-server-rounds": rounds} if rounds else {})}
+              **({"num-server-rounds": rounds} if rounds else {}), **(extra or {})}
     run_inprocess(config, 3, node_configs=nodes)
     rows = []
     for node in nodes:
@@ -112,9 +112,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--strategy", default="fedamp")
     parser.add_argument("--rounds", type=int, default=None,
                         help="num-server-rounds (default: the run config's own)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="run-config values for every run (Flower's syntax), e.g. "
+                             "'model=\"linear\"'")
     args = parser.parse_args(argv)
+    from flwr.common.config import parse_config_args
+
+    extra = parse_config_args([" ".join(args.set)]) if args.set else {}
     rows = [row for dataset in args.datasets for seed in args.seeds
-            for row in run(dataset, seed, args.out, args.strategy, args.rounds)]
+            for row in run(dataset, seed, args.out, args.strategy, args.rounds, extra)]
     (args.out / "kept.json").write_text(json.dumps(rows, indent=1))
     print(table(rows))
     return 0 if all(r["passes"] for r in rows) else 1

@@ -5,7 +5,11 @@ no model trains on: ``held-out-fraction`` of them (node config; default
 :data:`DEFAULT_FRACTION`, at least :data:`LEAST_HELD` rows, and at least as many left
 to train on). Whenever the run asks it to keep a model (``save-models``), it scores
 three models on those rows by ``member-metric`` (node config; default log loss for
-classification, MSE for regression, both proper scores) and takes home the best:
+classification, MSE for regression, both proper scores) and takes home the best, where
+its lead over the reference (the linear model alone; for inputs that are not vectors, the
+run's model alone) is more than one standard error of their paired per-row difference,
+else the reference (:func:`tasks.scores.leads`; a metric that is no mean over rows, AUC,
+balanced accuracy or R^2: the best, ties to the federated model):
 
 * ``federated``: the run's model for this member (its personalized model);
 * ``linear alone``: a logistic (classification) or ridge (regression) model fitted on
@@ -29,7 +33,7 @@ cannot hold out enough rows to choose on: it keeps the federated model and its l
 so at WARNING.
 
 Left out (docs/federation.md): cross-validation or repeated splits for a small member
-(the federated model is trained once, on one split); a tie goes to the federated model.
+(the federated model is trained once, on one split).
 """
 
 from __future__ import annotations
@@ -44,14 +48,18 @@ from torch import nn
 
 import tasks
 from strategies.core.protocol import KEPT_NAMES
+from tasks.export import predict
 from tasks.scores import (
     CLASSIFICATION_CHOICES,
     HIGHER_IS_BETTER,
+    PER_ROW,
     REGRESSION_CHOICES,
     WORDS,
     best,
     goodness,
+    leads,
     of_model,
+    row_losses,
 )
 
 from .config import ConfigError
@@ -124,23 +132,40 @@ def choose(candidates: dict[str, nn.Module], held: tuple[torch.Tensor, torch.Ten
            test: tuple[torch.Tensor, torch.Tensor], metric: str,
            final: dict[str, nn.Module] | None = None) -> dict[str, Any]:
     """Score the ``candidates`` (federated first) on the held-out rows, choose the best by
-    ``metric``, then score all of them on the test rows (once, after the choice), each as
-    ``final`` has it where it names it (the linear model alone refitted on every training
-    row, held-out rows too: the model that is kept), else as it was chosen. Returns
+    ``metric`` (for a metric that is a mean over rows, only where it leads the reference by
+    more than one standard error: else the reference), then score all of them on the test
+    rows (once, after the choice), each as ``final`` has it where it names it (the linear
+    model alone refitted on every training row, held-out rows too: the model that is kept),
+    else as it was chosen. Returns
     the card's ``choice`` record: ``kept``, ``metric``, ``held_out`` and ``test`` (each
-    candidate's scores, :func:`tasks.scores.of_model`), ``held_out_rows``, ``gain`` (the
+    candidate's scores, :func:`tasks.scores.of_model`), ``held_out_rows``, ``reference``,
+    ``gain`` (the
     federated model's ``metric`` on the held-out rows against the best alone's, positive
     where federation is better; None where it cannot be said)."""
     on_held = {name: of_model(model, *held) for name, model in candidates.items()}
+    reference = next(n for n in (LINEAR, MODEL, FEDERATED) if n in candidates)
     kept = best(on_held, metric)
+    if kept != reference and metric in PER_ROW:  # a lead beyond one standard error, or none
+        losses = {name: row_losses(predict(model, held[0].to(_device_of(model))), held[1],
+                                   metric) for name, model in candidates.items()}
+        ref = losses[reference]
+        if ref is not None:  # (a diverged reference: the best, as it is)
+            leading = {name for name, mine in losses.items()
+                       if mine is not None and leads(mine, ref)}
+            kept = best({name: s for name, s in on_held.items()
+                         if name == reference or name in leading}, metric)
     final = {**candidates, **(final or {})}
     on_test = {name: of_model(final[name], *test) for name in candidates}
     alone = [goodness(s, metric) for name, s in on_held.items() if name != FEDERATED]
     fed = goodness(on_held.get(FEDERATED, {}), metric)
     gain = fed - max(alone) if alone and math.isfinite(fed) and math.isfinite(max(alone)) \
         else None
-    return {"kept": kept, "metric": metric, "held_out_rows": len(held[1]),
+    return {"kept": kept, "metric": metric, "held_out_rows": len(held[1]), "reference": reference,
             "held_out": _plain(on_held), "test": _plain(on_test), "gain": gain}
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 def _plain(by_name: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

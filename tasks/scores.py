@@ -177,3 +177,41 @@ def best(candidates: dict[str, dict[str, Any]], metric: str) -> str:
         raise ValueError("no candidate to choose from")
     top = max(goodness(s, metric) for s in candidates.values())
     return next(name for name, s in candidates.items() if goodness(s, metric) == top)
+
+
+#: the scores that are a mean over the rows of a loss of each row (the others are not)
+PER_ROW = frozenset({"log_loss", "accuracy", "brier", "mse", "mae"})
+
+
+def row_losses(outputs: Any, y: Any, metric: str) -> np.ndarray | None:
+    """Each row's loss under ``metric`` (one of :data:`PER_ROW`; lower is better: accuracy's
+    is 1 where the row is wrong) from a model's raw outputs (a torch tensor) and the labels
+    or targets ``y``; None for another metric, or outputs that are not all finite. The mean
+    of the losses is the score (1 - the accuracy)."""
+    import torch
+
+    outputs = outputs.detach().cpu().double()
+    if metric not in PER_ROW or not bool(torch.isfinite(outputs).all()):
+        return None
+    if torch.is_floating_point(y):
+        error = (outputs.reshape(y.shape) - y.double().cpu()).reshape(len(y), -1).numpy()
+        return (error ** 2).mean(1) if metric == "mse" else np.abs(error).mean(1)
+    p = torch.softmax(outputs, dim=1).numpy()
+    labels = y.cpu().numpy().astype(np.int64)
+    rows = np.arange(len(labels))
+    if metric == "log_loss":
+        return -np.log(np.clip(p[rows, labels], EPS, 1.0))
+    if metric == "accuracy":
+        return (p.argmax(1) != labels).astype(np.float64)
+    return (p[:, 1] - (labels == 1)) ** 2  # brier (two classes)
+
+
+def leads(challenger: np.ndarray, reference: np.ndarray) -> bool:
+    """Whether the ``challenger``'s losses on the same rows are lower than the
+    ``reference``'s by more than one standard error of their paired difference (the mean
+    difference plus its standard error below 0): a lead that one split's noise does not
+    explain as easily."""
+    diff = np.asarray(challenger, dtype=np.float64) - np.asarray(reference, dtype=np.float64)
+    if len(diff) < 2:
+        return False
+    return bool(diff.mean() + diff.std(ddof=1) / math.sqrt(len(diff)) < 0)

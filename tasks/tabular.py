@@ -136,6 +136,10 @@ def fit_linear(x: torch.Tensor, y: torch.Tensor, num_outputs: int,
     nn.init.zeros_(model.weight)
     nn.init.zeros_(model.bias)
     n = max(len(x), 1)
+    # two classes: scikit-learn fits one weight vector w (the logit of the second class);
+    # here the two rows' logits differ by w = w_1 - w_0, whose penalty at the optimum
+    # (w_0 = -w_1) is ||w||^2 / 4: doubled, it is scikit-learn's ||w||^2 / 2
+    binary = 2.0 if not regression and outputs == 2 else 1.0
     optimizer = torch.optim.LBFGS(model.parameters(), lr=1.0, max_iter=steps,
                                   tolerance_grad=1e-10, tolerance_change=1e-14,
                                   history_size=20, line_search_fn="strong_wolfe")
@@ -147,7 +151,7 @@ def fit_linear(x: torch.Tensor, y: torch.Tensor, num_outputs: int,
             loss = ((out - target) ** 2).sum() / (2 * n)
         else:  # LogisticRegression(C=1): sum of losses + ||w||^2 / 2, over n
             loss = nn.functional.cross_entropy(out, target, reduction="sum") / n
-        loss = loss + (model.weight ** 2).sum() / (2 * n)
+        loss = loss + binary * (model.weight ** 2).sum() / (2 * n)
         loss.backward()
         return loss
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from flwr.app import Message, MessageType
@@ -20,7 +21,7 @@ from fedamp_flwr.config import ConfigError
 from fedamp_flwr.member_choice import LEAST_HELD, Choice, choose, held_out, said
 from strategies.core.records import kept_said
 from strategies.core.replies import evaluate_reply_problem
-from tasks.scores import best, goodness
+from tasks.scores import best, goodness, leads
 from tasks.tabular import fit_linear, folded, standardize
 
 from .helpers import reply
@@ -91,10 +92,14 @@ def test_the_best_on_held_out_rows_by_log_loss_is_kept_and_scored_on_test_rows_a
     assert choice["test"]["linear alone"]["log_loss"] == pytest.approx(-math.log(0.75))
     assert "confusion" not in choice["test"]["federated"]
     # by accuracy: the federated model predicts class 0 (a tie's argmax) and is wrong on both;
-    # where it ties with the best, it is kept
+    # one that ties with the reference (the linear model alone) does not lead it: not kept
     assert choose(candidates, held, test, "accuracy")["kept"] == "linear alone"
     assert choose({"federated": Fixed([q, q, q, q]), "linear alone": Fixed([q, q, o, q])},
-                  held, test, "accuracy")["kept"] == "federated"
+                  held, test, "accuracy")["kept"] == "linear alone"
+    # AUC is no mean over rows: the best, a tie going to the federated model
+    assert choose({"federated": Fixed([q, h, q, q]), "linear alone": Fixed([q, q, o, q])},
+                  (torch.tensor([[0.0], [1.0]]), torch.tensor([1, 0])), test,
+                  "auc")["kept"] == "federated"
     # as "final" has it: the linear model refitted is the one scored on the test rows
     final = choose(candidates, held, test, "log_loss", {"linear alone": Fixed([h, h, h, o])})
     assert final["test"]["linear alone"]["accuracy"] == 0.5
@@ -102,6 +107,27 @@ def test_the_best_on_held_out_rows_by_log_loss_is_kept_and_scored_on_test_rows_a
     line = said(choice)
     assert line.startswith("log loss (lower is better) on its 2 held-out rows: federated "
                            "0.6931, linear alone 0.2877, model alone 0.837; kept: linear alone")
+
+
+def test_a_candidate_must_lead_the_reference_by_more_than_one_standard_error():
+    # per-row log losses on 4 held-out rows (inputs 0-3, all class 1): the reference (linear
+    # alone) p = 1/2 on each, ln 2 = 0.693 a row; the federated model p = 3/4, 3/4, 3/4, 1/4:
+    # differences -0.405 x 3 and +0.693, mean -0.131, standard deviation 0.549, standard
+    # error 0.275: -0.131 + 0.275 > 0, no lead, the reference is kept though its mean is worse
+    q, h, o = [0.0, math.log(3)], [0.0, 0.0], [math.log(3), 0.0]
+    held = (torch.tensor([[0.0], [1.0], [2.0], [3.0]]), torch.tensor([1, 1, 1, 1]))
+    candidates = {"federated": Fixed([q, q, q, o]), "linear alone": Fixed([h, h, h, h])}
+    choice = choose(candidates, held, held, "log_loss")
+    assert choice["held_out"]["federated"]["log_loss"] < choice["held_out"]["linear alone"][
+        "log_loss"]
+    assert choice["kept"] == "linear alone" and choice["reference"] == "linear alone"
+    d = np.array([math.log(2 / 3)] * 3 + [math.log(2)])
+    assert d.mean() + d.std(ddof=1) / 2 == pytest.approx(0.1438, abs=1e-4)
+    assert not leads(np.array([-math.log(0.75)] * 3 + [math.log(4)]), np.full(4, math.log(2)))
+    # p = 3/4 on every row: a lead of 0.405 a row with no spread: kept
+    candidates["federated"] = Fixed([q, q, q, q])
+    assert choose(candidates, held, held, "log_loss")["kept"] == "federated"
+    assert leads(np.full(4, 0.2), np.full(4, 0.6)) and not leads(np.full(1, 0.0), np.ones(1))
 
 
 def test_a_diverged_candidate_is_never_chosen_and_higher_scores_rank_first():

@@ -119,8 +119,9 @@ def test_members_train_on_their_own_machines_a_misfit_and_an_impostor_left_out(
         assert choice["metric"] == "log_loss" and choice["held_out_rows"] == 20
         assert sorted(choice["held_out"]) == sorted(choice["test"]) == [
             "federated", "linear alone", "model alone"]
-        kept = choice["held_out"][choice["kept"]]["log_loss"]
-        assert kept == min(s["log_loss"] for s in choice["held_out"].values())
+        kept = choice["held_out"][choice["kept"]]["log_loss"]  # the best, or the reference
+        assert choice["kept"] == choice["reference"] == "linear alone" or kept == min(
+            s["log_loss"] for s in choice["held_out"].values())
         assert card["score"]["accuracy"] == choice["test"][choice["kept"]]["accuracy"]
         if choice["kept"] != "federated":
             told = [line for line in processes.log(name).splitlines()
@@ -130,8 +131,9 @@ def test_members_train_on_their_own_machines_a_misfit_and_an_impostor_left_out(
         else:
             assert card["score"]["accuracy"] == last[str(cid)]
         assert f"{name}: accuracy" in log and "; kept: " in log
-    # after one round of two local epochs, the linear model alone beats the run's model on
-    # some member's held-out rows (the members' classes lie around centres of their own)
+    # after one round of two local epochs the run's model does not lead the linear model
+    # alone on some member's held-out rows (the members' classes lie around centres of
+    # their own)
     assert any(c["choice"]["kept"] != "federated" for c in cards.values())
     assert _predict_test_rows(tmp, "site-b", "shared-fedamp", fleet.files["site-b"]) == \
         f"accuracy {cards['site-b']['score']['accuracy']!r}"
