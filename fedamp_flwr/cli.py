@@ -96,6 +96,7 @@ from tasks.scores import of_outputs
 from tasks.scores import said as scores_line
 from tasks.train import evaluate
 
+from . import member_choice
 from .config import ConfigError, RunConfig, default_values, explain
 
 #: a ``--run-config`` pair as ``flwr run`` reads one (``flwr.common.config.parse_config_args``)
@@ -198,8 +199,24 @@ def run_rows(card: dict, data: str, schema: tasks.MemberSchema, which: str) -> S
         (xa, ya), (xb, yb) = to_tensors(train), to_tensors(test)
         held = hold_out(ClientData(xa, ya, xb, yb), fraction, seed, index)
         # to_tensors has scaled images already: the rows are given back as the run saw them
-        return Split(held.x_train.numpy(), held.y_train.numpy()) if which == "train" else \
-            Split(held.x_test.numpy(), held.y_test.numpy())
+        train = Split(held.x_train.numpy(), held.y_train.numpy())
+        test = Split(held.x_test.numpy(), held.y_test.numpy())
+    share = spec.get("held_out_fraction")  # the member's own choice of its model
+    if share is not None and (isinstance(share, bool) or not isinstance(share, int | float)
+                              or not 0 < share <= 0.5):
+        raise ModelFileError(f"the card's rows.held_out_fraction {str(share)[:40]!r} is not a "
+                             "number in (0, 0.5]")
+    if which == "held-out" and not share:
+        raise ModelFileError("the card says of no rows held out to choose the model on (its "
+                             "member kept the federated model by its node config, or a card "
+                             "of an older version)")
+    if share and which in ("train", "held-out"):
+        rows = member_choice.held_out(len(train.y), float(share), member)
+        if rows is None:
+            raise ModelFileError(f"the card's held_out_fraction {share} leaves too few of "
+                                 f"{len(train.y)} training rows: not this member's file?")
+        return Split(train.x[rows[0].numpy()], train.y[rows[0].numpy()]) if which == "held-out" \
+            else Split(train.x[rows[1].numpy()], train.y[rows[1].numpy()])
     return train if which == "train" else test
 
 
@@ -267,7 +284,8 @@ def predict_file(model_path: str, data: str, out: str | None, which: str = "all"
         score = (f"accuracy {result.accuracy!r}" if result.accuracy is not None
                  else f"mse {result.mse!r}")
         what = {"all": "labelled rows", "train": "training rows the run used",
-                "test": "rows the run tested on"}[which]
+                "test": "rows the run tested on",
+                "held-out": "rows the member held out to choose its model on"}[which]
         recorded = card.get("score")
         recorded = recorded if isinstance(recorded, dict) else {}
         said = (f" (the card: {recorded.get('accuracy', recorded.get('mse'))!r})"
@@ -557,10 +575,11 @@ def parser_of() -> argparse.ArgumentParser:
     pred.add_argument("model", help="the model's .safetensors file (its card .json beside it)")
     pred.add_argument("data", help="the data file (.npz, .csv, .parquet) or image folder")
     pred.add_argument("--out", default=None, help="the CSV to write (default predictions.csv)")
-    pred.add_argument("--rows", choices=("all", "train", "test"), default="all",
+    pred.add_argument("--rows", choices=("all", "train", "test", "held-out"), default="all",
                       help="all rows of DATA, in file order (default); or the rows the run "
-                           "trained on, or tested on (its score's rows: the card's score), as "
-                           "the run chose them")
+                           "trained on, or tested on (its score's rows: the card's score), or "
+                           "those the member held out to choose its model on, as the run "
+                           "chose them")
     graph = sub.add_parser("xi-graph", help="a FedAMP run's weights as a client graph file")
     graph.add_argument("run", help="the FedAMP run's folder (<results-dir>/<run name>)")
     graph.add_argument("--round", type=int, default=None, help="the round (default: the last "

@@ -90,6 +90,7 @@ from strategies.core.protocol import (
     MEMBER,
     MEMBER_KEY,
     METRICS,
+    MODEL_KEPT,
     MSE,
     NUM_EXAMPLES,
     NUM_OUTPUTS,
@@ -113,6 +114,7 @@ from strategies.core.records import score_of
 from strategies.core.registry import STRATEGIES
 from tasks.dp import DPSGD, os_generator, privatize_update
 from tasks.scenarios import flip_labels
+from tasks.scores import goodness
 from tasks.tabular import (
     LEAST_ROWS,
     column_stats,
@@ -128,7 +130,7 @@ from tasks.train import train as train_model
 
 from . import identity, member_choice
 from .config import ConfigError, RunConfig
-from .delivery import keep_tested_model
+from .delivery import MODEL_DIR, keep_tested_model
 from .identity import IdentityError
 from .ledger import MAX_EPSILON, Declined, Ledger, NodePrivacy, data_digest
 from .member_choice import Choice
@@ -217,8 +219,12 @@ def _setup(context: Context) -> Setup:
         name, path = member_identity(context)
         dc = cfg.data_config(0, member=name, data_path=path)
         assert dc.schema is not None
-        # its own rule for the model it keeps, checked before anything runs
-        choice = Choice.of(dict(context.node_config), dc.schema.kind)
+        # its own rule for the model it keeps, checked before anything runs; nothing to
+        # choose where no model is written (save-models = "none", or no model-dir here)
+        choice = Choice.of(dict(context.node_config), dc.schema.kind, dc.schema.num_outputs)
+        folder = context.node_config.get(MODEL_DIR)
+        if cfg.save_models == "none" or not (isinstance(folder, str) and folder.strip()):
+            choice = dataclasses.replace(choice, on=False)
         try:
             data = tasks.load_client_data(dc, 0)
         except tasks.MemberDataError as err:
@@ -261,11 +267,18 @@ def _held_out(context: Context, setup: Setup) -> Setup:
                 member_choice.LEAST_HELD, member_choice.KEEP, "better")
         return dataclasses.replace(setup, choice=dataclasses.replace(choice, on=False))
     held, rest = rows
+    if _HELD_TOLD not in context.state.config_records:
+        context.state[_HELD_TOLD] = ConfigRecord({"told": True})
+        log(logging.INFO, "This member holds out %d of its %d training rows (node config "
+            "'%s' = %g): no model trains on them; the model it takes home is chosen on them "
+            "(node config '%s' = \"federated\": every row trains, the run's model is kept)",
+            len(held), len(d.y_train), member_choice.HELD_OUT_FRACTION, choice.fraction,
+            member_choice.KEEP)
     data = tasks.ClientData(d.x_train[rest], d.y_train[rest], d.x_test, d.y_test)
     return dataclasses.replace(setup, data=data, held=(d.x_train[held], d.y_train[held]))
 
 
-_TOO_FEW = "member-too-few-to-hold-out"
+_TOO_FEW, _HELD_TOLD = "member-too-few-to-hold-out", "member-told-held-out"
 
 
 def _seed(cfg: RunConfig, server_round: int, client_id: int) -> int:
@@ -590,7 +603,9 @@ def _alone_now(context: Context, setup: Setup, job: ClientJob) -> ConfigRecord:
         return held  # this round's already
     done = as_int(held["steps"], "steps") if held is not None and "steps" in held else 0
     per_round = num_steps(len(data.y_train), job.optim.batch_size, job.epochs, job.steps)
-    target = done + per_round * (job.server_round - last)
+    # (no more rounds than the run has: a message's round number alone sets no budget)
+    now = min(job.server_round, int(cfg.num_server_rounds))
+    target = done + per_round * max(now - last, 0)
     if setup.dc.schema is not None:
         kind, classes = setup.dc.schema.kind, setup.dc.schema.num_outputs
     else:
@@ -655,19 +670,40 @@ def evaluate(msg: Message, context: Context) -> Message:
         context, setup.cfg, setup.dc, job.config, kept_model, client_id,
         setup.name if setup.partition_id < 0 else None, kept_scores,
         (job.data.x_test, job.data.y_test), standardize=setup.scaling,
-        alone=alone or None, choice=choice,
+        alone=alone if alone and setup.cfg.alone is True else None, choice=choice,
         model_name="linear" if choice and choice["kept"] == member_choice.LINEAR else None)
-    if choice is not None:
+    if choice is not None and said.get(MODEL_KEPT):  # (written on this node)
         said[KEPT_MODEL] = member_choice.CODES[choice["kept"]]
-        if choice["gain"] is not None:
+        if choice["gain"] is not None and setup.cfg.dp == "none":  # (about training rows)
             said[HELD_OUT_GAIN] = choice["gain"]
     alone_said = {k: v for k, v in ((ALONE_LINEAR, alone.get("linear")),
-                                    (ALONE_MODEL, alone.get("model"))) if v is not None}
+                                    (ALONE_MODEL, alone.get("model")))
+                  if v is not None and setup.cfg.alone is True}
     metrics = _metrics(job, client_id, **scores, **said, **alone_said)
     return Message(RecordDict({METRICS: metrics, **kept}), reply_to=msg)
 
 
 _TOLD_WORSE = "member-told-federation-worse"
+
+
+def _linear(setup: Setup, x: torch.Tensor, y: torch.Tensor) -> torch.nn.Module:
+    """The linear model alone fitted on rows (x, y), on the run's inputs."""
+    mean, std = own_stats(x)
+    outputs = setup.dc.schema.num_outputs if setup.dc.schema else 0
+    return folded(fit_linear(standardize(x, mean, std), y, outputs), mean, std)
+
+
+def _model_alone(setup: Setup, job: ClientJob, x: torch.Tensor, y: torch.Tensor,
+                 steps: int) -> torch.nn.Module:
+    """The run's model trained alone on rows (x, y) from the run's initial model, for
+    ``steps`` local steps (as many as its model alone has had), with the round's optimizer
+    settings."""
+    torch.default_generator.manual_seed(setup.cfg.seed)  # (within the caller's fork_rng)
+    model = tasks.build_model(setup.dc, setup.cfg.model)
+    train_model(model, x, y, epochs=0, steps=steps, batch_size=job.optim.batch_size,
+                lr=job.optim.lr, optimizer=job.optim.optimizer, device=_device(),
+                seed=_seed(setup.cfg, job.server_round, 1))
+    return model
 
 
 def _choose(context: Context, setup: Setup, job: ClientJob, tested: torch.nn.Module
@@ -689,23 +725,33 @@ def _choose(context: Context, setup: Setup, job: ClientJob, tested: torch.nn.Mod
         model = tasks.build_model(setup.dc, setup.cfg.model)
         model.load_state_dict(state_dict(stored))
         candidates[member_choice.MODEL] = model
-    final = {}
+    # every training row, the held-out ones last
+    x = torch.cat([job.data.x_train, setup.held[0]])
+    y = torch.cat([job.data.y_train, setup.held[1]])
+    final, cross = {}, {}
     if member_choice.LINEAR in candidates:  # refitted on every training row, held-out too
-        x = torch.cat([job.data.x_train, setup.held[0]])
-        y = torch.cat([job.data.y_train, setup.held[1]])
-        mean, std = own_stats(x)
-        final[member_choice.LINEAR] = folded(fit_linear(standardize(x, mean, std), y,
-                                                        setup.dc.schema.num_outputs
-                                                        if setup.dc.schema else 0), mean, std)
-    choice = member_choice.choose(candidates, setup.held, (job.data.x_test, job.data.y_test),
-                                  setup.choice.metric, final)
+        final[member_choice.LINEAR] = _linear(setup, x, y)
+        cross[member_choice.LINEAR] = member_choice.out_of_fold(
+            lambda xf, yf: _linear(setup, xf, yf), x, y, setup.name)
+    if member_choice.MODEL in candidates and x.dim() == 2:  # a table: cross-validated too
+        steps = as_int(context.state.config_records[_ALONE]["steps"], "steps")
+        cross[member_choice.MODEL] = member_choice.out_of_fold(
+            lambda xf, yf: _model_alone(setup, job, xf, yf, steps), x, y, setup.name)
+        final[member_choice.MODEL] = _model_alone(setup, job, x, y, steps)  # every row
+    choice = {**member_choice.choose(candidates, setup.held, (job.data.x_test,
+                                                              job.data.y_test),
+                                     setup.choice.metric, final, cross, y),
+              "held_out_fraction": setup.choice.fraction}
     log(logging.INFO, "Round %d: the model this member keeps, chosen by %s", job.server_round,
         member_choice.said(choice))
     if choice["kept"] != member_choice.FEDERATED and _TOLD_WORSE not in \
             context.state.config_records:
         context.state[_TOLD_WORSE] = ConfigRecord({"told": True})
-        log(logging.WARNING, "This member's federated model scores below its %s on its "
-            "held-out rows (%s): it takes home the %s (node config '%s' = \"federated\" "
-            "keeps the federated model instead)", choice["kept"],
+        log(logging.WARNING, "This member's federated model %s the '%s' model on its held-out "
+            "rows (%s): it takes home the '%s' model (node config '%s' = \"federated\" keeps "
+            "the federated model instead)", "does not lead" if goodness(
+                choice["held_out"][member_choice.FEDERATED], choice["metric"]) > goodness(
+                choice["held_out"][choice["kept"]], choice["metric"]) else "scores below",
+            choice["kept"],
             member_choice.said(choice).split("; kept")[0], choice["kept"], member_choice.KEEP)
     return {**candidates, **final}[choice["kept"]], choice

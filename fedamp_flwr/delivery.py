@@ -146,6 +146,9 @@ def model_card(cfg: RunConfig, dc: tasks.DataConfig, *, run: str, token: str, cl
         # seed; with validation-fraction, the held-out share of the training rows
         "rows": {"seed": cfg.seed, "member": member,
                  "validation_fraction": cfg.validation_fraction,
+                 # the share of the training rows the member held out to choose its model
+                 **({"held_out_fraction": choice["held_out_fraction"]}
+                    if choice and "held_out_fraction" in choice else {}),
                  "validation_index": 0 if member is not None else client_id},
         "dataset": cfg.data_label, "schema": schema_record(schema),
         "preprocessing": {**PREPROCESSING, **({"standardize": standardize} if standardize

@@ -18,7 +18,15 @@ from flwr.app import Message, MessageType
 from torch import nn
 
 from fedamp_flwr.config import ConfigError
-from fedamp_flwr.member_choice import LEAST_HELD, Choice, choose, held_out, said
+from fedamp_flwr.member_choice import (
+    LEAST_HELD,
+    Choice,
+    choose,
+    folds,
+    held_out,
+    out_of_fold,
+    said,
+)
 from strategies.core.records import kept_said
 from strategies.core.replies import evaluate_reply_problem
 from tasks.scores import best, goodness, leads
@@ -38,11 +46,17 @@ def test_the_node_config_is_checked_and_defaults_to_choosing_by_a_proper_score()
                           ({"held-out-fraction": 0.6}, "allowed: a number in \\(0, 0.5\\]"),
                           ({"held-out-fraction": True}, "'held-out-fraction' = True"),
                           ({"member-metric": "mse"}, "'member-metric' = 'mse' is invalid for "
-                                                     "a classification task; allowed: log_loss")):
+                                                     "a classification task of 2 classes; "
+                                                     "allowed: log_loss")):
         with pytest.raises(ConfigError, match=match):
             Choice.of(config, "classification")
     with pytest.raises(ConfigError, match="allowed: mse, mae, r2"):
         Choice.of({"member-metric": "auc"}, "regression")
+    # a Brier score is of two classes
+    assert Choice.of({"member-metric": "brier"}, "classification", 2).metric == "brier"
+    with pytest.raises(ConfigError, match="of 3 classes; allowed: log_loss, accuracy, "
+                                          r"balanced_accuracy, auc \(default log_loss\)"):
+        Choice.of({"member-metric": "brier"}, "classification", 3)
 
 
 def test_held_out_rows_are_a_seeded_share_never_fewer_than_the_least():
@@ -106,7 +120,9 @@ def test_the_best_on_held_out_rows_by_log_loss_is_kept_and_scored_on_test_rows_a
     assert final["held_out"] == choice["held_out"]
     line = said(choice)
     assert line.startswith("log loss (lower is better) on its 2 held-out rows: federated "
-                           "0.6931, linear alone 0.2877, model alone 0.837; kept: linear alone")
+                           "0.6931, linear alone 0.2877, model alone 0.837; kept: linear alone "
+                           "(the reference: linear alone, kept unless another leads it by more "
+                           "than one standard error); then on its test rows: federated 0.837")
 
 
 def test_a_candidate_must_lead_the_reference_by_more_than_one_standard_error():
@@ -128,6 +144,54 @@ def test_a_candidate_must_lead_the_reference_by_more_than_one_standard_error():
     candidates["federated"] = Fixed([q, q, q, q])
     assert choose(candidates, held, held, "log_loss")["kept"] == "federated"
     assert leads(np.full(4, 0.2), np.full(4, 0.6)) and not leads(np.full(1, 0.0), np.ones(1))
+
+
+def test_a_model_alone_lucky_on_the_held_out_rows_is_judged_on_every_row():
+    # 10 training rows (inputs 0-9, all class 1), the last 2 held out. Cross-validated (its
+    # out-of-fold outputs), the model alone is right and sure on the 2 held-out rows (p =
+    # 3/4) but sure and wrong on 4 of the other 8 (p = 1/4): on every row it does not lead
+    # the linear model alone (p = 1/2 everywhere), though on the held-out rows it would
+    q, h, o = [0.0, math.log(3)], [0.0, 0.0], [math.log(3), 0.0]
+    y = torch.ones(10, dtype=torch.long)
+    held = (torch.tensor([[8.0], [9.0]]), y[8:])
+    cross = {"linear alone": torch.tensor([h] * 10),
+             "model alone": torch.tensor([o, q] * 4 + [q, q])}
+    candidates = {"federated": Fixed([h] * 10), "linear alone": Fixed([h] * 10),
+                  "model alone": Fixed([q] * 10)}
+    choice = choose(candidates, held, held, "log_loss", cross=cross, targets=y)
+    assert choice["held_out"]["model alone"]["log_loss"] == pytest.approx(-math.log(0.75))
+    assert choice["kept"] == "linear alone"
+    every = choice["cross_validated"]
+    assert (every["folds"], every["rows"]) == (5, 10)
+    assert every["scores"]["model alone"]["log_loss"] == pytest.approx(
+        (4 * math.log(4) + 6 * -math.log(0.75)) / 10)
+    assert "5-fold cross-validated: linear alone 0.6931, model alone 0.7271" in said(choice)
+    # without the other rows, its luck would have won
+    assert choose(candidates, held, held, "log_loss")["kept"] == "model alone"
+
+
+def test_out_of_fold_outputs_come_from_models_that_never_saw_their_rows():
+    x = torch.arange(12.0).reshape(12, 1)
+    y = torch.zeros(12, dtype=torch.long)
+    seen: list[set] = []
+
+    class Memo(nn.Module):
+        def __init__(self, rows: torch.Tensor) -> None:
+            super().__init__()
+            self.rows = set(rows[:, 0].long().tolist())
+            self.w = nn.Parameter(torch.zeros(1))
+
+        def forward(self, xs: torch.Tensor) -> torch.Tensor:
+            return torch.tensor([[float(int(v) in self.rows), 0.0] for v in xs[:, 0]])
+
+    def fit(xf: torch.Tensor, yf: torch.Tensor) -> nn.Module:
+        seen.append(set(xf[:, 0].long().tolist()))
+        return Memo(xf)
+
+    out = out_of_fold(fit, x, y, "site-a")
+    assert len(seen) == 5 and all(len(s) in (9, 10) for s in seen)
+    assert (out[:, 0] == 0).all()  # no row was in the model that gave its output
+    assert sorted(sum((sorted(f.tolist()) for f in folds(12, "site-a")), [])) == list(range(12))
 
 
 def test_a_diverged_candidate_is_never_chosen_and_higher_scores_rank_first():

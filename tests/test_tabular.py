@@ -240,7 +240,7 @@ def test_scaling_none_leaves_the_inputs_and_a_bad_message_is_refused(tmp_path):
 
 
 def test_a_member_takes_home_the_best_on_its_held_out_rows_even_where_the_run_says_alone_false(
-        tmp_path):
+        tmp_path, capsys):
     """By default each member keeps the best of its federated model and its models alone
     on rows it held out, by log loss, where it leads the linear model alone by more than one
     standard error (fedamp_flwr/member_choice.py), whatever the run
@@ -248,7 +248,11 @@ def test_a_member_takes_home_the_best_on_its_held_out_rows_even_where_the_run_sa
     predict's are the kept model's; the run's records keep the federated score."""
     import json
 
-    from fedamp_flwr import cli
+    import pandas as pd
+    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+
+    from fedamp_flwr import cli, client_app
+    from fedamp_flwr.inprocess import task_identity
 
     from .helpers import run_named
 
@@ -276,6 +280,23 @@ def test_a_member_takes_home_the_best_on_its_held_out_rows_even_where_the_run_sa
                                                     "model alone"].index(choice["kept"])
         assert cli.main(["predict", str(model), node["data-path"], "--rows", "test",
                          "--out", str(tmp_path / "p.csv")]) == 0
+        # the rows it held out, and those the run trained on: the file's training rows
+        held = choice["held_out_rows"]
+        assert held == 10 and card["rows"]["held_out_fraction"] == 0.2
+        train = int((pd.read_csv(node["data-path"]).split == "train").sum())
+        for rows, count in (("held-out", held), ("train", train - held)):
+            capsys.readouterr()
+            assert cli.main(["predict", str(model), node["data-path"], "--rows", rows,
+                             "--out", str(tmp_path / "p.csv")]) == 0
+            assert f"On the {count} " in capsys.readouterr().out
+        # what the node trains on: its training rows less those held out
+        ctx = Context(run_id=1, node_id=7, node_config=node, state=RecordDict(),
+                      run_config=TABLE)
+        with task_identity():
+            info = client_app.query(Message(RecordDict({"config": ConfigRecord(
+                {"query": "client-info", "challenge": b"\x01" * 32})}),
+                message_type=MessageType.QUERY, dst_node_id=7), ctx).content["info"]
+        assert info["num-train"] == train - held
     assert kept_alone >= 1
     from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
@@ -289,3 +310,57 @@ def test_a_member_takes_home_the_best_on_its_held_out_rows_even_where_the_run_sa
             {"query": "client-info", "challenge": b"\x01" * 32})}),
             message_type=MessageType.QUERY, dst_node_id=7), ctx).content["info"]
     assert "node config 'keep' = 'sometimes' is invalid; allowed: better" in info["error"]
+
+
+def test_a_regression_member_chooses_by_mse_and_a_small_one_keeps_its_federated_model(
+        tmp_path, caplog):
+    """Regression members' tables (a float target column): each chooses by MSE on its
+    held-out rows, the models alone cross-validated; a member of 15 training rows cannot
+    hold out 10 and train on 10: it keeps the federated model and says so at WARNING; a
+    node without a model-dir writes no model and holds nothing out (its query says all of
+    its training rows)."""
+    import json
+    import logging
+
+    import pandas as pd
+    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+
+    from fedamp_flwr import client_app
+    from fedamp_flwr.inprocess import task_identity
+
+    from .helpers import run_named
+
+    rng = np.random.default_rng(1)
+    nodes = []
+    for m, rows in enumerate((80, 80, 20)):
+        x = rng.normal(size=(rows, 3)) * np.array([1.0, 10.0, 100.0])
+        target = x @ np.array([1.0, 0.1, 0.01 * (m + 1)]) + rng.normal(scale=0.1, size=rows)
+        frame = pd.DataFrame(x, columns=["a", "b", "c"]).assign(target=target)
+        frame["split"] = ["train"] * (rows * 3 // 4) + ["test"] * (rows - rows * 3 // 4)
+        frame.to_csv(tmp_path / f"site-{m}.csv", index=False)
+        nodes.append({"data-path": str(tmp_path / f"site-{m}.csv"), "client-id": f"site-{m}",
+                      "model-dir": str(tmp_path / f"models-{m}")})
+    config = {"dataset": "members", "member-task": "regression", "member-input-shape": "3",
+              "member-outputs": 1, "member-label-column": "target", "strategy": "fedamp",
+              "local-epochs": 2}
+    with caplog.at_level(logging.INFO):
+        run_named(tmp_path, "run", config, 3, nodes)
+    for m in (0, 1):
+        card = json.loads((tmp_path / f"models-{m}" / "run" / f"site-{m}.json").read_text())
+        choice = card["choice"]
+        assert choice["metric"] == "mse" and choice["held_out_rows"] == 12
+        assert sorted(choice["cross_validated"]["scores"]) == ["linear alone", "model alone"]
+        assert choice["cross_validated"]["rows"] == 60
+        assert card["score"]["mse"] == pytest.approx(choice["test"][choice["kept"]]["mse"], rel=1e-6)
+    small = json.loads((tmp_path / "models-2" / "run" / "site-2.json").read_text())
+    assert "choice" not in small  # it kept its federated model
+    assert "This member has 15 training rows, too few to hold out 10" in caplog.text
+    assert "This member holds out 12 of its 60 training rows" in caplog.text
+    # no model-dir: no model written, nothing held out
+    bare = {k: v for k, v in nodes[0].items() if k != "model-dir"}
+    ctx = Context(run_id=1, node_id=7, node_config=bare, state=RecordDict(), run_config=config)
+    with task_identity():
+        info = client_app.query(Message(RecordDict({"config": ConfigRecord(
+            {"query": "client-info", "challenge": b"\x01" * 32})}),
+            message_type=MessageType.QUERY, dst_node_id=7), ctx).content["info"]
+    assert info["num-train"] == 60
