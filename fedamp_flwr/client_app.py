@@ -270,7 +270,7 @@ def _held_out(context: Context, setup: Setup) -> Setup:
     if _HELD_TOLD not in context.state.config_records:
         context.state[_HELD_TOLD] = ConfigRecord({"told": True})
         log(logging.INFO, "This member holds out %d of its %d training rows (node config "
-            "'%s' = %g): no model trains on them; the model it takes home is chosen on them "
+            "'%s' = %g): the run never trains on them; the model it takes home is chosen on them "
             "(node config '%s' = \"federated\": every row trains, the run's model is kept)",
             len(held), len(d.y_train), member_choice.HELD_OUT_FRACTION, choice.fraction,
             member_choice.KEEP)

@@ -1,7 +1,7 @@
 """A member never takes home less than it has alone: the choice its own node makes.
 
 A member's node (``dataset = "members"``) holds out a share of its training rows that
-no model trains on: ``held-out-fraction`` of them (node config; default
+the run's training never sees: ``held-out-fraction`` of them (node config; default
 :data:`DEFAULT_FRACTION`, at least :data:`LEAST_HELD` rows, and at least as many left
 to train on). Whenever the run asks it to keep a model (``save-models``), it scores
 three models on those rows by ``member-metric`` (node config; default log loss for
@@ -16,8 +16,8 @@ the one kept is refitted on every training row:
 * ``federated``: the run's model for this member (its personalized model);
 * ``linear alone``: a logistic (classification) or ridge (regression) model fitted on
   its own training rows alone (:func:`tasks.tabular.fit_linear`; vector inputs only),
-  chosen by its fit without the held-out rows and, where chosen, refitted on all of
-  them, held-out rows too, as the member's analysts would fit it (one fit: cheap);
+  and, where chosen, refitted on all of them, held-out rows too, as the member's
+  analysts would fit it;
 * ``model alone``: the run's model trained on its own rows alone for the same local
   steps (on a table: refitted on every training row, held-out ones too, where chosen).
 
@@ -25,8 +25,8 @@ Only then are the three scored on its test rows, once; the choice, the held-out 
 and the test scores of all three go in its log and on its model's card, and the choice
 and the held-out gain (the federated model's metric against the best alone, positive
 where federation is better) in the reply, for the coordinator's closing lines. A member
-whose federated model scores below alone on its held-out rows is told so once, at
-WARNING, with the choice made.
+that does not keep its federated model is told so once, at WARNING, with the choice
+made.
 
 It is the member's own rule: the run config has no key for it but ``save-models =
 "none"`` (no model is kept: nothing to choose). Its node config turns it off (``keep =
@@ -36,8 +36,8 @@ with fewer than 2 x :data:`LEAST_HELD` training rows cannot hold out enough rows
 choose on: it keeps the federated model and its log says so at WARNING. Under ``dp`` the
 reply says which model was kept, not the gain (a number about training rows, unnoised).
 
-Left out (docs/federation.md): cross-validation or repeated splits for a small member
-(the federated model is trained once, on one split).
+Left out (docs/federation.md): cross-validation of the federated model (it is trained
+once, on one split), and of the models alone where the inputs are not vectors.
 """
 
 from __future__ import annotations
