@@ -281,15 +281,19 @@ def member_file(path: Path, seed: int, features: int = FLEET_FEATURES) -> Path:
     return path
 
 
-def member_supernode(processes, port: int, data: Path, name: str, log: str):
+def member_supernode(processes, port: int, data: Path, name: str, log: str,
+                     keep: str = "better"):
     """A member's SuperNode: its own data, its own model-dir (``<tmp>/<log>-models``) and its
-    own key (``<tmp>/<log>-identity``)."""
+    own key (``<tmp>/<log>-identity``); ``keep``: its rule for the model it takes home
+    ("federated": it trains on every row and does no choosing, for a test about something
+    else, where the choice would only cost time)."""
     home = log.removesuffix("-again")
     models, keys = processes.tmp / f"{home}-models", processes.tmp / f"{home}-identity"
     return processes.start(
         ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
          "--port", str(free_port()), "--node-config",
-         f"data-path='{data}' client-id='{name}' model-dir='{models}' identity-dir='{keys}'"],
+         f"data-path='{data}' client-id='{name}' model-dir='{models}' identity-dir='{keys}' "
+         f"keep='{keep}'"],
         log)
 
 

@@ -186,7 +186,8 @@ def test_members_stopped_and_restarted_keep_their_ids_and_models(processes):
     tmp = processes.tmp
     port = start_superlink(processes, simulation=False)
     files = {name: member_file(tmp / f"{name}.npz", seed) for seed, name in enumerate(NAMES)}
-    nodes = {name: member_supernode(processes, port, files[name], name, name) for name in NAMES}
+    nodes = {name: member_supernode(processes, port, files[name], name, name, keep="federated")
+             for name in NAMES}
     results = tmp / "results"
     common = f"{FLEET_SCHEMA} results-dir='{results}' run-name='fedamp' alone=false"
     log = members_run(processes, f"{common} min-nodes=3 strategy='fedamp' num-server-rounds=1")
@@ -200,7 +201,8 @@ def test_members_stopped_and_restarted_keep_their_ids_and_models(processes):
     stop_trees([nodes[name].pid for name in NAMES], timeout=10)  # each leaves the SuperLink
     member_supernode(processes, port, files["site-c"], "site-b", "impostor")  # stopped at teardown
     for name in ("site-c", "site-a"):
-        nodes[name] = member_supernode(processes, port, files[name], name, f"{name}-again")
+        nodes[name] = member_supernode(processes, port, files[name], name, f"{name}-again",
+                                       keep="federated")
     log = members_run(processes, f"{common} min-nodes=2 strategy='fedamp' num-server-rounds=2 "
                                  "resume=true")
     attacked = fleet_metrics(results, "fedamp", log)

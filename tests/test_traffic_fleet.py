@@ -33,7 +33,7 @@ def test_panacea_forecasts_traffic_on_a_fleet_of_sensors(processes):
     graph, files = sensor_sites(tmp)
     port = start_superlink(processes, simulation=False)
     for sensor in SENSORS:  # each sensor's SuperNode holds its own file only
-        member_supernode(processes, port, files[sensor], sensor, sensor)
+        member_supernode(processes, port, files[sensor], sensor, sensor, keep="federated")
     results = tmp / "results"
     common = " ".join(f"{k}={toml_value(v)}" for k, v in SENSOR_CONFIG.items())
     common += f" graph-file='{graph}' min-nodes=3 results-dir='{results}'"
