@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.tabular import DATASETS, members
+from tasks.files import strict_json
 
 
 def logistic(path: str, classes: list[str]) -> dict[str, float]:
@@ -147,7 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra = parse_config_args([" ".join(args.set)]) if args.set else {}
     rows = [row for dataset in args.datasets for seed in args.seeds
             for row in run(dataset, seed, args.out, args.strategy, args.rounds, extra)]
-    (args.out / "kept.json").write_text(json.dumps(rows, indent=1))
+    # strict JSON: a diverged model's score is none, never NaN
+    (args.out / "kept.json").write_text(json.dumps(strict_json(rows), indent=1, allow_nan=False))
     print(table(rows))
     return 0 if all(r["passes"] for r in rows) else 1
 
