@@ -36,301 +36,36 @@ at each step (the first step equals the paper's).
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import math
-from dataclasses import dataclass
 from logging import INFO, WARNING
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ConfigRecord, Message
 from flwr.supercore import log
-from torch import nn
 
-from tasks import ClientData
-from tasks.graphs import cosine_knn_graph, edge_agreement
-from tasks.loading import held_rows
 from tasks.registry import TRAFFIC_GENERATED, TRAFFIC_GRAPHS
-from tasks.train import evaluate
 
 from .core.base import PersonalizedStrategy
-from .core.client import ClientJob, ClientUpdate, instruction_problem, register_client_update
-from .core.layout import record
-from .core.protocol import (
-    BATCH_SIZE,
-    CLIENT_UPDATE,
-    CONFIG,
-    LOCAL_EPOCHS,
-    LOCAL_STEPS,
-    as_int,
-    short_repr,
-)
+from .core.protocol import CONFIG
 from .core.registry import GIVEN_GRAPHS, RunSetup, personal_kwargs, register_strategy
-from .core.settings import (
-    MOST_LAYERS,
-    MOST_STEPS,
-    MOST_WIDTH,
-    TRAIN,
-    RunCannotGoOn,
-    Settings,
-    integer_in,
-    setting,
-)
+from .core.settings import RunCannotGoOn
 from .graph_guard import (
-    GENERIC_TRAIN,
     GRAPH,
-    GUARD,
     GUARD_MARGIN,
     GUARD_SHARE,
     HOLD_OUT,
     HOLD_OUT_RUN,
-    NONE,
-    OTHER,
     SIDE,
-    SIDE_CONFIG,
-    TRIM,
     VALIDATION,
-    WARMUP,
     WATCH,
     Arm,
-    choose,
-    falls_behind,
-    guard_arms,
-    held_out_error,
-    hold_out_share,
-    round_means,
-    side_problem,
-    validation_record,
 )
 from .hypernetwork import GraphHyperNetwork, normalized_adjacency
+from .panacea_client import HYPERNETWORK, HypernetworkClient, PanaceaSettings
+from .panacea_graph import EMBEDDINGS, WarmUp, embedding_rows, grow, grown, placed, propagated
+from .panacea_guard import GraphGuard, sizes, unasked
 
-HYPERNETWORK = "hypernetwork"
-
-
-def _propagated(prop: torch.Tensor | None, layers: int) -> torch.Tensor | None:
-    """Whom each client's embedding takes from through GH's ``layers`` GCN layers: the
-    propagation's power (the layers' weights and nonlinearities left out), rows scaled to
-    sum to 1, float64 on the CPU: a client's card's ``learned_from``."""
-    if prop is None:
-        return None
-    power = torch.linalg.matrix_power(prop.detach().double().cpu(), layers)
-    return power / power.sum(dim=1, keepdim=True)
-
-
-def _positive(v: float) -> bool:
-    return v > 0
-
-
-def _momentum(v: float) -> bool:
-    return 0 <= v < 1
-
-
-def _none_or_more(v: float) -> bool:
-    return 0 <= v < math.inf
-
-
-@dataclass(frozen=True)
-class PanaceaSettings(Settings):
-    """The keys of Panacea, Panacea-GN and pFedHN (``panacea-...``).
-
-    Keys left at "auto" take the strategy's value for the task (pFedHN: its reference
-    trainer's, :data:`PFEDHN_REFERENCE`; Panacea on TPT-48: :data:`PANACEA_TPT48`), else
-    :attr:`AUTO` (the values this project has used since the start). The clients' keys
-    travel in the train messages.
-    """
-
-    AUTO = {"panacea-client-lr": 0.1, "panacea-client-momentum": 0.0,
-            "panacea-client-weight-decay": 0.0, "panacea-client-clip": 0.0,
-            "panacea-server-lr": 0.1, "panacea-server-steps": 10,
-            "panacea-server-weight-decay": 0.0, "panacea-server-clip": 0.0}
-
-    panacea_embed_dim: int = setting(100, "GH's client embedding size (the paper's 100)",
-                                     **integer_in(1, MOST_WIDTH))
-    panacea_gnn_layers: int = setting(3, "GH's GNN layers (the paper's 3)",
-                                      **integer_in(1, MOST_LAYERS))
-    panacea_hidden: int = setting(100, "GH's hidden width (the paper's 100)",
-                                  **integer_in(1, MOST_WIDTH))
-    panacea_mlp_layers: int = setting(3, "GH's MLP layers (the paper's 3)",
-                                      **integer_in(1, MOST_LAYERS))
-    panacea_server_lr: float | str = setting("auto", "the hypernetwork's SGD learning rate",
-                                             ok=_positive, allowed="a number > 0")
-    panacea_server_momentum: float = setting(0.9, "the hypernetwork's SGD momentum",
-                                             ok=_momentum, allowed="a number in [0, 1)")
-    panacea_server_steps: int | str = setting("auto", "K_s, the server's steps per round",
-                                              **integer_in(1, MOST_STEPS))
-    panacea_server_weight_decay: float | str = setting(
-        "auto", "the hypernetwork's weight decay (0: none)", ok=_none_or_more,
-        allowed="a finite number >= 0 (0: none)")
-    panacea_server_clip: float | str = setting(
-        "auto", "the hypernetwork's gradient-norm clip (0: none)", ok=_none_or_more,
-        allowed="a finite number >= 0 (0: none)")
-    panacea_lambda_d: float = setting(1.0, "the graph generator's weight lambda_d",
-                                      ok=lambda v: v >= 0, allowed="a number >= 0")
-    panacea_client_lr: float | str = setting("auto", "the clients' SGD learning rate",
-                                             ok=_positive, allowed="a number > 0", sent=TRAIN)
-    panacea_client_momentum: float | str = setting(
-        "auto", "the clients' SGD momentum", ok=_momentum, allowed="a number in [0, 1)",
-        sent=TRAIN)
-    panacea_client_weight_decay: float | str = setting(
-        "auto", "the clients' weight decay (0: none)", ok=_none_or_more,
-        allowed="a finite number >= 0 (0: none)", sent=TRAIN)
-    panacea_client_clip: float | str = setting(
-        "auto", "the clients' gradient-norm clip (0: none)", ok=_none_or_more,
-        allowed="a finite number >= 0 (0: none)", sent=TRAIN)
-
-    SERVER_HOLDS = "the hypernetwork"
-
-    def server_floats(self, num_params: int, num_clients: int) -> int:
-        """The server's hypernetwork GH (:class:`strategies.hypernetwork.GraphHyperNetwork`,
-        counted from its sizes: the client embeddings, the GCN layers, the MLP, the graph
-        generator and the heads, hidden x P) three times (weights, gradients, momentum), and
-        the round's replies and generated models (2 n P)."""
-        n, embed, hidden = num_clients, self.panacea_embed_dim, self.panacea_hidden
-        gnn = embed * hidden + hidden + (self.panacea_gnn_layers - 1) * (hidden * hidden + hidden)
-        mlp = hidden * hidden + hidden + (self.panacea_mlp_layers - 1) * (hidden * hidden + hidden)
-        generator = 2 * (hidden * hidden + hidden)
-        heads = hidden * num_params + num_params
-        return 3 * (n * embed + gnn + mlp + generator + heads) + 2 * n * num_params
-
-
-class HypernetworkClient(ClientUpdate[PanaceaSettings]):
-    """The client half of Panacea, Panacea-GN and pFedHN: plain SGD from the generated model.
-
-    Trains the received theta_t for the message's ``local-steps`` (or
-    ``local-epochs``) with SGD at ``panacea-client-lr`` (momentum, weight decay and
-    gradient-norm clipping: ``panacea-client-momentum``, ``-weight-decay``,
-    ``-clip``, 0 for none) and replies the trained model; it is tested on the
-    generated model as received. The guard of an inferred graph
-    (:mod:`strategies.graph_guard`): a message may also carry a side model
-    (``panacea-side``) with its training's keys (``panacea-side-config``) and the share of
-    rows to hold out (``panacea-hold-out``, the same rows every round). The client then
-    also trains the side model, on its rows less the held-out ones, and replies it; where the
-    message carries a second model to compare (``panacea-other``) it first tests both on the
-    held-out rows and replies their errors (``panacea-validation``). The received model
-    trains on every row, as without a guard.
-    """
-
-    name = HYPERNETWORK
-    settings = PanaceaSettings
-
-    def message_problem(self, config: ConfigRecord, train: bool) -> str | None:
-        """The share to hold out (:func:`strategies.graph_guard.hold_out_share`)."""
-        try:
-            hold_out_share(config.get(HOLD_OUT, 0.0))
-        except ValueError as err:
-            return str(err)
-        if not isinstance(config.get(HOLD_OUT_RUN, False), bool):
-            return (f"message key '{HOLD_OUT_RUN}' = {short_repr(config.get(HOLD_OUT_RUN))} is "
-                    "invalid; allowed: true or false")
-        return None
-
-    def train(self, job: ClientJob[PanaceaSettings]) -> tuple[float, dict]:
-        share = hold_out_share(job.config.get(HOLD_OUT, 0.0))
-        side, other = (job.content.array_records.get(k) for k in (SIDE, OTHER))
-        side_config = job.content.config_records.get(SIDE_CONFIG)
-        if (side is None) != (side_config is None) or (other is not None and side is None) \
-                or (share == 0) != (side is None):
-            raise ValueError(f"the train message carries {'panacea-side' if side else 'no side'}"
-                             f" model, {'a' if side_config else 'no'} side config and "
-                             f"'{HOLD_OUT}' = {share:g}: a side model comes with its config and "
-                             "a share > 0, and a model to compare only with a side model")
-        records = {} if side is None else self._side(job, share, side, side_config, other)
-        if job.config.get(HOLD_OUT_RUN) is True and side is not None:  # the guard's watch
-            _, rest = held_rows(len(job.data.y_train), share, job.run_seed, job.client_id,
-                                HOLD_OUT)
-            job = dataclasses.replace(job, data=ClientData(
-                job.data.x_train[rest], job.data.y_train[rest], job.data.x_test,
-                job.data.y_test), targets=job.targets[rest])
-        return _fit(job), records
-
-    def _side(self, job: ClientJob[PanaceaSettings], share: float, side: ArrayRecord,
-              config: ConfigRecord | None, other: ArrayRecord | None) -> dict:
-        """The guard's side training on the rows less the held-out ones; first, with a model to
-        compare, both models' errors on the held-out rows."""
-        assert config is not None
-        problem = instruction_problem(ConfigRecord({**dict(config), CLIENT_UPDATE: self.name,
-                                                    HOLD_OUT: share, HOLD_OUT_RUN: False}),
-                                      train=True)
-        if problem is not None:
-            raise ValueError(f"'{SIDE_CONFIG}': {problem}")
-        held, rest = held_rows(len(job.data.y_train), share, job.run_seed, job.client_id,
-                               HOLD_OUT)
-        model = copy.deepcopy(job.model)
-        model.load_state_dict(side.to_torch_state_dict())
-        records: dict = {}
-        if other is not None:
-            twin = copy.deepcopy(job.model)
-            twin.load_state_dict(other.to_torch_state_dict())
-            x, y, device = job.data.x_train[held], job.data.y_train[held], job.optim.device
-            mine, theirs = (evaluate(m, x, y, device=device) for m in (model, twin))
-            records[VALIDATION] = validation_record(held_out_error(mine.loss, mine.accuracy),
-                                                    held_out_error(theirs.loss, theirs.accuracy))
-        part = ClientData(job.data.x_train[rest], job.data.y_train[rest], job.data.x_test,
-                          job.data.y_test)
-        optim = dataclasses.replace(job.optim, batch_size=as_int(
-            config.get(BATCH_SIZE, job.optim.batch_size), BATCH_SIZE))
-        _fit(dataclasses.replace(
-            job, model=model, data=part, targets=job.targets[rest], optim=optim,
-            settings=PanaceaSettings.from_message(config),
-            steps=as_int(config.get(LOCAL_STEPS, job.steps), LOCAL_STEPS),
-            epochs=as_int(config.get(LOCAL_EPOCHS, job.epochs), LOCAL_EPOCHS)))
-        records[SIDE] = record(model.state_dict())
-        said = ("" if VALIDATION not in records else "; on the held-out rows the side model it "
-                "trained errs {:.4g}, the other {:.4g} (sent)".format(
-                    *records[VALIDATION].to_torch_state_dict()["error"].tolist()))
-        log(INFO, "Round %d: for the server's guard of its inferred graph this node also trained "
-            "a side model on %d of its %d training rows (%d held out, the same every round)%s",
-            job.server_round, len(rest), len(job.data.y_train), len(held), said)
-        return records
-
-
-def _fit(job: ClientJob[PanaceaSettings]) -> float:
-    """The family's local training: SGD with the message's ``panacea-client-*`` keys."""
-    s = job.settings
-    return job.fit(optimizer="sgd", lr=float(s.panacea_client_lr),
-                   momentum=float(s.panacea_client_momentum),
-                   weight_decay=float(s.panacea_client_weight_decay),
-                   clip_norm=float(s.panacea_client_clip))
-
-
-# besides its settings' keys, every train message of the family says what to hold out
-HypernetworkClient.train_keys = (*HypernetworkClient.train_keys, HOLD_OUT, HOLD_OUT_RUN)
-register_client_update(HypernetworkClient)
-
-
-_EMBEDDINGS = "embeddings.weight"  # GH's table of the clients' embeddings h^(0)
-
-
-def _grown(adjacency: torch.Tensor) -> torch.Tensor:
-    """``adjacency`` with one more client, without edges."""
-    n = adjacency.shape[0]
-    grown = adjacency.new_zeros(n + 1, n + 1)
-    grown[:n, :n] = adjacency
-    return grown
-
-
-def _sizes(s: PanaceaSettings, gnn_layers: int) -> dict:
-    """GH's sizes from the settings ``s``, with ``gnn_layers`` GNN layers (0: no graph)."""
-    return dict(embed_dim=s.panacea_embed_dim, gnn_layers=gnn_layers, hidden=s.panacea_hidden,
-                mlp_layers=s.panacea_mlp_layers)
-
-
-def _grow(net: GraphHyperNetwork, optimizer: torch.optim.Optimizer, extra: torch.Tensor) -> None:
-    """One more client in ``net``: its embedding ``extra`` appended; the optimizer's momentum
-    of the others kept, the new row's starting at zero."""
-    old = net.embeddings.weight
-    new = nn.Parameter(torch.cat([old.detach(), extra]))
-    net.embeddings.weight = new
-    net.embeddings.num_embeddings = new.shape[0]
-    for group in optimizer.param_groups:
-        group["params"] = [new if p is old else p for p in group["params"]]
-    state = optimizer.state.pop(old, None)
-    if state is not None:
-        if state.get("momentum_buffer") is not None:
-            buf = state["momentum_buffer"]
-            state["momentum_buffer"] = torch.cat([buf, torch.zeros_like(buf[:1])])
-        optimizer.state[new] = state
+__all__ = ["HYPERNETWORK", "HypernetworkClient", "Panacea", "PanaceaSettings"]
 
 
 class Panacea(PersonalizedStrategy):
@@ -390,10 +125,10 @@ class Panacea(PersonalizedStrategy):
     client_update = HYPERNETWORK
     settings: PanaceaSettings
     STATE_KIND, STATE_KIND_OWN = "the hypernetwork", True
-    #: a newcomer's embedding placed by its graph neighbours (:meth:`_placed`); False: the
-    #: paper's novel clients' own draws (experiments/seasons.py measures both)
+    #: a newcomer's embedding placed by its graph neighbours
+    #: (:func:`strategies.panacea_graph.placed`); False: the paper's novel clients' own draws
+    #: (experiments/seasons.py measures both)
     PLACE_NEWCOMERS: bool = True
-
     def __init__(self, settings: PanaceaSettings, *, adjacency: torch.Tensor | None,
                  generator: bool, infer_k: int = 0, warmup_rounds: int = 0,
                  true_adjacency: torch.Tensor | None = None, similarity: str = "cosine",
@@ -402,27 +137,19 @@ class Panacea(PersonalizedStrategy):
         super().__init__(**kwargs)
         self.infer_k, self.warmup_rounds = infer_k, warmup_rounds
         self.similarity, self.guard_rounds = similarity, guard_rounds
-        #: the guard's two hypernetworks (graph_guard.GRAPH, NONE), in its rounds
-        self.arms: dict[str, Arm] = {}
-        self.guard_record: list[dict] = []  # each guard round's mean held-out errors
-        self.decided: str | None = None  # after the guard: graph_guard.GRAPH or NONE
-        self.inferred: torch.Tensor | None = None  # the guard's inferred graph
-        self._side: dict[int, tuple[int, torch.Tensor]] = {}  # row -> (arm, side model sent)
-        self._back: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # client id ->
-        # (its side model trained, its held-out errors)
         self.true_adjacency, self.wants_generator = true_adjacency, generator
-        self._update_sum: torch.Tensor | None = None  # warm-up: per client, sum of its updates
-        self._update_count: torch.Tensor | None = None
+        #: an unguarded inferred graph's warm-up (the guard keeps its own)
+        self.warmup: WarmUp | None = None
         #: the guard's no-graph path: pFedHN's settings for this run and its generic keys of
         #: the train messages (local-steps, local-epochs, batch-size)
         self.path: tuple[PanaceaSettings, dict] = guard_path or (settings, {})
         self.own = settings  # the run's own (Panacea's): the guard's hypernetworks train at them
-        #: the guard's stage: "warm-up", "guard", or "" (none, or decided)
-        self.stage = WARMUP if infer_k > 0 and guard_rounds > 0 else ""
-        self._apply(self.path[0] if self.stage else settings)  # the guard's run: pFedHN
+        #: the inferred graph's guard (strategies.panacea_guard), where graph-guard-rounds > 0
+        self.guard = GraphGuard(self) if infer_k > 0 and guard_rounds > 0 else None
+        self._apply(self.path[0] if self.guard else settings)  # the guard's run: pFedHN
         self.adjacency = adjacency
-        self.sizes = _sizes(self.settings,
-                            settings.panacea_gnn_layers if adjacency is not None else 0)
+        self.sizes = sizes(self.settings,
+                           settings.panacea_gnn_layers if adjacency is not None else 0)
         self.use_generator = generator and adjacency is not None
         self.hnet: GraphHyperNetwork | None = None
 
@@ -456,7 +183,7 @@ class Panacea(PersonalizedStrategy):
 
     def summary(self) -> None:
         super().summary()
-        if self.infer_k > 0 and not self.decided:
+        if self.infer_k > 0 and not (self.guard and self.guard.decided):
             log(INFO, "\t├── graph inferred: the %d-nearest-neighbour graph (%s similarity) of "
                 "the clients' updates in the first %d round(s), from the same initial model%s",
                 self.infer_k, self.similarity, self.warmup_rounds,
@@ -483,14 +210,11 @@ class Panacea(PersonalizedStrategy):
     def initial_models(self, initial: torch.Tensor) -> None:
         """Build GH and its optimizer; no per-client store (GH generates the models). While
         the graph is inferred, only the warm-up's sums of updates."""
-        n = len(self.client_ids)
         self.buffers = initial[self.flat.num_params :]
-        if self.stage == WARMUP:
-            self._update_sum = torch.zeros(n, self.flat.num_params, dtype=torch.float64)
-            self._update_count = torch.zeros(n, dtype=torch.long)
+        if self.guard is not None:
+            self.guard.start(initial)
         if self.inferring:
-            self._update_sum = torch.zeros(n, self.flat.num_params, dtype=torch.float64)
-            self._update_count = torch.zeros(n, dtype=torch.long)
+            self.warmup = WarmUp(len(self.client_ids), self.flat.num_params)
             return None
         self._build_net()
         return None
@@ -502,16 +226,16 @@ class Panacea(PersonalizedStrategy):
         # Floating-point buffers (batch-norm statistics) are not generated: a
         # linear head could make a running variance negative. They stay at
         # the initial model's values (self.buffers).
-        self.hnet, self.optimizer = self._make_net(self.sizes, self.use_generator)
+        self.hnet, self.optimizer = self.make_net(self.sizes, self.use_generator)
         self.adj = None if self.adjacency is None else self.adjacency.to(self.device)
         self.prop = None if self.adj is None else normalized_adjacency(self.adj)
-        self.learned_weights = _propagated(self.prop, self.settings.panacea_gnn_layers)
+        self.learned_weights = propagated(self.prop, self.settings.panacea_gnn_layers)
         self.pair_gen = torch.Generator().manual_seed(self.seed)
         log(INFO, "Hypernetwork: %d clients, %d parameters; target model of %d values",
             n, sum(p.numel() for p in self.net.parameters()), self.flat.size)
 
-    def _make_net(self, sizes: dict, generator: bool, s: PanaceaSettings | None = None
-                  ) -> tuple[GraphHyperNetwork, torch.optim.Optimizer]:
+    def make_net(self, sizes: dict, generator: bool, s: PanaceaSettings | None = None
+                 ) -> tuple[GraphHyperNetwork, torch.optim.Optimizer]:
         """A hypernetwork of ``sizes`` over the run's clients (seeded by the run), and its SGD
         (at the settings ``s``; None: the ones in use)."""
         s = s or self.settings
@@ -524,54 +248,14 @@ class Panacea(PersonalizedStrategy):
                                     momentum=s.panacea_server_momentum,
                                     weight_decay=float(s.panacea_server_weight_decay))
 
-    def _make_arms(self, adjacency: torch.Tensor) -> dict[str, Arm]:
-        """The guard's hypernetworks at the run's own settings: on the inferred graph (with the
-        graph generator for Panacea), and Panacea-GN on an empty graph (pFedHN's network), so
-        that the two differ in the graph alone."""
-        adj = adjacency.float().to(self.device)
-        graph = self._make_net(_sizes(self.own, self.own.panacea_gnn_layers),
-                               self.wants_generator, self.own)
-        none = self._make_net(_sizes(self.own, 0), False, self.own)
-        return {GRAPH: Arm(*graph, adj, self.wants_generator), NONE: Arm(*none, None, False)}
-
-    def _infer_graph(self, server_round: int) -> torch.Tensor:
-        """The warm-up is over: the graph of the clients' mean updates, recorded."""
-        assert self._update_sum is not None and self._update_count is not None
-        count = self._update_count
-        mean = self._update_sum / count.clamp(min=1)[:, None].double()
-        k = min(self.infer_k, len(count) - 1)
-        if k < self.infer_k:  # a members run with fewer members than graph-k + 1
-            log(WARNING, "graph-k = %d but the run has %d clients: each chooses %d",
-                self.infer_k, len(count), k)
-        apart = self.apart_mask(torch.arange(len(count)))  # the policy: they never choose
-        adj = cosine_knn_graph(mean.numpy(), k, None if apart is None else apart.numpy(),
-                               self.similarity) if k >= 1 else np.zeros((1, 1), np.float32)
-        note: dict = {"round": server_round, "k": k, "similarity": self.similarity,
-                      "untrained_clients": [self.client_ids[r] for r in
-                                            torch.nonzero(count == 0).flatten().tolist()],
-                      "edges": [[self.client_ids[int(a)], self.client_ids[int(b)]]
-                                for a, b in zip(*np.nonzero(np.triu(adj, k=1)))]}
-        truth = self.true_adjacency
-        if truth is not None and tuple(truth.shape) == adj.shape:
-            note["against_truth"] = edge_agreement(adj, truth.numpy())
+    def infer_graph(self, server_round: int, warmup: WarmUp) -> torch.Tensor:
+        """The warm-up is over: the graph of the clients' mean updates (pairs the policy keeps
+        apart never chosen), recorded in the history's notes."""
+        apart = self.apart_mask(torch.arange(len(warmup.counts)))
+        adjacency, note = warmup.infer(server_round, self.infer_k, self.similarity, apart,
+                                       self.client_ids, self.true_adjacency)
         self.history.notes["inferred_graph"] = note
-        if note["untrained_clients"]:
-            log(WARNING, "Round %d: %d client(s) trained in no warm-up round (client ids %s): "
-                "they have no edges (their embeddings are trained alone)", server_round,
-                len(note["untrained_clients"]), note["untrained_clients"])
-        log(INFO, "Round %d: client graph inferred from the warm-up updates: %d edges "
-            "(k = %d)%s", server_round, len(note["edges"]), self.infer_k,
-            "; against the task's graph: precision {precision:.3f}, recall {recall:.3f}".format(
-                **note["against_truth"]) if "against_truth" in note else "")
-        self._update_sum = self._update_count = None
-        return torch.from_numpy(adj)
-
-    def _adopt(self, adjacency: torch.Tensor) -> None:
-        """Use ``adjacency`` from now on: GH (with its GNN and, for Panacea, D) built on it."""
-        self.adjacency = adjacency.float()
-        self.sizes["gnn_layers"] = self.settings.panacea_gnn_layers
-        self.use_generator = self.wants_generator
-        self._build_net()
+        return adjacency
 
     def add_client(self, info, adjacency: torch.Tensor | None = None) -> None:
         """A client that joins after the start (a new member) gets an embedding h^(0) of its own
@@ -582,15 +266,12 @@ class Panacea(PersonalizedStrategy):
         super().add_client(info, adjacency)
         if known:
             return
-        if self.infer_k > 0 and self._update_sum is not None:  # warm-up: one more row
-            self._update_sum = torch.cat([self._update_sum,
-                                          self._update_sum.new_zeros(1, self._update_sum.shape[1])])
-            assert self._update_count is not None
-            self._update_count = torch.cat([self._update_count, self._update_count.new_zeros(1)])
+        if self.warmup is not None:  # an unguarded warm-up: one more row
+            self.warmup.grow()
         elif self.infer_k > 0 and self.adjacency is not None:  # after it: no edges of its own
             log(WARNING, "%s joins after the client graph was inferred: it has no edges (its "
                 "embedding is trained alone)", info.label)
-            self.adjacency = _grown(self.adjacency)
+            self.adjacency = grown(self.adjacency)
         elif self.adjacency is not None:
             if adjacency is None:
                 raise ValueError(f"{info.label} joins, but the run's graph does not say where")
@@ -603,73 +284,50 @@ class Panacea(PersonalizedStrategy):
         n = old.shape[0]
         if self.adjacency is not None:  # placed by its trained graph neighbours
             trained = self.training_rows[self.training_rows < n]
-            extra = self._placed(extra, self.adjacency[n:, trained], old.detach()[trained],
-                                 [info.client_id])
-        _grow(self.hnet, self.optimizer, extra)
-        for arm in self.arms.values():  # the guard's: their own draws, no edges
-            _grow(arm.net, arm.optimizer, torch.randn(1, old.shape[1], generator=gen).to(old))
-            if arm.adj is not None:
-                arm.adj = _grown(arm.adj)
-        if self.inferred is not None:
-            self.inferred = _grown(self.inferred)
+            extra = placed(extra, self.adjacency[n:, trained], old.detach()[trained],
+                           [info.client_id], self.started_from, self.PLACE_NEWCOMERS)
+        grow(self.hnet, self.optimizer, extra)
+        if self.guard is not None:  # the guard's: their own draws, no edges
+            self.guard.add_client(gen, old)
         if self.adjacency is not None:
             self.adj = self.adjacency.to(self.device)
             self.prop = normalized_adjacency(self.adj)
-            self.learned_weights = _propagated(self.prop, self.settings.panacea_gnn_layers)
-
-    def _placed(self, own: torch.Tensor, edges: torch.Tensor, neighbours: torch.Tensor,
-                clients: list[int]) -> torch.Tensor:
-        """New clients' embeddings h^(0) (``own``: their draws, N(0, 1)) placed by their graph
-        neighbours: the mean of the trained embeddings ``neighbours`` each has an edge to
-        (``edges``: new x trained, 0/1); a client with none keeps its draw. Deviation: the
-        paper's novel clients keep their draws, and only GH's GCN brings their neighbours in.
-        :attr:`started_from` says which, by client id."""
-        weights = (edges > 0).to(own.dtype).cpu()
-        counts = weights.sum(dim=1)
-        placed = own.detach().clone()
-        has = (counts > 0) & self.PLACE_NEWCOMERS
-        counts = counts * has
-        if bool(has.any()):
-            placed[has.to(placed.device)] = ((weights[has] / counts[has, None]).to(placed)
-                                             @ neighbours.to(placed))
-        for cid, k in zip(clients, counts.tolist(), strict=True):
-            self.started_from[cid] = (f"its embedding placed by {int(k)} graph neighbours"
-                                      if k else "its own embedding, drawn")
-        return placed
+            self.learned_weights = propagated(self.prop, self.settings.panacea_gnn_layers)
 
     def warm_start(self, state: dict, old_rows, initial) -> None:
         """GH (encoder, generator, heads) from the other run's, each returning client's
         embedding h^(0) from its row there, and a client new to this run's placed by its
-        returning graph neighbours (:meth:`_placed`). The server's optimizer and its momentum
-        start afresh, as in any new run."""
+        returning graph neighbours (:func:`strategies.panacea_graph.placed`). The server's
+        optimizer and its momentum start afresh, as in any new run."""
         old = state.get("hnet")
         self._ensure_models(initial)
-        if self.inferring or not isinstance(old, dict) or _EMBEDDINGS not in old:
+        if self.inferring or not isinstance(old, dict) or EMBEDDINGS not in old:
             raise ValueError("it keeps no hypernetwork this run can start from" if not
                              self.inferring else "this run's graph is still to be inferred")
         mine = self.net.state_dict()
         differ = sorted(k for k in set(mine) | set(old) if k not in mine or k not in old or (
-            k != _EMBEDDINGS and tuple(mine[k].shape) != tuple(old[k].shape)))
-        if differ or mine[_EMBEDDINGS].shape[1] != old[_EMBEDDINGS].shape[1]:
+            k != EMBEDDINGS and tuple(mine[k].shape) != tuple(old[k].shape)))
+        if differ or mine[EMBEDDINGS].shape[1] != old[EMBEDDINGS].shape[1]:
             raise ValueError(f"its hypernetwork is not this run's (differs in "
-                             f"{differ[:3] or [_EMBEDDINGS]}: the method's sizes, graph or "
+                             f"{differ[:3] or [EMBEDDINGS]}: the method's sizes, graph or "
                              "generator)")
-        emb = mine[_EMBEDDINGS].clone()
+        emb = mine[EMBEDDINGS].clone()
         back = [r for r, o in enumerate(old_rows) if o is not None]
         new = [r for r, o in enumerate(old_rows) if o is None]
-        emb[back] = old[_EMBEDDINGS][[o for o in old_rows if o is not None]].to(emb)
+        emb[back] = old[EMBEDDINGS][[o for o in old_rows if o is not None]].to(emb)
         for r in back:
             self.started_from[self.client_ids[r]] = "its own embedding"
         if new and back and self.adjacency is not None:
-            emb[new] = self._placed(emb[new], self.adjacency[new][:, back], emb[back],
-                                    [self.client_ids[r] for r in new])
+            emb[new] = placed(emb[new], self.adjacency[new][:, back], emb[back],
+                              [self.client_ids[r] for r in new], self.started_from,
+                              self.PLACE_NEWCOMERS)
         else:
             self.started_from.update({self.client_ids[r]: "its own embedding, drawn" for r in new})
-        self.net.load_state_dict({**{k: v.to(mine[k]) for k, v in old.items()}, _EMBEDDINGS: emb})
+        self.net.load_state_dict({**{k: v.to(mine[k]) for k, v in old.items()}, EMBEDDINGS: emb})
 
     @torch.no_grad()
     def warm_row(self, state: dict, old_row: int, client_id: int) -> None:
-        old = state.get("hnet", {}).get(_EMBEDDINGS)
+        old = state.get("hnet", {}).get(EMBEDDINGS)
         if self.hnet is not None and isinstance(old, torch.Tensor) and 0 <= old_row < len(old) \
                 and old.shape[1] == self.hnet.embeddings.weight.shape[1]:
             self.hnet.embeddings.weight[self._row[client_id]] = old[old_row].to(
@@ -699,87 +357,37 @@ class Panacea(PersonalizedStrategy):
     def configure_train(self, server_round, arrays, config, grid):
         """As every personalized strategy's. While the run trains as pFedHN (the guard's warm-up
         and guard rounds, and after it chose no graph) the messages carry pFedHN's keys; in the
-        guard's rounds also the side model to train (the initial model, or its arm's), its
-        training's keys (the run's own), the other arm's model to test, and the share of rows
-        to hold out (:mod:`strategies.graph_guard`)."""
+        guard's rounds also its side models (:meth:`GraphGuard.side_messages`)."""
         messages = list(super().configure_train(server_round, arrays, config, grid))
-        own = {**self.own.message_values(TRAIN), **{k: config[k] for k in GENERIC_TRAIN
-                                                    if k in config}}
         if self.settings is self.path[0] and self.path[0] is not self.own:  # pFedHN's keys
             for msg in messages:
                 msg.content[CONFIG] = ConfigRecord({**dict(msg.content[CONFIG]), **self.path[1]})
-        self._side, self._back = {}, {}
-        if not self.stage or not messages:
-            return messages
-        clients = self.tracker.roster.clients
-        rows = torch.tensor([self._row[clients[m.metadata.dst_node_id].client_id]
-                             for m in messages], dtype=torch.long)
-        arms = guard_arms(rows, server_round)
-        trains, other = self._side_models(rows, arms)
-        if self.stage == WATCH:  # the side trains the no-graph path (pFedHN) at its settings
-            own = {**self.path[0].message_values(TRAIN), **{
-                k: config[k] for k in GENERIC_TRAIN if k in config}, **self.path[1]}
-        for msg, row, arm, vec, test in zip(messages, rows.tolist(), arms.tolist(), trains, other,
-                                            strict=True):
-            msg.content[CONFIG] = ConfigRecord({**dict(msg.content[CONFIG]),
-                                                HOLD_OUT: GUARD_SHARE,
-                                                HOLD_OUT_RUN: self.stage == WATCH})
-            msg.content[SIDE] = self.flat.unflatten(vec)
-            msg.content[SIDE_CONFIG] = ConfigRecord(own)
-            if test is not None:
-                msg.content[OTHER] = self.flat.unflatten(test)
-            self._side[row] = (arm, vec)
+        if self.guard is not None:
+            clients = self.tracker.roster.clients
+            rows = torch.tensor([self._row[clients[m.metadata.dst_node_id].client_id]
+                                 for m in messages], dtype=torch.long)
+            self.guard.side_messages(server_round, messages, rows, config)
         return messages
-
-    def _side_models(self, rows: torch.Tensor, arms: torch.Tensor
-                     ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
-        """The side models of ``rows``: to train (the warm-up's initial model, or the arm's)
-        and to test (the other arm's; none in the warm-up)."""
-        if self.stage == WARMUP:
-            return self._initial[None].expand(len(rows), -1).clone(), [None] * len(rows)
-        if self.stage == WATCH:  # the no-graph path's model to train, the run's to test
-            return self.arms[NONE].generate(rows, self.buffers), list(self.generated(rows))
-        graph = self.arms[GRAPH].generate(rows, self.buffers)
-        none = self.arms[NONE].generate(rows, self.buffers).to(graph)
-        pick = (arms == 0).to(graph.device)[:, None]
-        return torch.where(pick, graph, none), list(torch.where(pick, none, graph))
 
     def method_reply_problem(self, msg: Message) -> str | None:
         """In the guard's rounds a reply carries its side model trained (and, after the
         warm-up, the two held-out errors), kept for :meth:`update`; other replies neither."""
+        if self.guard is None:
+            return unasked(msg)
         cid = self.tracker.roster.known_client_of(msg)
-        side, losses = msg.content.array_records.get(SIDE), msg.content.array_records.get(
-            VALIDATION)
-        if self._row.get(cid) not in self._side:
-            return None if side is None and losses is None else \
-                f"'{SIDE}' or '{VALIDATION}' in a reply to a message that sent no side model"
-        held, problem = side_problem(self.stage in (GUARD, WATCH), side,
-                                     self.tracker.replies.spec,
-                                     losses)
-        if problem is None:
-            assert side is not None
-            self._back[cid] = (self.flat.flatten(side).to(self.device), held)
-        return problem
+        return self.guard.reply_problem(msg, cid, self._row.get(cid), self.tracker.replies.spec)
 
     def state_dict(self) -> dict:
         """GH (embeddings, encoder, generator, heads), its optimizer and the pair sampler; an
-        inferred graph, or the warm-up's sums of updates."""
+        inferred graph, or the warm-up's sums of updates; the guard's state."""
         state = super().state_dict()
-        if self.infer_k > 0 and self.guard_rounds > 0:
-            guard: dict = {"stage": self.stage, "decided": self.decided or "",
-                           "record": list(self.guard_record), "inferred": self.inferred,
-                           "arms": {name: {"hnet": arm.net.state_dict(),
-                                           "optimizer": arm.optimizer.state_dict()}
-                                    for name, arm in self.arms.items()}}
-            if self.stage == WARMUP and self._update_sum is not None:
-                guard.update(sums=self._update_sum.clone(), counts=self._update_count)
-            state["graph_guard"] = guard
-        if self.infer_k > 0:
-            if self.adjacency is not None:
-                state["inferred_adjacency"] = self.adjacency.detach().cpu()
-            elif self._update_sum is not None and self._update_count is not None:
-                state.update(update_sum=self._update_sum.clone(),
-                             update_count=self._update_count.clone())
+        if self.guard is not None:
+            state["graph_guard"] = self.guard.state()
+        sums = self.warmup or (self.guard.warmup if self.guard else None)
+        if self.infer_k > 0 and self.adjacency is not None:
+            state["inferred_adjacency"] = self.adjacency.detach().cpu()
+        elif self.infer_k > 0 and sums is not None:
+            state.update(update_sum=sums.sums.clone(), update_count=sums.counts.clone())
         if self.hnet is not None:
             state.update(hnet=self.hnet.state_dict(), optimizer=self.optimizer.state_dict(),
                          pair_gen=self.pair_gen.get_state())
@@ -791,246 +399,66 @@ class Panacea(PersonalizedStrategy):
         of an inferred graph."""
         declared = super().client_state()
         rows, matrices = declared["rows"], declared["matrices"]
-        nets: list[tuple[list[str], GraphHyperNetwork]] = \
-            [([], self.hnet)] if self.hnet is not None else []
-        if self.infer_k > 0 and self.guard_rounds > 0:
-            nets += [(["graph_guard", "arms", name], arm.net) for name, arm in self.arms.items()]
-            rows += [["graph_guard", "sums"], ["graph_guard", "counts"]]
-            matrices.append(["graph_guard", "inferred"])  # the graph on trial
-        for where, net in nets:
-            rows.append([*where, "hnet", "embeddings.weight"])
-            index = next(i for i, p in enumerate(net.parameters()) if p is net.embeddings.weight)
-            rows.append([*where, "optimizer", "state", index, "momentum_buffer"])
+        if self.hnet is not None:
+            rows += embedding_rows([], self.hnet)
+        if self.guard is not None:
+            self.guard.client_state(rows, matrices)
         if self.infer_k > 0:
             rows += [["update_sum"], ["update_count"]]
             matrices.append(["inferred_adjacency"])
         return declared
 
     def load_state_dict(self, state: dict, initial_arrays) -> None:
-        guard = state.get("graph_guard") if self.infer_k > 0 and self.guard_rounds > 0 else None
-        if isinstance(guard, dict):
-            self.stage, self.decided = guard["stage"], guard["decided"] or None
-            self.guard_record, self.inferred = list(guard["record"]), guard["inferred"]
-            if self.decided == GRAPH:  # GH is the graph's, at the run's own settings
+        guard = state.get("graph_guard")
+        if self.guard is not None and isinstance(guard, dict):
+            self.guard.load_stage(guard)
+            if self.guard.decided == GRAPH:  # GH is the graph's, at the run's own settings
                 self._apply(self.own)
         if self.infer_k > 0 and "inferred_adjacency" in state:  # GH is built on it
             self.adjacency = state["inferred_adjacency"].float()
-            self.sizes = _sizes(self.settings, self.settings.panacea_gnn_layers)
+            self.sizes = sizes(self.settings, self.settings.panacea_gnn_layers)
             self.use_generator = self.wants_generator
         super().load_state_dict(state, initial_arrays)
-        if isinstance(guard, dict):
-            self._load_guard(guard)
+        if self.guard is not None and isinstance(guard, dict):
+            self.guard.load(guard)
         if self.inferring and "update_sum" in state:
-            sums, counts = state["update_sum"], state["update_count"]
-            assert self._update_sum is not None
-            if tuple(sums.shape) != tuple(self._update_sum.shape) or len(counts) != len(sums):
-                raise ValueError(f"the checkpoint's warm-up sums are {tuple(sums.shape)}, the "
-                                 f"run's {tuple(self._update_sum.shape)}")
-            self._update_sum, self._update_count = sums.double(), counts.long()
+            assert self.warmup is not None
+            self.warmup.load(state["update_sum"], state["update_count"])
         if "hnet" in state:
             self.net.load_state_dict(state["hnet"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.pair_gen.set_state(state["pair_gen"])
 
-    def _load_guard(self, guard: dict) -> None:
-        """A run cut in the guard's rounds goes on with its warm-up sums or its two
-        hypernetworks (after :meth:`initial_models`)."""
-        if self.stage == WARMUP and "sums" in guard:
-            assert self._update_sum is not None
-            if tuple(guard["sums"].shape) != tuple(self._update_sum.shape):
-                raise ValueError(f"the checkpoint's warm-up sums are "
-                                 f"{tuple(guard['sums'].shape)}, the run's "
-                                 f"{tuple(self._update_sum.shape)}")
-            self._update_sum, self._update_count = guard["sums"].double(), guard["counts"].long()
-        if self.stage in (GUARD, WATCH):
-            self.arms = self._make_arms(guard["inferred"]) if self.stage == GUARD else {
-                NONE: Arm(*self._make_net(_sizes(self.path[0], 0), False, self.path[0]), None,
-                          False)}
-            for name, arm in self.arms.items():
-                arm.net.load_state_dict(guard["arms"][name]["hnet"])
-                arm.optimizer.load_state_dict(guard["arms"][name]["optimizer"])
-
     def update(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
         """K_s server steps of psi toward the trained models (during an unguarded graph's
-        warm-up: the clients' updates summed, and after its last round the graph inferred).
-        In the guard's rounds, then its side (:meth:`_side_update`)."""
+        warm-up: the clients' updates summed, and after its last round the graph inferred and
+        GH built on it). In the guard's rounds, then its side (:meth:`GraphGuard.update`)."""
         if self.inferring:
-            assert self._update_sum is not None and self._update_count is not None
-            self._add_warmup(rows, trained[:, : self.flat.num_params])
+            assert self.warmup is not None
+            p = self.flat.num_params
+            self.warmup.add(rows, trained[:, :p], self._initial[:p])
             if server_round < self.warmup_rounds:
                 return
-            self._adopt(self._infer_graph(server_round))  # then GH's first server steps
+            self.adjacency = self.infer_graph(server_round, self.warmup).float()
+            self.warmup = None  # then GH, built on the graph, takes its first server steps
+            self.sizes["gnn_layers"] = self.settings.panacea_gnn_layers
+            self.use_generator = self.wants_generator
+            self._build_net()
         diverged = False
         if len(rows):
             diverged = self._server_steps(server_round, rows, trained)
-        if self.stage:
-            self._side_update(server_round, rows)
-        if diverged and self.stage == WATCH:  # the pFedHN path it watched takes the run back
-            self._switch_back(server_round, diverged=True)
-        elif diverged and self.decided == GRAPH:  # and the path watched diverged too
+        if self.guard is None:
+            return
+        if self.guard.stage:
+            self.guard.update(server_round, rows)
+        if diverged and self.guard.stage == WATCH:  # the pFedHN path watched takes the run back
+            self.guard.switch_back(server_round, diverged=True)
+        elif diverged and self.guard.decided == GRAPH:  # and the path watched diverged too
             raise RunCannotGoOn(
                 f"round {server_round}: the inferred graph's hypernetwork and the pFedHN path "
                 "watched beside it both diverged (their parameters or the models they generate "
                 "no longer finite): lower panacea-server-lr or panacea-server-steps (the last "
                 "checkpoint is intact)")
-
-    def _add_warmup(self, rows: torch.Tensor, params: torch.Tensor) -> None:
-        """The warm-up's sums: each client's update from the initial model."""
-        assert self._update_sum is not None and self._update_count is not None
-        initial = self._initial[: self.flat.num_params].double().cpu()
-        self._update_sum.index_add_(0, rows.cpu(), params.double().cpu() - initial)
-        self._update_count.index_add_(0, rows.cpu(), torch.ones(len(rows), dtype=torch.long))
-
-    def _side_update(self, server_round: int, rows: torch.Tensor) -> None:
-        """The guard's side of a round: the side models of the clients whose replies were
-        used (within the same update bound), summed in the warm-up, then the two
-        hypernetworks' steps on them and, after the guard's last round, the choice."""
-        rows = torch.tensor([r for r in rows.tolist() if r in self._side
-                             and self.client_ids[r] in self._back], dtype=torch.long)
-        back = [self._back[self.client_ids[r]] for r in rows.tolist()]
-        params = torch.stack([b[0] for b in back])[:, : self.flat.num_params] if back else \
-            torch.zeros(0, self.flat.num_params, device=self.device)
-        sent = torch.stack([self._side[r][1] for r in rows.tolist()])[:, : self.flat.num_params] \
-            if back else params
-        keep = (params - sent).norm(dim=1) <= self.update_bound(sent.norm(dim=1))
-        for r in rows[~keep.cpu()].tolist():
-            log(WARNING, "Round %d: client %s's side model is left out: its update exceeds "
-                "max-update-ratio", server_round, self.client_ids[r])
-        rows, params, s = rows[keep.cpu()], params[keep], self.own
-        arms = torch.tensor([self._side[r][0] for r in rows.tolist()], dtype=torch.long)
-        if self.stage == WARMUP:
-            self._add_warmup(rows, params)
-            if server_round < self.warmup_rounds:
-                return
-            self.inferred = self._infer_graph(server_round)
-            self.arms, self.stage = self._make_arms(self.inferred), GUARD
-            arms = torch.zeros(len(rows), dtype=torch.long)  # both step on the warm-up's models
-            self.arms[NONE].steps(rows, params, int(s.panacea_server_steps),
-                                  float(s.panacea_server_clip), 0.0, self.pair_gen)
-        elif self.stage == WATCH:
-            self._watch(server_round, rows, params)
-            return
-        else:
-            held = [self._back[self.client_ids[r]][1] for r in rows.tolist()]
-            self._record_guard(server_round, arms, held)
-            mask = (arms == 1).to(params.device)
-            self.arms[NONE].steps(rows[arms == 1], params[mask], int(s.panacea_server_steps),
-                                  float(s.panacea_server_clip), 0.0, self.pair_gen)
-            rows, params = rows[arms == 0], params[~mask]
-        self.arms[GRAPH].steps(rows, params, int(s.panacea_server_steps),
-                               float(s.panacea_server_clip), s.panacea_lambda_d, self.pair_gen)
-        broken = [name for name, arm in self.arms.items() if not arm.finite()]
-        if broken:  # the run (pFedHN) is intact: the side is dropped, the run goes on
-            self._decide(server_round, diverged=broken)
-            return
-        if self.stage == GUARD and server_round >= self.warmup_rounds + self.guard_rounds:
-            self._decide(server_round)
-
-    def _record_guard(self, server_round: int, arms: torch.Tensor,
-                      held: list[torch.Tensor | None]) -> None:
-        """A guard (or watch) round's mean held-out errors of both hypernetworks (in the
-        watch: the run's on the graph, and the no-graph path's), logged and kept."""
-        have = [i for i, h in enumerate(held) if h is not None]
-        kept = [h for h in held if h is not None]
-        losses = torch.stack(kept) if kept else torch.zeros(0, 2, dtype=torch.float64)
-        means: dict = {"round": server_round, **round_means(arms[have], losses)}
-        if self.stage == WATCH:
-            means["stage"] = WATCH
-        self.guard_record.append(means)
-        log(INFO, "Round %d: %s: mean error on held-out rows of %d clients: inferred graph "
-            "%.4g, no graph%s %.4g", server_round, self.stage, means["clients"], means[GRAPH],
-            " (pFedHN)" if self.stage == WATCH else "", means[NONE])
-
-    def _watch(self, server_round: int, rows: torch.Tensor, params: torch.Tensor) -> None:
-        """A watch round (the graph took over): the no-graph path's steps (at its settings) on
-        the side models trained, both errors recorded and, where the graph's run has fallen
-        behind the no-graph path on the held-out rows, the run back on that path."""
-        held = [self._back[self.client_ids[r]][1] for r in rows.tolist()]
-        # every client trained the no-graph path's model and tested the run's as the other
-        self._record_guard(server_round, torch.ones(len(rows), dtype=torch.long), held)
-        path = self.path[0]
-        self.arms[NONE].steps(rows, params, int(path.panacea_server_steps),
-                              float(path.panacea_server_clip), 0.0, self.pair_gen)
-        note = self.history.notes.setdefault("graph_guard", {})
-        note["rounds"] = self.guard_record
-        if not self.arms[NONE].finite():  # the run (the graph's) is intact: it goes on alone
-            note["watch_ended"] = {"round": server_round, "why": (
-                "the watched no-graph path's hypernetwork diverged (its parameters or a model "
-                "it generates no longer finite)")}
-            log(WARNING, "Round %d: the watched no-graph path (pFedHN) diverged: the watch "
-                "ends, the run goes on with the inferred graph", server_round)
-            self.stage, self.arms = "", {}
-            return
-        if falls_behind([r for r in self.guard_record if r.get("stage") == WATCH]):
-            self._switch_back(server_round)
-
-    def _run_on(self, arm: Arm, settings: PanaceaSettings, adjacency: torch.Tensor | None,
-                generator: bool, layers: int) -> None:
-        """The run goes on with ``arm``'s hypernetwork (its graph, ``adjacency``, and
-        ``layers`` GCN layers) at ``settings``: the guard's choice of the graph, or the
-        watch's way back to pFedHN."""
-        self._apply(settings)
-        self.adjacency, self.use_generator = adjacency, generator
-        self.sizes = _sizes(settings, layers)
-        self.hnet, self.optimizer, self.adj, self.prop = arm.net, arm.optimizer, arm.adj, \
-            arm.prop
-        self.learned_weights = _propagated(self.prop, settings.panacea_gnn_layers)
-
-    def _switch_back(self, server_round: int, diverged: bool = False) -> None:
-        """The graph's run fell behind on the held-out rows (or ``diverged``: its
-        hypernetwork's parameters or a model it generates are no longer finite): the run goes
-        on as the no-graph path (pFedHN) it kept training on the side, at its settings, to
-        the end."""
-        self._run_on(self.arms[NONE], self.path[0], None, False, 0)
-        self.decided, self.stage, self.arms = NONE, "", {}
-        note = self.history.notes.setdefault("graph_guard", {})
-        note["switched_back"] = {"round": server_round, "why": (
-            "the inferred graph's run diverged (its hypernetwork's parameters or a model it "
-            "generates no longer finite)" if diverged else
-            "the inferred graph's run had a higher mean held-out error than the no-graph "
-            "path's (pFedHN, trained on the side since the graph took over) over the last two "
-            "watch rounds")}
-        log(WARNING, "Round %d: the inferred graph's run %s: the run goes back to pFedHN from "
-            "the next round (trained on the side since round %d)", server_round,
-            "diverged" if diverged else "fell behind the no-graph path (pFedHN) on the "
-            "clients' held-out rows", int(note.get("round", 0)) + 1)
-
-    def _decide(self, server_round: int, diverged: list[str] | None = None) -> None:
-        """The guard's end: the graph's hypernetwork takes over the run if it won; else the
-        run goes on as the pFedHN it has been (at once where a side hypernetwork
-        ``diverged``: its parameters or a model it generates no longer finite)."""
-        chosen = self.decided = NONE if diverged else choose(self.guard_record)
-        self.history.notes["graph_guard"] = {
-            "round": server_round, "chosen": chosen, "held_out_share": GUARD_SHARE,
-            "criterion": f"mean error (classification: 1 - accuracy; regression: MSE) on the "
-                         f"clients' held-out training rows (each round's {TRIM:.0%} highest and "
-                         f"lowest left out), the graph's over no graph's, averaged over the last "
-                         f"two guard rounds: the graph takes over if below {1 - GUARD_MARGIN:g}",
-            "rounds": self.guard_record,
-            **({"diverged": diverged} if diverged else {})}
-        if chosen == GRAPH:
-            arm = self.arms[GRAPH]
-            # the no-graph path the run has been (pFedHN) goes on training on the side, watched
-            watched = Arm(self.net, self.optimizer, None, False)
-            self._run_on(arm, self.own, self.inferred, self.wants_generator,
-                         self.own.panacea_gnn_layers)
-            log(INFO, "Round %d: the inferred graph beat no graph by more than %g%% on the "
-                "clients' held-out rows: Panacea on it takes over the run, watched to the end "
-                "against pFedHN (trained on the side; the run goes back to it if the graph "
-                "falls behind)", server_round, 100 * GUARD_MARGIN)
-            self.stage, self.arms = WATCH, {NONE: watched}
-        elif diverged:
-            log(WARNING, "Round %d: the guard's side hypernetwork of %s diverged (its "
-                "parameters or a model it generates no longer finite): the side is dropped, the "
-                "run goes on as pFedHN (no graph), as it has trained since round 1",
-                server_round, " and ".join(diverged))
-            self.stage, self.arms = "", {}
-        else:
-            log(WARNING, "Round %d: the inferred graph did not beat no graph by more than %g%% "
-                "on the clients' held-out rows: the run goes on as pFedHN (no graph), as it "
-                "has trained since round 1", server_round, 100 * GUARD_MARGIN)
-            self.stage, self.arms = "", {}
-        self._update_sum, self._update_count = None, None
 
     def _server_steps(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> bool:
         """K_s steps of GH toward the trained models of ``rows``; in the watch, whether GH
@@ -1044,7 +472,7 @@ class Panacea(PersonalizedStrategy):
             server_round, len(rows), losses.get("model", 0.0))
         if main.finite():
             return False
-        if self.stage == WATCH:
+        if self.guard is not None and self.guard.stage == WATCH:
             return True
         raise RunCannotGoOn(
                 f"round {server_round}: the hypernetwork's parameters or the models it generates "
@@ -1053,9 +481,22 @@ class Panacea(PersonalizedStrategy):
                 f"{self.server_momentum:g}): the steps are too large for this task; lower "
                 f"panacea-server-lr or panacea-server-steps (the last checkpoint is intact)")
 
+    def run_on(self, arm: Arm, settings: PanaceaSettings, adjacency: torch.Tensor | None,
+               generator: bool, layers: int) -> None:
+        """The run goes on with ``arm``'s hypernetwork (its graph, ``adjacency``, and
+        ``layers`` GCN layers) at ``settings``: the guard's choice of the graph, or the
+        watch's way back to pFedHN."""
+        self._apply(settings)
+        self.adjacency, self.use_generator = adjacency, generator
+        self.sizes = sizes(settings, layers)
+        self.hnet, self.optimizer, self.adj, self.prop = arm.net, arm.optimizer, arm.adj, \
+            arm.prop
+        self.learned_weights = propagated(self.prop, settings.panacea_gnn_layers)
+
     def graph_edges(self) -> tuple[dict[int, list[int]], str] | None:
         """The inferred graph's edges by client id, and whether the run uses it."""
-        graph = self.inferred if self.inferred is not None else (
+        inferred = self.guard.inferred if self.guard is not None else None
+        graph = inferred if inferred is not None else (
             self.adjacency if self.infer_k > 0 else None)
         if graph is None:
             return None
@@ -1063,23 +504,7 @@ class Panacea(PersonalizedStrategy):
         edges: dict[int, list[int]] = {cid: [] for cid in ids[: graph.shape[0]]}
         for a, b in torch.nonzero(graph > 0).tolist():  # one pass over the edges
             edges[ids[a]].append(ids[b])
-        back = self.history.notes.get("graph_guard", {}).get("switched_back")
-        if self.stage == GUARD:
-            said = (f"on trial: the guard decides after round "
-                    f"{self.warmup_rounds + self.guard_rounds}")
-        elif self.stage == WATCH:
-            said = "used by the run, watched against pFedHN on the clients' held-out rows"
-        elif back:
-            said = (f"used until round {back['round']}, then dropped: " + (
-                "it diverged" if "diverged" in str(back.get("why", "")) else
-                "pFedHN did better on the clients' held-out rows"))
-        elif self.decided == NONE:
-            said = ("not used: a hypernetwork of the guard diverged" if self.history.notes.get(
-                "graph_guard", {}).get("diverged") else
-                "not used: it did not beat no graph on the clients' held-out rows")
-        else:
-            said = "used by the run"
-        return edges, said
+        return edges, self.guard.said() if self.guard is not None else "used by the run"
 
     def evaluation_models(self) -> torch.Tensor:
         """Every client's generated model (novel clients from their untrained embeddings)."""

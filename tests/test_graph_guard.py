@@ -376,12 +376,12 @@ def test_a_graph_that_wins_takes_over_the_run_at_the_runs_own_settings(tmp_path,
     in rounds 3 and 4 every client also trains pFedHN's model on the side (at pFedHN's keys)
     and both train on the rows less the held-out ones. Where the graph falls behind after
     round 3, the run is pFedHN again from round 4: its keys, no side."""
-    import strategies.panacea as panacea
+    import strategies.panacea_guard as panacea_guard
     from fedamp_flwr.config import RunConfig
     from fedamp_flwr.results import checkpoint_files
 
-    monkeypatch.setattr(panacea, "choose", lambda rounds: GRAPH)  # the rule: tested above
-    monkeypatch.setattr(panacea, "falls_behind", lambda rounds: behind)
+    monkeypatch.setattr(panacea_guard, "choose", lambda rounds: GRAPH)  # the rule: tested above
+    monkeypatch.setattr(panacea_guard, "falls_behind", lambda rounds: behind)
     overrides = {"graph": "inferred", "graph-k": 2, "graph-warmup-rounds": 1,
                  "graph-guard-rounds": 1, "num-server-rounds": 4, "local-steps": 3,
                  "panacea-server-lr": 0.01}
@@ -473,11 +473,11 @@ def test_a_hypernetwork_that_diverges_never_stops_a_guarded_run(tmp_path, monkey
     """The graph's hypernetwork diverges: in the guard, the side is dropped and the run goes
     on as the pFedHN it has been; in the watch, the run goes back to the pFedHN path it
     watched. Either way the run ends, its rounds all evaluated."""
-    import strategies.panacea as panacea
+    import strategies.panacea_guard as panacea_guard
     from strategies.graph_guard import Arm
 
-    monkeypatch.setattr(panacea, "choose", lambda rounds: GRAPH)
-    monkeypatch.setattr(panacea, "falls_behind", lambda rounds: False)
+    monkeypatch.setattr(panacea_guard, "choose", lambda rounds: GRAPH)
+    monkeypatch.setattr(panacea_guard, "falls_behind", lambda rounds: False)
     calls = {"graph": 0}
     # the graph's hypernetwork is checked after the warm-up's round 1, after the guard's
     # round 2, then (the run's, in the watch) after round 3: it diverges at the 1st or 3rd

@@ -58,10 +58,10 @@ def test_a_run_cut_in_the_guards_watch_resumes_to_the_last_digit(tmp_path, monke
     """The inferred graph won the guard (round 2) and is watched against pFedHN trained on the
     side; the ServerApp dies in round 4: the resumed run has both hypernetworks, the watch's
     record and every number of the uninterrupted run."""
-    import strategies.panacea as panacea
+    import strategies.panacea_guard as panacea_guard
     from strategies.graph_guard import GRAPH
 
-    monkeypatch.setattr(panacea, "choose", lambda rounds: GRAPH)
+    monkeypatch.setattr(panacea_guard, "choose", lambda rounds: GRAPH)
     overrides = {"graph": "inferred", "graph-k": 2, "graph-warmup-rounds": 1,
                  "graph-guard-rounds": 1, "local-steps": 3, "min-nodes": 6,
                  "panacea-server-lr": 0.01}
