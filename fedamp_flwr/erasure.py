@@ -6,7 +6,8 @@ and in metrics.json: its name (``client_names`` keeps its place as "", so that t
 their ids), its key, the attempts that named it, its scores in every round (the rounds' means
 computed again over the others), its part of every per-client state the method declares in
 its checkpoint (``client_state``, :mod:`strategies.core.client_state`; this module names no
-method's keys, except those older checkpoints wrote) set to zeros, its row and column of xi
+method's keys; an older checkpoint's, by the keys its version wrote:
+:func:`strategies.core.client_state.legacy_declaration`) set to zeros, its row and column of xi
 (recorded matrices and ``xi/`` files) and of an inferred graph (``graph-inferred.csv``), its
 delivered-model record and any model the run folder holds
 for it (``models/``), its place in the collaboration policy's and warm start's records, and a
@@ -46,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from strategies.core.client_state import CLIENT_STATE, forget_client
+from strategies.core.client_state import forget_client
 from strategies.core.history import RunHistory
 from strategies.core.protocol import is_name
 from strategies.core.records import (
@@ -71,60 +72,15 @@ from .results import (
     LOCK,
     TENSORBOARD_FOLDER,
     XI_FOLDER,
-    _read_checkpoint,
     checkpoint_files,
     digest_path,
     hold_folder,
+    read_checkpoint,
     seal,
     write_json,
 )
 
 GONE = "(a forgotten member)"  # what replaces the name in a line of text
-
-
-def _per_client_rows(strategy: dict[str, Any], cid: int) -> None:
-    """Zero client ``cid``'s part of a strategy's state (-1: none): where the state declares
-    its per-client parts (every checkpoint of this version: the strategy's own
-    ``client_state``), those; a checkpoint of an older version, by the keys those versions
-    wrote (below)."""
-    if cid < 0:
-        return
-    if CLIENT_STATE in strategy:
-        forget_client(strategy, cid)
-        return
-    if isinstance(strategy.get("started_from"), dict):
-        strategy["started_from"].pop(str(cid), None)
-    for key in ("models", "update_sum", "update_count"):
-        if isinstance(strategy.get(key), torch.Tensor) and len(strategy[key]) > cid:
-            strategy[key][cid] = 0
-    held = strategy.get("graph_guard")
-    guard: dict[str, Any] = held if isinstance(held, dict) else {}
-    for key in ("sums", "counts"):  # the guard's warm-up (the versions that had it)
-        if isinstance(guard.get(key), torch.Tensor) and len(guard[key]) > cid:
-            guard[key][cid] = 0
-    for graph in (strategy.get("inferred_adjacency"), guard.get("inferred")):
-        if isinstance(graph, torch.Tensor) and graph.ndim == 2 and len(graph) > cid:
-            graph[cid, :] = 0
-            graph[:, cid] = 0
-    arms = guard.get("arms")
-    for net in [strategy, *(a for a in (arms.values() if isinstance(arms, dict) else ())
-                            if isinstance(a, dict))]:
-        _legacy_embedding(net, cid)
-
-
-def _legacy_embedding(net: dict[str, Any], cid: int) -> None:
-    """Zero client ``cid``'s embedding and its momentum in an older version's ``hnet`` and
-    ``optimizer`` of ``net`` (GH's, or one of the graph guard's hypernetworks)."""
-    hnet = net.get("hnet")
-    if isinstance(hnet, dict) and len(hnet.get("embeddings.weight", ())) > cid:
-        hnet["embeddings.weight"][cid] = 0
-        # the optimizer numbers GH's parameters in their order: the embeddings come first
-        index = [k for k, v in hnet.items() if v.is_floating_point()].index("embeddings.weight")
-        optimizer = net.get("optimizer")
-        state = optimizer.get("state", {}) if isinstance(optimizer, dict) else {}
-        momentum = state.get(index, {}).get("momentum_buffer")
-        if isinstance(momentum, torch.Tensor) and len(momentum) > cid:
-            momentum[cid] = 0
 
 
 def _round(rec: dict[str, Any], cid: int, novel: set[int], attackers: set[int]) -> None:
@@ -265,7 +221,7 @@ def _scrub_checkpoint(state: dict[str, Any], cid: int, name: str, novel: set[int
     ``attackers``: the run's (its rounds' means are over the others)."""
     _records(state, cid, name)
     strategy = state.get("strategy", {})
-    _per_client_rows(strategy, cid)
+    forget_client(strategy, cid)  # its declared parts (strategies.core.client_state)
     if isinstance(strategy.get("history"), dict):
         _history(strategy["history"], cid, name, novel, attackers)
     return _text(state, name)
@@ -341,7 +297,7 @@ class Erasure:
         file = RunFile.from_dict(self.run)
         roles = set(file.novel_clients), set(file.attackers)
         for path in checkpoint_files(self.folder):
-            state, problem = _read_checkpoint(path, self.secret, self.folder.name, manifest,
+            state, problem = read_checkpoint(path, self.secret, self.folder.name, manifest,
                                               self.name)
             names = state.get("client_names") or []
             if problem is None and self.name in names and names.index(self.name) != self.cid:

@@ -369,7 +369,7 @@ class RunFolder:
         warn_unversioned(self.path, manifest)
         refused: list[tuple[Path, str]] = []
         for path in self.checkpoints():
-            state, problem = _read_checkpoint(path, self.secret, self.name, manifest)
+            state, problem = read_checkpoint(path, self.secret, self.name, manifest)
             if problem is None:
                 problem = check(state) if check is not None else None
             if problem is None:
@@ -491,9 +491,9 @@ def warn_unversioned(folder: Path, manifest: Manifest) -> None:
             folder)
 
 
-def _read_checkpoint(path: Path, secret: bytes | None = None, run: str = "",
-                     manifest: Manifest | None = None, member: str = ""
-                     ) -> tuple[dict[str, Any], str | None]:
+def read_checkpoint(path: Path, secret: bytes | None = None, run: str = "",
+                    manifest: Manifest | None = None, member: str = ""
+                    ) -> tuple[dict[str, Any], str | None]:
     """A checkpoint file's state, or why it cannot be used (its digest or seal, its
     contents, and, given the folder's ``manifest``, whether it is the file the manifest
     lists: :meth:`Manifest.unlisted`, ``member`` the one a ``forget`` erases); with a

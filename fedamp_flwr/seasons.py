@@ -27,7 +27,7 @@ from tasks.export import sha256_of
 from .config import ConfigError, RunConfig
 from .manifest import holds_forgotten, no_link
 from .manifest import read as read_manifest
-from .results import FORGOTTEN, _read_checkpoint, checkpoint_files, hold_folder, warn_unversioned
+from .results import FORGOTTEN, checkpoint_files, hold_folder, read_checkpoint, warn_unversioned
 
 #: what two seasons must share: the task, the members' data schema, the model
 SEASON_KEYS = ("dataset", "model", "member-input-shape", "member-task", "member-outputs",
@@ -113,7 +113,7 @@ def _read(cfg: RunConfig, key: str, folder: Path, files: list[Path], secret: byt
     gone = set(forgotten_names(folder))
     refused = []
     for path in files:
-        state, problem = _read_checkpoint(path, secret, folder.name, manifest)
+        state, problem = read_checkpoint(path, secret, folder.name, manifest)
         if problem is None:
             problem = fits(state)
         names = state.get("client_names") or []

@@ -4,6 +4,7 @@ what a warm start refuses. The loopback fleet's two seasons: tests/test_members_
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import logging
@@ -197,9 +198,9 @@ def test_forget_erases_a_member_from_every_file_of_the_run(tmp_path, strategy, e
     assert (audit["member"], audit["client_id"], audit["name_still_found_in"]) == ("client-2", 2, [])
     assert all(f["sha256_before"] != f.get("sha256_after") for f in audit["files"])
     # none of its rows in any kept checkpoint, compared by value; each still verifies
-    from fedamp_flwr.results import _read_checkpoint
+    from fedamp_flwr.results import read_checkpoint
     for path in sorted((run / "checkpoint").glob("*.pt")):
-        state, problem = _read_checkpoint(path, None, "s1")
+        state, problem = read_checkpoint(path, None, "s1")
         assert problem is None, problem
         for tensor in _tensors(state, []):
             flat = tensor.reshape(-1, tensor.shape[-1]) if tensor.ndim else tensor.reshape(1, 1)
@@ -404,6 +405,21 @@ def _strategy_tensors(value, path=()) -> dict[tuple, torch.Tensor]:
     return out
 
 
+def _state_keys(value) -> set[str]:
+    """Every key of a checkpoint's strategy state, at any depth, but the run's records
+    (``history``: the same for every strategy, erased by their own rules)."""
+    if not isinstance(value, dict):
+        return set()
+    return {k for k in value if isinstance(k, str)} | set().union(
+        *(_state_keys(v) for k, v in value.items() if k != "history"))
+
+
+def _words(module: Path) -> set[str]:
+    """Every string constant of a module's source."""
+    return {n.value for n in ast.walk(ast.parse(module.read_text()))
+            if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
 _EVERY = [(name, {"graph": "file"} if STRATEGIES[name].uses_graph else {})
           for name in sorted(STRATEGIES)] + [
     ("panacea", {"graph": "inferred", "graph-warmup-rounds": 1, "graph-guard-rounds": 1,
@@ -420,7 +436,7 @@ def test_every_strategy_forgets_a_members_rows_and_only_those(tmp_path, strategy
     client (``client_state``); client-3's row (and column) of each is zero, byte for byte, and
     every other byte of every tensor is what it was."""
     from fedamp_flwr.cli import main as cli
-    from fedamp_flwr.results import _read_checkpoint
+    from fedamp_flwr.results import read_checkpoint
     from strategies.core.client_state import CLIENT_STATE
 
     graph = tmp_path / "graph.csv"
@@ -438,7 +454,7 @@ def test_every_strategy_forgets_a_members_rows_and_only_those(tmp_path, strategy
     assert cli(["forget", str(tmp_path / "r"), "client-3"]) == 0
     guarded = False
     for path in files:
-        state, problem = _read_checkpoint(path, None, "r")
+        state, problem = read_checkpoint(path, None, "r")
         assert problem is None, problem
         old, new = (_strategy_tensors(s) for s in (before[path.name], state["strategy"]))
         declared = state["strategy"][CLIENT_STATE]
@@ -463,16 +479,25 @@ def test_every_strategy_forgets_a_members_rows_and_only_those(tmp_path, strategy
     assert guarded == (extra.get("graph") == "inferred")
     # a checkpoint of a version before the declaration: erased by the keys those versions
     # wrote, to the same bytes (the guard's sums, graph on trial and hypernetworks included)
-    from fedamp_flwr.erasure import _per_client_rows
+    from strategies.core.client_state import forget_client
 
     for name, held in before.items():
         declared, legacy = copy.deepcopy(held), copy.deepcopy(held)
-        _per_client_rows(declared, 3)
+        forget_client(declared, 3)
         legacy.pop(CLIENT_STATE)
-        _per_client_rows(legacy, 3)
+        forget_client(legacy, 3)
         want, got = _strategy_tensors(declared), _strategy_tensors(legacy)
         for key, tensor in want.items():
             assert got[key].numpy().tobytes() == tensor.numpy().tobytes(), (strategy, name, key)
+    # forget and the warm start name none of the method's keys: the base's are its records
+    # (history), how each model started and the declaration; a word the run's metrics.json
+    # also uses at its top ("models": the models delivered) is the run's
+    own = set().union(*(_state_keys(s) for s in before.values())) - {
+        "history", "started_from", CLIENT_STATE} - set(json.loads(
+            (tmp_path / "r" / "metrics.json").read_text()))
+    app = Path(__file__).resolve().parents[1] / "fedamp_flwr"
+    for module in ("erasure.py", "seasons.py"):
+        assert own & _words(app / module) == set(), (strategy, module)
 
 
 def test_a_clients_declared_part_of_a_state_is_zeroed_by_hand_worked_values():

@@ -40,11 +40,36 @@ def at(state: Any, path: Sequence[Any]) -> Any:
     return state
 
 
+def legacy_declaration(state: dict[str, Any]) -> dict[str, list[list[Any]]]:
+    """The declaration a checkpoint's strategy ``state`` of a version before declarations
+    would have made: the per-client keys those versions' strategies wrote (FedAMP's and the
+    other stores' ``models``; Panacea's GH embeddings and their momentum, the inferred graph
+    and its warm-up's sums, and the graph guard's, with its two hypernetworks), where
+    ``state`` holds them."""
+    rows: list[list[Any]] = [["models"], ["update_sum"], ["update_count"],
+                             ["graph_guard", "sums"], ["graph_guard", "counts"]]
+    arms = at(state, ["graph_guard", "arms"])
+    for where in [[], *(["graph_guard", "arms", k] for k in (arms if isinstance(arms, dict)
+                                                             else ()))]:
+        hnet = at(state, [*where, "hnet"])
+        if not isinstance(hnet, dict) or "embeddings.weight" not in hnet:
+            continue
+        # the optimizer numbers GH's parameters in their order (the floating ones)
+        floating = [k for k, v in hnet.items()
+                    if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        rows += [[*where, "hnet", "embeddings.weight"],
+                 [*where, "optimizer", "state", floating.index("embeddings.weight"),
+                  "momentum_buffer"]]
+    return declaration(rows=rows, matrices=[["inferred_adjacency"], ["graph_guard", "inferred"]],
+                       maps=[["started_from"]])
+
+
 def forget_client(state: dict[str, Any], cid: int) -> list[str]:
     """Zero client ``cid``'s part of every path ``state`` declares (its row, its row and
-    column, its entry); the paths changed, as text. A declaration that is not a dict of lists
-    of paths, or a path that is not there or not of its kind, changes nothing."""
-    declared = state.get(CLIENT_STATE)
+    column, its entry; a state of a version before declarations: :func:`legacy_declaration`);
+    the paths changed, as text. A declaration that is not a dict of lists of paths, or a path
+    that is not there or not of its kind, changes nothing."""
+    declared = state[CLIENT_STATE] if CLIENT_STATE in state else legacy_declaration(state)
     changed: list[str] = []
     if not isinstance(declared, dict) or cid < 0:
         return changed
