@@ -87,10 +87,11 @@ for cls in (base.FlowerStrategy, base.PersonalizedStrategy, strategies.FedAMP):
     for name in ("configure_train", "aggregate_train", "configure_evaluate", "aggregate_evaluate"):
         if name in vars(cls):
             patch(cls, name, "server")
+import fedamp_flwr.recorder as recorder
 import fedamp_flwr.server_app as server_app
 # the round's part of a checkpoint: the copy in memory (the writer's thread writes it while
 # the next round runs, off the round's path)
-server_app.snapshot = timed("checkpoint", server_app.snapshot)
+recorder.snapshot = timed("checkpoint", recorder.snapshot)
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

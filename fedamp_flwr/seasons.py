@@ -15,13 +15,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from logging import WARNING
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
+from flwr.app import ArrayRecord
 from flwr.supercore import log
 
 from strategies.core.base import StrategyBase
+from strategies.core.layout import dtypes_of, with_dtypes
+from strategies.core.roster import ClientInfo
 from tasks.export import sha256_of
 
 from .config import ConfigError, RunConfig
@@ -147,3 +150,55 @@ def check_family(warm: WarmStart, strategy: StrategyBase, name: str, key: str) -
     if mine != theirs:
         raise ConfigError(f"{key}: run {warm.run!r} keeps {theirs}, strategy {name!r} "
                           f"{mine}; allowed: a run of a method that keeps {mine}")
+
+
+class Season:
+    """Where a run's clients start (a new season's run starts from another run's last state):
+    the warm start read (``warm``; None: a fresh or resumed run) and its record of the members
+    who return to it and who are new (``record``: metrics.json's and the checkpoint's
+    ``warm_start``; a resumed run's, from its checkpoint), grown as members join."""
+
+    def __init__(self, cfg: RunConfig, warm: WarmStart | None,
+                 record: dict[str, Any] | None) -> None:
+        self.key = f"run config 'warm-start' = {cfg.warm_start!r}"
+        self.strategy_name, self.warm, self.record = cfg.strategy, warm, record
+
+    def start(self, strategy: StrategyBase, names: list[str], initial: ArrayRecord
+              ) -> ArrayRecord:
+        """Start ``strategy`` from the warm start's state: each returning client's by name
+        (``names``: this run's, by client id); the global model it had."""
+        warm = self.warm
+        assert warm is not None
+        try:
+            strategy.warm_start(warm.state["strategy"], warm.rows(names), initial)
+        except (ValueError, KeyError, RuntimeError, IndexError) as err:
+            raise ConfigError(f"{self.key}: run {warm.run!r} does not fit this run's "
+                              f"strategy {self.strategy_name!r}: {err}") from None
+        self.record = warm.record(names)
+        log(INFO, "Warm start from run '%s' (round %d, checkpoint sha256 %s...): returning %s; "
+            "new %s", warm.run, warm.round, warm.digest[:12], self.record["returning"],
+            self.record["new"])
+        return with_dtypes(ArrayRecord(warm.state["arrays"]), dtypes_of(initial))
+
+    def join(self, strategy: StrategyBase, info: ClientInfo) -> None:
+        """A member that joins under way: returning (its own row of the warm start's run) or
+        new to the run, in the warm start's record."""
+        if self.warm is None or self.record is None or not info.name:
+            return
+        (old,) = self.warm.rows([info.name])
+        if old is not None:
+            strategy.warm_row(self.warm.state["strategy"], old, info.client_id)
+        self.record["returning" if old is not None else "new"].append(info.name)
+
+    def card_starts(self, started_from: dict[int, str], names: list[str]
+                    ) -> dict[int, dict[str, Any]]:
+        """Client id -> how its model started, for its card (a warm start's run, round and
+        digest; ``started_from``: the strategy's word on its first model), ``names`` this
+        run's by client id."""
+        record = self.record
+        warm = {k: record[k] for k in ("run", "round", "sha256")} if record else {}
+        seasoned = {c for c, n in enumerate(names)
+                    if record and n in record["returning"] + record["new"]}
+        return {cid: {**(warm if cid in seasoned else {}),
+                      **({"from": started_from[cid]} if cid in started_from else {})}
+                for cid in set(started_from) | seasoned}

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import random
 import time
 from logging import ERROR, INFO, WARNING
-from typing import Any
 
 import numpy as np
 import torch
@@ -31,11 +29,7 @@ from strategies.core.protocol import (
     OPTIMIZER,
 )
 from strategies.core.records import (
-    ACCURACY_SCORE,
     RunFile,
-    client_scores,
-    kept_said,
-    round_score,
 )
 from strategies.core.replies import array_spec
 from strategies.core.roster import ClientInfo
@@ -49,13 +43,15 @@ from .config import GRAPH_K_AUTO, ConfigError, RunConfig
 from .dashboards import Dashboards
 from .delivery import ModelDelivery, new_token
 from .discovery import ClientSetupError, discover_clients, discover_members
-from .identity import IdentityError, fingerprint, key_text, read_roster
+from .identity import IdentityError, fingerprint, read_roster
 from .manifest import register_dir
 from .membership import KEPT_ATTEMPTS, Membership
 from .preflight import check_before_clients
-from .results import MODELS_FOLDER, RunFolder, UnsafeCheckpoint, Writer, XiFiles, snapshot
+from .recorder import RunRecorder
+from .results import MODELS_FOLDER, RunFolder, Writer, XiFiles
 from .rounds import RoundsFailedError, online_view, run_rounds
-from .seasons import WarmStart, check_family, family, read_warm_start
+from .run_summary import say_summary
+from .seasons import Season, check_family, read_warm_start
 from .sizes import check_server_memory
 from .transport import send_and_receive
 
@@ -227,67 +223,6 @@ def member_scaling(cfg: RunConfig, clients: dict[int, ClientInfo],
     return {"mean": mean, "std": std, "members": len(stats), "rows": rows}
 
 
-def alone_lines(result: RunFile, names: list[str], federates: bool = True) -> list[str]:
-    """Each member's last score beside what it scores alone (metrics.json's ``alone``): the
-    coordinator's table of what federation gave each member, by name (``federates``: False
-    for a method whose clients each train alone, which is never said to do worse by
-    federation)."""
-    alone = result.alone or {}
-    last = result.rounds[-1] if result.rounds else {}
-    score = round_score(last) or ACCURACY_SCORE
-    main, scores = score.metric, client_scores(last, score)
-    lines = []
-    for cid, own in sorted(alone.items(), key=lambda kv: int(kv[0])):
-        if cid not in scores and int(cid) not in scores:
-            continue
-        mine = float(scores.get(cid, scores.get(int(cid), 0.0)))
-        who = names[int(cid)] if int(cid) < len(names) else f"client {cid}"
-        measured = [own[k] for k in ("linear", "model") if k in own]
-        if not measured:  # the run did not train alone (alone = false): its choice only
-            lines.append(f"{who}: {main} {score.scale * mine:.4g} in round "
-                         f"{last.get('round')}{kept_said(own)}")
-            continue
-        gain, scale = score.gain(mine, measured), score.scale
-        lines.append(f"{who}: {main} {scale * mine:.4g} in round {last.get('round')}; alone "
-                     f"{scale * own.get('linear', float('nan')):.4g} (linear), "
-                     f"{scale * own.get('model', float('nan')):.4g} (the run's model): "
-                     f"{scale * gain:+.3g}" + ("" if gain >= 0 or not federates else
-                                               " (federation does worse on the test rows)")
-                     + kept_said(own))
-    return lines
-
-
-def alone_summary(result: RunFile, federates: bool = True) -> list[str]:
-    """The closing lines of a partitioned run whose clients also trained alone (``alone``):
-    the mean of the last round's scores of its benign clients against the mean of their
-    models trained alone, on the same test rows, and for how many federation did better
-    (``federates``: as :func:`alone_lines`)."""
-    alone, last = result.alone or {}, result.rounds[-1] if result.rounds else {}
-    score = round_score(last) or ACCURACY_SCORE
-    scores = {str(c): float(v) for c, v in client_scores(last, score).items()}
-    left_out = {str(c) for c in (result.novel_clients or []) + (result.attackers or [])}
-    both = [(scores[c], own) for c, own in alone.items()
-            if c in scores and c not in left_out and "model" in own]
-    if not both:
-        return []
-    gains = [score.gain(mine, [own["model"]]) for mine, own in both]
-    linear = [own["linear"] for _, own in both if "linear" in own]
-    scale, unit = score.scale, "%" if score.higher_is_better else ""
-    mean_run = sum(m for m, _ in both) / len(both)
-    mean_alone = sum(own["model"] for _, own in both) / len(both)
-    gain = score.gain(mean_run, [mean_alone])
-    return [f"Each client alone, on the same test rows: the run's model trained on its own "
-            f"rows for the same local steps scores {scale * mean_alone:.2f}{unit} on average"
-            + (f" (a linear model {scale * sum(linear) / len(linear):.2f}{unit})" if linear
-               else "") + "; this run's models" + ("" if federates else
-                                                   " (each trained alone, no federation)")
-            + f" {scale * mean_run:.2f}{unit} in round "
-            f"{last.get('round')}: {scale * gain:+.2f}"
-            f"{' points' if score.higher_is_better else ''}, better for "
-            f"{sum(g > 0 for g in gains)} of {len(both)} clients"
-            + ("" if gain >= 0 or not federates else " (federation does worse here)")]
-
-
 def checkpoint_keys(checkpoint: dict | None, cfg: RunConfig,
                     source: str = "run config 'resume' = true") -> dict[str, bytes]:
     """The name -> key bindings a checkpoint holds (hex): a resumed run's own, or those of the
@@ -390,26 +325,28 @@ _filter_once(logging.getLogger("flwr"))
 
 
 def _main(grid: Grid, context: Context) -> None:
-    run = Run(grid, RunConfig.from_run_config(context.run_config))
+    run = ServerRun(grid, RunConfig.from_run_config(context.run_config))
     finished = False
     try:
         run.setup()
         run.restore()
-        run.report(result := run.execute())
+        say_summary(run, result := run.execute())
         finished = result.finished
     finally:
         try:
-            run.close_boards(finished)
+            run.recorder.close(finished)
         finally:
             run.folder.release()
 
 
-class Run:
+class ServerRun:
     """One run of the ServerApp, step by step: :meth:`setup` (the run folder, a checkpoint,
     the clients and members, the model and the strategy), :meth:`restore` (a checkpoint's
-    state, then the members that join), :meth:`execute` (the rounds, each followed by
-    :meth:`after_round`'s checkpoint and metrics.json) and :meth:`report` (the log's
-    summary). Nothing of a step runs before the step before it has checked its inputs."""
+    state or a warm start's, :class:`fedamp_flwr.seasons.Season`, then the members that join)
+    and :meth:`execute` (the rounds, each followed by the checkpoint, metrics.json and the
+    dashboards of :class:`fedamp_flwr.recorder.RunRecorder`); the log's summary is
+    :func:`fedamp_flwr.run_summary.say_summary`. Nothing of a step runs before the step before
+    it has checked its inputs."""
 
     def __init__(self, grid: Grid, cfg: RunConfig) -> None:
         self.grid, self.cfg = grid, cfg
@@ -422,6 +359,7 @@ class Run:
         self.arrays: ArrayRecord | None = None
         self.done, self.spent, self.started = 0, 0.0, time.time()
         self.boards: Dashboards | None = None
+        self.recorder = RunRecorder(self)
 
     def setup(self) -> None:
         """The run folder claimed, the checkpoint read, the clients found, the strategy built."""
@@ -440,9 +378,9 @@ class Run:
         if self.checkpoint is not None:
             self.same_policy(self.checkpoint.get("collaboration_policy"))
         # a new season's run starts from another run's last state (a resumed one has its own)
-        self.warm = read_warm_start(cfg, folder.secret, model_fits(cfg)) \
-            if cfg.warm_start and self.checkpoint is None else None
-        self.warm_record = self.checkpoint.get("warm_start") if self.checkpoint else None
+        self.season = Season(cfg, read_warm_start(cfg, folder.secret, model_fits(cfg))
+                             if cfg.warm_start and self.checkpoint is None else None,
+                             self.checkpoint.get("warm_start") if self.checkpoint else None)
         log(INFO, "Run '%s': strategy %s, data %s; results in %s%s", folder.name, cfg.strategy,
             cfg.data_label, folder.path, f"; resuming after round {self.checkpoint['round']}"
             if self.checkpoint else "")
@@ -484,8 +422,9 @@ class Run:
         cfg, checkpoint = self.cfg, self.checkpoint
         known = list(checkpoint.get("client_names", [])) if checkpoint else []
         # the names bound to keys: the run's own (resumed), or last season's (a warm start)
+        warm = self.season.warm
         keys = checkpoint_keys(checkpoint, cfg) if checkpoint else checkpoint_keys(
-            self.warm.state if self.warm else None, cfg, self.warm_key)
+            warm.state if warm else None, cfg, self.season.key)
         clients, members = find_clients(cfg, self.grid, known, keys,
                                         "checkpoint" if checkpoint else "warm start")
         if checkpoint:  # the attempts of the run so far, before this session's
@@ -496,7 +435,7 @@ class Run:
         self.members = members
         # the models a warm start brings were trained on its run's scaling: it is kept
         self.scaling = member_scaling(cfg, clients, checkpoint or (
-            self.warm.state if self.warm is not None else None))
+            warm.state if warm is not None else None))
         self.has_members = bool(members.names)
         # a checkpoint's members first: the strategy resumes with them, newer ones join after
         self.base = known if checkpoint and members.names else list(members.names)
@@ -531,8 +470,8 @@ class Run:
         self.strategy = strategies.build_strategy(
             cfg.strategy, cfg.settings, run_setup(cfg, n, param_keys, adjacency, tracking))
         self.members.names = list(self.base)
-        if self.warm is not None:
-            check_family(self.warm, self.strategy, cfg.strategy, self.warm_key)
+        if self.season.warm is not None:
+            check_family(self.season.warm, self.strategy, cfg.strategy, self.season.key)
 
     def restore(self) -> None:
         """Continue from the checkpoint (its strategy state, model, random state, rounds),
@@ -556,8 +495,10 @@ class Run:
             self.arrays = with_dtypes(ArrayRecord(checkpoint["arrays"]), dtypes_of(self.initial))
             random.setstate(checkpoint["random_state"])
             self.done, self.spent = checkpoint["round"], checkpoint["wall_time_s"]
-        elif self.warm is not None:
-            self.start_warm(self.warm)
+        elif self.season.warm is not None:
+            self.arrays = self.season.start(self.strategy,
+                                            self.base or [str(i) for i in range(self.n)],
+                                            self.initial)
         for info in sorted(self.joining, key=lambda i: i.client_id):
             self.join(info)
         self.started = time.time()
@@ -566,53 +507,13 @@ class Run:
             self.delivery = ModelDelivery(
                 cfg, self.dc, self.folder.name, self.token, self.folder.path / MODELS_FOLDER,
                 array_spec(self.initial), self.strategy.history, lambda: self.members.names,
-                self.writer.submit, self.strategy.learned_from, self.card_starts,
-                self.strategy.graph_edges)
+                self.writer.submit, self.strategy.learned_from, lambda: self.season.card_starts(
+                    self.strategy.started_from, self.members.names or [
+                        str(i) for i in range(self.num_clients)]), self.strategy.graph_edges)
         history = self.strategy.history.rounds
         self.boards = Dashboards.open(cfg, self.folder.path, self.done + 1, self.token,
                                       {k: r for k, r in history.items() if k <= self.done},
                                       list(self.members.names) or None)
-
-    @property
-    def warm_key(self) -> str:
-        return f"run config 'warm-start' = {self.cfg.warm_start!r}"
-
-    def start_warm(self, warm: WarmStart) -> None:
-        """Start from ``warm``'s state: each returning client's by name, the global model."""
-        names = self.base or [str(i) for i in range(self.n)]
-        try:
-            self.strategy.warm_start(warm.state["strategy"], warm.rows(names), self.initial)
-        except (ValueError, KeyError, RuntimeError, IndexError) as err:
-            raise ConfigError(f"{self.warm_key}: run {warm.run!r} does not fit this run's "
-                              f"strategy {self.cfg.strategy!r}: {err}") from None
-        self.arrays = with_dtypes(ArrayRecord(warm.state["arrays"]), dtypes_of(self.initial))
-        self.warm_record = warm.record(names)
-        log(INFO, "Warm start from run '%s' (round %d, checkpoint sha256 %s...): returning %s; "
-            "new %s", warm.run, warm.round, warm.digest[:12], self.warm_record["returning"],
-            self.warm_record["new"])
-
-    def warm_join(self, info: ClientInfo) -> None:
-        """A member that joins under way: returning (its own row of the warm start's run) or
-        new to the run, in the warm start's record."""
-        if self.warm is None or self.warm_record is None or not info.name:
-            return
-        (old,) = self.warm.rows([info.name])
-        if old is not None:
-            self.strategy.warm_row(self.warm.state["strategy"], old, info.client_id)
-        self.warm_record["returning" if old is not None else "new"].append(info.name)
-
-    def card_starts(self) -> dict[int, dict[str, Any]]:
-        """Client id -> how its model started, for its card (a warm start's run, round and
-        digest; a late joiner's first model)."""
-        record, names = self.warm_record, self.members.names or [
-            str(i) for i in range(self.num_clients)]
-        warm = {k: record[k] for k in ("run", "round", "sha256")} if record else {}
-        seasoned = {c for c, n in enumerate(names)
-                    if record and n in record["returning"] + record["new"]}
-        return {cid: {**(warm if cid in seasoned else {}),
-                      **({"from": self.strategy.started_from[cid]}
-                         if cid in self.strategy.started_from else {})}
-                for cid in set(self.strategy.started_from) | seasoned}
 
     def join(self, info: ClientInfo) -> None:
         """A member the run does not know yet joins with the next client id (a graph file
@@ -634,104 +535,11 @@ class Run:
             return
         self.strategy.add_client(info, graph)
         members.joined(info)
-        self.warm_join(info)
+        self.season.join(self.strategy, info)
 
     @property
     def num_clients(self) -> int:
         return len(self.members.names) or self.n
-
-    def record(self, completed: int) -> RunFile:
-        """metrics.json after ``completed`` rounds."""
-        cfg, members = self.cfg, self.members
-        federated = tasks.get_task(cfg.dataset).federated
-        history, named = self.strategy.history, bool(members.names)
-        return history.run_file(
-            run_name=self.folder.name, strategy=cfg.strategy, label=cfg.label,
-            dataset=cfg.dataset, task_kind=self.kind,
-            partitioning=None if federated else cfg.partitioning,
-            num_clients=self.num_clients, client_names=list(members.names) if named else None,
-            # members whose data did not fit, or that could not join: by node, with why
-            left_out={str(node): why for node, why in sorted(members.refused.items())}
-            if members.refused else None,
-            # who may speak for each name (the public keys), and every node refused for one
-            member_keys={n: key_text(k) for n, k in sorted(members.keys.items())}
-            if named else None, member_roster=cfg.member_roster or None,
-            impostors=list(members.attempts) if members.attempts else None,
-            impostor_count=members.impostors if members.attempts else None,
-            member_scaling=self.scaling or None, seed=cfg.seed, config=cfg.to_dict(),
-            collaboration_policy=self.policy.record(cfg.collaboration_policy)
-            if self.policy is not None else None, warm_start=self.warm_record,
-            extra=cfg.settings.record(cfg.context()), completed_rounds=completed,
-            finished=completed == cfg.num_server_rounds,
-            coverage=history.coverage(self.num_clients),
-            models=self.delivery.record() if self.delivery is not None else None,
-            wall_time_s=round(self.spent + time.time() - self.started, 2))
-
-    def after_round(self, server_round: int, arrays: ArrayRecord, stopping: bool = False) -> None:
-        """The checkpoint first (metrics.json never claims more rounds than can be resumed),
-        then metrics.json: both taken now and written by the writer's thread, in that order,
-        while the next round runs."""
-        cfg = self.cfg
-        last = server_round == cfg.num_server_rounds or stopping  # the run's last round
-        checkpoint = bool(cfg.checkpoint_every) and (server_round % cfg.checkpoint_every == 0
-                                                     or last)
-        if checkpoint:
-            self.checkpoint_now(server_round, arrays)
-        if checkpoint or not cfg.checkpoint_every:  # with its checkpoint, else every round
-            metrics = copy.deepcopy(self.record(server_round).to_dict())  # the next round adds to them
-            self.writer.submit(lambda: self.folder.write_metrics(metrics))
-        if self.boards is not None:  # every round; MLflow's once its checkpoint is written
-            boards = self.boards
-            boards.round(server_round, copy.deepcopy(self.strategy.history.rounds.get(
-                server_round, {})), self.xi_files.of_round(server_round),
-                list(self.members.names) or None)
-            if checkpoint or not cfg.checkpoint_every:
-                self.writer.submit(lambda: boards.durable(server_round))
-
-    def close_boards(self, finished: bool) -> None:
-        """The dashboards told how the run ended, with the models' cards (after every write);
-        a failure here is said, never raised over the run's own outcome."""
-        if self.boards is None:
-            return
-        try:
-            with contextlib.suppress(Exception):  # a failed write was raised by execute()
-                self.writer.close()
-            models = self.delivery.record() if self.delivery is not None else None
-            self.boards.close(self.folder.path, models, finished)
-        except Exception as err:
-            log(WARNING, "Dashboards: not closed (%s: %s)", type(err).__name__, err)
-
-    def checkpoint_now(self, server_round: int, arrays: ArrayRecord) -> None:
-        """Copy the run's state now; the writer's thread writes it."""
-        members = self.members
-        copied = time.perf_counter()
-        state = snapshot({
-            "round": server_round, "config": self.cfg.to_dict(),
-            "num_clients": self.num_clients, "client_names": list(members.names),
-            "member_keys": {name: key.hex() for name, key in members.keys.items()},
-            "impostors": list(members.attempts), "impostor_count": members.impostors,
-            **({"member_scaling": self.scaling} if self.scaling else {}),
-            **({"collaboration_policy": self.policy.record(self.cfg.collaboration_policy)}
-               if self.policy is not None else {}),
-            **({"warm_start": self.warm_record} if self.warm_record else {}),
-            "state_kind": family(self.strategy, self.cfg.strategy),
-            "arrays": arrays.to_torch_state_dict(), "random_state": random.getstate(),
-            "strategy": self.strategy.state_dict(), "run_token": self.token,
-            "wall_time_s": self.spent + time.time() - self.started,
-        })
-        copied = time.perf_counter() - copied
-
-        def write() -> None:
-            try:
-                size, seconds = self.folder.save_checkpoint(state)
-            except UnsafeCheckpoint as err:
-                log(ERROR, "Checkpoint not written: %s (a resume starts from the last "
-                    "checkpoint written)", err)
-                return
-            log(INFO, "Round %d: checkpoint written (%.1f MB; %.2fs to copy in memory, "
-                "%.2fs to write, in the background)", server_round, size / 1e6, copied, seconds)
-
-        self.writer.submit(write)
 
     def configs(self) -> tuple[ConfigRecord, ConfigRecord]:
         """What every training and every evaluation message carries."""
@@ -757,7 +565,7 @@ class Run:
                     last_round=cfg.num_server_rounds, train_config=train_config,
                     evaluate_config=evaluate_config, round_timeout=cfg.round_timeout,
                     query_timeout=min(cfg.node_wait_timeout, cfg.round_timeout),
-                    after_round=self.after_round, max_failed_rounds=cfg.max_failed_rounds,
+                    after_round=self.recorder.after_round, max_failed_rounds=cfg.max_failed_rounds,
                     on_join=self.join if self.has_members else None, members=self.members,
                     delivery=delivery, min_clients_evaluated=cfg.min_clients_evaluated)
                 if delivery is not None:
@@ -768,49 +576,7 @@ class Run:
             else:
                 log(INFO, "The run has done its %d rounds already; raise num-server-rounds to "
                     "go on", self.done)
-                self.folder.write_metrics(self.record(self.done).to_dict())
+                self.folder.write_metrics(self.recorder.record(self.done).to_dict())
         finally:
             self.writer.close()  # every checkpoint and metrics.json written, whatever happened
-        return self.record(cfg.num_server_rounds)
-
-    def report(self, result: RunFile) -> None:
-        """The log's summary: the best round, who never gave a result, each member against
-        itself alone, where the models are."""
-        cfg, folder = self.cfg, self.folder
-        cover = result.coverage or {}
-        who = "clients" if cover["benign_clients"] == cover["num_clients"] else \
-            "benign training clients"
-        over = (f", over {cover.get('clients_in_best_round', 0)} of {cover['benign_clients']} "
-                f"{who} (round {cover.get('best_round')})")
-        score, best = result.headline()
-        if best is not None and score.higher_is_better:
-            log(INFO, "BMTA %.2f%% over %d rounds%s", best, cfg.num_server_rounds, over)
-        elif best is not None:
-            log(INFO, "Best mean test MSE %.4g over %d rounds%s", best, cfg.num_server_rounds,
-                over)
-        for cid, why in cover["never_evaluated"].items():
-            log(WARNING, "Client %s never produced a result in this run: %s", cid, why)
-        federates = strategies.STRATEGIES[cfg.strategy].federates
-        for line in (alone_lines(result, self.members.names, federates) if self.members.names
-                     else alone_summary(result, federates)):
-            log(INFO, "%s", line)
-        if cfg.strategy != "fedavg" and not self.members.names:
-            log(INFO, "FedAvg on the same clients: the same command with --run-config "
-                "\"strategy='fedavg'\" (one global model for all)")
-        log(INFO, "Wrote %s", folder.metrics_path)
-        if self.delivery is not None:
-            self.report_models()
-
-    def report_models(self) -> None:
-        assert self.delivery is not None
-        cfg, folder = self.cfg, self.folder
-        kept = [c for c, k in self.delivery.kept.items() if k["kept"]]
-        where = (f"{folder.path / MODELS_FOLDER}" if cfg.dataset != tasks.MEMBERS else
-                 f"each member's node, in <model-dir>/{folder.name}/ (node config model-dir)")
-        log(INFO, "Models kept (save-models = %s) for %d of %d clients, in %s; use one with: "
-            "fedamp-flwr predict MODEL.safetensors DATA", cfg.save_models, len(kept),
-            self.num_clients, where)
-        missing = sorted(set(range(self.num_clients)) - set(kept))
-        if missing:
-            log(WARNING, "No model kept for client(s) %s (metrics.json: models; a member's own "
-                "log says why)", missing)
+        return self.recorder.record(cfg.num_server_rounds)

@@ -223,7 +223,7 @@ def test_check_config_reads_a_run_config_as_flwr_run_does(text):
 
 
 def test_a_method_that_does_not_federate_is_never_said_to_do_worse_by_federation(tmp_path):
-    from fedamp_flwr.server_app import alone_lines, alone_summary
+    from fedamp_flwr.run_summary import alone_lines, alone_summary
     from strategies import STRATEGIES
     from strategies.core.records import RunFile
 
