@@ -63,7 +63,7 @@ from .graph_guard import (
 from .hypernetwork import GraphHyperNetwork, normalized_adjacency
 from .panacea_client import HYPERNETWORK, HypernetworkClient, PanaceaSettings
 from .panacea_graph import EMBEDDINGS, WarmUp, embedding_rows, grow, grown, placed, propagated
-from .panacea_guard import GraphGuard, sizes, unasked
+from .panacea_guard import GraphGuard, graph_use, guard_rows, sizes, unasked
 
 __all__ = ["HYPERNETWORK", "HypernetworkClient", "Panacea", "PanaceaSettings"]
 
@@ -402,7 +402,9 @@ class Panacea(PersonalizedStrategy):
         if self.hnet is not None:
             rows += embedding_rows([], self.hnet)
         if self.guard is not None:
-            self.guard.client_state(rows, matrices)
+            more_rows, more_matrices = guard_rows(self.guard)
+            rows += more_rows
+            matrices += more_matrices
         if self.infer_k > 0:
             rows += [["update_sum"], ["update_count"]]
             matrices.append(["inferred_adjacency"])
@@ -504,7 +506,7 @@ class Panacea(PersonalizedStrategy):
         edges: dict[int, list[int]] = {cid: [] for cid in ids[: graph.shape[0]]}
         for a, b in torch.nonzero(graph > 0).tolist():  # one pass over the edges
             edges[ids[a]].append(ids[b])
-        return edges, self.guard.said() if self.guard is not None else "used by the run"
+        return edges, graph_use(self.guard) if self.guard is not None else "used by the run"
 
     def evaluation_models(self) -> torch.Tensor:
         """Every client's generated model (novel clients from their untrained embeddings)."""

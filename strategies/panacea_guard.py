@@ -333,15 +333,6 @@ class GraphGuard:
         if self.inferred is not None:
             self.inferred = grown(self.inferred)
 
-    def client_state(self, rows: list, matrices: list) -> None:
-        """Where the checkpoint's ``graph_guard`` holds a row of each client (its embeddings
-        and their momentum in each side hypernetwork, the warm-up's sums and counts) and a
-        row and column (the graph on trial)."""
-        for name, arm in self.arms.items():
-            rows += embedding_rows(["graph_guard", "arms", name], arm.net)
-        rows += [["graph_guard", "sums"], ["graph_guard", "counts"]]
-        matrices.append(["graph_guard", "inferred"])
-
     def state(self) -> dict:
         """The checkpoint's ``graph_guard``: the stage, the choice, the record, the graph on
         trial, the side hypernetworks and their optimizers, and in the warm-up its sums."""
@@ -374,20 +365,31 @@ class GraphGuard:
                 arm.net.load_state_dict(state["arms"][name]["hnet"])
                 arm.optimizer.load_state_dict(state["arms"][name]["optimizer"])
 
-    def said(self) -> str:
-        """What the run does with the inferred graph, for its page and cards."""
-        back = self.host.history.notes.get("graph_guard", {}).get("switched_back")
-        if self.stage == GUARD:
-            return (f"on trial: the guard decides after round "
-                    f"{self.host.warmup_rounds + self.host.guard_rounds}")
-        if self.stage == WATCH:
-            return "used by the run, watched against pFedHN on the clients' held-out rows"
-        if back:
-            return (f"used until round {back['round']}, then dropped: " + (
-                "it diverged" if "diverged" in str(back.get("why", "")) else
-                "pFedHN did better on the clients' held-out rows"))
-        if self.decided == NONE:
-            return ("not used: a hypernetwork of the guard diverged" if self.host.history.notes
-                    .get("graph_guard", {}).get("diverged") else
-                    "not used: it did not beat no graph on the clients' held-out rows")
-        return "used by the run"
+
+def guard_rows(guard: GraphGuard) -> tuple[list[list], list[list]]:
+    """Where the checkpoint's ``graph_guard`` holds a row of each client (its embeddings and
+    their momentum in each side hypernetwork, the warm-up's sums and counts) and a row and
+    column (the graph on trial)."""
+    rows = [path for name, arm in guard.arms.items()
+            for path in embedding_rows(["graph_guard", "arms", name], arm.net)]
+    return rows + [["graph_guard", "sums"], ["graph_guard", "counts"]], [["graph_guard",
+                                                                          "inferred"]]
+
+
+def graph_use(guard: GraphGuard) -> str:
+    """What the run does with the inferred graph, for its page and cards."""
+    notes = guard.host.history.notes.get("graph_guard", {})
+    back = notes.get("switched_back")
+    if guard.stage == GUARD:
+        return (f"on trial: the guard decides after round "
+                f"{guard.host.warmup_rounds + guard.host.guard_rounds}")
+    if guard.stage == WATCH:
+        return "used by the run, watched against pFedHN on the clients' held-out rows"
+    if back:
+        return (f"used until round {back['round']}, then dropped: " + (
+            "it diverged" if "diverged" in str(back.get("why", "")) else
+            "pFedHN did better on the clients' held-out rows"))
+    if guard.decided == NONE:
+        return ("not used: a hypernetwork of the guard diverged" if notes.get("diverged") else
+                "not used: it did not beat no graph on the clients' held-out rows")
+    return "used by the run"
