@@ -57,11 +57,11 @@ class Spy:
         def update(strategy: Panacea, server_round: int, rows: torch.Tensor,
                    trained: torch.Tensor) -> None:
             p = strategy.flat.num_params
-            sent = strategy.generated(rows)[:, :p].double().cpu()
+            sent = strategy.held_models(rows)[:, :p].double().cpu()
             delta = np.full((len(strategy.client_ids), p), np.nan)
             delta[rows.cpu().numpy()] = (trained[:, :p].double().cpu() - sent).numpy()
             spy.updates.append(delta)
-            spy.models.append(strategy.generated()[:, :p].double().cpu().numpy())
+            spy.models.append(strategy.held_models()[:, :p].double().cpu().numpy())
             if strategy.true_adjacency is not None:
                 spy.truth = strategy.true_adjacency.numpy()
             original(strategy, server_round, rows, trained)

@@ -163,6 +163,62 @@ def _plt() -> Any:
     return plt
 
 
+def guard_section(held: object, coordinator: bool) -> str:
+    """A run's section on its inferred graph's guard (``held``: metrics.json's
+    ``graph_guard``): when it was tried, whether it took over, and whether the run went back
+    to pFedHN; the ``coordinator``'s page draws each guard and watch round's mean held-out
+    errors (a member's: the sentence alone)."""
+    if not isinstance(held, dict) or not _round_no(held.get("round")):
+        return ""
+    decided, chosen = held["round"], held.get("chosen")
+    back, ended = held.get("switched_back"), held.get("watch_ended")
+    diverged = isinstance(back, dict) and "diverged" in str(back.get("why", ""))
+    back = back["round"] if isinstance(back, dict) and _round_no(back.get("round")) else None
+    ended = ended["round"] if isinstance(ended, dict) and _round_no(ended.get("round")) \
+        else None
+    if chosen == GUARD_ARMS[0]:
+        said = (f"The inferred graph beat no graph on the clients' held-out rows in the "
+                f"guard (decided in round {decided}) and took over the run; " + (
+                    f"in round {back} it {'diverged' if diverged else 'fell behind pFedHN'}"
+                    ", and the run went back to pFedHN (trained on the side) to the end."
+                    if back is not None else
+                    f"in round {ended} the pFedHN path watched beside it diverged, and the "
+                    "run went on with the graph, unwatched, to the end." if ended is not None
+                    else "it stayed ahead of pFedHN, watched on the side, to the end."))
+    elif chosen == GUARD_ARMS[1] and held.get("diverged"):
+        said = (f"A hypernetwork of the guard diverged in round {decided}: the side was "
+                "dropped, and the run was pFedHN throughout.")
+    elif chosen == GUARD_ARMS[1]:
+        said = (f"The inferred graph did not beat no graph on the clients' held-out rows "
+                f"in the guard (decided in round {decided}): the run was pFedHN "
+                "throughout.")
+    else:
+        return ""
+    text = f'<h2>The inferred graph\'s guard</h2><p class="note">{_e(said)}</p>'
+    rounds = held.get("rounds")
+    if not coordinator or not isinstance(rounds, list):
+        return text
+    points = [r for r in rounds[:MOST_ROUNDS] if isinstance(r, dict) and _round_no(
+        r.get("round")) and all(_finite(r.get(a)) and r[a] >= 0 for a in GUARD_ARMS)]
+    if not points:
+        return text
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    xs = [r["round"] for r in points]
+    ax.plot(xs, [float(r[GUARD_ARMS[0]]) for r in points], "o-", label="inferred graph")
+    ax.plot(xs, [float(r[GUARD_ARMS[1]]) for r in points], "s-",
+            label="no graph (the watch: pFedHN)")
+    ax.axvline(decided, color="grey", ls="--", lw=1, label=f"decided (round {decided})")
+    if back is not None:
+        ax.axvline(back, color="red", ls=":", lw=1.5, label=f"back to pFedHN (round {back})")
+    ax.set(xlabel="round", ylabel="mean held-out error",
+           title="The guard's and the watch's held-out errors")
+    ax.grid(alpha=0.3)
+    _whole_rounds(ax)
+    ax.legend(fontsize="small")
+    return text + _img(fig, "the guard's held-out errors")
+
+
 class RunPage:
     """A run's page (:meth:`html`), or a member's (``member``: its name)."""
 
@@ -362,61 +418,6 @@ class RunPage:
         ax.set_yticks(ticks, labels, fontsize="small")
         return f"<h2>Who learns from whom</h2>{_img(fig, title)}"
 
-    def guard(self) -> str:
-        """The inferred graph's guard (``graph_guard``): when it was tried, whether it took
-        over, and whether the run went back to pFedHN; the coordinator's page draws each
-        guard and watch round's mean held-out errors (a member's: the sentence alone)."""
-        held = self.run.extra.get("graph_guard")
-        if not isinstance(held, dict) or not _round_no(held.get("round")):
-            return ""
-        decided, chosen = held["round"], held.get("chosen")
-        back, ended = held.get("switched_back"), held.get("watch_ended")
-        diverged = isinstance(back, dict) and "diverged" in str(back.get("why", ""))
-        back = back["round"] if isinstance(back, dict) and _round_no(back.get("round")) else None
-        ended = ended["round"] if isinstance(ended, dict) and _round_no(ended.get("round")) \
-            else None
-        if chosen == GUARD_ARMS[0]:
-            said = (f"The inferred graph beat no graph on the clients' held-out rows in the "
-                    f"guard (decided in round {decided}) and took over the run; " + (
-                        f"in round {back} it {'diverged' if diverged else 'fell behind pFedHN'}"
-                        ", and the run went back to pFedHN (trained on the side) to the end."
-                        if back is not None else
-                        f"in round {ended} the pFedHN path watched beside it diverged, and the "
-                        "run went on with the graph, unwatched, to the end." if ended is not None
-                        else "it stayed ahead of pFedHN, watched on the side, to the end."))
-        elif chosen == GUARD_ARMS[1] and held.get("diverged"):
-            said = (f"A hypernetwork of the guard diverged in round {decided}: the side was "
-                    "dropped, and the run was pFedHN throughout.")
-        elif chosen == GUARD_ARMS[1]:
-            said = (f"The inferred graph did not beat no graph on the clients' held-out rows "
-                    f"in the guard (decided in round {decided}): the run was pFedHN "
-                    "throughout.")
-        else:
-            return ""
-        text = f'<h2>The inferred graph\'s guard</h2><p class="note">{_e(said)}</p>'
-        rounds = held.get("rounds")
-        if self.cid is not None or not isinstance(rounds, list):
-            return text
-        points = [r for r in rounds[:MOST_ROUNDS] if isinstance(r, dict) and _round_no(
-            r.get("round")) and all(_finite(r.get(a)) and r[a] >= 0 for a in GUARD_ARMS)]
-        if not points:
-            return text
-        plt = _plt()
-        fig, ax = plt.subplots(figsize=(8, 3.4))
-        xs = [r["round"] for r in points]
-        ax.plot(xs, [float(r[GUARD_ARMS[0]]) for r in points], "o-", label="inferred graph")
-        ax.plot(xs, [float(r[GUARD_ARMS[1]]) for r in points], "s-",
-                label="no graph (the watch: pFedHN)")
-        ax.axvline(decided, color="grey", ls="--", lw=1, label=f"decided (round {decided})")
-        if back is not None:
-            ax.axvline(back, color="red", ls=":", lw=1.5, label=f"back to pFedHN (round {back})")
-        ax.set(xlabel="round", ylabel="mean held-out error",
-               title="The guard's and the watch's held-out errors")
-        ax.grid(alpha=0.3)
-        _whole_rounds(ax)
-        ax.legend(fontsize="small")
-        return text + _img(fig, "the guard's held-out errors")
-
     def epsilon_plot(self) -> str:
         spent = {cid: e for cid in self.clients() if (e := self.epsilon(cid)) is not None}
         if not spent:
@@ -474,7 +475,8 @@ class RunPage:
             sub += ". A member's page: only this member's numbers."
         body = [f"<h1>{_e(title)}</h1>", f'<p class="sub">{_e(sub)}</p>', self.headline(),
                 "<h2>Test curves</h2>", self.curves(), "<h2>Absences</h2>", self.absence_plot(),
-                self.weights(), self.guard(), self.epsilon_plot(), self.table(), self.config_table()]
+                self.weights(), guard_section(run.extra.get("graph_guard"), self.cid is None),
+                self.epsilon_plot(), self.table(), self.config_table()]
         csp = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
         return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
                 f'<meta http-equiv="Content-Security-Policy" content="{csp}">'

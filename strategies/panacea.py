@@ -38,7 +38,6 @@ from __future__ import annotations
 
 from logging import INFO, WARNING
 
-import numpy as np
 import torch
 from flwr.app import ConfigRecord, Message
 from flwr.supercore import log
@@ -51,8 +50,6 @@ from .core.registry import GIVEN_GRAPHS, RunSetup, personal_kwargs, register_str
 from .core.settings import RunCannotGoOn
 from .graph_guard import (
     GRAPH,
-    GUARD_MARGIN,
-    GUARD_SHARE,
     HOLD_OUT,
     HOLD_OUT_RUN,
     SIDE,
@@ -60,10 +57,26 @@ from .graph_guard import (
     WATCH,
     Arm,
 )
-from .hypernetwork import GraphHyperNetwork, normalized_adjacency
 from .panacea_client import HYPERNETWORK, HypernetworkClient, PanaceaSettings
-from .panacea_graph import EMBEDDINGS, WarmUp, embedding_rows, grow, grown, placed, propagated
-from .panacea_guard import GraphGuard, graph_use, guard_rows, sizes, unasked
+from .panacea_graph import (
+    EMBEDDINGS,
+    WarmUp,
+    embedding_rows,
+    grown,
+    joined,
+    new_hypernetwork,
+    propagated,
+    warm_embeddings,
+)
+from .panacea_guard import (
+    GraphGuard,
+    graph_use,
+    guard_rows,
+    infer_graph,
+    inference_said,
+    sizes,
+    unasked,
+)
 
 __all__ = ["HYPERNETWORK", "HypernetworkClient", "Panacea", "PanaceaSettings"]
 
@@ -82,42 +95,25 @@ class Panacea(PersonalizedStrategy):
     Parameters
     ----------
     settings : PanaceaSettings
-        The method's keys, their "auto" values resolved: GH's sizes (paper: 100,
-        3, 100, 3; the GNN layers are ignored without a graph), lambda_d (the
-        weight of L_d in psi_e's update), the server's SGD of psi (K_s steps a
-        round) and the clients' SGD (sent in the train messages; it trains the
-        run's ``local-steps`` K_c, or ``local-epochs`` when that is 0).
+        The method's keys, their "auto" values resolved: GH's sizes (the GNN layers ignored
+        without a graph), lambda_d, the server's SGD of psi (K_s steps a round) and the
+        clients' SGD (sent in the train messages).
     adjacency : torch.Tensor | None
-        (n, n) symmetric 0/1 client graph in the order of the sorted client
-        ids; None for pFedHN.
+        (n, n) symmetric 0/1 client graph in the order of the sorted client ids; None for
+        pFedHN, or for a graph still to be inferred.
     generator : bool
         Whether to train the graph generator D (Panacea: True; Panacea-GN: False).
-    infer_k, warmup_rounds : int
-        > 0 (``graph = "inferred"``, with ``adjacency`` None): the graph is inferred.
-        In the first ``warmup_rounds`` rounds every sampled client trains from the
-        same initial model (and is tested on it); after the last of them the
-        server builds the ``infer_k``-nearest-neighbour graph of the clients' mean
-        updates (trained - initial) by cosine similarity
-        (:func:`tasks.graphs.cosine_knn_graph`), records its edges (and, where
-        ``true_adjacency`` is given, their precision and recall) in the history's
-        ``notes``, builds GH on it, takes GH's first server steps on that round's
-        models, and trains as Panacea from the next round. Clients that trained in no
-        warm-up round have no edges.
-    true_adjacency : torch.Tensor | None
-        The task's own graph, against which an inferred graph is measured.
-    similarity : str
-        How the warm-up's mean updates are compared (:data:`tasks.graphs.SIMILARITIES`).
-    guard_rounds : int
-        > 0: the inferred graph's guard (:mod:`strategies.graph_guard`): the run trains as
-        pFedHN (``guard_path``) from round 1, and on the side the warm-up (from the initial
-        model) and, for ``guard_rounds`` rounds, the inferred graph's and no graph's
-        hypernetworks at this run's settings, each on half the clients, on their rows less
-        a held-out share; after the last, the graph's takes over the run only if it beat no
-        graph's on the held-out rows.
-    guard_path : tuple | None
-        The guard's no-graph path: pFedHN's settings as this run config would run
-        ``strategy = "pfedhn"``, and that run's ``local-steps``, ``local-epochs`` and
-        ``batch-size`` (its train messages carry them); None: this run's own settings.
+    infer_k, warmup_rounds, similarity, true_adjacency
+        ``infer_k`` > 0 (``graph = "inferred"``): the graph is the ``infer_k``-nearest-
+        neighbour graph of the clients' mean updates in the first ``warmup_rounds`` rounds,
+        compared by ``similarity`` and measured against the task's own graph
+        ``true_adjacency`` (:class:`strategies.panacea_graph.WarmUp`).
+    guard_rounds, guard_path
+        ``guard_rounds`` > 0: the inferred graph's guard (:mod:`strategies.graph_guard`,
+        :class:`strategies.panacea_guard.GraphGuard`): the run trains as pFedHN at
+        ``guard_path`` (pFedHN's settings and train keys as this run config would run
+        ``strategy = "pfedhn"``; None: this run's own) until the graph beats no graph on
+        held-out rows.
     **kwargs
         Passed to :class:`strategies.core.base.PersonalizedStrategy`.
     """
@@ -125,10 +121,14 @@ class Panacea(PersonalizedStrategy):
     client_update = HYPERNETWORK
     settings: PanaceaSettings
     STATE_KIND, STATE_KIND_OWN = "the hypernetwork", True
-    #: a newcomer's embedding placed by its graph neighbours
-    #: (:func:`strategies.panacea_graph.placed`); False: the paper's novel clients' own draws
-    #: (experiments/seasons.py measures both)
+    #: a newcomer's embedding placed by its graph neighbours (panacea_graph.placed); False:
+    #: the paper's novel clients' own draws (experiments/seasons.py measures both)
     PLACE_NEWCOMERS: bool = True
+    reply_records = (SIDE, VALIDATION)
+    #: the share of its rows a client holds out for its side training (0 but in the guard's
+    #: rounds), and whether the run's model trains without them too (in the watch)
+    train_defaults = {HOLD_OUT: 0.0, HOLD_OUT_RUN: False}
+
     def __init__(self, settings: PanaceaSettings, *, adjacency: torch.Tensor | None,
                  generator: bool, infer_k: int = 0, warmup_rounds: int = 0,
                  true_adjacency: torch.Tensor | None = None, similarity: str = "cosine",
@@ -138,124 +138,52 @@ class Panacea(PersonalizedStrategy):
         self.infer_k, self.warmup_rounds = infer_k, warmup_rounds
         self.similarity, self.guard_rounds = similarity, guard_rounds
         self.true_adjacency, self.wants_generator = true_adjacency, generator
-        #: an unguarded inferred graph's warm-up (the guard keeps its own)
-        self.warmup: WarmUp | None = None
-        #: the guard's no-graph path: pFedHN's settings for this run and its generic keys of
-        #: the train messages (local-steps, local-epochs, batch-size)
+        self.warmup: WarmUp | None = None  # an unguarded graph's, until it is inferred
+        #: the guard's no-graph path: pFedHN's settings and its local-steps, -epochs, batch-size
         self.path: tuple[PanaceaSettings, dict] = guard_path or (settings, {})
         self.own = settings  # the run's own (Panacea's): the guard's hypernetworks train at them
         #: the inferred graph's guard (strategies.panacea_guard), where graph-guard-rounds > 0
         self.guard = GraphGuard(self) if infer_k > 0 and guard_rounds > 0 else None
-        self._apply(self.path[0] if self.guard else settings)  # the guard's run: pFedHN
-        self.adjacency = adjacency
+        self.settings = self.path[0] if self.guard else settings  # the guard's run: pFedHN
+        self.adjacency = adjacency  # the graph GH runs on (CPU, 0/1); None: none (yet)
         self.sizes = sizes(self.settings,
                            settings.panacea_gnn_layers if adjacency is not None else 0)
         self.use_generator = generator and adjacency is not None
-        self.hnet: GraphHyperNetwork | None = None
-
-    def _apply(self, s: PanaceaSettings) -> None:
-        """The method's settings in use: the run's, or, once the guard chose no graph, the
-        no-graph path's."""
-        self.settings = s
-        self.server_weight_decay = float(s.panacea_server_weight_decay)
-        self.server_clip = float(s.panacea_server_clip)
-        self.client_momentum = float(s.panacea_client_momentum)
-        self.client_weight_decay = float(s.panacea_client_weight_decay)
-        self.client_clip = float(s.panacea_client_clip)
-        self.lambda_d = s.panacea_lambda_d
-        self.server_lr, self.server_momentum = float(s.panacea_server_lr), s.panacea_server_momentum
-        self.server_steps = int(s.panacea_server_steps)
-        self.client_lr = float(s.panacea_client_lr)
-
-    @property
-    def inferring(self) -> bool:
-        """Whether the graph is still to be inferred, unguarded (``graph-guard-rounds`` = 0):
-        the warm-up rounds, in which GH is not built yet."""
-        return self.infer_k > 0 and self.adjacency is None and self.guard_rounds == 0
-
-    reply_records = (SIDE, VALIDATION)
-
-    def train_keys(self) -> dict:
-        """Every train message says what share of its rows a client holds out for its side
-        training (0 but in the guard's rounds; :meth:`configure_train`), and whether the run's
-        model trains without them too (in the watch)."""
-        return {**super().train_keys(), HOLD_OUT: 0.0, HOLD_OUT_RUN: False}
+        self.main: Arm | None = None  # GH, its SGD and its graph on the device, once built
 
     def summary(self) -> None:
         super().summary()
         if self.infer_k > 0 and not (self.guard and self.guard.decided):
-            log(INFO, "\t├── graph inferred: the %d-nearest-neighbour graph (%s similarity) of "
-                "the clients' updates in the first %d round(s), from the same initial model%s",
-                self.infer_k, self.similarity, self.warmup_rounds,
-                f"; guarded: the run trains as pFedHN while, on the side, the graph's and no "
-                f"graph's hypernetworks train {self.guard_rounds} round(s); the graph takes "
-                f"over only if it beats no graph by more than {GUARD_MARGIN:.0%} on "
-                f"{GUARD_SHARE:.0%} of the clients' training rows held out"
-                if self.guard_rounds else "; used unchecked (graph-guard-rounds = 0)")
-        log(INFO, "\t└── graph %s, generator %s, sizes %s, server SGD lr %g (momentum %g, weight "
-            "decay %g, clip %g) x %d steps; clients: SGD lr %g (momentum %g, weight decay %g, "
-            "clip %g)",
+            log(INFO, "\t├── graph inferred: %s", inference_said(
+                self.infer_k, self.similarity, self.warmup_rounds, self.guard_rounds))
+        log(INFO, "\t└── graph %s, generator %s, sizes %s, %s",
             "none" if self.adjacency is None else f"{int(self.adjacency.sum()) // 2} edges",
-            self.use_generator, self.sizes, self.server_lr, self.server_momentum,
-            self.server_weight_decay, self.server_clip, self.server_steps, self.client_lr,
-            self.client_momentum, self.client_weight_decay, self.client_clip)
-
-    @property
-    def net(self) -> GraphHyperNetwork:
-        """GH, once the first round has built it."""
-        if self.hnet is None:
-            raise RuntimeError("the hypernetwork is built in the first round")
-        return self.hnet
+            self.use_generator, self.sizes, self.settings.describe())
 
     def initial_models(self, initial: torch.Tensor) -> None:
-        """Build GH and its optimizer; no per-client store (GH generates the models). While
-        the graph is inferred, only the warm-up's sums of updates."""
+        """GH and its SGD, built on the graph; no per-client store (GH generates the models).
+        While an unguarded graph is inferred, only the warm-up's sums of updates (GH is built
+        once the graph is: :meth:`update`)."""
+        n = len(self.client_ids)
         self.buffers = initial[self.flat.num_params :]
         if self.guard is not None:
             self.guard.start(initial)
-        if self.inferring:
-            self.warmup = WarmUp(len(self.client_ids), self.flat.num_params)
+        if self.infer_k > 0 and self.adjacency is None and self.guard is None:
+            self.warmup = WarmUp(n, self.flat.num_params)
             return None
-        self._build_net()
-        return None
-
-    def _build_net(self) -> None:
-        n = len(self.client_ids)
         if self.adjacency is not None and tuple(self.adjacency.shape) != (n, n):
             raise ValueError(f"the graph has {self.adjacency.shape[0]} clients, the run {n}")
-        # Floating-point buffers (batch-norm statistics) are not generated: a
-        # linear head could make a running variance negative. They stay at
-        # the initial model's values (self.buffers).
-        self.hnet, self.optimizer = self.make_net(self.sizes, self.use_generator)
-        self.adj = None if self.adjacency is None else self.adjacency.to(self.device)
-        self.prop = None if self.adj is None else normalized_adjacency(self.adj)
-        self.learned_weights = propagated(self.prop, self.settings.panacea_gnn_layers)
+        # Floating-point buffers (batch-norm statistics) are not generated: a linear head
+        # could make a running variance negative. They stay at the initial model's values.
+        net, optimizer = new_hypernetwork(self.flat, n, self.seed, self.device, self.sizes,
+                                          self.use_generator, self.settings)
+        self.run_on(Arm(net, optimizer, None if self.adjacency is None else self.adjacency.to(
+            self.device), self.use_generator), self.settings, self.adjacency,
+            self.use_generator, self.sizes["gnn_layers"])
         self.pair_gen = torch.Generator().manual_seed(self.seed)
         log(INFO, "Hypernetwork: %d clients, %d parameters; target model of %d values",
-            n, sum(p.numel() for p in self.net.parameters()), self.flat.size)
-
-    def make_net(self, sizes: dict, generator: bool, s: PanaceaSettings | None = None
-                 ) -> tuple[GraphHyperNetwork, torch.optim.Optimizer]:
-        """A hypernetwork of ``sizes`` over the run's clients (seeded by the run), and its SGD
-        (at the settings ``s``; None: the ones in use)."""
-        s = s or self.settings
-        params = self.flat.float_keys[: self.flat.num_param_keys]
-        heads = [int(np.prod(self.flat.shapes[k])) for k in params]
-        torch.manual_seed(self.seed)
-        net = GraphHyperNetwork(len(self.client_ids), heads, generator=generator, **sizes)
-        net.to(self.device)
-        return net, torch.optim.SGD(net.parameters(), lr=float(s.panacea_server_lr),
-                                    momentum=s.panacea_server_momentum,
-                                    weight_decay=float(s.panacea_server_weight_decay))
-
-    def infer_graph(self, server_round: int, warmup: WarmUp) -> torch.Tensor:
-        """The warm-up is over: the graph of the clients' mean updates (pairs the policy keeps
-        apart never chosen), recorded in the history's notes."""
-        apart = self.apart_mask(torch.arange(len(warmup.counts)))
-        adjacency, note = warmup.infer(server_round, self.infer_k, self.similarity, apart,
-                                       self.client_ids, self.true_adjacency)
-        self.history.notes["inferred_graph"] = note
-        return adjacency
+            n, sum(p.numel() for p in net.parameters()), self.flat.size)
+        return None
 
     def add_client(self, info, adjacency: torch.Tensor | None = None) -> None:
         """A client that joins after the start (a new member) gets an embedding h^(0) of its own
@@ -276,83 +204,50 @@ class Panacea(PersonalizedStrategy):
             if adjacency is None:
                 raise ValueError(f"{info.label} joins, but the run's graph does not say where")
             self.adjacency = adjacency.float()
-        if self.hnet is None:  # before the first round: initial_models builds GH for all
+        if self.main is None:  # before the first round: initial_models builds GH for all
             return
-        old = self.hnet.embeddings.weight
+        old = self.main.net.embeddings.weight
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + info.client_id)
-        extra = torch.randn(1, old.shape[1], generator=gen).to(old)
-        n = old.shape[0]
-        if self.adjacency is not None:  # placed by its trained graph neighbours
-            trained = self.training_rows[self.training_rows < n]
-            extra = placed(extra, self.adjacency[n:, trained], old.detach()[trained],
-                           [info.client_id], self.started_from, self.PLACE_NEWCOMERS)
-        grow(self.hnet, self.optimizer, extra)
+        joined(self.main, self.adjacency, self.training_rows, gen, info.client_id,
+               self.started_from, self.PLACE_NEWCOMERS)
         if self.guard is not None:  # the guard's: their own draws, no edges
             self.guard.add_client(gen, old)
         if self.adjacency is not None:
-            self.adj = self.adjacency.to(self.device)
-            self.prop = normalized_adjacency(self.adj)
-            self.learned_weights = propagated(self.prop, self.settings.panacea_gnn_layers)
+            self.main.adj = self.adjacency.to(self.device)
+            self.learned_weights = propagated(self.main.prop, self.settings.panacea_gnn_layers)
 
     def warm_start(self, state: dict, old_rows, initial) -> None:
         """GH (encoder, generator, heads) from the other run's, each returning client's
         embedding h^(0) from its row there, and a client new to this run's placed by its
         returning graph neighbours (:func:`strategies.panacea_graph.placed`). The server's
         optimizer and its momentum start afresh, as in any new run."""
-        old = state.get("hnet")
         self._ensure_models(initial)
-        if self.inferring or not isinstance(old, dict) or EMBEDDINGS not in old:
-            raise ValueError("it keeps no hypernetwork this run can start from" if not
-                             self.inferring else "this run's graph is still to be inferred")
-        mine = self.net.state_dict()
-        differ = sorted(k for k in set(mine) | set(old) if k not in mine or k not in old or (
-            k != EMBEDDINGS and tuple(mine[k].shape) != tuple(old[k].shape)))
-        if differ or mine[EMBEDDINGS].shape[1] != old[EMBEDDINGS].shape[1]:
-            raise ValueError(f"its hypernetwork is not this run's (differs in "
-                             f"{differ[:3] or [EMBEDDINGS]}: the method's sizes, graph or "
-                             "generator)")
-        emb = mine[EMBEDDINGS].clone()
-        back = [r for r, o in enumerate(old_rows) if o is not None]
-        new = [r for r, o in enumerate(old_rows) if o is None]
-        emb[back] = old[EMBEDDINGS][[o for o in old_rows if o is not None]].to(emb)
-        for r in back:
-            self.started_from[self.client_ids[r]] = "its own embedding"
-        if new and back and self.adjacency is not None:
-            emb[new] = placed(emb[new], self.adjacency[new][:, back], emb[back],
-                              [self.client_ids[r] for r in new], self.started_from,
-                              self.PLACE_NEWCOMERS)
-        else:
-            self.started_from.update({self.client_ids[r]: "its own embedding, drawn" for r in new})
-        self.net.load_state_dict({**{k: v.to(mine[k]) for k, v in old.items()}, EMBEDDINGS: emb})
+        if self.main is None:
+            raise ValueError("this run's graph is still to be inferred")
+        self.main.net.load_state_dict(warm_embeddings(
+            self.main.net.state_dict(), state.get("hnet"), old_rows, self.adjacency,
+            self.client_ids, self.started_from, self.PLACE_NEWCOMERS))
 
     @torch.no_grad()
     def warm_row(self, state: dict, old_row: int, client_id: int) -> None:
         old = state.get("hnet", {}).get(EMBEDDINGS)
-        if self.hnet is not None and isinstance(old, torch.Tensor) and 0 <= old_row < len(old) \
-                and old.shape[1] == self.hnet.embeddings.weight.shape[1]:
-            self.hnet.embeddings.weight[self._row[client_id]] = old[old_row].to(
-                self.hnet.embeddings.weight)
+        if self.main is not None and isinstance(old, torch.Tensor) and 0 <= old_row < len(old) \
+                and old.shape[1] == self.main.net.embeddings.weight.shape[1]:
+            self.main.net.embeddings.weight[self._row[client_id]] = old[old_row].to(
+                self.main.net.embeddings.weight)
             self.started_from[client_id] = "its own embedding"
 
     @torch.no_grad()
-    def generated(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Full flat models for ``rows`` (all clients if None): generated parameters, initial
-        buffers (during a graph's warm-up: the initial model for every client)."""
-        if self.inferring:
+    def held_models(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """theta_t = GH(h_t, A) for ``rows`` (all clients if None): generated parameters,
+        initial buffers; during an unguarded graph's warm-up, the initial model. GH has not
+        changed since it generated what was sent (the distances of the replies)."""
+        if self.warmup is not None:
             count = len(self.client_ids) if rows is None else len(rows)
             return self._initial[None].expand(count, -1).clone()
-        z = self.net.encode(self.prop)
-        theta = self.net.generate(z if rows is None else z[rows.to(z.device)])
-        return torch.cat([theta, self.buffers.expand(len(theta), -1)], dim=1)
-
-    def personalize(self, server_round: int, rows: torch.Tensor, config: ConfigRecord
-                    ) -> tuple[torch.Tensor, ConfigRecord]:
-        """theta_t = GH(h_t, A) for the sampled clients."""
-        return self.generated(rows), config
-
-    def sent_distances(self, rows: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
-        """``||w - theta_t||``: GH has not changed since it generated what was sent."""
-        return (vectors - self.generated(rows)).norm(dim=1)
+        assert self.main is not None, "the hypernetwork is built in the first round"
+        return self.main.generate(torch.arange(len(self.client_ids)) if rows is None else rows,
+                                  self.buffers)
 
     def configure_train(self, server_round, arrays, config, grid):
         """As every personalized strategy's. While the run trains as pFedHN (the guard's warm-up
@@ -388,8 +283,9 @@ class Panacea(PersonalizedStrategy):
             state["inferred_adjacency"] = self.adjacency.detach().cpu()
         elif self.infer_k > 0 and sums is not None:
             state.update(update_sum=sums.sums.clone(), update_count=sums.counts.clone())
-        if self.hnet is not None:
-            state.update(hnet=self.hnet.state_dict(), optimizer=self.optimizer.state_dict(),
+        if self.main is not None:
+            state.update(hnet=self.main.net.state_dict(),
+                         optimizer=self.main.optimizer.state_dict(),
                          pair_gen=self.pair_gen.get_state())
         return state
 
@@ -399,8 +295,8 @@ class Panacea(PersonalizedStrategy):
         of an inferred graph."""
         declared = super().client_state()
         rows, matrices = declared["rows"], declared["matrices"]
-        if self.hnet is not None:
-            rows += embedding_rows([], self.hnet)
+        if self.main is not None:
+            rows += embedding_rows([], self.main.net)
         if self.guard is not None:
             more_rows, more_matrices = guard_rows(self.guard)
             rows += more_rows
@@ -415,7 +311,7 @@ class Panacea(PersonalizedStrategy):
         if self.guard is not None and isinstance(guard, dict):
             self.guard.load_stage(guard)
             if self.guard.decided == GRAPH:  # GH is the graph's, at the run's own settings
-                self._apply(self.own)
+                self.settings = self.own
         if self.infer_k > 0 and "inferred_adjacency" in state:  # GH is built on it
             self.adjacency = state["inferred_adjacency"].float()
             self.sizes = sizes(self.settings, self.settings.panacea_gnn_layers)
@@ -423,77 +319,55 @@ class Panacea(PersonalizedStrategy):
         super().load_state_dict(state, initial_arrays)
         if self.guard is not None and isinstance(guard, dict):
             self.guard.load(guard)
-        if self.inferring and "update_sum" in state:
-            assert self.warmup is not None
+        if self.warmup is not None and "update_sum" in state:
             self.warmup.load(state["update_sum"], state["update_count"])
         if "hnet" in state:
-            self.net.load_state_dict(state["hnet"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            assert self.main is not None
+            self.main.net.load_state_dict(state["hnet"])
+            self.main.optimizer.load_state_dict(state["optimizer"])
             self.pair_gen.set_state(state["pair_gen"])
 
     def update(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
         """K_s server steps of psi toward the trained models (during an unguarded graph's
         warm-up: the clients' updates summed, and after its last round the graph inferred and
         GH built on it). In the guard's rounds, then its side (:meth:`GraphGuard.update`)."""
-        if self.inferring:
-            assert self.warmup is not None
-            p = self.flat.num_params
+        p, s = self.flat.num_params, self.settings
+        if self.warmup is not None:
             self.warmup.add(rows, trained[:, :p], self._initial[:p])
             if server_round < self.warmup_rounds:
                 return
-            self.adjacency = self.infer_graph(server_round, self.warmup).float()
-            self.warmup = None  # then GH, built on the graph, takes its first server steps
-            self.sizes["gnn_layers"] = self.settings.panacea_gnn_layers
+            self.adjacency = infer_graph(self, server_round, self.warmup).float()
+            self.warmup = None  # GH, built on the graph, takes its first server steps
+            self.sizes["gnn_layers"] = s.panacea_gnn_layers
             self.use_generator = self.wants_generator
-            self._build_net()
-        diverged = False
+            self.initial_models(self._initial)
+        assert self.main is not None
+        losses = self.main.steps(rows, trained[:, :p], int(s.panacea_server_steps),
+                                 float(s.panacea_server_clip), s.panacea_lambda_d, self.pair_gen)
         if len(rows):
-            diverged = self._server_steps(server_round, rows, trained)
-        if self.guard is None:
-            return
-        if self.guard.stage:
-            self.guard.update(server_round, rows)
-        if diverged and self.guard.stage == WATCH:  # the pFedHN path watched takes the run back
-            self.guard.switch_back(server_round, diverged=True)
-        elif diverged and self.guard.decided == GRAPH:  # and the path watched diverged too
+            self.history.record_server_losses(server_round, losses)  # the last step's
+            log(INFO, "Round %d: server step on %d clients, mean 1/2 ||theta - trained||^2 = "
+                "%.4g", server_round, len(rows), losses.get("model", 0.0))
+        diverged = bool(len(rows)) and not self.main.finite()
+        if diverged and (self.guard is None or self.guard.stage != WATCH):
             raise RunCannotGoOn(
-                f"round {server_round}: the inferred graph's hypernetwork and the pFedHN path "
-                "watched beside it both diverged (their parameters or the models they generate "
-                "no longer finite): lower panacea-server-lr or panacea-server-steps (the last "
-                "checkpoint is intact)")
-
-    def _server_steps(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> bool:
-        """K_s steps of GH toward the trained models of ``rows``; in the watch, whether GH
-        diverged (its parameters or a generated model no longer finite: the run then goes
-        back to the watched pFedHN path), elsewhere a divergence stops the run."""
-        main = Arm(self.net, self.optimizer, self.adj, self.use_generator)
-        losses = main.steps(rows, trained[:, : self.flat.num_params], self.server_steps,
-                            self.server_clip, self.lambda_d, self.pair_gen)
-        self.history.record_server_losses(server_round, losses)  # the last step's
-        log(INFO, "Round %d: server step on %d clients, mean 1/2 ||theta - trained||^2 = %.4g",
-            server_round, len(rows), losses.get("model", 0.0))
-        if main.finite():
-            return False
-        if self.guard is not None and self.guard.stage == WATCH:
-            return True
-        raise RunCannotGoOn(
-                f"round {server_round}: the hypernetwork's parameters or the models it generates "
-                f"are no longer finite after "
-                f"{self.server_steps} server steps at lr {self.server_lr:g} (momentum "
-                f"{self.server_momentum:g}): the steps are too large for this task; lower "
-                f"panacea-server-lr or panacea-server-steps (the last checkpoint is intact)")
+                f"round {server_round}: the hypernetwork's parameters or the models it "
+                f"generates are no longer finite after {int(s.panacea_server_steps)} server "
+                f"steps at lr {float(s.panacea_server_lr):g} (momentum "
+                f"{s.panacea_server_momentum:g}): the steps are too large for this task; lower "
+                "panacea-server-lr or panacea-server-steps (the last checkpoint is intact)")
+        if self.guard is not None and self.guard.stage:  # in the watch, it may take the run back
+            self.guard.update(server_round, rows, diverged)
 
     def run_on(self, arm: Arm, settings: PanaceaSettings, adjacency: torch.Tensor | None,
                generator: bool, layers: int) -> None:
         """The run goes on with ``arm``'s hypernetwork (its graph, ``adjacency``, and
-        ``layers`` GCN layers) at ``settings``: the guard's choice of the graph, or the
-        watch's way back to pFedHN."""
-        self._apply(settings)
+        ``layers`` GCN layers) at ``settings``: GH built, the guard's choice of the graph, or
+        the watch's way back to pFedHN."""
+        self.settings, self.main = settings, arm
         self.adjacency, self.use_generator = adjacency, generator
         self.sizes = sizes(settings, layers)
-        self.hnet, self.optimizer, self.adj, self.prop = arm.net, arm.optimizer, arm.adj, \
-            arm.prop
-        self.learned_weights = propagated(self.prop, settings.panacea_gnn_layers)
+        self.learned_weights = propagated(arm.prop, settings.panacea_gnn_layers)
 
     def graph_edges(self) -> tuple[dict[int, list[int]], str] | None:
         """The inferred graph's edges by client id, and whether the run uses it."""
@@ -507,10 +381,6 @@ class Panacea(PersonalizedStrategy):
         for a, b in torch.nonzero(graph > 0).tolist():  # one pass over the edges
             edges[ids[a]].append(ids[b])
         return edges, graph_use(self.guard) if self.guard is not None else "used by the run"
-
-    def evaluation_models(self) -> torch.Tensor:
-        """Every client's generated model (novel clients from their untrained embeddings)."""
-        return self.generated()
 
 
 def _panacea(s: PanaceaSettings, run: RunSetup, graph: bool, generator: bool) -> Panacea:

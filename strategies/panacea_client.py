@@ -114,6 +114,17 @@ class PanaceaSettings(Settings):
 
     SERVER_HOLDS = "the hypernetwork"
 
+    def describe(self) -> str:
+        """The server's and the clients' SGD, for the run's log."""
+        return (f"server SGD lr {float(self.panacea_server_lr):g} (momentum "
+                f"{self.panacea_server_momentum:g}, weight decay "
+                f"{float(self.panacea_server_weight_decay):g}, clip "
+                f"{float(self.panacea_server_clip):g}) x {int(self.panacea_server_steps)} steps; "
+                f"clients: SGD lr {float(self.panacea_client_lr):g} (momentum "
+                f"{float(self.panacea_client_momentum):g}, weight decay "
+                f"{float(self.panacea_client_weight_decay):g}, clip "
+                f"{float(self.panacea_client_clip):g})")
+
     def server_floats(self, num_params: int, num_clients: int) -> int:
         """The server's hypernetwork GH (:class:`strategies.hypernetwork.GraphHyperNetwork`,
         counted from its sizes: the client embeddings, the GCN layers, the MLP, the graph

@@ -5,6 +5,7 @@ client's embedding takes from (a card's ``learned_from``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from logging import INFO, WARNING
 
 import numpy as np
@@ -14,7 +15,10 @@ from torch import nn
 
 from tasks.graphs import cosine_knn_graph, edge_agreement
 
+from .core.layout import FlatLayout
+from .graph_guard import Arm
 from .hypernetwork import GraphHyperNetwork
+from .panacea_client import PanaceaSettings
 
 EMBEDDINGS = "embeddings.weight"  # GH's table of the clients' embeddings h^(0)
 
@@ -75,6 +79,69 @@ def placed(own: torch.Tensor, edges: torch.Tensor, neighbours: torch.Tensor, cli
     return out
 
 
+def new_hypernetwork(flat: FlatLayout, clients: int, seed: int, device: torch.device,
+                     sizes: dict, generator: bool, s: PanaceaSettings
+                     ) -> tuple[GraphHyperNetwork, torch.optim.Optimizer]:
+    """A hypernetwork of ``sizes`` over ``clients`` clients whose heads make the parameters of
+    the model ``flat`` lays out (seeded by the run's ``seed``), and its SGD at the settings
+    ``s``."""
+    heads = [int(np.prod(flat.shapes[k])) for k in flat.float_keys[: flat.num_param_keys]]
+    torch.manual_seed(seed)
+    net = GraphHyperNetwork(clients, heads, generator=generator, **sizes)
+    net.to(device)
+    return net, torch.optim.SGD(net.parameters(), lr=float(s.panacea_server_lr),
+                                momentum=s.panacea_server_momentum,
+                                weight_decay=float(s.panacea_server_weight_decay))
+
+
+def warm_embeddings(mine: dict, old: object, old_rows: Sequence[int | None],
+                    adjacency: torch.Tensor | None, client_ids: list[int],
+                    started_from: dict[int, str], place: bool = True) -> dict:
+    """GH's state (``mine``: this run's, as built) from another run's (``old``: its
+    ``hnet``): its encoder, generator and heads, each returning client's embedding h^(0) from
+    its row there (``old_rows``: by this run's row, None for a client new to it), and a
+    client new to this run placed by its returning graph neighbours (:func:`placed`, where
+    ``place``); ``started_from`` is told which, by client id. Refused where ``old`` is not a
+    hypernetwork of this run's sizes, graph and generator."""
+    if not isinstance(old, dict) or EMBEDDINGS not in old:
+        raise ValueError("it keeps no hypernetwork this run can start from")
+    differ = sorted(k for k in set(mine) | set(old) if k not in mine or k not in old or (
+        k != EMBEDDINGS and tuple(mine[k].shape) != tuple(old[k].shape)))
+    if differ or mine[EMBEDDINGS].shape[1] != old[EMBEDDINGS].shape[1]:
+        raise ValueError(f"its hypernetwork is not this run's (differs in "
+                         f"{differ[:3] or [EMBEDDINGS]}: the method's sizes, graph or "
+                         "generator)")
+    emb = mine[EMBEDDINGS].clone()
+    back = [r for r, o in enumerate(old_rows) if o is not None]
+    new = [r for r, o in enumerate(old_rows) if o is None]
+    emb[back] = old[EMBEDDINGS][[o for o in old_rows if o is not None]].to(emb)
+    for r in back:
+        started_from[client_ids[r]] = "its own embedding"
+    if new and back and adjacency is not None:
+        emb[new] = placed(emb[new], adjacency[new][:, back], emb[back],
+                          [client_ids[r] for r in new], started_from, place)
+    else:
+        started_from.update({client_ids[r]: "its own embedding, drawn" for r in new})
+    return {**{k: v.to(mine[k]) for k, v in old.items()}, EMBEDDINGS: emb}
+
+
+def joined(main: Arm, adjacency: torch.Tensor | None, trained_rows: torch.Tensor,
+           gen: torch.Generator, client_id: int, started_from: dict[int, str],
+           place: bool = True) -> None:
+    """A client that joins after GH was built: its embedding h^(0), drawn by ``gen`` as the
+    others' were (N(0, 1)) and placed by its trained graph neighbours (:func:`placed`;
+    ``adjacency``: the run's graph with it; ``trained_rows``: the clients that train),
+    appended to ``main``'s network (its momentum at zero: :func:`grow`)."""
+    old = main.net.embeddings.weight
+    extra = torch.randn(1, old.shape[1], generator=gen).to(old)
+    n = old.shape[0]
+    if adjacency is not None:
+        trained = trained_rows[trained_rows < n]
+        extra = placed(extra, adjacency[n:, trained], old.detach()[trained], [client_id],
+                       started_from, place)
+    grow(main.net, main.optimizer, extra)
+
+
 def embedding_rows(where: list, net: GraphHyperNetwork) -> list[list]:
     """Where a checkpoint's ``where`` (GH's state and its SGD's) holds a row of each client:
     its embedding h^(0) and that embedding's momentum."""
@@ -85,7 +152,16 @@ def embedding_rows(where: list, net: GraphHyperNetwork) -> list[list]:
 
 class WarmUp:
     """The warm-up of an inferred graph: each client's updates from the initial model summed
-    (float64) and counted, until the graph of their means is inferred (:meth:`infer`)."""
+    (float64) and counted, until the graph of their means is inferred (:meth:`infer`).
+
+    Unguarded (``graph-guard-rounds`` = 0), in the first ``graph-warmup-rounds`` rounds every
+    sampled client trains from the same initial model (and is tested on it); after the last
+    of them the server builds the ``graph-k``-nearest-neighbour graph of the clients' mean
+    updates (trained - initial), records its edges (and, where the task's own graph is
+    known, their precision and recall) in the history's ``notes``, builds GH on it, takes
+    GH's first server steps on that round's models, and trains as Panacea from the next
+    round. Clients that trained in no warm-up round have no edges. Guarded, the same sums
+    come from the side models (:mod:`strategies.graph_guard`)."""
 
     def __init__(self, clients: int, num_params: int) -> None:
         self.sums = torch.zeros(clients, num_params, dtype=torch.float64)

@@ -20,7 +20,7 @@ from flwr.app import ConfigRecord, Message
 from flwr.supercore import log
 
 from .core.protocol import CONFIG
-from .core.settings import TRAIN
+from .core.settings import TRAIN, RunCannotGoOn
 from .graph_guard import (
     GENERIC_TRAIN,
     GRAPH,
@@ -45,7 +45,7 @@ from .graph_guard import (
     side_problem,
 )
 from .panacea_client import PanaceaSettings
-from .panacea_graph import WarmUp, embedding_rows, grow, grown
+from .panacea_graph import WarmUp, embedding_rows, grow, grown, new_hypernetwork
 
 
 class GuardHost(Protocol):
@@ -57,25 +57,46 @@ class GuardHost(Protocol):
     def history(self) -> Any: ...  # its notes hold the guard's record
     @property
     def device(self) -> torch.device: ...
+    seed: int
     client_ids: list[int]
     buffers: torch.Tensor  # the initial model's buffers, appended to generated models
     own: PanaceaSettings  # the run's own settings: the side hypernetworks train at them
     path: tuple[PanaceaSettings, dict]  # the no-graph path's settings and train keys
     wants_generator: bool
+    infer_k: int
+    similarity: str
+    true_adjacency: torch.Tensor | None
     warmup_rounds: int
     guard_rounds: int
     pair_gen: torch.Generator
-    @property
-    def net(self) -> Any: ...  # the run's hypernetwork GH
-    optimizer: torch.optim.Optimizer
+    main: Arm | None  # the run's hypernetwork GH, its SGD and graph
 
     def update_bound(self, sent_norms: torch.Tensor) -> torch.Tensor: ...
-    def generated(self, rows: torch.Tensor | None = None) -> torch.Tensor: ...
-    def make_net(self, sizes: dict, generator: bool, s: PanaceaSettings | None = None
-                 ) -> tuple[Any, torch.optim.Optimizer]: ...
+    def apart_mask(self, rows: torch.Tensor) -> torch.Tensor | None: ...
+    def held_models(self, rows: torch.Tensor | None = None) -> torch.Tensor: ...
     def run_on(self, arm: Arm, settings: PanaceaSettings, adjacency: torch.Tensor | None,
                generator: bool, layers: int) -> None: ...
-    def infer_graph(self, server_round: int, warmup: WarmUp) -> torch.Tensor: ...
+
+
+def infer_graph(host: GuardHost, server_round: int, warmup: WarmUp) -> torch.Tensor:
+    """The warm-up is over: the graph of the clients' mean updates (pairs the policy keeps
+    apart never chosen), recorded in the history's notes."""
+    apart = host.apart_mask(torch.arange(len(warmup.counts)))
+    adjacency, note = warmup.infer(server_round, host.infer_k, host.similarity, apart,
+                                   host.client_ids, host.true_adjacency)
+    host.history.notes["inferred_graph"] = note
+    return adjacency
+
+
+def inference_said(k: int, similarity: str, warmup_rounds: int, guard_rounds: int) -> str:
+    """How the run's graph is inferred, and whether it is guarded, for the run's log."""
+    return (f"the {k}-nearest-neighbour graph ({similarity} similarity) of the clients' "
+            f"updates in the first {warmup_rounds} round(s), from the same initial model" + (
+                f"; guarded: the run trains as pFedHN while, on the side, the graph's and no "
+                f"graph's hypernetworks train {guard_rounds} round(s); the graph takes over "
+                f"only if it beats no graph by more than {GUARD_MARGIN:.0%} on "
+                f"{GUARD_SHARE:.0%} of the clients' training rows held out"
+                if guard_rounds else "; used unchecked (graph-guard-rounds = 0)"))
 
 
 def unasked(msg: Message) -> str | None:
@@ -83,6 +104,13 @@ def unasked(msg: Message) -> str | None:
     records = msg.content.array_records
     return None if SIDE not in records and VALIDATION not in records else \
         f"'{SIDE}' or '{VALIDATION}' in a reply to a message that sent no side model"
+
+
+def _new_net(host: GuardHost, sizes: dict, generator: bool, s: PanaceaSettings
+             ) -> tuple[Any, torch.optim.Optimizer]:
+    """A hypernetwork over the host run's clients (:func:`panacea_graph.new_hypernetwork`)."""
+    return new_hypernetwork(host.flat, len(host.client_ids), host.seed, host.device, sizes,
+                            generator, s)
 
 
 def sizes(s: PanaceaSettings, gnn_layers: int) -> dict:
@@ -122,8 +150,8 @@ class GraphGuard:
         that the two differ in the graph alone."""
         host, own = self.host, self.host.own
         adj = adjacency.float().to(host.device)
-        graph = host.make_net(sizes(own, own.panacea_gnn_layers), host.wants_generator, own)
-        none = host.make_net(sizes(own, 0), False, own)
+        graph = _new_net(host, sizes(own, own.panacea_gnn_layers), host.wants_generator, own)
+        none = _new_net(host, sizes(own, 0), False, own)
         return {GRAPH: Arm(*graph, adj, host.wants_generator), NONE: Arm(*none, None, False)}
 
     def side_messages(self, server_round: int, messages: list[Message], rows: torch.Tensor,
@@ -161,7 +189,7 @@ class GraphGuard:
             assert self.initial is not None
             return self.initial[None].expand(len(rows), -1).clone(), [None] * len(rows)
         if self.stage == WATCH:  # the no-graph path's model to train, the run's to test
-            return self.arms[NONE].generate(rows, buffers), list(self.host.generated(rows))
+            return self.arms[NONE].generate(rows, buffers), list(self.host.held_models(rows))
         graph = self.arms[GRAPH].generate(rows, buffers)
         none = self.arms[NONE].generate(rows, buffers).to(graph)
         pick = (arms == 0).to(graph.device)[:, None]
@@ -180,10 +208,11 @@ class GraphGuard:
             self.back[cid] = (self.host.flat.flatten(side).to(self.host.device), held)
         return problem
 
-    def update(self, server_round: int, rows: torch.Tensor) -> None:
+    def update(self, server_round: int, rows: torch.Tensor, diverged: bool = False) -> None:
         """The guard's side of a round: the side models of the clients whose replies were
         used (within the same update bound), summed in the warm-up, then the two
-        hypernetworks' steps on them and, after the guard's last round, the choice."""
+        hypernetworks' steps on them and, after the guard's last round, the choice (in the
+        watch, where the run's own hypernetwork ``diverged``, the way back to pFedHN)."""
         host, p = self.host, self.host.flat.num_params
         ids = host.client_ids
         rows = torch.tensor([r for r in rows.tolist() if r in self.sent and ids[r] in self.back],
@@ -203,14 +232,14 @@ class GraphGuard:
             self.warmup.add(rows, params, self.initial[:p])
             if server_round < host.warmup_rounds:
                 return
-            self.inferred = host.infer_graph(server_round, self.warmup)
+            self.inferred = infer_graph(host, server_round, self.warmup)
             self.warmup = None
             self.arms, self.stage = self.make_arms(self.inferred), GUARD
             arms = torch.zeros(len(rows), dtype=torch.long)  # both step on the warm-up's models
             self.arms[NONE].steps(rows, params, int(s.panacea_server_steps),
                                   float(s.panacea_server_clip), 0.0, host.pair_gen)
         elif self.stage == WATCH:
-            self._watch(server_round, rows, params)
+            self._watch(server_round, rows, params, diverged)
             return
         else:
             self._record(server_round, arms, [self.back[ids[r]][1] for r in rows.tolist()])
@@ -241,10 +270,12 @@ class GraphGuard:
             "%.4g, no graph%s %.4g", server_round, self.stage, means["clients"], means[GRAPH],
             " (pFedHN)" if self.stage == WATCH else "", means[NONE])
 
-    def _watch(self, server_round: int, rows: torch.Tensor, params: torch.Tensor) -> None:
+    def _watch(self, server_round: int, rows: torch.Tensor, params: torch.Tensor,
+               diverged: bool) -> None:
         """A watch round (the graph took over): the no-graph path's steps (at its settings) on
         the side models trained, both errors recorded and, where the graph's run has fallen
-        behind the no-graph path on the held-out rows, the run back on that path."""
+        behind the no-graph path on the held-out rows or ``diverged``, the run back on that
+        path (the run stops where both diverged)."""
         host = self.host
         held = [self.back[host.client_ids[r]][1] for r in rows.tolist()]
         # every client trained the no-graph path's model and tested the run's as the other
@@ -261,9 +292,17 @@ class GraphGuard:
             log(WARNING, "Round %d: the watched no-graph path (pFedHN) diverged: the watch "
                 "ends, the run goes on with the inferred graph", server_round)
             self.stage, self.arms = "", {}
+            if diverged:
+                raise RunCannotGoOn(
+                    f"round {server_round}: the inferred graph's hypernetwork and the pFedHN "
+                    "path watched beside it both diverged (their parameters or the models they "
+                    "generate no longer finite): lower panacea-server-lr or "
+                    "panacea-server-steps (the last checkpoint is intact)")
             return
         if falls_behind([r for r in self.record if r.get("stage") == WATCH]):
             self.switch_back(server_round)
+        elif diverged:  # the graph's run diverged: the pFedHN path watched takes it back
+            self.switch_back(server_round, diverged=True)
 
     def switch_back(self, server_round: int, diverged: bool = False) -> None:
         """The graph's run fell behind on the held-out rows (or ``diverged``: its
@@ -300,9 +339,9 @@ class GraphGuard:
             **({"diverged": diverged} if diverged else {})}
         graph, self.stage, self.arms, self.warmup = self.arms.get(GRAPH), "", {}, None
         if chosen == GRAPH:
-            assert graph is not None and self.inferred is not None
+            assert graph is not None and self.inferred is not None and host.main is not None
             # the no-graph path the run has been (pFedHN) goes on training on the side, watched
-            watched = Arm(host.net, host.optimizer, None, False)
+            watched = Arm(host.main.net, host.main.optimizer, None, False)
             host.run_on(graph, host.own, self.inferred, host.wants_generator,
                         host.own.panacea_gnn_layers)
             log(INFO, "Round %d: the inferred graph beat no graph by more than %g%% on the "
@@ -360,7 +399,7 @@ class GraphGuard:
         if self.stage in (GUARD, WATCH):
             path = self.host.path[0]
             self.arms = self.make_arms(state["inferred"]) if self.stage == GUARD else {
-                NONE: Arm(*self.host.make_net(sizes(path, 0), False, path), None, False)}
+                NONE: Arm(*_new_net(self.host, sizes(path, 0), False, path), None, False)}
             for name, arm in self.arms.items():
                 arm.net.load_state_dict(state["arms"][name]["hnet"])
                 arm.optimizer.load_state_dict(state["arms"][name]["optimizer"])

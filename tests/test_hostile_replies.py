@@ -112,9 +112,9 @@ def snapshot(strategy) -> dict:
     state = {}
     if getattr(strategy, "models", None) is not None:
         state["models"] = strategy.models.clone()
-    if getattr(strategy, "hnet", None) is not None:
-        state["hnet"] = copy.deepcopy(strategy.hnet.state_dict())
-        state["optimizer"] = copy.deepcopy(strategy.optimizer.state_dict())
+    if getattr(strategy, "main", None) is not None:  # Panacea's hypernetwork and its SGD
+        state["hnet"] = copy.deepcopy(strategy.main.net.state_dict())
+        state["optimizer"] = copy.deepcopy(strategy.main.optimizer.state_dict())
     if getattr(strategy, "control", None) is not None:
         state["control"] = strategy.control.clone()
     return state

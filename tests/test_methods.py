@@ -81,8 +81,10 @@ def test_panacea_aggregation_is_its_server_steps_on_the_valid_replies():
                                              _grid(4)))
     assert {m.content["config"]["client-update"] for m in messages} == {"hypernetwork"}
     assert {m.content["config"]["panacea-client-lr"] for m in messages} == {0.1}
-    hnet = copy.deepcopy(strategy.hnet)
-    opt = torch.optim.SGD(hnet.parameters(), lr=strategy.server_lr, momentum=strategy.server_momentum)
+    main, s = strategy.main, strategy.settings
+    hnet = copy.deepcopy(main.net)
+    opt = torch.optim.SGD(hnet.parameters(), lr=float(s.panacea_server_lr),
+                          momentum=s.panacea_server_momentum)
     pairs = torch.Generator().set_state(strategy.pair_gen.get_state())
     by_node = {m.metadata.dst_node_id: m for m in messages}
     sent = torch.stack([strategy.layout.flatten(by_node[10 + i].content["arrays"]) for i in range(4)])
@@ -93,9 +95,9 @@ def test_panacea_aggregation_is_its_server_steps_on_the_valid_replies():
     strategy.aggregate_train(1, replies)
     rows, p = torch.tensor([0, 2, 3]), strategy.layout.num_params
     for _ in range(2):  # the same two steps by hand, client 1's NaN reply left out
-        server_step(hnet, opt, strategy.prop, rows, trained[rows, :p], strategy.adj,
-                    strategy.lambda_d, sample_pairs(strategy.adj, pairs))
-    for (name, a), b in zip(strategy.hnet.named_parameters(), hnet.parameters()):
+        server_step(hnet, opt, main.prop, rows, trained[rows, :p], main.adj,
+                    s.panacea_lambda_d, sample_pairs(main.adj, pairs))
+    for (name, a), b in zip(main.net.named_parameters(), hnet.parameters()):
         assert torch.equal(a, b), name
 
 

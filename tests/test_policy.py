@@ -116,7 +116,8 @@ def test_a_late_joiner_starts_from_the_mean_of_those_it_is_not_kept_apart_from()
                              (ApartPolicy((("m0", "m1", "m2", "j"),)), 9.0)):
         fedamp = FedAMP(sigma=1.0, tracking=RunTracking(clients=clients, apart=policy))
         fedamp.models, fedamp._initial = torch.tensor([[0.0], [2.0], [4.0]]), torch.tensor([9.0])
-        assert fedamp.new_client_model(joiner).item() == expected
+        fedamp.add_client(joiner)
+        assert fedamp.models[-1].item() == expected and len(fedamp.models) == 4
 
 
 def test_sfl_gives_a_pair_kept_apart_no_weight_through_a_common_neighbour():

@@ -66,10 +66,14 @@ class ClientInstructions:
     #: declare ``sent`` go into the messages
     settings: Settings = NoSettings()
 
+    #: the method's own entries of every train config beside its settings' (Panacea's: the
+    #: share of its rows a client holds out, 0 but in its graph guard's rounds)
+    train_defaults: ClassVar[dict[str, Any]] = {}
+
     def train_keys(self) -> dict:
         """The method's own entries of every train config: its settings' keys sent in train
-        messages."""
-        return self.settings.message_values(TRAIN_MESSAGE)
+        messages, and its :attr:`train_defaults`."""
+        return {**self.settings.message_values(TRAIN_MESSAGE), **self.train_defaults}
 
     def evaluate_keys(self) -> dict:
         """The method's own entries of every evaluate config."""
@@ -360,81 +364,26 @@ class GridView:
 # ---------------------------------------------------------------------------
 # Personalized strategies
 # ---------------------------------------------------------------------------
-class PersonalizedStrategy(StrategyBase, Strategy):
-    """A Message-API strategy that keeps one model per client on the server.
+class PersonalRounds(StrategyBase, Strategy):
+    """The Message-API rounds of a strategy that keeps one model per client on the server
+    (:class:`PersonalizedStrategy` holds the models and sets the attributes below).
 
-    The models are rows of one tensor ``self.models`` (clients x parameters,
-    float32, on ``device``), in the order of ``self.client_ids``; all rows
-    start as the initial model. In a round, the sampled clients that are
-    connected each receive the model and config that :meth:`personalize`
-    makes for them, and their valid replies replace their rows. In evaluation
-    every connected client receives its own row and tests it on its own test
-    split.
-
-    Parameters
-    ----------
-    fraction_train : float
-        Share of clients sampled for training each round (at least one).
-    param_keys : Sequence[str] | None
-        State-dict keys of the trainable parameters (the rest are buffers).
-    device : str
-        Where the server keeps and mixes the models ("cpu", "cuda", ...).
-    seed : int
-        Seed of the client sampling.
-    tracking : RunTracking | None
-        The run's clients, scenario and reply checks (:meth:`track`; none: tracking starts
-        empty, a test's ``setup_tracking`` gives the clients).
+    In a round, the sampled clients that are connected each receive the model and config
+    that :meth:`personalize` makes for them, and their valid replies (screened, and within
+    the update bound from what was sent, :meth:`sent_distances`) go to :meth:`update`. In
+    evaluation every connected client receives its row of :meth:`evaluation_models` and tests
+    it on its own test split. By default a client is sent, and tests, the model the server
+    holds for it (:meth:`held_models`).
     """
 
-    STATE_KIND = "a model per client"
-
-    def __init__(
-        self,
-        fraction_train: float = 1.0,
-        param_keys: Sequence[str] | None = None,
-        device: str = "cpu",
-        seed: int = 0,
-        tracking: RunTracking | None = None,
-    ) -> None:
-        self.fraction_train = fraction_train
-        self.param_keys = list(param_keys) if param_keys is not None else None
-        self.device = torch.device(device)
-        self.seed = seed
-        self.layout: FlatLayout | None = None
-        self.models: torch.Tensor | None = None
-        self.track(tracking or RunTracking())
-
-    def setup_tracking(self, clients: dict[int, ClientInfo], roles: Roles | None = None) -> None:
-        """Start tracking a run: the clients (rows of the store, by client id) and the scenario."""
-        super().setup_tracking(clients, roles)
-        self.client_ids = sorted(i.client_id for i in clients.values())
-        self._row = {cid: r for r, cid in enumerate(self.client_ids)}
-        # rows of the clients that train (all but the novel ones)
-        self.training_rows = torch.tensor(
-            [r for r, c in enumerate(self.client_ids) if c not in self.tracker.roles.novel],
-            dtype=torch.long)
-        self.layout, self.models = None, None
-        self._sent_norms = torch.zeros(len(self.client_ids))
-
-    def apart_mask(self, rows: torch.Tensor) -> torch.Tensor | None:
-        """The pairs kept apart among the clients of store rows ``rows`` (boolean, rows x
-        rows; :mod:`strategies.core.policy`), None without a collaboration policy."""
-        if self.apart is None:
-            return None
-        return self.apart.mask(self.row_names(rows))
-
-    def row_names(self, rows: torch.Tensor) -> list[str]:
-        """The names of the clients of store rows ``rows`` as a collaboration policy names
-        them: a member's name, a partitioned run's client id as a string ("3")."""
-        names = self.tracker.roster.names()
-        return [names.get(c) or str(c) for c in (self.client_ids[r] for r in rows.tolist())]
-
-    @property
-    def store(self) -> torch.Tensor:
-        """The per-client models (clients x d), once the first round has set them up."""
-        if self.models is None:
-            raise RuntimeError(f"{type(self).__name__} keeps no per-client store before round 1")
-        return self.models
+    client_ids: list[int]  # by store row
+    _row: dict[int, int]  # client id -> store row
+    training_rows: torch.Tensor  # the rows of the clients that train (all but novel ones)
+    fraction_train: float
+    seed: int  # of the client sampling
+    device: torch.device
+    layout: FlatLayout | None
+    _sent_norms: torch.Tensor  # by row: the norm of the model last sent
 
     @property
     def flat(self) -> FlatLayout:
@@ -443,184 +392,26 @@ class PersonalizedStrategy(StrategyBase, Strategy):
             raise RuntimeError(f"{type(self).__name__} has no model layout before round 1")
         return self.layout
 
-    # -- hooks for subclasses ------------------------------------------------
-    def personalize(
-        self, server_round: int, rows: torch.Tensor, config: ConfigRecord
-    ) -> tuple[torch.Tensor, ConfigRecord]:
-        """Return the models (len(rows) x d) and the config to send to clients ``rows``.
-
-        The default sends each client its own stored model.
-        """
-        return self.store[rows], config
-
-    def sent_distances(self, rows: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
-        """``||vectors[i] - the model sent to rows[i]||``, before :meth:`update` (the default:
-        the stored models, which the default :meth:`personalize` sends)."""
-        return (vectors - self.store[rows]).norm(dim=1)
+    def held_models(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The models the server holds for the clients of store rows ``rows`` (None: every
+        client, row i for ``client_ids[i]``): what the default :meth:`personalize` sends,
+        what :meth:`sent_distances` measures a reply from and what the clients test
+        (:meth:`evaluation_models`). :class:`PersonalizedStrategy`: the stored models
+        (Panacea: the models its hypernetwork generates)."""
+        raise NotImplementedError
 
     def update(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
-        """Take the valid trained models (len(rows) x d) of clients ``rows``.
+        """Take the valid trained models (len(rows) x d) of clients ``rows``."""
+        raise NotImplementedError
 
-        The default stores them as the clients' personalized models (and, where the method
-        mixed this round's models by :attr:`mixing_weights`, their rows of it as whom each
-        stored model learned from, :attr:`learned_weights`).
-        """
-        self.store[rows] = trained
-        if self.mixing_weights is not None:
-            n = len(self.client_ids)
-            if self.learned_weights is None or len(self.learned_weights) != n:
-                grown = torch.eye(n, dtype=torch.float64)  # a client new to it: its own
-                if self.learned_weights is not None:
-                    old = len(self.learned_weights)
-                    grown[:old, :old] = self.learned_weights
-                self.learned_weights = grown
-            self.learned_weights[rows.cpu()] = self.mixing_weights[rows.to(
-                self.mixing_weights.device)].detach().double().cpu()
+    def _ensure_models(self, arrays: ArrayRecord) -> None:
+        """On first use: the flat layout of the model and the models held."""
+        raise NotImplementedError
 
-    def evaluation_models(self) -> torch.Tensor:
-        """The (clients x d) models the clients test, row i for ``client_ids[i]``."""
-        return self.store
-
-    def initial_models(self, initial: torch.Tensor) -> torch.Tensor | None:
-        """The per-client store at the start: every client holds the initial model."""
-        return initial.unsqueeze(0).repeat(len(self.client_ids), 1)
-
-    #: a client that joins after the start starts from the mean of the training clients'
-    #: stored models (FedAMP, SFL), not from the initial model
-    JOINER_FROM_MEAN = False
-    #: (n, n), rows and columns the store's: this round's weights with which the clients'
-    #: models were mixed before training (FedAMP's xi); None: none this round
-    mixing_weights: torch.Tensor | None = None
-    #: (n, n) float64 on the CPU: whom each stored model learned from, the weights of the
-    #: round it was stored in (:meth:`update` from :attr:`mixing_weights`; SFL's smoothing
-    #: and Panacea's graph propagation set it whole); None: a method that does not mix by
-    #: weights
-    learned_weights: torch.Tensor | None = None
-
-    def learned_from(self, most: int = 5) -> dict[int, tuple[list[int], list[float], float]]:
-        """Client id -> the ``most`` other clients whose models weighed most in its model
-        (their ids and weights, most first, weights > 0 only) and its own model's weight,
-        from :attr:`learned_weights` (non-finite weights as 0, all clamped to [0, 1]); empty
-        without them."""
-        w, n = self.learned_weights, len(self.client_ids)
-        if w is None or tuple(w.shape) != (n, n) or n < 2:
-            return {}
-        w = torch.nan_to_num(w.detach().double().cpu(), nan=0.0).clamp(0.0, 1.0)
-        values, index = w.clone().fill_diagonal_(0.0).topk(min(most, n - 1), dim=1)
-        ids = torch.as_tensor(self.client_ids)
-        return {cid: (ids[index[r][values[r] > 0]].tolist(), values[r][values[r] > 0].tolist(),
-                      float(w[r, r])) for r, cid in enumerate(self.client_ids)}
-
-    def new_client_model(self, info: ClientInfo) -> torch.Tensor:
-        """The stored model of a client that joins after the start: the initial model, or
-        with :attr:`JOINER_FROM_MEAN` the mean of the training clients' stored models but
-        those the collaboration policy keeps apart from it (none left: the initial model)."""
-        rows = self.training_rows
-        if self.apart is not None and len(rows):
-            known = self.row_names(rows)
-            rows = rows[~self.apart.mask([*known, info.name or str(info.client_id)])[-1, :-1]]
-        if not self.JOINER_FROM_MEAN or not len(rows):
-            return self._initial
-        self.started_from[info.client_id] = f"the mean of the models of {len(rows)} member(s)"
-        return self.store[rows.to(self.store.device)].mean(dim=0)
-
-    def warm_start(self, state: dict[str, Any], old_rows: Sequence[int | None],
-                   initial: ArrayRecord) -> None:
-        """Each returning client's row from the other run's store (``state["models"]``); a
-        client new to this run, with :attr:`JOINER_FROM_MEAN`, the mean of the returning
-        clients' models but those the collaboration policy keeps apart from it (else, or with
-        none left, the initial model). :attr:`started_from` says which, by client id."""
-        old = state.get("models")
-        self._ensure_models(initial)
-        if not isinstance(old, torch.Tensor) or old.ndim != 2 or \
-                old.shape[1] != self.store.shape[1]:
-            raise ValueError("it keeps no per-client models of this model's size "
-                             f"({self.store.shape[1]} values)")
-        back = torch.tensor([r for r, o in enumerate(old_rows) if o is not None], dtype=torch.long)
-        new = torch.tensor([r for r, o in enumerate(old_rows) if o is None], dtype=torch.long)
-        if len(back):
-            source = torch.tensor([o for o in old_rows if o is not None], dtype=torch.long)
-            self.store[back] = old[source].to(self.store)
-        for r in back.tolist():
-            self.started_from[self.client_ids[r]] = "its own model"
-        for r in new.tolist():
-            self.started_from[self.client_ids[r]] = "the initial model (new to the run)"
-        if not (len(new) and len(back) and self.JOINER_FROM_MEAN):
-            return
-        apart = self.apart_mask(torch.cat([new, back]))  # newcomers x returning: not apart
-        allowed = (torch.ones(len(new), len(back), dtype=torch.bool) if apart is None
-                   else ~apart[: len(new), len(new):])
-        weights = allowed.to(self.store.dtype)
-        counts = weights.sum(dim=1)
-        has = counts > 0
-        mean = (weights[has] / counts[has, None]).to(self.store.device) @ self.store[back]
-        self.store[new[has]] = mean
-        for r, k in zip(new[has].tolist(), counts[has].tolist(), strict=True):
-            self.started_from[self.client_ids[r]] = (f"the mean of the models of {int(k)} "
-                                                     "returning member(s)")
-
-    def warm_row(self, state: dict[str, Any], old_row: int, client_id: int) -> None:
-        old = state.get("models")
-        if self.models is not None and isinstance(old, torch.Tensor) and old.ndim == 2 \
-                and old.shape[1] == self.store.shape[1] and 0 <= old_row < len(old):
-            self.store[self._row[client_id]] = old[old_row].to(self.store)
-            self.started_from[client_id] = "its own model"
-
-    def add_client(self, info: ClientInfo, adjacency: torch.Tensor | None = None) -> None:
-        """A client that joins after the start gets a row of its own (:meth:`new_client_model`,
-        computed from the store as it is, before the client is in it)."""
-        cid = info.client_id
-        if cid in self._row:
-            super().add_client(info, adjacency)
-            return
-        row = None if self.models is None else self.new_client_model(info)[None].to(self.models)
-        super().add_client(info, adjacency)
-        self.client_ids.append(cid)
-        self._row[cid] = len(self.client_ids) - 1
-        if cid not in self.tracker.roles.novel:
-            self.training_rows = torch.cat([self.training_rows,
-                                            torch.tensor([self._row[cid]], dtype=torch.long)])
-        self._sent_norms = torch.cat([self._sent_norms, torch.zeros(1)])
-        if self.models is not None and row is not None:
-            self.models = torch.cat([self.models, row])
-
-    # -- checkpoints ---------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        if self.models is not None:
-            state["models"] = self.models.detach().cpu()
-        return state
-
-    def client_state(self) -> dict[str, list[list[Any]]]:
-        declared = super().client_state()
-        declared["rows"].append(["models"])  # each client's stored model
-        return declared
-
-    def load_state_dict(self, state: dict[str, Any], initial_arrays: ArrayRecord) -> None:
-        super().load_state_dict(state, initial_arrays)
-        self._ensure_models(initial_arrays)
-        if "models" in state:
-            models = state["models"]
-            if tuple(models.shape) != tuple(self.store.shape):
-                raise ValueError(f"checkpoint store is {tuple(models.shape)}, the run's "
-                                 f"{tuple(self.store.shape)}")
-            self.models = models.to(self.device, self.store.dtype)
-
-    # -- Strategy API --------------------------------------------------------
     def summary(self) -> None:
         """Log the strategy's settings."""
         log(INFO, "\t├── %s: fraction-train %.2f, server device %s",
             type(self).__name__, self.fraction_train, self.device)
-
-    def _ensure_models(self, arrays: ArrayRecord) -> None:
-        """On first use: the flat layout of the model and :meth:`initial_models`."""
-        if self.layout is None:
-            if not self.client_ids:
-                raise RuntimeError("no clients: call setup_tracking(clients) first")
-            self.layout = FlatLayout.from_arrays(arrays, self.param_keys)
-            self.tracker.replies.spec = array_spec(arrays)
-            self._initial = self.layout.flatten(arrays).to(self.device)
-            self.models = self.initial_models(self._initial)
 
     def _messages(self, rows: Iterable[int], vectors: torch.Tensor,
                   configs: Sequence[ConfigRecord], message_type: str) -> list[Message]:
@@ -707,3 +498,254 @@ class PersonalizedStrategy(StrategyBase, Strategy):
                                                       self.tracker.roster.client_of)
         return MetricRecord(dict(means)) if means else None
 
+    def personalize(
+        self, server_round: int, rows: torch.Tensor, config: ConfigRecord
+    ) -> tuple[torch.Tensor, ConfigRecord]:
+        """Return the models (len(rows) x d) and the config to send to clients ``rows``.
+
+        The default sends each client the model the server holds for it
+        (:meth:`held_models`).
+        """
+        return self.held_models(rows), config
+
+    def sent_distances(self, rows: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
+        """``||vectors[i] - the model sent to rows[i]||``, before :meth:`update` (the default:
+        the models held, which the default :meth:`personalize` sends)."""
+        return (vectors - self.held_models(rows)).norm(dim=1)
+
+    def evaluation_models(self) -> torch.Tensor:
+        """The (clients x d) models the clients test, row i for ``client_ids[i]``."""
+        return self.held_models()
+
+
+class PersonalizedStrategy(PersonalRounds):
+    """A Message-API strategy that keeps one model per client on the server.
+
+    The models are rows of one tensor ``self.models`` (clients x parameters,
+    float32, on ``device``), in the order of ``self.client_ids``; all rows
+    start as the initial model. In a round, the sampled clients that are
+    connected each receive the model and config that :meth:`personalize`
+    makes for them, and their valid replies replace their rows. In evaluation
+    every connected client receives its own row and tests it on its own test
+    split.
+
+    Parameters
+    ----------
+    fraction_train : float
+        Share of clients sampled for training each round (at least one).
+    param_keys : Sequence[str] | None
+        State-dict keys of the trainable parameters (the rest are buffers).
+    device : str
+        Where the server keeps and mixes the models ("cpu", "cuda", ...).
+    seed : int
+        Seed of the client sampling.
+    tracking : RunTracking | None
+        The run's clients, scenario and reply checks (:meth:`track`; none: tracking starts
+        empty, a test's ``setup_tracking`` gives the clients).
+    """
+
+    STATE_KIND = "a model per client"
+
+    def __init__(
+        self,
+        fraction_train: float = 1.0,
+        param_keys: Sequence[str] | None = None,
+        device: str = "cpu",
+        seed: int = 0,
+        tracking: RunTracking | None = None,
+    ) -> None:
+        self.fraction_train = fraction_train
+        self.param_keys = list(param_keys) if param_keys is not None else None
+        self.device = torch.device(device)
+        self.seed = seed
+        self.layout: FlatLayout | None = None
+        self.models: torch.Tensor | None = None
+        self.track(tracking or RunTracking())
+
+    def setup_tracking(self, clients: dict[int, ClientInfo], roles: Roles | None = None) -> None:
+        """Start tracking a run: the clients (rows of the store, by client id) and the scenario."""
+        super().setup_tracking(clients, roles)
+        self.client_ids = sorted(i.client_id for i in clients.values())
+        self._row = {cid: r for r, cid in enumerate(self.client_ids)}
+        # rows of the clients that train (all but the novel ones)
+        self.training_rows = torch.tensor(
+            [r for r, c in enumerate(self.client_ids) if c not in self.tracker.roles.novel],
+            dtype=torch.long)
+        self.layout, self.models = None, None
+        self._sent_norms = torch.zeros(len(self.client_ids))
+
+    def apart_mask(self, rows: torch.Tensor, joining: str | None = None) -> torch.Tensor | None:
+        """The pairs kept apart among the clients of store rows ``rows`` and, last, a client
+        ``joining`` under that name (boolean; :mod:`strategies.core.policy`), named as a
+        collaboration policy names them (a member's name, a partitioned run's client id as
+        text: "3"); None without a collaboration policy."""
+        if self.apart is None:
+            return None
+        names = self.tracker.roster.names()
+        known = [names.get(c) or str(c) for c in (self.client_ids[r] for r in rows.tolist())]
+        return self.apart.mask(known + ([joining] if joining is not None else []))
+
+    @property
+    def store(self) -> torch.Tensor:
+        """The per-client models (clients x d), once the first round has set them up."""
+        if self.models is None:
+            raise RuntimeError(f"{type(self).__name__} keeps no per-client store before round 1")
+        return self.models
+
+    # -- hooks for subclasses ------------------------------------------------
+    def held_models(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The stored models of store rows ``rows`` (None: every client's)."""
+        return self.store if rows is None else self.store[rows]
+
+    def update(self, server_round: int, rows: torch.Tensor, trained: torch.Tensor) -> None:
+        """Take the valid trained models (len(rows) x d) of clients ``rows``.
+
+        The default stores them as the clients' personalized models (and, where the method
+        mixed this round's models by :attr:`mixing_weights`, their rows of it as whom each
+        stored model learned from, :attr:`learned_weights`).
+        """
+        self.store[rows] = trained
+        if self.mixing_weights is not None:
+            n = len(self.client_ids)
+            if self.learned_weights is None or len(self.learned_weights) != n:
+                grown = torch.eye(n, dtype=torch.float64)  # a client new to it: its own
+                if self.learned_weights is not None:
+                    old = len(self.learned_weights)
+                    grown[:old, :old] = self.learned_weights
+                self.learned_weights = grown
+            self.learned_weights[rows.cpu()] = self.mixing_weights[rows.to(
+                self.mixing_weights.device)].detach().double().cpu()
+
+    def initial_models(self, initial: torch.Tensor) -> torch.Tensor | None:
+        """The per-client store at the start: every client holds the initial model."""
+        return initial.unsqueeze(0).repeat(len(self.client_ids), 1)
+
+    #: a client that joins after the start starts from the mean of the training clients'
+    #: stored models (FedAMP, SFL), not from the initial model
+    JOINER_FROM_MEAN = False
+    #: (n, n), rows and columns the store's: this round's weights with which the clients'
+    #: models were mixed before training (FedAMP's xi); None: none this round
+    mixing_weights: torch.Tensor | None = None
+    #: (n, n) float64 on the CPU: whom each stored model learned from, the weights of the
+    #: round it was stored in (:meth:`update` from :attr:`mixing_weights`; SFL's smoothing
+    #: and Panacea's graph propagation set it whole); None: a method that does not mix by
+    #: weights
+    learned_weights: torch.Tensor | None = None
+
+    def learned_from(self, most: int = 5) -> dict[int, tuple[list[int], list[float], float]]:
+        """Client id -> the ``most`` other clients whose models weighed most in its model
+        (their ids and weights, most first, weights > 0 only) and its own model's weight,
+        from :attr:`learned_weights` (non-finite weights as 0, all clamped to [0, 1]); empty
+        without them."""
+        w, n = self.learned_weights, len(self.client_ids)
+        if w is None or tuple(w.shape) != (n, n) or n < 2:
+            return {}
+        w = torch.nan_to_num(w.detach().double().cpu(), nan=0.0).clamp(0.0, 1.0)
+        values, index = w.clone().fill_diagonal_(0.0).topk(min(most, n - 1), dim=1)
+        ids = torch.as_tensor(self.client_ids)
+        return {cid: (ids[index[r][values[r] > 0]].tolist(), values[r][values[r] > 0].tolist(),
+                      float(w[r, r])) for r, cid in enumerate(self.client_ids)}
+
+    def warm_start(self, state: dict[str, Any], old_rows: Sequence[int | None],
+                   initial: ArrayRecord) -> None:
+        """Each returning client's row from the other run's store (``state["models"]``); a
+        client new to this run, with :attr:`JOINER_FROM_MEAN`, the mean of the returning
+        clients' models but those the collaboration policy keeps apart from it (else, or with
+        none left, the initial model). :attr:`started_from` says which, by client id."""
+        old = state.get("models")
+        self._ensure_models(initial)
+        if not isinstance(old, torch.Tensor) or old.ndim != 2 or \
+                old.shape[1] != self.store.shape[1]:
+            raise ValueError("it keeps no per-client models of this model's size "
+                             f"({self.store.shape[1]} values)")
+        back = torch.tensor([r for r, o in enumerate(old_rows) if o is not None], dtype=torch.long)
+        new = torch.tensor([r for r, o in enumerate(old_rows) if o is None], dtype=torch.long)
+        if len(back):
+            source = torch.tensor([o for o in old_rows if o is not None], dtype=torch.long)
+            self.store[back] = old[source].to(self.store)
+        for r in back.tolist():
+            self.started_from[self.client_ids[r]] = "its own model"
+        for r in new.tolist():
+            self.started_from[self.client_ids[r]] = "the initial model (new to the run)"
+        if not (len(new) and len(back) and self.JOINER_FROM_MEAN):
+            return
+        apart = self.apart_mask(torch.cat([new, back]))  # newcomers x returning: not apart
+        allowed = (torch.ones(len(new), len(back), dtype=torch.bool) if apart is None
+                   else ~apart[: len(new), len(new):])
+        weights = allowed.to(self.store.dtype)
+        counts = weights.sum(dim=1)
+        has = counts > 0
+        mean = (weights[has] / counts[has, None]).to(self.store.device) @ self.store[back]
+        self.store[new[has]] = mean
+        for r, k in zip(new[has].tolist(), counts[has].tolist(), strict=True):
+            self.started_from[self.client_ids[r]] = (f"the mean of the models of {int(k)} "
+                                                     "returning member(s)")
+
+    def warm_row(self, state: dict[str, Any], old_row: int, client_id: int) -> None:
+        old = state.get("models")
+        if self.models is not None and isinstance(old, torch.Tensor) and old.ndim == 2 \
+                and old.shape[1] == self.store.shape[1] and 0 <= old_row < len(old):
+            self.store[self._row[client_id]] = old[old_row].to(self.store)
+            self.started_from[client_id] = "its own model"
+
+    def add_client(self, info: ClientInfo, adjacency: torch.Tensor | None = None) -> None:
+        """A client that joins after the start gets a row of its own, computed from the store
+        as it is, before the client is in it: the initial model, or with
+        :attr:`JOINER_FROM_MEAN` the mean of the training clients' stored models but those
+        the collaboration policy keeps apart from it (none left: the initial model)."""
+        cid = info.client_id
+        if cid in self._row:
+            super().add_client(info, adjacency)
+            return
+        row = None
+        if self.models is not None:
+            rows = self.training_rows
+            apart = self.apart_mask(rows, info.name or str(cid)) if len(rows) else None
+            if apart is not None:
+                rows = rows[~apart[-1, :-1]]
+            row = self._initial
+            if self.JOINER_FROM_MEAN and len(rows):
+                self.started_from[cid] = f"the mean of the models of {len(rows)} member(s)"
+                row = self.store[rows.to(self.store.device)].mean(dim=0)
+            row = row[None].to(self.models)
+        super().add_client(info, adjacency)
+        self.client_ids.append(cid)
+        self._row[cid] = len(self.client_ids) - 1
+        if cid not in self.tracker.roles.novel:
+            self.training_rows = torch.cat([self.training_rows,
+                                            torch.tensor([self._row[cid]], dtype=torch.long)])
+        self._sent_norms = torch.cat([self._sent_norms, torch.zeros(1)])
+        if self.models is not None and row is not None:
+            self.models = torch.cat([self.models, row])
+
+    # -- checkpoints ---------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.models is not None:
+            state["models"] = self.models.detach().cpu()
+        return state
+
+    def client_state(self) -> dict[str, list[list[Any]]]:
+        declared = super().client_state()
+        declared["rows"].append(["models"])  # each client's stored model
+        return declared
+
+    def load_state_dict(self, state: dict[str, Any], initial_arrays: ArrayRecord) -> None:
+        super().load_state_dict(state, initial_arrays)
+        self._ensure_models(initial_arrays)
+        if "models" in state:
+            models = state["models"]
+            if tuple(models.shape) != tuple(self.store.shape):
+                raise ValueError(f"checkpoint store is {tuple(models.shape)}, the run's "
+                                 f"{tuple(self.store.shape)}")
+            self.models = models.to(self.device, self.store.dtype)
+
+    def _ensure_models(self, arrays: ArrayRecord) -> None:
+        """On first use: the flat layout of the model and :meth:`initial_models`."""
+        if self.layout is None:
+            if not self.client_ids:
+                raise RuntimeError("no clients: call setup_tracking(clients) first")
+            self.layout = FlatLayout.from_arrays(arrays, self.param_keys)
+            self.tracker.replies.spec = array_spec(arrays)
+            self._initial = self.layout.flatten(arrays).to(self.device)
+            self.models = self.initial_models(self._initial)
