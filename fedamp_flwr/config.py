@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import strategies
 import tasks
@@ -191,11 +191,10 @@ def parse_categories(text: str) -> tuple[tuple[str, tuple[str, ...]], ...] | Non
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """The run config of this app, validated: its generic keys, and the chosen strategy's
-    own settings (``settings``). See pyproject.toml for the defaults."""
+class DataKeys:
+    """The run config's keys of the data: the method, the task, how a pool is split, the
+    seed; and the data setting they name (its labels, its client groups)."""
 
-    # The data
     strategy: str = setting("fedamp", "the method (docs/methods.md)",
                             allowed="a registered strategy's name (above)")
     dataset: str = setting("synthetic", "the task; members: every member brings its own file",
@@ -214,7 +213,38 @@ class RunConfig:
     seed: int = setting(42, "the run's seed (data, models, sampling, scenarios)",
                         ok=lambda v: 0 <= v < 2**32,
                         allowed="an integer in [0, 2^32) (numpy and torch seeds)")
-    # The run's folder
+
+    @property
+    def data_setting(self) -> str:
+        """The data setting: the partitioning of a pool dataset, ``federated`` for a task whose
+        data defines its clients (fl60, tpt48, npz, members)."""
+        return "federated" if tasks.get_task(self.dataset).federated else self.partitioning
+
+    @property
+    def data_label(self) -> str:
+        """The data setting in words: ``mnist/practical``, or ``fl60`` for a federated task."""
+        federated = tasks.get_task(self.dataset).federated
+        return self.dataset if federated else f"{self.dataset}/{self.partitioning}"
+
+    def groups(self, num_clients: int) -> list[int] | None:
+        """Each client's group of same-distribution clients, where the data setting has them."""
+        return tasks.client_groups(self.dataset, self.partitioning, num_clients)
+
+    @property
+    def run_label(self) -> str:
+        """``<strategy>-<dataset>[-<partitioning>]-s<seed>``: the partitioning only for pool
+        datasets (federated tasks such as fl60 and tpt48 define their clients)."""
+        parts = [self.strategy, self.dataset]
+        if not tasks.get_task(self.dataset).federated:
+            parts.append(self.partitioning)
+        return "-".join(parts) + f"-s{self.seed}"
+
+
+@dataclass(frozen=True)
+class FolderKeys(DataKeys):
+    """The run config's keys of the run's folder: its name and place, resume and warm start,
+    checkpoints, the weight matrices' files and the dashboards."""
+
     results_dir: str = setting("results", "where run folders are made")
     run_name: str = setting(
         "", 'the run\'s folder; "": a unique name with the start time',
@@ -243,7 +273,33 @@ class RunConfig:
         ok=lambda v: v == "" or (":" in v and "\n" not in v),
         allowed='"" (a file store in <results-dir>/mlruns) or a tracking URI with its scheme '
         "(file:/path, sqlite:///path.db, http://host:5000)")
-    # The rounds
+
+    def results_path(self, name: str) -> Path:
+        """Folder of the run ``name``'s outputs (``<results-dir>/<name>``), made absolute."""
+        return (Path(self.results_dir).expanduser() / name).resolve()
+
+    def mlflow_shown(self) -> str:
+        """:meth:`mlflow_store` as logs and files may say it: without a password."""
+        return redact_uri(self.mlflow_store())
+
+    def mlflow_store(self) -> str:
+        """The MLflow tracking URI of the run: ``mlflow-uri``, else a file store in
+        ``<results-dir>/mlruns``."""
+        return self.mlflow_uri or (Path(self.results_dir).expanduser().resolve()
+                                   / "mlruns").as_uri()
+
+    def _check_dashboards(self) -> None:
+        """The MLflow keys together (the packages are the ServerApp's: a member's node needs
+        neither, :func:`fedamp_flwr.dashboards.check_packages`)."""
+        if self.mlflow_uri and not self.mlflow:
+            raise _bad("mlflow-uri", self.mlflow_uri, '"" unless mlflow = true', kind="conflict")
+
+
+@dataclass(frozen=True)
+class RoundKeys(FolderKeys):
+    """The run config's keys of the rounds and the clients' local training (their "auto"
+    values: :func:`auto_values`)."""
+
     num_server_rounds: int = setting(10, "rounds", **integer_in(1, MOST_ROUNDS))
     round_timeout: float = setting(
         3600.0, "seconds to wait for a phase's replies", ok=lambda v: 0 < v <= MOST_TIMEOUT,
@@ -288,7 +344,29 @@ class RunConfig:
         **one_of("auto", "off"))
     local_steps: int | str = setting("auto", "> 0: this many steps a round instead of epochs",
                                      **integer_in(0, MOST_STEPS, "0: use local-epochs"))
-    # The client graph
+
+    def resolved(self, auto: Mapping[str, Any]) -> Self:
+        """This config with every generic "auto" setting (:data:`GENERIC_AUTO`) given its
+        value from ``auto`` (:func:`auto_values`).
+
+        A learning rate belongs to its optimizer (Adam's 1e-3 would barely move SGD, SGD's
+        0.3 would throw Adam off): an "auto" learning rate with an ``optimizer`` other than
+        the "auto" one is a ConfigError."""
+        if (self.learning_rate == "auto" and self.optimizer != "auto"
+                and self.optimizer != auto["optimizer"]):
+            raise _bad("learning-rate", "auto",
+                       f"a number: \"auto\" is {auto['learning-rate']:g}, the learning rate of "
+                       f"optimizer {auto['optimizer']!r} here, and this run sets optimizer = "
+                       f"{self.optimizer!r}", kind="conflict")
+        return dataclasses.replace(self, **{
+            key.replace("-", "_"): auto[key] for key in GENERIC_AUTO
+            if getattr(self, key.replace("-", "_")) == "auto"})
+
+
+@dataclass(frozen=True)
+class GraphKeys(RoundKeys):
+    """The run config's keys of the client graph and the collaboration policy."""
+
     graph: str = setting("task", "the client graph (Panacea)", **one_of(*GRAPHS))
     graph_file: str = setting("", 'graph = "file": an edge-list CSV of client ids')
     graph_k: int | str = setting(
@@ -308,7 +386,68 @@ class RunConfig:
     collaboration_policy: str = setting(
         "", "a TOML file of members kept apart ([[apart]] members = [...]): they never weigh "
         'each other\'s models ("": none)')
-    # Scenarios and tasks
+
+    def apart_policy(self) -> ApartPolicy | None:
+        """The run's collaboration policy (``collaboration-policy``), read and checked: the
+        ServerApp's only (the file is on the coordinator's machine; a member never opens
+        it)."""
+        return read_policy(self.collaboration_policy) if self.collaboration_policy else None
+
+    def graph_choices(self) -> tuple[str, ...]:
+        """The values of ``graph`` this run takes: its strategy's (every value where the
+        strategy uses no graph: the key is not read), less "task" where the task defines no
+        client graph, and less "task" and "groups" for members (they bring neither)."""
+        entry = strategies.STRATEGIES[self.strategy]
+        if not entry.uses_graph:
+            return GRAPHS
+        members = self.dataset == tasks.MEMBERS
+        no_task = members or tasks.get_task(self.dataset).has_graph is False
+        return tuple(g for g in entry.graphs
+                     if not (g == "task" and no_task) and not (g == "groups" and members))
+
+    def _check_graph(self) -> None:
+        """``graph`` is one the strategy takes on this data (:meth:`graph_choices`)."""
+        allowed = self.graph_choices()
+        if self.graph in allowed:
+            return
+        why = ("members bring no client graph" if self.dataset == tasks.MEMBERS else
+               f"the task {self.dataset!r} defines no client graph") \
+            if self.graph in strategies.STRATEGIES[self.strategy].graphs else \
+            "the graphs it takes"
+        raise _bad("graph", self.graph, f"{', '.join(allowed)} (strategy {self.strategy!r} on "
+                   f"{self.data_label}: {why})")
+
+    def graph_k_for(self, num_clients: int) -> int:
+        """``graph-k`` in a run of ``num_clients`` clients: "auto" is :data:`GRAPH_K_AUTO`, or
+        every other client where the run has fewer; a number must be below the clients'
+        count (a ConfigError naming the range)."""
+        if self.graph_k == "auto":
+            return max(1, min(GRAPH_K_AUTO, num_clients - 1))
+        k = int(self.graph_k)
+        if not k < num_clients:
+            raise _bad("graph-k", k, f"auto, or an integer in [1, {max(1, num_clients - 1)}] "
+                       f"(the run has {num_clients} clients)")
+        return k
+
+    def _check_policy(self) -> None:
+        """The strategy can honour a policy: by its own weights (FedAMP, HeurFedAMP), by
+        weighing no one (Separate), or through a client graph. No file is read here: every
+        member's ClientApp checks the run config too."""
+        entry = strategies.STRATEGIES[self.strategy]
+        if entry.keeps_apart or entry.uses_graph:  # (a graph method takes no graph = "none")
+            return
+        can = sorted(n for n, e in strategies.STRATEGIES.items() if e.keeps_apart or e.uses_graph)
+        raise _bad("collaboration-policy", self.collaboration_policy,
+                   f'"" for strategy {self.strategy!r} (it mixes every client into models they '
+                   f"all share); a policy with {', '.join(can)} (a graph method with a graph)",
+                   kind="conflict")
+
+
+@dataclass(frozen=True)
+class TaskKeys(GraphKeys):
+    """The run config's keys of the scenarios, the tasks' own variants, the model and the
+    members' own data; and the data config and scenario roles they make."""
+
     novel_client_fraction: float = setting(0.0, "share of clients that never train",
                                            ok=lambda v: 0 <= v < 1, allowed="a number in [0, 1)")
     attack_ratio: float = setting(0.0, "share of clients that flip their labels",
@@ -357,247 +496,6 @@ class RunConfig:
     heterogeneous_epochs: bool = setting(False, "clients train for different epochs")
     save_models: str = setting("final", "which of each client's models it keeps",
                                **one_of(*SAVE_MODES))
-    # Differential privacy (each member's own machine)
-    dp: str = setting("none", "differential privacy of the members' replies", **one_of(*DP_MODES))
-    dp_clip: float = setting(1.0, "the L2 bound C of an update or an example's gradient",
-                             ok=lambda v: 0 < v < math.inf,
-                             allowed="a finite number > 0 (an L2 norm bound)")
-    dp_noise_multiplier: float = setting(
-        1.0, "Gaussian noise of standard deviation this x C", ok=lambda v: 0 <= v < math.inf,
-        allowed="a finite number > 0 with dp (no noise is no privacy), >= 0 without")
-    dp_delta: float = setting(1e-5, "the delta members report epsilon at, where stricter",
-                              ok=lambda v: 0 < v < 1, allowed="a number in (0, 1), e.g. 1e-5")
-
-    @classmethod
-    def generic_fields(cls) -> dict[str, dataclasses.Field]:
-        """The generic run-config keys and their fields."""
-        return {key_of(f.name): f for f in fields(cls) if f.metadata.get("key", True)}
-
-    @classmethod
-    def from_run_config(cls, run_config: Mapping[str, Any]) -> RunConfig:
-        """Validate Flower's ``context.run_config`` and return the typed config."""
-        generic, methods = cls.generic_fields(), method_keys()
-        unknown = sorted(set(run_config) - set(generic) - set(methods))
-        if unknown:
-            allowed = ", ".join(sorted(set(generic) | set(methods)))
-            raise ConfigError(f"unknown run config key(s) {unknown}; allowed: {allowed}",
-                              key=unknown[0], value=run_config[unknown[0]], allowed=allowed,
-                              kind="unknown")
-        values: dict[str, Any] = {}
-        for key, value in run_config.items():
-            if key in generic:
-                f = generic[key]
-                words = ("auto",) if key in GENERIC_AUTO or key in LATE_AUTO else ()
-                values[f.name] = coerce(key, value, f.type, words)
-        cfg = cls(**values)
-        if cfg.strategy not in strategies.STRATEGIES:  # checked before "auto" needs it
-            raise _bad("strategy", cfg.strategy, ", ".join(sorted(strategies.STRATEGIES)))
-        if cfg.dataset not in tasks.TASKS:
-            raise _bad("dataset", cfg.dataset, ", ".join(tasks.TASKS))
-        auto = auto_values(cfg.dataset, cfg.strategy, cfg.tuning_key, cfg.table_inputs,
-                           cfg.model)
-        cfg = cfg.resolved(auto)
-        cfg.validate()
-        context, chosen = cfg.context(), strategies.STRATEGIES[cfg.strategy].settings
-        settings: Settings = NoSettings()
-        method_values: dict[str, Any] = {}
-        for settings_cls in settings_classes():  # every method's keys: a bad value is an error
-            own = settings_cls.from_values(run_config).resolved(auto)
-            own.validate(context)
-            method_values.update(own.to_dict())
-            if settings_cls is chosen:
-                settings = own
-        cfg = dataclasses.replace(cfg, settings=settings, method_values=method_values)
-        if cfg.graph == "inferred" and strategies.STRATEGIES[cfg.strategy].uses_graph and \
-                cfg.graph_guard_rounds > 0:
-            cfg = dataclasses.replace(cfg, no_graph=cls.from_run_config(
-                {**run_config, "strategy": NO_GRAPH_PATH}))
-        check_client_memory(cfg)  # every process builds the model (fedamp_flwr/sizes.py)
-        return cfg
-
-    def resolved(self, auto: Mapping[str, Any]) -> RunConfig:
-        """This config with every generic "auto" setting (:data:`GENERIC_AUTO`) given its
-        value from ``auto`` (:func:`auto_values`).
-
-        A learning rate belongs to its optimizer (Adam's 1e-3 would barely move SGD, SGD's
-        0.3 would throw Adam off): an "auto" learning rate with an ``optimizer`` other than
-        the "auto" one is a ConfigError."""
-        if (self.learning_rate == "auto" and self.optimizer != "auto"
-                and self.optimizer != auto["optimizer"]):
-            raise _bad("learning-rate", "auto",
-                       f"a number: \"auto\" is {auto['learning-rate']:g}, the learning rate of "
-                       f"optimizer {auto['optimizer']!r} here, and this run sets optimizer = "
-                       f"{self.optimizer!r}", kind="conflict")
-        return dataclasses.replace(self, **{
-            key.replace("-", "_"): auto[key] for key in GENERIC_AUTO
-            if getattr(self, key.replace("-", "_")) == "auto"})
-
-    def context(self) -> SettingsContext:
-        """What a method's checks may need to know of the run."""
-        return SettingsContext(strategy=self.strategy, dataset=self.dataset,
-                               data_setting=self.data_setting, data_label=self.data_label,
-                               has_groups=tasks.client_groups(self.dataset, self.partitioning,
-                                                              2) is not None, graph=self.graph,
-                               policy=bool(self.collaboration_policy))
-
-    def validate(self) -> None:
-        """Check every value; raise :class:`ConfigError` on the first bad one: each key's own
-        range (:meth:`_check_values`), then the keys together and with the data
-        (:meth:`_check_together`)."""
-        self._check_values()
-        self._check_together()
-
-    def _check_values(self) -> None:
-        """Each key's own range, as its declaration says; the choices that registries hold."""
-        for key, f in self.generic_fields().items():
-            check_value(key, f, getattr(self, f.name), ("auto",) if key in LATE_AUTO else ())
-        lr, steps = self.learning_rate, self.local_steps  # numbers once "auto" is resolved
-        assert not isinstance(lr, str) and not isinstance(steps, str), "resolve 'auto' first"
-        for key, allowed in (("strategy", sorted(strategies.STRATEGIES)),
-                             ("dataset", list(tasks.TASKS)), ("model", ["auto", *tasks.MODELS])):
-            if getattr(self, key) not in allowed:
-                raise _bad(key, getattr(self, key), ", ".join(allowed))
-
-    def _check_together(self) -> None:
-        """What the keys rule out together, and with the strategy and the data."""
-        if self.dp != "none" and self.dp_noise_multiplier == 0:
-            raise _bad("dp-noise-multiplier", 0.0, "a finite number > 0 with dp (no noise is "
-                       "no privacy), >= 0 without", kind="conflict")
-        why = strategies.STRATEGIES[self.strategy].not_private.get(self.dp)
-        if why:
-            other = [m for m in DP_MODES if m not in strategies.STRATEGIES[
-                self.strategy].not_private]
-            raise _bad("dp", self.dp, f"{' or '.join(other)} for strategy {self.strategy!r}: "
-                       f"{why}", kind="conflict")
-        if self.save_models == "best-validation" and self.validation_fraction <= 0:
-            raise _bad("save-models", self.save_models, "final, every-checkpoint or none; "
-                       "best-validation needs validation-fraction > 0 (the model is chosen on "
-                       "validation rows, never on test rows)", kind="conflict")
-        if self.resume and not self.run_name:
-            raise _bad("run-name", self.run_name, "the name of the run to continue when resume = true",
-                       kind="missing")
-        if self.resume and self.overwrite:
-            raise _bad("overwrite", True, "false when resume = true (resume continues a run, "
-                       "overwrite replaces it)", kind="conflict")
-        self._check_graph()
-        if self.graph == "file" and not self.graph_file:
-            raise _bad("graph-file", self.graph_file, 'the path of an edge-list CSV when graph = "file"',
-                       kind="missing")
-        if self.graph == "inferred" and strategies.STRATEGIES[self.strategy].uses_graph and \
-                self.graph_warmup_rounds >= self.num_server_rounds:
-            raise _bad("graph-warmup-rounds", self.graph_warmup_rounds, f"fewer than "
-                       f"num-server-rounds ({self.num_server_rounds}): the graph is inferred "
-                       "after the warm-up, and used in the rounds after it", kind="conflict")
-        if self.graph == "inferred" and strategies.STRATEGIES[self.strategy].uses_graph and \
-                self.graph_guard_rounds > 0:
-            self._check_guard()
-        if self.collaboration_policy:
-            self._check_policy()
-        if self.warm_start:
-            self._check_warm_start()
-        self._check_dashboards()
-        if self.dataset == tasks.MEMBERS:
-            self._validate_members()
-        elif self.member_roster:
-            raise _bad("member-roster", self.member_roster, '"" unless dataset = "members" (a '
-                       "roster names members, a partitioned run has none)", kind="conflict")
-        self._check_data()
-
-    def apart_policy(self) -> ApartPolicy | None:
-        """The run's collaboration policy (``collaboration-policy``), read and checked: the
-        ServerApp's only (the file is on the coordinator's machine; a member never opens
-        it)."""
-        return read_policy(self.collaboration_policy) if self.collaboration_policy else None
-
-    def graph_choices(self) -> tuple[str, ...]:
-        """The values of ``graph`` this run takes: its strategy's (every value where the
-        strategy uses no graph: the key is not read), less "task" where the task defines no
-        client graph, and less "task" and "groups" for members (they bring neither)."""
-        entry = strategies.STRATEGIES[self.strategy]
-        if not entry.uses_graph:
-            return GRAPHS
-        members = self.dataset == tasks.MEMBERS
-        no_task = members or tasks.get_task(self.dataset).has_graph is False
-        return tuple(g for g in entry.graphs
-                     if not (g == "task" and no_task) and not (g == "groups" and members))
-
-    def _check_graph(self) -> None:
-        """``graph`` is one the strategy takes on this data (:meth:`graph_choices`)."""
-        allowed = self.graph_choices()
-        if self.graph in allowed:
-            return
-        why = ("members bring no client graph" if self.dataset == tasks.MEMBERS else
-               f"the task {self.dataset!r} defines no client graph") \
-            if self.graph in strategies.STRATEGIES[self.strategy].graphs else \
-            "the graphs it takes"
-        raise _bad("graph", self.graph, f"{', '.join(allowed)} (strategy {self.strategy!r} on "
-                   f"{self.data_label}: {why})")
-
-    def graph_k_for(self, num_clients: int) -> int:
-        """``graph-k`` in a run of ``num_clients`` clients: "auto" is :data:`GRAPH_K_AUTO`, or
-        every other client where the run has fewer; a number must be below the clients'
-        count (a ConfigError naming the range)."""
-        if self.graph_k == "auto":
-            return max(1, min(GRAPH_K_AUTO, num_clients - 1))
-        k = int(self.graph_k)
-        if not k < num_clients:
-            raise _bad("graph-k", k, f"auto, or an integer in [1, {max(1, num_clients - 1)}] "
-                       f"(the run has {num_clients} clients)")
-        return k
-
-    def _check_guard(self) -> None:
-        """The guard's rounds fit in the run, and its held-out errors are never sent under dp
-        (they are not made private)."""
-        if self.graph_warmup_rounds + self.graph_guard_rounds >= self.num_server_rounds:
-            raise _bad("graph-guard-rounds", self.graph_guard_rounds, "fewer than "
-                       f"num-server-rounds ({self.num_server_rounds}) less graph-warmup-rounds "
-                       f"({self.graph_warmup_rounds}), or 0: the graph is chosen after them",
-                       kind="conflict")
-        if self.dp != "none":
-            raise _bad("graph-guard-rounds", self.graph_guard_rounds, f"0 with dp = {self.dp!r} "
-                       "(the guard's held-out errors are not made private)", kind="conflict")
-
-    def _check_policy(self) -> None:
-        """The strategy can honour a policy: by its own weights (FedAMP, HeurFedAMP), by
-        weighing no one (Separate), or through a client graph. No file is read here: every
-        member's ClientApp checks the run config too."""
-        entry = strategies.STRATEGIES[self.strategy]
-        if entry.keeps_apart or entry.uses_graph:  # (a graph method takes no graph = "none")
-            return
-        can = sorted(n for n, e in strategies.STRATEGIES.items() if e.keeps_apart or e.uses_graph)
-        raise _bad("collaboration-policy", self.collaboration_policy,
-                   f'"" for strategy {self.strategy!r} (it mixes every client into models they '
-                   f"all share); a policy with {', '.join(can)} (a graph method with a graph)",
-                   kind="conflict")
-
-    def _check_warm_start(self) -> None:
-        """A warm start names another run's folder, and a method that can start from one (the
-        folder itself is read by the ServerApp only: it is on the coordinator's machine)."""
-        if self.run_name and Path(self.warm_start).expanduser().resolve() == \
-                self.results_path(self.run_name):
-            raise _bad("warm-start", self.warm_start, "another run's folder (this run's own is "
-                       "continued with resume = true)", kind="conflict")
-        if strategies.STRATEGIES[self.strategy].uses_graph and self.graph == "inferred":
-            raise _bad("warm-start", self.warm_start, f'"" for strategy {self.strategy!r} with '
-                       'graph = "inferred" (the graph is inferred from the first rounds\' '
-                       "updates of the initial model; give the graph as a file instead)",
-                       kind="conflict")
-
-    def _check_dashboards(self) -> None:
-        """The MLflow keys together (the packages are the ServerApp's: a member's node needs
-        neither, :func:`fedamp_flwr.dashboards.check_packages`)."""
-        if self.mlflow_uri and not self.mlflow:
-            raise _bad("mlflow-uri", self.mlflow_uri, '"" unless mlflow = true', kind="conflict")
-
-    def mlflow_shown(self) -> str:
-        """:meth:`mlflow_store` as logs and files may say it: without a password."""
-        return redact_uri(self.mlflow_store())
-
-    def mlflow_store(self) -> str:
-        """The MLflow tracking URI of the run: ``mlflow-uri``, else a file store in
-        ``<results-dir>/mlruns``."""
-        return self.mlflow_uri or (Path(self.results_dir).expanduser().resolve()
-                                   / "mlruns").as_uri()
 
     def _check_data(self) -> None:
         """The model fits the data, the data is where the task needs it, attacks have classes."""
@@ -701,12 +599,6 @@ class RunConfig:
                               self.drop_rate, self.heterogeneous_epochs)
 
     @property
-    def data_setting(self) -> str:
-        """The data setting: the partitioning of a pool dataset, ``federated`` for a task whose
-        data defines its clients (fl60, tpt48, npz, members)."""
-        return "federated" if tasks.get_task(self.dataset).federated else self.partitioning
-
-    @property
     def table_inputs(self) -> bool:
         """Whether the run is over members' tables (vector inputs): :data:`TABLE_AUTO`."""
         return self.dataset == tasks.MEMBERS and len(parse_shape(self.member_input_shape)
@@ -725,28 +617,167 @@ class RunConfig:
             variant += f"-noise{self.fl60_noise_std:g}"  # another task than the one tuned
         return f"{self.dataset}/{variant}"
 
-    @property
-    def data_label(self) -> str:
-        """The data setting in words: ``mnist/practical``, or ``fl60`` for a federated task."""
-        federated = tasks.get_task(self.dataset).federated
-        return self.dataset if federated else f"{self.dataset}/{self.partitioning}"
 
-    def groups(self, num_clients: int) -> list[int] | None:
-        """Each client's group of same-distribution clients, where the data setting has them."""
-        return tasks.client_groups(self.dataset, self.partitioning, num_clients)
+@dataclass(frozen=True)
+class RunConfig(TaskKeys):
+    """The run config of this app, validated: its generic keys (by topic: :class:`DataKeys`,
+    :class:`FolderKeys`, :class:`RoundKeys`, :class:`GraphKeys`, :class:`TaskKeys`, and here
+    the members' differential privacy), and the chosen strategy's own settings
+    (``settings``). See pyproject.toml for the defaults."""
 
-    @property
-    def run_label(self) -> str:
-        """``<strategy>-<dataset>[-<partitioning>]-s<seed>``: the partitioning only for pool
-        datasets (federated tasks such as fl60 and tpt48 define their clients)."""
-        parts = [self.strategy, self.dataset]
-        if not tasks.get_task(self.dataset).federated:
-            parts.append(self.partitioning)
-        return "-".join(parts) + f"-s{self.seed}"
+    # Differential privacy (each member's own machine)
+    dp: str = setting("none", "differential privacy of the members' replies", **one_of(*DP_MODES))
+    dp_clip: float = setting(1.0, "the L2 bound C of an update or an example's gradient",
+                             ok=lambda v: 0 < v < math.inf,
+                             allowed="a finite number > 0 (an L2 norm bound)")
+    dp_noise_multiplier: float = setting(
+        1.0, "Gaussian noise of standard deviation this x C", ok=lambda v: 0 <= v < math.inf,
+        allowed="a finite number > 0 with dp (no noise is no privacy), >= 0 without")
+    dp_delta: float = setting(1e-5, "the delta members report epsilon at, where stricter",
+                              ok=lambda v: 0 < v < 1, allowed="a number in (0, 1), e.g. 1e-5")
 
-    def results_path(self, name: str) -> Path:
-        """Folder of the run ``name``'s outputs (``<results-dir>/<name>``), made absolute."""
-        return (Path(self.results_dir).expanduser() / name).resolve()
+    @classmethod
+    def generic_fields(cls) -> dict[str, dataclasses.Field]:
+        """The generic run-config keys and their fields."""
+        return {key_of(f.name): f for f in fields(cls) if f.metadata.get("key", True)}
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> RunConfig:
+        """Validate Flower's ``context.run_config`` and return the typed config."""
+        generic, methods = cls.generic_fields(), method_keys()
+        unknown = sorted(set(run_config) - set(generic) - set(methods))
+        if unknown:
+            allowed = ", ".join(sorted(set(generic) | set(methods)))
+            raise ConfigError(f"unknown run config key(s) {unknown}; allowed: {allowed}",
+                              key=unknown[0], value=run_config[unknown[0]], allowed=allowed,
+                              kind="unknown")
+        values: dict[str, Any] = {}
+        for key, value in run_config.items():
+            if key in generic:
+                f = generic[key]
+                words = ("auto",) if key in GENERIC_AUTO or key in LATE_AUTO else ()
+                values[f.name] = coerce(key, value, f.type, words)
+        cfg = cls(**values)
+        if cfg.strategy not in strategies.STRATEGIES:  # checked before "auto" needs it
+            raise _bad("strategy", cfg.strategy, ", ".join(sorted(strategies.STRATEGIES)))
+        if cfg.dataset not in tasks.TASKS:
+            raise _bad("dataset", cfg.dataset, ", ".join(tasks.TASKS))
+        auto = auto_values(cfg.dataset, cfg.strategy, cfg.tuning_key, cfg.table_inputs,
+                           cfg.model)
+        cfg = cfg.resolved(auto)
+        cfg.validate()
+        context, chosen = cfg.context(), strategies.STRATEGIES[cfg.strategy].settings
+        settings: Settings = NoSettings()
+        method_values: dict[str, Any] = {}
+        for settings_cls in settings_classes():  # every method's keys: a bad value is an error
+            own = settings_cls.from_values(run_config).resolved(auto)
+            own.validate(context)
+            method_values.update(own.to_dict())
+            if settings_cls is chosen:
+                settings = own
+        cfg = dataclasses.replace(cfg, settings=settings, method_values=method_values)
+        if cfg.graph == "inferred" and strategies.STRATEGIES[cfg.strategy].uses_graph and \
+                cfg.graph_guard_rounds > 0:
+            cfg = dataclasses.replace(cfg, no_graph=cls.from_run_config(
+                {**run_config, "strategy": NO_GRAPH_PATH}))
+        check_client_memory(cfg)  # every process builds the model (fedamp_flwr/sizes.py)
+        return cfg
+
+    def context(self) -> SettingsContext:
+        """What a method's checks may need to know of the run."""
+        return SettingsContext(strategy=self.strategy, dataset=self.dataset,
+                               data_setting=self.data_setting, data_label=self.data_label,
+                               has_groups=tasks.client_groups(self.dataset, self.partitioning,
+                                                              2) is not None, graph=self.graph,
+                               policy=bool(self.collaboration_policy))
+
+    def validate(self) -> None:
+        """Check every value; raise :class:`ConfigError` on the first bad one: each key's own
+        range (:meth:`_check_values`), then the keys together and with the data
+        (:meth:`_check_together`)."""
+        self._check_values()
+        self._check_together()
+
+    def _check_values(self) -> None:
+        """Each key's own range, as its declaration says; the choices that registries hold."""
+        for key, f in self.generic_fields().items():
+            check_value(key, f, getattr(self, f.name), ("auto",) if key in LATE_AUTO else ())
+        lr, steps = self.learning_rate, self.local_steps  # numbers once "auto" is resolved
+        assert not isinstance(lr, str) and not isinstance(steps, str), "resolve 'auto' first"
+        for key, allowed in (("strategy", sorted(strategies.STRATEGIES)),
+                             ("dataset", list(tasks.TASKS)), ("model", ["auto", *tasks.MODELS])):
+            if getattr(self, key) not in allowed:
+                raise _bad(key, getattr(self, key), ", ".join(allowed))
+
+    def _check_together(self) -> None:
+        """What the keys rule out together, and with the strategy and the data."""
+        if self.dp != "none" and self.dp_noise_multiplier == 0:
+            raise _bad("dp-noise-multiplier", 0.0, "a finite number > 0 with dp (no noise is "
+                       "no privacy), >= 0 without", kind="conflict")
+        why = strategies.STRATEGIES[self.strategy].not_private.get(self.dp)
+        if why:
+            other = [m for m in DP_MODES if m not in strategies.STRATEGIES[
+                self.strategy].not_private]
+            raise _bad("dp", self.dp, f"{' or '.join(other)} for strategy {self.strategy!r}: "
+                       f"{why}", kind="conflict")
+        if self.save_models == "best-validation" and self.validation_fraction <= 0:
+            raise _bad("save-models", self.save_models, "final, every-checkpoint or none; "
+                       "best-validation needs validation-fraction > 0 (the model is chosen on "
+                       "validation rows, never on test rows)", kind="conflict")
+        if self.resume and not self.run_name:
+            raise _bad("run-name", self.run_name, "the name of the run to continue when resume = true",
+                       kind="missing")
+        if self.resume and self.overwrite:
+            raise _bad("overwrite", True, "false when resume = true (resume continues a run, "
+                       "overwrite replaces it)", kind="conflict")
+        self._check_graph()
+        if self.graph == "file" and not self.graph_file:
+            raise _bad("graph-file", self.graph_file, 'the path of an edge-list CSV when graph = "file"',
+                       kind="missing")
+        if self.graph == "inferred" and strategies.STRATEGIES[self.strategy].uses_graph and \
+                self.graph_warmup_rounds >= self.num_server_rounds:
+            raise _bad("graph-warmup-rounds", self.graph_warmup_rounds, f"fewer than "
+                       f"num-server-rounds ({self.num_server_rounds}): the graph is inferred "
+                       "after the warm-up, and used in the rounds after it", kind="conflict")
+        if self.graph == "inferred" and strategies.STRATEGIES[self.strategy].uses_graph and \
+                self.graph_guard_rounds > 0:
+            self._check_guard()
+        if self.collaboration_policy:
+            self._check_policy()
+        if self.warm_start:
+            self._check_warm_start()
+        self._check_dashboards()
+        if self.dataset == tasks.MEMBERS:
+            self._validate_members()
+        elif self.member_roster:
+            raise _bad("member-roster", self.member_roster, '"" unless dataset = "members" (a '
+                       "roster names members, a partitioned run has none)", kind="conflict")
+        self._check_data()
+
+    def _check_guard(self) -> None:
+        """The guard's rounds fit in the run, and its held-out errors are never sent under dp
+        (they are not made private)."""
+        if self.graph_warmup_rounds + self.graph_guard_rounds >= self.num_server_rounds:
+            raise _bad("graph-guard-rounds", self.graph_guard_rounds, "fewer than "
+                       f"num-server-rounds ({self.num_server_rounds}) less graph-warmup-rounds "
+                       f"({self.graph_warmup_rounds}), or 0: the graph is chosen after them",
+                       kind="conflict")
+        if self.dp != "none":
+            raise _bad("graph-guard-rounds", self.graph_guard_rounds, f"0 with dp = {self.dp!r} "
+                       "(the guard's held-out errors are not made private)", kind="conflict")
+
+    def _check_warm_start(self) -> None:
+        """A warm start names another run's folder, and a method that can start from one (the
+        folder itself is read by the ServerApp only: it is on the coordinator's machine)."""
+        if self.run_name and Path(self.warm_start).expanduser().resolve() == \
+                self.results_path(self.run_name):
+            raise _bad("warm-start", self.warm_start, "another run's folder (this run's own is "
+                       "continued with resume = true)", kind="conflict")
+        if strategies.STRATEGIES[self.strategy].uses_graph and self.graph == "inferred":
+            raise _bad("warm-start", self.warm_start, f'"" for strategy {self.strategy!r} with '
+                       'graph = "inferred" (the graph is inferred from the first rounds\' '
+                       "updates of the initial model; give the graph as a file instead)",
+                       kind="conflict")
 
     def differences(self, other: Mapping[str, Any], allowed: Iterable[str] = ()) -> list[str]:
         """Keys whose value differs from ``other`` (a :meth:`to_dict`), except ``allowed``.

@@ -8,7 +8,8 @@
 * ``pyproject.toml``'s ``[tool.flwr.app.config]`` and the code's defaults (the
   app's generic keys and every method's settings) agree, key by key.
 * A reader can hold each piece: no function of the product over 60 lines (docstring
-  included), FedAMP's strategy and its math 550 lines together.
+  included), no class of the app or the methods over 15 methods or 300 lines, FedAMP's
+  strategy and its math 550 lines together.
 """
 
 from __future__ import annotations
@@ -117,6 +118,26 @@ def test_no_function_of_the_product_is_longer_than_a_screen():
                   if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
                   and node.end_lineno - node.lineno + 1 > MOST_FUNCTION_LINES)
     assert long == []
+
+
+#: the most methods, and lines (docstring included), of one class of the app and the methods
+MOST_CLASS_METHODS, MOST_CLASS_LINES = 15, 300
+
+
+def test_no_class_of_the_app_or_the_methods_is_longer_than_a_reader_holds():
+    """Every class of ``fedamp_flwr`` and ``strategies``: at most 15 methods (properties
+    included) and 300 lines; Panacea's file under 600 lines."""
+    big = sorted(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {len(methods)} methods, "
+                 f"{node.end_lineno - node.lineno + 1} lines"
+                 for name, path in _modules().items()
+                 if _layer(name) in ("fedamp_flwr", "strategies")
+                 for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.ClassDef)
+                 and (len(methods := [m for m in node.body if isinstance(
+                     m, ast.FunctionDef | ast.AsyncFunctionDef)]) > MOST_CLASS_METHODS
+                      or node.end_lineno - node.lineno + 1 > MOST_CLASS_LINES))
+    assert big == []
+    assert len((ROOT / "strategies" / "panacea.py").read_text().splitlines()) < 600
 
 
 def test_fedamp_is_as_short_as_its_idea():
