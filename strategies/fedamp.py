@@ -23,6 +23,8 @@ from flwr.app import ConfigRecord
 from flwr.supercore import log
 
 from .core.base import PersonalizedStrategy
+from .core.client import ClientJob, ClientUpdate, register_client_update
+from .core.protocol import as_float, short_repr
 from .core.registry import RunSetup, personal_kwargs, register_strategy
 from .core.settings import MOST_ROUNDS, Settings, SettingsContext, bad, integer_in, setting
 from .fedamp_math import (
@@ -33,18 +35,37 @@ from .fedamp_math import (
     median_cosine_distance,
     median_sq_distance,
 )
-from .flower import PROXIMAL, PROXIMAL_MU
 
 OFFLINE_CHOICES = ("exclude", "include")
 SIGMA_RULES = ("paper", "data")  # how a sigma = "auto" is chosen (fedamp-sigma-rule)
+#: FedAMP's client half, and the one key it reads: lambda / alpha_k, its pull toward u_i
+CLOUD_TRAINING, PULL = "fedamp", "fedamp-pull"
+
+
+@register_client_update
+class CloudTraining(ClientUpdate):
+    """FedAMP's client half (Eq. 7): from its cloud model u_i it minimizes F_i(w) + pull / 2
+    ||w - u_i||^2 (the generic loop's proximal term) and replies w_i; ``fedamp-pull``, a
+    finite number >= 0, is lambda / alpha_k."""
+
+    name, train_keys = CLOUD_TRAINING, (PULL,)
+
+    def message_problem(self, config: ConfigRecord, train: bool) -> str | None:
+        pull = config.get(PULL, 0.0)
+        ok = isinstance(pull, int | float) and not isinstance(pull, bool) and 0 <= pull < math.inf
+        return None if ok or not train else \
+            f"message key '{PULL}' = {short_repr(pull)} is invalid; allowed: a finite number >= 0"
+
+    def train(self, job: ClientJob) -> tuple[float, dict]:
+        return job.fit(proximal_mu=as_float(job.config[PULL], PULL)), {}
 
 
 class FedAMP(PersonalizedStrategy):
     """FedAMP: attentive message passing between personalized models.
 
-    Client contract: train messages name ``proximal`` (the client half of FedProx,
-    :class:`strategies.flower.ProximalTraining`) and carry u_i and ``proximal-mu`` =
-    lambda / alpha_k; the client trains from u_i with that proximal term and replies w_i.
+    Client contract: train messages name ``fedamp`` (:class:`CloudTraining`) and carry u_i
+    and ``fedamp-pull`` = lambda / alpha_k; the client trains from u_i on Eq. 7 and replies
+    w_i.
     Evaluate messages carry the client's stored w_i, tested as received.
 
     ``settings``: the method's keys (:class:`FedAMPSettings`, :class:`HeurFedAMPSettings`
@@ -58,7 +79,7 @@ class FedAMP(PersonalizedStrategy):
     ``kwargs``: :class:`strategies.core.base.PersonalizedStrategy`'s.
     """
 
-    client_update = PROXIMAL
+    client_update = CLOUD_TRAINING
     # a newcomer's first model (the paper has none): the others' mean (measured against the
     # initial model: docs/federation.md, "Seasons")
     JOINER_FROM_MEAN = True
@@ -121,7 +142,7 @@ class FedAMP(PersonalizedStrategy):
         xi = self.mixing_weights = self.collaboration(server_round, rows)
         self.history.record_xi(server_round, self.client_ids, xi)
         self._clouds = cloud_models(xi[rows.to(xi.device)], self.store, self._clouds)
-        return self._clouds, ConfigRecord({**config, PROXIMAL_MU: self.lam / self.alpha_at(
+        return self._clouds, ConfigRecord({**config, PULL: self.lam / self.alpha_at(
             server_round)})
 
     def sent_distances(self, rows: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:

@@ -136,7 +136,7 @@ def test_keys_of_two_methods_unknown_keys_or_an_unknown_update_are_refused():
     assert "'apfl-alfa' (of no method)" in problem(client_update="local", apfl_alfa=1)
     assert "lacks the key(s) ['apfl-alpha']" in problem(client_update="apfl")
     unknown = problem(client_update="fedsgd")
-    assert "'client-update' = 'fedsgd'" in unknown and "apfl, finetune, hypernetwork" in unknown
+    assert "'client-update' = 'fedsgd'" in unknown and "apfl, fedamp, finetune, hypernetwork" in unknown
 
 
 @pytest.mark.parametrize("message_type", [MessageType.TRAIN, MessageType.EVALUATE])
@@ -241,6 +241,8 @@ def test_every_methods_own_message_keys_are_held_to_the_run_configs_bounds():
                         allowed = False
                 elif key.endswith("-run"):  # the watch's flag: true or false only
                     allowed = isinstance(value, bool)
+                elif key == "fedamp-pull":  # lambda / alpha_k: any the run config can make
+                    allowed = not isinstance(value, str) and 0 <= value < float("inf")
                 else:
                     allowed = not isinstance(value, str) and 0 <= value <= 0.5
                 assert (problem is None) == allowed, (name, key, value, problem)
@@ -251,13 +253,13 @@ def test_every_methods_own_message_keys_are_held_to_the_run_configs_bounds():
 
 
 def test_the_server_stops_the_run_when_a_client_refuses(tmp_path, monkeypatch):
-    # a fleet whose clients run older code that knows no 'proximal' update
+    # a fleet whose clients run older code that knows no 'fedamp' update
     def old_code(config, train):
-        return "unknown client update 'proximal'" if config.get("client-update") == "proximal" else None
+        return "unknown client update 'fedamp'" if config.get("client-update") == "fedamp" else None
 
     monkeypatch.setattr(client_app, "instruction_problem", old_code)
     with pytest.raises(RuntimeError, match=r"round 1: clients refused the message:\n  client 0: "
-                                           r"unknown client update 'proximal'"):
+                                           r"unknown client update 'fedamp'"):
         run_local(tmp_path, "fedamp")
 
 
@@ -368,5 +370,6 @@ def test_fedamp_sends_cloud_models_and_lambda_over_alpha():
         msg = by_node[node]
         got = strategy.layout.flatten(msg.content["arrays"])
         assert torch.allclose(got, expected[row], atol=1e-6)
-        assert msg.content["config"]["proximal-mu"] == pytest.approx(1.0 / alpha)
+        assert msg.content["config"]["client-update"] == "fedamp"
+        assert msg.content["config"]["fedamp-pull"] == pytest.approx(1.0 / alpha)
     assert strategy.history.xi[31][0] == pytest.approx(xi[0].tolist())

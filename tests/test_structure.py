@@ -9,7 +9,7 @@
   app's generic keys and every method's settings) agree, key by key.
 * A reader can hold each piece: no function of the product over 60 lines (docstring
   included), no class of the app or the methods over 15 methods or 300 lines, FedAMP's
-  strategy and its math 550 lines together.
+  strategy, client half and math 575 lines together.
 """
 
 from __future__ import annotations
@@ -141,9 +141,10 @@ def test_no_class_of_the_app_or_the_methods_is_longer_than_a_reader_holds():
 
 
 def test_fedamp_is_as_short_as_its_idea():
+    """FedAMP's strategy, its client half (Eq. 7: FedProx's until its own) and its math."""
     lines = sum(len((ROOT / "strategies" / f).read_text().splitlines())
                 for f in ("fedamp.py", "fedamp_math.py"))
-    assert lines <= 550
+    assert lines <= 575
 
 
 def test_each_key_of_a_runs_records_is_spelled_in_one_module():
@@ -224,6 +225,7 @@ def test_a_client_half_owns_the_keys_its_settings_send_and_no_others():
         "panacea-client-clip", "panacea-hold-out",
         "panacea-hold-out-run")  # the last two: the guard's, set each round
     assert updates["proximal"].train_keys == ("proximal-mu",)  # Flower FedProx's key
+    assert updates["fedamp"].train_keys == ("fedamp-pull",)  # lambda / alpha_k, each round
     assert updates["finetune"].train_keys == () and updates["finetune"].evaluate_keys == (
         "finetune-epochs",)
     settings = updates["apfl"].settings
