@@ -37,13 +37,10 @@ from typing import Any, TextIO
 import numpy as np
 
 from experiments.presets import Run
+from fedamp_flwr.rounds import ROUND_DONE, ROUND_START  # a round's start and end in the log
 
-#: a round's end, as the ServerApp logs it (fedamp_flwr.rounds._say_done)
-ROUND_DONE = re.compile(r"Round (\d+) done in ([0-9.]+)s")
 #: a run submitted to its SuperLink, as the runner says it (experiments.runner.run_one)
 SUBMITTED = re.compile(r": submitted as run (\d+)")
-#: a round's start (fedamp_flwr.rounds.run_rounds): the first one of a run is a milestone
-ROUND_START = re.compile(r"\[ROUND (\d+)/(\d+)\]")
 #: a run's milestones before its first round, as the ServerApp logs them: its start
 #: (fedamp_flwr.server_app, "Run '<name>': strategy ..."), its clients found
 #: (fedamp_flwr.discovery), its first round's start; each with what the grid says of it

@@ -30,10 +30,10 @@ from strategies.core.records import (
     mean_key,
     score_of,
 )
+from tasks import CLASSIFICATION, REGRESSION
 
 logger = logging.getLogger(__name__)
 
-CLASSIFICATION, REGRESSION = "classification", "regression"
 #: The headline numbers a run records itself.
 RECORDED = HEADLINES
 #: Scenario run-config keys: (label used in setting names, value when the key is missing).

@@ -48,6 +48,12 @@ from .discovery import ClientInfo, query_nodes, tell_new_nodes
 from .membership import Membership, Refusal
 from .transport import send_and_receive
 
+#: the log lines of a round's start and end, and their patterns: the runner's progress grid
+#: reads a run's log by them (experiments/progress.py)
+ROUND_START_LINE, ROUND_DONE_LINE = "[ROUND %d/%d]", "Round %d done in %.2fs%s"
+ROUND_START = re.compile(r"\[ROUND (\d+)/(\d+)\]")
+ROUND_DONE = re.compile(r"Round (\d+) done in ([0-9.]+)s")
+
 
 def model_norm(arrays: ArrayRecord) -> float:
     """The L2 norm of all floating-point arrays of a model together."""
@@ -228,7 +234,7 @@ def run_rounds(
     for server_round in range(first_round, last_round + 1):
         round_started = time.monotonic()
         log(INFO, "")
-        log(INFO, "[ROUND %d/%d]", server_round, last_round)
+        log(INFO, ROUND_START_LINE, server_round, last_round)
         refresh_clients(tracker, members, grid, query_timeout, on_join)
         arrays = play_round(strategy, grid, arrays, server_round, train_config,
                             evaluate_config, round_timeout, delivery)
@@ -254,7 +260,7 @@ def run_rounds(
 def _say_done(server_round: int, round_started: float, started: float, first_round: int,
               last_round: int) -> None:
     now = time.monotonic()
-    log(INFO, "Round %d done in %.2fs%s", server_round, now - round_started,
+    log(INFO, ROUND_DONE_LINE, server_round, now - round_started,
         eta(now - started, server_round - first_round + 1, last_round - server_round))
 
 
