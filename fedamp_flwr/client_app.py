@@ -16,7 +16,7 @@ train (reply: ``arrays`` and ``metrics`` with ``num-examples``, ``train-loss``,
     ``client-id``, ``server-round``, plus any records the update adds)
     The update trains the received model. Generic keys: ``local-epochs``,
     ``local-steps`` (> 0: that many mini-batch steps instead of epochs),
-    ``batch-size``, ``lr``, ``optimizer`` ("adam"/"sgd"), each defaulting
+    ``batch-size``, ``learning-rate``, ``optimizer`` ("adam"/"sgd"), each defaulting
     to the run config's value. A client that the ``attack-ratio`` scenario
     makes an attacker trains on uniformly random labels (see
     :mod:`tasks.scenarios`).
@@ -83,10 +83,10 @@ from strategies.core.protocol import (
     INFO,
     INPUT_SHAPE,
     KEPT_MODEL,
+    LEARNING_RATE,
     LOCAL_EPOCHS,
     LOCAL_STEPS,
     LOSS,
-    LR,
     MEMBER,
     MEMBER_KEY,
     METRICS,
@@ -422,7 +422,8 @@ def _job(msg: Message, context: Context,
     model = tasks.model_for(dc, cfg.model)  # built once per process, then reused
     model.load_state_dict(state_dict(msg.content.array_records[ARRAYS]))
     optim = Optim(batch_size=batch,
-                  lr=as_float(c.get(LR, cfg.learning_rate), LR),
+                  learning_rate=as_float(c.get(LEARNING_RATE, cfg.learning_rate),
+                                         LEARNING_RATE),
                   optimizer=str(c.get(OPTIMIZER, cfg.optimizer)), device=_device())
     update = CLIENT_UPDATES[update_name(c)]
     job = ClientJob(model=model, data=data, targets=targets, content=msg.content, config=c,
@@ -618,7 +619,7 @@ def _alone_now(context: Context, setup: Setup, job: ClientJob) -> ConfigRecord:
     if stored is not None and done:
         model.load_state_dict(state_dict(stored))
     train_model(model, data.x_train, data.y_train, epochs=0, steps=target - done,
-                batch_size=job.optim.batch_size, lr=job.optim.lr,
+                batch_size=job.optim.batch_size, lr=job.optim.learning_rate,
                 optimizer=job.optim.optimizer, device=_device(),
                 seed=_seed(cfg, job.server_round, 0))
     context.state[_ALONE_MODEL] = ArrayRecord(
@@ -701,7 +702,7 @@ def _model_alone(setup: Setup, job: ClientJob, x: torch.Tensor, y: torch.Tensor,
     torch.default_generator.manual_seed(setup.cfg.seed)  # (within the caller's fork_rng)
     model = tasks.build_model(setup.dc, setup.cfg.model)
     train_model(model, x, y, epochs=0, steps=steps, batch_size=job.optim.batch_size,
-                lr=job.optim.lr, optimizer=job.optim.optimizer, device=_device(),
+                lr=job.optim.learning_rate, optimizer=job.optim.optimizer, device=_device(),
                 seed=_seed(setup.cfg, job.server_round, 1))
     return model
 

@@ -23,9 +23,9 @@ from strategies.core.protocol import (
     DP_RUN,
     FEATURE_MEAN,
     FEATURE_STD,
+    LEARNING_RATE,
     LOCAL_EPOCHS,
     LOCAL_STEPS,
-    LR,
     OPTIMIZER,
 )
 from strategies.core.records import (
@@ -548,7 +548,7 @@ class ServerRun:
                   if scaling else {})
         train = ConfigRecord({
             LOCAL_EPOCHS: cfg.local_epochs, LOCAL_STEPS: cfg.local_steps,
-            BATCH_SIZE: cfg.batch_size, LR: cfg.learning_rate, OPTIMIZER: cfg.optimizer,
+            BATCH_SIZE: cfg.batch_size, LEARNING_RATE: cfg.learning_rate, OPTIMIZER: cfg.optimizer,
             **({DP_RUN: str(self.folder.path.resolve())} if cfg.dp != "none" else {}), **scaled,
         })
         return train, ConfigRecord({BATCH_SIZE: cfg.batch_size, **scaled})

@@ -73,15 +73,15 @@ class ProximalTraining(ClientUpdate[ProximalSettings]):
         return job.fit(proximal_mu=job.settings.fedprox_mu), {}
 
 
-def finetune(job: ClientJob, *, epochs: int, steps: int = 0, lr: float | None = None,
+def finetune(job: ClientJob, *, epochs: int, steps: int = 0, learning_rate: float | None = None,
              optimizer: str | None = None) -> nn.Module:
     """Train the received model on the local training data before it is tested; return it.
 
     ``epochs`` (or ``steps`` > 0) of the generic loop, on the round's seed plus
-    :data:`FINETUNE_SEED_OFFSET`; ``lr`` and ``optimizer`` default to the job's.
+    :data:`FINETUNE_SEED_OFFSET`; ``learning_rate`` and ``optimizer`` default to the job's.
     """
-    job.fit(seed=job.seed + FINETUNE_SEED_OFFSET, epochs=epochs, steps=steps, lr=lr,
-            optimizer=optimizer)
+    job.fit(seed=job.seed + FINETUNE_SEED_OFFSET, epochs=epochs, steps=steps,
+            learning_rate=learning_rate, optimizer=optimizer)
     return job.model
 
 

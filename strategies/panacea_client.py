@@ -232,7 +232,7 @@ class HypernetworkClient(ClientUpdate[PanaceaSettings]):
 def _fit(job: ClientJob[PanaceaSettings]) -> float:
     """The family's local training: SGD with the message's ``panacea-client-*`` keys."""
     s = job.settings
-    return job.fit(optimizer="sgd", lr=float(s.panacea_client_lr),
+    return job.fit(optimizer="sgd", learning_rate=float(s.panacea_client_lr),
                    momentum=float(s.panacea_client_momentum),
                    weight_decay=float(s.panacea_client_weight_decay),
                    clip_norm=float(s.panacea_client_clip))

@@ -101,7 +101,7 @@ class PerFedAvgClient(ClientUpdate[PerFedAvgSettings]):
                                 alpha=job.settings.per_fedavg_alpha, **job.loop_kwargs()), {}
 
     def evaluate(self, job: ClientJob[PerFedAvgSettings]) -> nn.Module:
-        return finetune(job, epochs=0, steps=1, lr=job.settings.per_fedavg_alpha,
+        return finetune(job, epochs=0, steps=1, learning_rate=job.settings.per_fedavg_alpha,
                         optimizer="sgd")
 
 

@@ -125,7 +125,7 @@ def test_keys_of_two_methods_unknown_keys_or_an_unknown_update_are_refused():
 
     assert problem(client_update="apfl", apfl_alpha=0.5) is None
     assert problem(False, client_update="apfl", apfl_alpha=0.5) is None
-    assert problem(local_epochs=1, lr=0.1) is None  # plain local training
+    assert problem(local_epochs=1, learning_rate=0.1) is None  # plain local training
     mixed = problem(client_update="apfl", apfl_alpha=0.5, proximal_mu=0.1)
     assert "'apfl'" in mixed and "'proximal-mu' (of 'proximal')" in mixed
     assert "'finetune-epochs' (of 'finetune')" in problem(finetune_epochs=2)
@@ -155,7 +155,7 @@ def test_the_client_refuses_a_message_it_cannot_carry_out(message_type):
 _HOSTILE = (10**18, -(10**18), 2**31, -1, 0, 1.5, float("nan"), float("inf"), True, "10", b"\x00")
 
 
-@pytest.mark.parametrize("key", sorted(GENERIC_BOUNDS) + ["lr", "optimizer"])
+@pytest.mark.parametrize("key", sorted(GENERIC_BOUNDS) + ["learning-rate", "optimizer"])
 def test_each_generic_message_value_out_of_bounds_is_one_refusal_before_any_work(key,
                                                                                  monkeypatch):
     """A hostile server's message: each generic key (local steps and epochs, batch size,
@@ -175,7 +175,7 @@ def test_each_generic_message_value_out_of_bounds_is_one_refusal_before_any_work
                 value == value and abs(value) != float("inf") and float(value).is_integer() \
                 and low <= value <= high:
             continue  # allowed
-        if key == "lr" and isinstance(value, (int, float)) and not isinstance(value, bool) \
+        if key == "learning-rate" and isinstance(value, (int, float)) and not isinstance(value, bool) \
                 and 0 < value < float("inf"):
             continue
         for message_type, handler in ((MessageType.TRAIN, client_app.train),
@@ -286,7 +286,7 @@ def test_registration_refuses_taken_names_and_keys():
 
     class Generic(ClientUpdate):
         name = "generic"
-        train_keys = ("lr",)
+        train_keys = ("learning-rate",)
 
     with pytest.raises(ValueError, match="generic key"):
         register_client_update(Generic)

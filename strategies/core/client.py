@@ -53,9 +53,9 @@ from .protocol import (
     CLIENT_INDEX,
     CLIENT_UPDATE,
     GENERIC_KEYS,
+    LEARNING_RATE,
     LOCAL_EPOCHS,
     LOCAL_STEPS,
-    LR,
     OPTIMIZER,
     SERVER_ROUND,
     TRAINED_ROUNDS,
@@ -86,7 +86,7 @@ class Optim:
     """The optimizer settings of a message (the run config's where the message has none)."""
 
     batch_size: int
-    lr: float
+    learning_rate: float
     optimizer: str
     device: torch.device
 
@@ -165,11 +165,12 @@ class ClientJob(Generic[S]):
         """The keyword arguments of the generic loops for this job (epochs or steps,
         batch size, learning rate, optimizer, device, seed)."""
         o = self.optim
-        return dict(epochs=self.epochs, steps=self.steps, batch_size=o.batch_size, lr=o.lr,
+        return dict(epochs=self.epochs, steps=self.steps, batch_size=o.batch_size, lr=o.learning_rate,
                     optimizer=o.optimizer, device=o.device, seed=self.seed)
 
     def fit(self, model: nn.Module | None = None, *, seed: int | None = None,
-            epochs: int | None = None, steps: int | None = None, lr: float | None = None,
+            epochs: int | None = None, steps: int | None = None,
+            learning_rate: float | None = None,
             optimizer: str | None = None, proximal_mu: float = 0.0,
             grad_correction: list[torch.Tensor] | None = None,
             targets: torch.Tensor | None = None, **extra) -> float:
@@ -179,7 +180,7 @@ class ClientJob(Generic[S]):
         each argument given replaces the job's (``extra``: the loop's other
         options: momentum, weight_decay, clip_norm). Returns the mean training loss.
         """
-        given = dict(seed=seed, epochs=epochs, steps=steps, lr=lr, optimizer=optimizer)
+        given = dict(seed=seed, epochs=epochs, steps=steps, lr=learning_rate, optimizer=optimizer)
         kwargs = {**self.loop_kwargs(), **{k: v for k, v in given.items() if v is not None}}
         return train_loop(self.model if model is None else model, self.data.x_train,
                           self.targets if targets is None else targets,
@@ -294,10 +295,11 @@ def generic_problem(config: ConfigRecord) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             return (f"message key '{key}' = {short_repr(value)} is invalid; allowed: an integer in "
                     f"[{low}, {high}]")
-    lr = config.get(LR)
-    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float))
-                           or not math.isfinite(lr) or lr <= 0):
-        return f"message key '{LR}' = {short_repr(lr)} is invalid; allowed: a finite number > 0"
+    rate = config.get(LEARNING_RATE)
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))
+                             or not math.isfinite(rate) or rate <= 0):
+        return (f"message key '{LEARNING_RATE}' = {short_repr(rate)} is invalid; allowed: a "
+                "finite number > 0")
     optimizer = config.get(OPTIMIZER)
     if optimizer is not None and optimizer not in ("adam", "sgd"):
         return f"message key '{OPTIMIZER}' = {short_repr(optimizer)} is invalid; allowed: adam, sgd"

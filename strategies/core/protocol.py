@@ -38,7 +38,7 @@ CLIENT_UPDATE = "client-update"
 LOCAL_EPOCHS = "local-epochs"
 LOCAL_STEPS = "local-steps"
 BATCH_SIZE = "batch-size"
-LR = "lr"
+LEARNING_RATE = "learning-rate"  # the run config's key, under its own name
 OPTIMIZER = "optimizer"
 # In train messages: in how many earlier rounds this client's training was used. A
 # client that keeps state across rounds and finds none although this is > 0 has lost
@@ -96,7 +96,7 @@ KEPT_NAMES = ("federated", "linear alone", "model alone")  # by kept-model's cod
 # uses it (a short line: used, on trial, or not used and why). Names only.
 GRAPH_EDGES, GRAPH_USED = "graph-edges", "graph-used"
 GENERIC_KEYS = frozenset({SERVER_ROUND, CLIENT_UPDATE, LOCAL_EPOCHS, LOCAL_STEPS, BATCH_SIZE,
-                          LR, OPTIMIZER, TRAINED_ROUNDS, CLIENT_INDEX, SAVE_MODEL, SAVE_TOKEN,
+                          LEARNING_RATE, OPTIMIZER, TRAINED_ROUNDS, CLIENT_INDEX, SAVE_MODEL, SAVE_TOKEN,
                           SAVE_REASON, SAVE_IF_BETTER, DP_RUN, FEATURE_MEAN, FEATURE_STD,
                           LEARNED_FROM, LEARNED_WEIGHTS, LEARNED_SELF, WARM_RUN, WARM_ROUND,
                           WARM_DIGEST, STARTED_FROM, GRAPH_EDGES, GRAPH_USED})
