@@ -83,7 +83,8 @@ for name in ("__init__", "to_torch_state_dict"):
     patch(ArrayRecord, name, "serialisation")
 for name in ("flatten", "unflatten"):
     patch(layout.FlatLayout, name, "serialisation")
-for cls in (base.FlowerStrategy, base.PersonalizedStrategy, strategies.FedAMP):
+for cls in (base.FlowerStrategy, base.PersonalRounds, base.PersonalizedStrategy,
+            strategies.FedAMP):
     for name in ("configure_train", "aggregate_train", "configure_evaluate", "aggregate_evaluate"):
         if name in vars(cls):
             patch(cls, name, "server")

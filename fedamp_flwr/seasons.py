@@ -174,11 +174,12 @@ class Season:
         except (ValueError, KeyError, RuntimeError, IndexError) as err:
             raise ConfigError(f"{self.key}: run {warm.run!r} does not fit this run's "
                               f"strategy {self.strategy_name!r}: {err}") from None
+        arrays = with_dtypes(ArrayRecord(warm.state["arrays"]), dtypes_of(initial))
         self.record = warm.record(names)
         log(INFO, "Warm start from run '%s' (round %d, checkpoint sha256 %s...): returning %s; "
             "new %s", warm.run, warm.round, warm.digest[:12], self.record["returning"],
             self.record["new"])
-        return with_dtypes(ArrayRecord(warm.state["arrays"]), dtypes_of(initial))
+        return arrays
 
     def join(self, strategy: StrategyBase, info: ClientInfo) -> None:
         """A member that joins under way: returning (its own row of the warm start's run) or

@@ -5,8 +5,9 @@ docstring). Two client halves live here, beside the strategies that use them:
 
 * ``proximal`` (:class:`ProximalTraining`): FedProx's client contract, as
   Flower's ``FedProx`` states it: train the received model w^t on the local
-  loss plus ``proximal-mu / 2 ||w - w^t||^2``. FedAMP's clients run it too,
-  with ``proximal-mu`` = lambda / alpha_k.
+  loss plus ``proximal-mu / 2 ||w - w^t||^2``. (FedAMP's clients pull toward
+  their cloud models with the same term, through their own client half:
+  :class:`strategies.fedamp.CloudTraining`.)
 * ``finetune`` (:class:`FineTuning`): the evaluation rule of the FedAMP
   paper's FedAvg-FT and FedProx-FT: fine-tune the received global model for
   ``finetune-epochs`` epochs on the local training data, then test it.

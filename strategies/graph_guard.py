@@ -245,7 +245,7 @@ def side_problem(losses_needed: bool, side: ArrayRecord | None, spec: Any,
         return None, None if validation is None else f"'{VALIDATION}' in a warm-up round"
     return read_validation(validation)
 
-#: the guard's stages (``Panacea.stage``): the warm-up's rounds, the guard's, and, once the
+#: the guard's stages (``GraphGuard.stage``): the warm-up's rounds, the guard's, and, once the
 #: graph took over, the watch to the run's end
 WARMUP, GUARD, WATCH = "warm-up", "guard", "watch"
 #: in a watch round's train message: the run's model too trains on the rows less the held-out

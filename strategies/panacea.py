@@ -245,7 +245,8 @@ class Panacea(PersonalizedStrategy):
         if self.warmup is not None:
             count = len(self.client_ids) if rows is None else len(rows)
             return self._initial[None].expand(count, -1).clone()
-        assert self.main is not None, "the hypernetwork is built in the first round"
+        if self.main is None:
+            raise RuntimeError("the hypernetwork is built in the first round")
         return self.main.generate(torch.arange(len(self.client_ids)) if rows is None else rows,
                                   self.buffers)
 
@@ -284,8 +285,7 @@ class Panacea(PersonalizedStrategy):
         elif self.infer_k > 0 and sums is not None:
             state.update(update_sum=sums.sums.clone(), update_count=sums.counts.clone())
         if self.main is not None:
-            state.update(hnet=self.main.net.state_dict(),
-                         optimizer=self.main.optimizer.state_dict(),
+            state.update(hnet=self.main.net.state_dict(), optimizer=self.main.optimizer.state_dict(),
                          pair_gen=self.pair_gen.get_state())
         return state
 
@@ -295,12 +295,12 @@ class Panacea(PersonalizedStrategy):
         of an inferred graph."""
         declared = super().client_state()
         rows, matrices = declared["rows"], declared["matrices"]
+        sums, arms, on_trial = guard_rows(self.guard) if self.guard is not None else ([], [], [])
+        rows += sums
+        matrices += on_trial
         if self.main is not None:
             rows += embedding_rows([], self.main.net)
-        if self.guard is not None:
-            more_rows, more_matrices = guard_rows(self.guard)
-            rows += more_rows
-            matrices += more_matrices
+        rows += arms
         if self.infer_k > 0:
             rows += [["update_sum"], ["update_count"]]
             matrices.append(["inferred_adjacency"])

@@ -405,13 +405,13 @@ class GraphGuard:
                 arm.optimizer.load_state_dict(state["arms"][name]["optimizer"])
 
 
-def guard_rows(guard: GraphGuard) -> tuple[list[list], list[list]]:
-    """Where the checkpoint's ``graph_guard`` holds a row of each client (its embeddings and
-    their momentum in each side hypernetwork, the warm-up's sums and counts) and a row and
-    column (the graph on trial)."""
-    rows = [path for name, arm in guard.arms.items()
+def guard_rows(guard: GraphGuard) -> tuple[list[list], list[list], list[list]]:
+    """Where the checkpoint's ``graph_guard`` holds a row of each client: the warm-up's sums
+    and counts, and its embeddings and their momentum in each side hypernetwork; and a row
+    and column (the graph on trial)."""
+    arms = [path for name, arm in guard.arms.items()
             for path in embedding_rows(["graph_guard", "arms", name], arm.net)]
-    return rows + [["graph_guard", "sums"], ["graph_guard", "counts"]], [["graph_guard",
+    return [["graph_guard", "sums"], ["graph_guard", "counts"]], arms, [["graph_guard",
                                                                           "inferred"]]
 
 
