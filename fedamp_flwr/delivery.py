@@ -50,6 +50,7 @@ from flwr.supercore import log
 from torch import nn
 
 import tasks
+from strategies.core.base import RoundStrategy
 from strategies.core.history import RunHistory
 from strategies.core.protocol import (
     ACCURACY,
@@ -549,7 +550,7 @@ class ModelDelivery:
         return {"save_models": self.mode,
                 "clients": {cid: self.kept[cid] for cid in sorted(self.kept)}}
 
-    def deliver_rest(self, strategy, grid: Grid, view: Any, arrays: ArrayRecord,
+    def deliver_rest(self, strategy: RoundStrategy, grid: Grid, view: Any, arrays: ArrayRecord,
                      config: ConfigRecord, timeout: float,
                      send: Callable[[Grid, list[Message], float], list[Message]]) -> None:
         """After the last round: every connected client (``view``: the connected clients'

@@ -31,14 +31,14 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from strategies.core.base import GridView
+from strategies.core.base import GridView, RoundStrategy
 from strategies.core.layout import read
 from strategies.core.records import ABSENT, TRAINED, client_scores, evaluated_clients
 from strategies.core.tracking import Tracker
@@ -65,9 +65,11 @@ def model_norm(arrays: ArrayRecord) -> float:
     return float(np.sqrt(total))
 
 
-def online_view(grid: Grid, tracker: Tracker) -> GridView:
-    """A view of a Flower ``Grid`` whose nodes are the connected clients', in client-id order."""
-    return GridView(grid, [tracker.roster.node_of(c) for c in sorted(tracker.roster.online)])
+def online_view(grid: Grid, tracker: Tracker) -> Grid:
+    """A view of a Flower ``Grid`` whose nodes are the connected clients', in client-id order
+    (a :class:`GridView`: a ``Grid`` to the strategy, every other call its grid's)."""
+    return cast(Grid, GridView(grid, [tracker.roster.node_of(c)
+                                      for c in sorted(tracker.roster.online)]))
 
 
 def refresh_clients(tracker: Tracker, members: Membership, grid: Grid, timeout: float,
@@ -171,7 +173,7 @@ def _first(reasons: dict) -> str:
     return f"client {cid}: {reasons[cid]}{more}"
 
 
-def play_round(strategy, grid: Grid, arrays: ArrayRecord, server_round: int,
+def play_round(strategy: RoundStrategy, grid: Grid, arrays: ArrayRecord, server_round: int,
                train_config: ConfigRecord, evaluate_config: ConfigRecord,
                round_timeout: float, delivery: ModelDelivery | None) -> ArrayRecord:
     """One round's training and evaluation over the connected clients; the global arrays
@@ -196,7 +198,7 @@ def play_round(strategy, grid: Grid, arrays: ArrayRecord, server_round: int,
 
 
 def run_rounds(
-    strategy,
+    strategy: RoundStrategy,
     grid: Grid,
     arrays: ArrayRecord,
     *,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from logging import INFO, WARNING
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -45,6 +45,26 @@ from .settings import EVALUATE as EVALUATE_MESSAGE
 from .settings import TRAIN as TRAIN_MESSAGE
 from .settings import NoSettings, Settings
 from .tracking import EVALUATE, TRAIN, RunTracking, Tracker
+
+
+class RoundStrategy(Protocol):
+    """What the app's round loop (``fedamp_flwr.rounds``) asks of a strategy: Flower's
+    Message-API steps, its summary, the tracker of its clients and its records. Every
+    strategy of this module is one (:class:`FlowerStrategy`, :class:`PersonalRounds`)."""
+
+    @property
+    def tracker(self) -> Tracker: ...
+    @property
+    def history(self) -> RunHistory: ...
+    def summary(self) -> None: ...
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]: ...
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]: ...
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]: ...
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None: ...
 
 
 class ClientInstructions:
