@@ -55,7 +55,7 @@ dp there is no guard (its errors are not made private: ``graph-guard-rounds`` mu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -196,10 +196,19 @@ class Arm:
     optimizer: torch.optim.Optimizer
     adj: torch.Tensor | None  # on the server's device; None: no graph
     generator: bool
+    #: the normalized adjacency of the graph it last computed, and that graph
+    _prop: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False,
+                                                            compare=False)
 
     @property
     def prop(self) -> torch.Tensor | None:
-        return None if self.adj is None else normalized_adjacency(self.adj)
+        """The graph's normalized adjacency, computed once per graph (a client that joins
+        gives the arm a new ``adj``)."""
+        if self.adj is None:
+            return None
+        if self._prop is None or self._prop[0] is not self.adj:
+            self._prop = (self.adj, normalized_adjacency(self.adj))
+        return self._prop[1]
 
     @torch.no_grad()
     def generate(self, rows: torch.Tensor, buffers: torch.Tensor) -> torch.Tensor:

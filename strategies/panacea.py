@@ -74,7 +74,6 @@ from .panacea_guard import (
     guard_rows,
     infer_graph,
     inference_said,
-    sizes,
     unasked,
 )
 
@@ -146,8 +145,8 @@ class Panacea(PersonalizedStrategy):
         self.guard = GraphGuard(self) if infer_k > 0 and guard_rounds > 0 else None
         self.settings = self.path[0] if self.guard else settings  # the guard's run: pFedHN
         self.adjacency = adjacency  # the graph GH runs on (CPU, 0/1); None: none (yet)
-        self.sizes = sizes(self.settings,
-                           settings.panacea_gnn_layers if adjacency is not None else 0)
+        self.sizes = self.settings.sizes(
+            settings.panacea_gnn_layers if adjacency is not None else 0)
         self.use_generator = generator and adjacency is not None
         self.main: Arm | None = None  # GH, its SGD and its graph on the device, once built
 
@@ -314,7 +313,7 @@ class Panacea(PersonalizedStrategy):
                 self.settings = self.own
         if self.infer_k > 0 and "inferred_adjacency" in state:  # GH is built on it
             self.adjacency = state["inferred_adjacency"].float()
-            self.sizes = sizes(self.settings, self.settings.panacea_gnn_layers)
+            self.sizes = self.settings.sizes(self.settings.panacea_gnn_layers)
             self.use_generator = self.wants_generator
         super().load_state_dict(state, initial_arrays)
         if self.guard is not None and isinstance(guard, dict):
@@ -366,7 +365,7 @@ class Panacea(PersonalizedStrategy):
         the watch's way back to pFedHN."""
         self.settings, self.main = settings, arm
         self.adjacency, self.use_generator = adjacency, generator
-        self.sizes = sizes(settings, layers)
+        self.sizes = settings.sizes(layers)
         self.learned_weights = propagated(arm.prop, settings.panacea_gnn_layers)
 
     def graph_edges(self) -> tuple[dict[int, list[int]], str] | None:

@@ -114,6 +114,11 @@ class PanaceaSettings(Settings):
 
     SERVER_HOLDS = "the hypernetwork"
 
+    def sizes(self, gnn_layers: int) -> dict:
+        """GH's sizes, with ``gnn_layers`` GNN layers (0: no graph)."""
+        return dict(embed_dim=self.panacea_embed_dim, gnn_layers=gnn_layers,
+                    hidden=self.panacea_hidden, mlp_layers=self.panacea_mlp_layers)
+
     def describe(self) -> str:
         """The server's and the clients' SGD, for the run's log."""
         return (f"server SGD lr {float(self.panacea_server_lr):g} (momentum "

@@ -113,12 +113,6 @@ def _new_net(host: GuardHost, sizes: dict, generator: bool, s: PanaceaSettings
                             generator, s)
 
 
-def sizes(s: PanaceaSettings, gnn_layers: int) -> dict:
-    """GH's sizes from the settings ``s``, with ``gnn_layers`` GNN layers (0: no graph)."""
-    return dict(embed_dim=s.panacea_embed_dim, gnn_layers=gnn_layers, hidden=s.panacea_hidden,
-                mlp_layers=s.panacea_mlp_layers)
-
-
 class GraphGuard:
     """The guard's state: its stage (the warm-up, the guard, the watch, or "" when over), the
     warm-up's sums, the inferred graph on trial, the two side hypernetworks (``arms``), each
@@ -150,8 +144,8 @@ class GraphGuard:
         that the two differ in the graph alone."""
         host, own = self.host, self.host.own
         adj = adjacency.float().to(host.device)
-        graph = _new_net(host, sizes(own, own.panacea_gnn_layers), host.wants_generator, own)
-        none = _new_net(host, sizes(own, 0), False, own)
+        graph = _new_net(host, own.sizes(own.panacea_gnn_layers), host.wants_generator, own)
+        none = _new_net(host, own.sizes(0), False, own)
         return {GRAPH: Arm(*graph, adj, host.wants_generator), NONE: Arm(*none, None, False)}
 
     def side_messages(self, server_round: int, messages: list[Message], rows: torch.Tensor,
@@ -399,7 +393,7 @@ class GraphGuard:
         if self.stage in (GUARD, WATCH):
             path = self.host.path[0]
             self.arms = self.make_arms(state["inferred"]) if self.stage == GUARD else {
-                NONE: Arm(*_new_net(self.host, sizes(path, 0), False, path), None, False)}
+                NONE: Arm(*_new_net(self.host, path.sizes(0), False, path), None, False)}
             for name, arm in self.arms.items():
                 arm.net.load_state_dict(state["arms"][name]["hnet"])
                 arm.optimizer.load_state_dict(state["arms"][name]["optimizer"])

@@ -52,11 +52,11 @@ def legacy_declaration(state: dict[str, Any]) -> dict[str, list[list[Any]]]:
     for where in [[], *(["graph_guard", "arms", k] for k in (arms if isinstance(arms, dict)
                                                              else ()))]:
         hnet = at(state, [*where, "hnet"])
-        if not isinstance(hnet, dict) or "embeddings.weight" not in hnet:
-            continue
         # the optimizer numbers GH's parameters in their order (the floating ones)
-        floating = [k for k, v in hnet.items()
-                    if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        floating = [k for k, v in hnet.items() if isinstance(v, torch.Tensor)
+                    and v.is_floating_point()] if isinstance(hnet, dict) else []
+        if "embeddings.weight" not in floating:
+            continue
         rows += [[*where, "hnet", "embeddings.weight"],
                  [*where, "optimizer", "state", floating.index("embeddings.weight"),
                   "momentum_buffer"]]
