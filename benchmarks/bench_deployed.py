@@ -79,7 +79,7 @@ model = tasks.model_for(dc, cfg.model)
 mark("model")
 from tasks.train import train
 train(model, data.x_train, data.y_train, epochs=1, batch_size=int(cfg.batch_size),
-      lr=float(cfg.learning_rate), optimizer=cfg.optimizer, steps=1)
+      learning_rate=float(cfg.learning_rate), optimizer=cfg.optimizer, steps=1)
 mark("one training step")
 print(json.dumps({b[0]: b[1] - a[1] for a, b in zip(marks, marks[1:])}, allow_nan=False))
 """

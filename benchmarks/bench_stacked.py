@@ -39,7 +39,7 @@ def _clients(args: argparse.Namespace) -> tuple[list[Fit], list[tasks.ClientData
     data = [tasks.load_client_data(dc, i) for i in range(n)]
     torch.manual_seed(0)
     fits = [Fit(tasks.build_model(dc, cfg.model), d.x_train, d.y_train, epochs=cfg.local_epochs,
-                batch_size=int(cfg.batch_size), lr=float(cfg.learning_rate),
+                batch_size=int(cfg.batch_size), learning_rate=float(cfg.learning_rate),
                 optimizer=cfg.optimizer, proximal_mu=0.0, grad_correction=None,
                 steps=int(cfg.local_steps), momentum=0.0, weight_decay=0.0, clip_norm=0.0,
                 device=args.device, seed=i) for i, d in enumerate(data)]

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
     better = min if regression else max
     best, curve = (float("inf") if regression else 0.0), []
     for block in range(args.epochs // args.every):
-        train(model, x, y, epochs=args.every, batch_size=args.batch_size, lr=args.lr,
+        train(model, x, y, epochs=args.every, batch_size=args.batch_size, learning_rate=args.lr,
               seed=args.seed + block)
         results = [evaluate(model, xt, yt) for xt, yt in tests]
         values = [r.mse if regression else r.accuracy for r in results]

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         torch.manual_seed(args.seed)
         model, done, mse = GRUSeq2Seq(STEPS_OUT), 0, {}
         for target in steps:
-            train(model, x, y, epochs=1, batch_size=32, lr=1e-3, steps=target - done,
+            train(model, x, y, epochs=1, batch_size=32, learning_rate=1e-3, steps=target - done,
                   seed=args.seed)
             done = target
             mse[target] = float(evaluate(model, xt, yt).loss)  # regression: the MSE

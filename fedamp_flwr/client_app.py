@@ -65,7 +65,6 @@ from strategies.core.protocol import (
     ALONE_LINEAR,
     ALONE_MODEL,
     ARRAYS,
-    BATCH_SIZE,
     CHALLENGE,
     CLIENT_ID,
     CLIENT_INDEX,
@@ -83,7 +82,6 @@ from strategies.core.protocol import (
     INFO,
     INPUT_SHAPE,
     KEPT_MODEL,
-    LEARNING_RATE,
     LOCAL_EPOCHS,
     LOCAL_STEPS,
     LOSS,
@@ -97,7 +95,6 @@ from strategies.core.protocol import (
     NUM_PARTITIONS,
     NUM_TEST,
     NUM_TRAIN,
-    OPTIMIZER,
     PROOF,
     QUERY,
     QUERY_LEFT_OUT,
@@ -416,20 +413,18 @@ def _job(msg: Message, context: Context,
     if train and setup.partition_id >= 0 and client_id in attackers:
         classes = tasks.data_info(dc).num_outputs
         targets = flip_labels(data.y_train, classes, torch.Generator().manual_seed(seed))
-    batch = as_int(c.get(BATCH_SIZE, cfg.batch_size), BATCH_SIZE)  # bounded: instruction_problem
-    if min(batch, len(data.y_train)) > int(cfg.batch_size):  # the memory it will use for it
-        check_client_memory(dataclasses.replace(cfg, batch_size=min(batch, len(data.y_train))))
+    run = cfg.training()  # what the message does not say
+    optim = Optim.from_message(c, run, _device())  # bounded: instruction_problem
+    batch = min(optim.batch_size, len(data.y_train))
+    if batch > int(cfg.batch_size):  # the memory it will use for it
+        check_client_memory(dataclasses.replace(cfg, batch_size=batch))
     model = tasks.model_for(dc, cfg.model)  # built once per process, then reused
     model.load_state_dict(state_dict(msg.content.array_records[ARRAYS]))
-    optim = Optim(batch_size=batch,
-                  learning_rate=as_float(c.get(LEARNING_RATE, cfg.learning_rate),
-                                         LEARNING_RATE),
-                  optimizer=str(c.get(OPTIMIZER, cfg.optimizer)), device=_device())
     update = CLIENT_UPDATES[update_name(c)]
     job = ClientJob(model=model, data=data, targets=targets, content=msg.content, config=c,
                     state=context.state, server_round=server_round, seed=seed,
-                    epochs=as_int(c.get(LOCAL_EPOCHS, cfg.local_epochs), LOCAL_EPOCHS),
-                    steps=as_int(c.get(LOCAL_STEPS, cfg.local_steps), LOCAL_STEPS), optim=optim,
+                    epochs=as_int(c.get(LOCAL_EPOCHS, run[LOCAL_EPOCHS]), LOCAL_EPOCHS),
+                    steps=as_int(c.get(LOCAL_STEPS, run[LOCAL_STEPS]), LOCAL_STEPS), optim=optim,
                     settings=update.settings.from_message(c), run_seed=cfg.seed,
                     client_id=client_id)
     return update, job, client_id, dataclasses.replace(setup, scaling=scaling)
@@ -619,9 +614,7 @@ def _alone_now(context: Context, setup: Setup, job: ClientJob) -> ConfigRecord:
     if stored is not None and done:
         model.load_state_dict(state_dict(stored))
     train_model(model, data.x_train, data.y_train, epochs=0, steps=target - done,
-                batch_size=job.optim.batch_size, lr=job.optim.learning_rate,
-                optimizer=job.optim.optimizer, device=_device(),
-                seed=_seed(cfg, job.server_round, 0))
+                **job.optim.loop_kwargs(), seed=_seed(cfg, job.server_round, 0))
     context.state[_ALONE_MODEL] = ArrayRecord(
         OrderedDict((k, v.detach().cpu()) for k, v in model.state_dict().items()))
     main = ACCURACY if kind != tasks.REGRESSION else MSE
@@ -701,8 +694,7 @@ def _model_alone(setup: Setup, job: ClientJob, x: torch.Tensor, y: torch.Tensor,
     settings."""
     torch.default_generator.manual_seed(setup.cfg.seed)  # (within the caller's fork_rng)
     model = tasks.build_model(setup.dc, setup.cfg.model)
-    train_model(model, x, y, epochs=0, steps=steps, batch_size=job.optim.batch_size,
-                lr=job.optim.learning_rate, optimizer=job.optim.optimizer, device=_device(),
+    train_model(model, x, y, epochs=0, steps=steps, **job.optim.loop_kwargs(),
                 seed=_seed(setup.cfg, job.server_round, 1))
     return model
 

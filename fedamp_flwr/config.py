@@ -22,7 +22,7 @@ from typing import Any, Self
 import strategies
 import tasks
 from strategies.core.policy import ApartPolicy, read_policy
-from strategies.core.protocol import is_name
+from strategies.core.protocol import TRAINING_KEYS, is_name
 from strategies.core.registry import GRAPHS, key_rows, method_keys, settings_classes, tuned_values
 from strategies.core.settings import (
     MOST_BATCH,
@@ -81,7 +81,8 @@ GRAPH_K_AUTO = 3
 #: would run it
 NO_GRAPH_PATH = "pfedhn"
 _bad = bad  # the shared ConfigError of a key (strategies.core.settings)
-__all__ = ["ConfigError", "RunConfig", "auto_layers", "auto_values", "explain", "parse_shape"]
+__all__ = ["AutoLayer", "ConfigError", "RunConfig", "auto_layers", "auto_values", "explain",
+           "parse_shape"]
 
 
 #: The "auto" local training of members' tables (vector inputs): a batch of 16 rows, so that
@@ -95,36 +96,57 @@ __all__ = ["ConfigError", "RunConfig", "auto_layers", "auto_values", "explain", 
 TABLE_AUTO: dict[str, Any] = {"batch-size": 16, "learning-rate": 3e-3, "alone": True}
 
 
+@dataclass(frozen=True)
+class AutoLayer:
+    """One of the three layers of "auto" values (:func:`auto_layers`): its name, its values
+    and, for each key, which of the layer's tables gave it."""
+
+    name: str
+    values: dict[str, Any]
+    sources: dict[str, str]
+
+
+def _layer(name: str, tables: list[tuple[str, Mapping[str, Any]]]) -> AutoLayer:
+    """The layer ``name`` of ``tables`` (where, in words; values), each overriding the ones
+    before it."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for where, table in tables:
+        values.update(table)
+        sources.update(dict.fromkeys(table, where))
+    return AutoLayer(name, values, sources)
+
+
 def auto_layers(dataset: str, strategy: str, setting: str = "", table: bool = False,
-                model: str = "auto") -> list[tuple[str, dict[str, Any]]]:
+                model: str = "auto") -> list[AutoLayer]:
     """Where the values of "auto" settings come from, for ``strategy`` on ``dataset`` (in the
-    data setting ``setting``, ``<dataset>/<variant>``: :attr:`RunConfig.tuning_key`), most
-    general first, each overriding the ones before, in three layers:
+    data setting ``setting``, ``<dataset>/<variant>``: :attr:`RunConfig.tuning_key`): three
+    layers, most general first, each overriding the ones before:
 
     1. the key's declaration: :data:`GENERIC_AUTO` and each method's ``Settings.AUTO``;
-    2. the run's task and strategy: the task's (``TaskSpec.auto``), members' tables'
-       (:data:`TABLE_AUTO`, with ``table``), the strategy's (``register_strategy(auto=...)``,
-       e.g. pFedHN's reference trainer), the strategy's with the run's named ``model``
-       (``task_auto["model:<name>"]``: a members run of the traffic GRU) and the
-       strategy's on this task (``task_auto[dataset]``);
+    2. the run's task and strategy, the most specific table last: the task's
+       (``TaskSpec.auto``), members' tables' (:data:`TABLE_AUTO`, with ``table``), the
+       strategy's (``register_strategy(auto=...)``, e.g. pFedHN's reference trainer), the
+       strategy's with the run's named ``model`` (``task_auto["model:<name>"]``: a members
+       run of the traffic GRU) and the strategy's on this task (``task_auto[dataset]``);
     3. what a tuning run chose for this strategy and data setting (``strategies/tuned.json``,
        docs/tuning.md).
 
-    Each entry: (where, in words; its values). ``fedamp-flwr explain KEY`` shows them.
+    ``fedamp-flwr explain KEY`` names the layer and the table that gave a run its value.
     """
     entry = strategies.STRATEGIES[strategy]
-    declared = dict(GENERIC_AUTO)
-    for cls in settings_classes():
-        declared.update(cls.AUTO)
-    return [("the key's declaration", declared),
-            (f"the task {dataset!r}", dict(tasks.get_task(dataset).auto)),
-            ("members' tables (TABLE_AUTO)", dict(TABLE_AUTO) if table else {}),
-            (f"the strategy {strategy!r}", dict(entry.auto)),
+    return [
+        _layer("the key's declaration", [("GENERIC_AUTO", GENERIC_AUTO)] + [
+            (f"{cls.__name__}.AUTO", cls.AUTO) for cls in settings_classes()]),
+        _layer("the run's task and strategy", [
+            (f"the task {dataset!r}", tasks.get_task(dataset).auto),
+            ("members' tables (TABLE_AUTO)", TABLE_AUTO if table else {}),
+            (f"the strategy {strategy!r}", entry.auto),
             (f"the strategy {strategy!r} with the model {model!r}",
-             dict(entry.task_auto.get(f"model:{model}", {})) if model != "auto" else {}),
-            (f"the strategy {strategy!r} on {dataset!r}", dict(entry.task_auto.get(dataset, {}))),
-            (f"strategies/tuned.json ({strategy} on {setting})",
-             tuned_values(strategy, setting) if setting else {})]
+             entry.task_auto.get(f"model:{model}", {}) if model != "auto" else {}),
+            (f"the strategy {strategy!r} on {dataset!r}", entry.task_auto.get(dataset, {}))]),
+        _layer("the tuning", [(f"strategies/tuned.json ({strategy} on {setting})",
+                               tuned_values(strategy, setting) if setting else {})])]
 
 
 def auto_values(dataset: str, strategy: str, setting: str = "", table: bool = False,
@@ -132,15 +154,16 @@ def auto_values(dataset: str, strategy: str, setting: str = "", table: bool = Fa
     """The values of the "auto" settings for ``strategy`` on ``dataset`` (:func:`auto_layers`,
     each layer overriding the ones before)."""
     values: dict[str, Any] = {}
-    for _, layer in auto_layers(dataset, strategy, setting, table, model):
-        values.update(layer)
+    for layer in auto_layers(dataset, strategy, setting, table, model):
+        values.update(layer.values)
     return values
 
 
 def explain(run_config: Mapping[str, Any], key: str) -> list[str]:
     """Where the value of ``key`` in a run of ``run_config`` comes from, in lines: the run
-    config, the key's declared default, or the layer of "auto" that gives it (and the ones
-    it overrides). Raises ConfigError for an unknown key or a bad run config."""
+    config, the key's declared default, or the layer of "auto" that gives it, with its table
+    (and the layers it overrides). Raises ConfigError for an unknown key or a bad run
+    config."""
     cfg = RunConfig.from_run_config(run_config)
     values = cfg.to_dict()
     if key not in values:
@@ -154,14 +177,17 @@ def explain(run_config: Mapping[str, Any], key: str) -> list[str]:
         return [f"{key} = {value!r}: the key's declared default"]
     layers = auto_layers(cfg.dataset, cfg.strategy, cfg.tuning_key, cfg.table_inputs,
                          cfg.model)
-    found = [(where, layer[key]) for where, layer in layers if key in layer]
+    found = [(f"layer {n} of {len(layers)}, {layer.name}", layer.sources[key],
+              layer.values[key]) for n, layer in enumerate(layers, 1) if key in layer.values]
     if not found:
         doc = {**RunConfig.generic_fields(), **method_keys()}[key].metadata.get("doc", "")
         when = "when the run knows its clients" if key in LATE_AUTO else \
             "by the method when the run starts"
         return [f"{key} = {value!r}: resolved {when} ({doc})"]
-    lines = [f"{key} = {value!r}: \"auto\", given by {found[-1][0]}"]
-    return lines + [f"  (overrides {where}: {v!r})" for where, v in reversed(found[:-1])]
+    layer, table, _ = found[-1]
+    lines = [f"{key} = {value!r}: \"auto\", given by {layer}: {table}"]
+    return lines + [f"  (overrides {layer}: {table}: {v!r})" for layer, table, v in
+                    reversed(found[:-1])]
 
 
 def parse_shape(text: str) -> tuple[int, ...] | None:
@@ -702,8 +728,8 @@ class RunConfig(TaskKeys):
         """Each key's own range, as its declaration says; the choices that registries hold."""
         for key, f in self.generic_fields().items():
             check_value(key, f, getattr(self, f.name), ("auto",) if key in LATE_AUTO else ())
-        lr, steps = self.learning_rate, self.local_steps  # numbers once "auto" is resolved
-        assert not isinstance(lr, str) and not isinstance(steps, str), "resolve 'auto' first"
+        rate, steps = self.learning_rate, self.local_steps  # numbers once "auto" is resolved
+        assert not isinstance(rate, str) and not isinstance(steps, str), "resolve 'auto' first"
         for key, allowed in (("strategy", sorted(strategies.STRATEGIES)),
                              ("dataset", list(tasks.TASKS)), ("model", ["auto", *tasks.MODELS])):
             if getattr(self, key) not in allowed:
@@ -799,6 +825,12 @@ class RunConfig(TaskKeys):
         """Every key of the config (generic and every method's), with Flower's hyphens."""
         generic = {key: getattr(self, f.name) for key, f in self.generic_fields().items()}
         return {**generic, **self.method_values}
+
+    def training(self) -> dict[str, Any]:
+        """The local training every train message carries, under the run config's own keys
+        (:data:`strategies.core.protocol.TRAINING_KEYS`): a member's node reads them back
+        (``Optim.from_message``), its own run config's where a message has none."""
+        return {key: getattr(self, key.replace("-", "_")) for key in TRAINING_KEYS}
 
 
 def generic_reference() -> str:

@@ -23,10 +23,8 @@ from strategies.core.protocol import (
     DP_RUN,
     FEATURE_MEAN,
     FEATURE_STD,
-    LEARNING_RATE,
     LOCAL_EPOCHS,
     LOCAL_STEPS,
-    OPTIMIZER,
 )
 from strategies.core.records import (
     RunFile,
@@ -547,9 +545,8 @@ class ServerRun:
         scaled = ({FEATURE_MEAN: list(scaling["mean"]), FEATURE_STD: list(scaling["std"])}
                   if scaling else {})
         train = ConfigRecord({
-            LOCAL_EPOCHS: cfg.local_epochs, LOCAL_STEPS: cfg.local_steps,
-            BATCH_SIZE: cfg.batch_size, LEARNING_RATE: cfg.learning_rate, OPTIMIZER: cfg.optimizer,
-            **({DP_RUN: str(self.folder.path.resolve())} if cfg.dp != "none" else {}), **scaled,
+            **cfg.training(), **scaled,
+            **({DP_RUN: str(self.folder.path.resolve())} if cfg.dp != "none" else {}),
         })
         return train, ConfigRecord({BATCH_SIZE: cfg.batch_size, **scaled})
 

@@ -62,7 +62,7 @@ def train_apfl(
     alpha: float,
     epochs: int,
     batch_size: int,
-    lr: float,
+    learning_rate: float,
     optimizer: str = "adam",
     steps: int = 0,
     device: torch.device | str = "cpu",
@@ -71,17 +71,17 @@ def train_apfl(
     """APFL's local update (Alg. 1); both models trained in place.
 
     On every mini-batch, both gradients taken at the same (w, v), the shared
-    model takes a step on its own loss, ``w <- w - lr * grad f(w)``, and the
+    model takes a step on its own loss, ``w <- w - learning_rate * grad f(w)``, and the
     local model a step on the loss of the mixture,
-    ``v <- v - lr * grad_v f(alpha v + (1 - alpha) w)``. Returns the
+    ``v <- v - learning_rate * grad_v f(alpha v + (1 - alpha) w)``. Returns the
     mean loss of the mixture. The parameters are as in :func:`tasks.train.train`;
     ``alpha`` is the mixture weight (fixed, the paper's non-adaptive variant).
     """
     loss_fn = loss_for(y)
     shared.to(device).train()
     local.to(device).train()
-    opt_w = make_optimizer(optimizer, shared.parameters(), lr)
-    opt_v = make_optimizer(optimizer, local.parameters(), lr)
+    opt_w = make_optimizer(optimizer, shared.parameters(), learning_rate)
+    opt_v = make_optimizer(optimizer, local.parameters(), learning_rate)
 
     def step(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         opt_w.zero_grad()

@@ -50,7 +50,7 @@ def train_per_fedavg(
     alpha: float,
     epochs: int,
     batch_size: int,
-    lr: float,
+    learning_rate: float,
     optimizer: str = "adam",
     steps: int = 0,
     device: torch.device | str = "cpu",
@@ -60,7 +60,7 @@ def train_per_fedavg(
 
     Each step uses two mini-batches D, D' (consecutive batches of the
     shuffled data): ``w~ = w - alpha grad f(w; D)``, then the outer step
-    ``w <- w - lr * grad f(w~; D')`` (the Hessian term of the MAML gradient
+    ``w <- w - learning_rate * grad f(w~; D')`` (the Hessian term of the MAML gradient
     dropped, as in Per-FedAvg (FO)); with ``optimizer`` = "adam" the outer
     step is Adam's. Returns the mean loss at w~. Parameters as in
     :func:`tasks.train.train`.
@@ -68,7 +68,7 @@ def train_per_fedavg(
     loss_fn = loss_for(y)
     model.to(device).train()
     params = list(model.parameters())
-    opt = make_optimizer(optimizer, params, lr)
+    opt = make_optimizer(optimizer, params, learning_rate)
     pending: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def step(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:

@@ -61,7 +61,7 @@ def train_pfedme(
     personal_lr: float,
     epochs: int,
     batch_size: int,
-    lr: float,
+    learning_rate: float,
     steps: int = 0,
     device: torch.device | str = "cpu",
     seed: int = 0,
@@ -71,7 +71,7 @@ def train_pfedme(
     ``personal`` (theta) starts as a copy of ``model`` (the local w, received
     from the server). On every mini-batch D: ``inner_steps`` gradient steps of
     size ``personal_lr`` on ``f(theta; D) + lam/2 ||theta - w||^2`` (Eq. 7,
-    solved approximately), then ``w <- w - lr * lam * (w - theta)`` (line 8).
+    solved approximately), then ``w <- w - learning_rate * lam * (w - theta)`` (line 8).
     Returns the mean loss of theta. Other parameters as in :func:`tasks.train.train`;
     there is no optimizer choice: both updates are the paper's own gradient
     steps (theta's with SGD, w's by line 8), whatever the run's optimizer.
@@ -91,7 +91,7 @@ def train_pfedme(
             opt.step()
         with torch.no_grad():
             for p, t in zip(w, theta):
-                p.sub_(lr * lam * (p - t))
+                p.sub_(learning_rate * lam * (p - t))
         return loss.detach()
 
     return run_batches(x, y, step, epochs=epochs, batch_size=batch_size, steps=steps,

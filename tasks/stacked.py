@@ -73,8 +73,8 @@ def group_key(call: Fit | Test) -> tuple:
               tuple(call.y.shape[1:]), call.y.dtype)
     if isinstance(call, Test):
         return common
-    return (*common, call.optimizer, call.lr, call.momentum, call.weight_decay, call.clip_norm,
-            call.grad_correction is None)
+    return (*common, call.optimizer, call.learning_rate, call.momentum, call.weight_decay,
+            call.clip_norm, call.grad_correction is None)
 
 
 @torch.no_grad()
@@ -301,7 +301,7 @@ def _optimizer_step(fit: Fit, weights, grads, state: list[list[torch.Tensor]], s
                 state += [[torch.zeros_like(w) for w in weights],
                           [torch.zeros_like(w) for w in weights]]
             _adam_step(weights, grads, [m[:k] for m in state[0]], [v[:k] for v in state[1]],
-                       step + 1, fit.lr)
+                       step + 1, fit.learning_rate)
         elif fit.optimizer == "sgd":
             if fit.momentum != 0:
                 if not state:
@@ -313,12 +313,12 @@ def _optimizer_step(fit: Fit, weights, grads, state: list[list[torch.Tensor]], s
                         b.mul_(fit.momentum).add_(g)
                     grads = bufs
             for w, g in zip(weights, grads):
-                w.add_(g, alpha=-fit.lr)
+                w.add_(g, alpha=-fit.learning_rate)
         else:
             raise ValueError(f"unknown optimizer '{fit.optimizer}'; allowed: adam, sgd")
 
 
-def _adam_step(weights, grads, exp_avgs, exp_avg_sqs, step: int, lr: float) -> None:
+def _adam_step(weights, grads, exp_avgs, exp_avg_sqs, step: int, learning_rate: float) -> None:
     """torch's single-tensor Adam step (``torch.optim.adam._single_tensor_adam``, no amsgrad),
     operation for operation; every client in it is at the same step."""
     beta1, beta2 = _BETAS
@@ -327,7 +327,7 @@ def _adam_step(weights, grads, exp_avgs, exp_avg_sqs, step: int, lr: float) -> N
         m.lerp_(g, 1 - beta1)
         v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
         denom = (v.sqrt() / bias_correction2 ** 0.5).add_(_EPS)
-        w.addcdiv_(m, denom, value=-(lr / bias_correction1))
+        w.addcdiv_(m, denom, value=-(learning_rate / bias_correction1))
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

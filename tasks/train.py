@@ -87,13 +87,14 @@ def _grad_mode_step(step: Callable) -> Callable:
 skip_dynamo_import()
 
 
-def make_optimizer(name: str, params, lr: float, momentum: float = 0.0,
+def make_optimizer(name: str, params, learning_rate: float, momentum: float = 0.0,
                    weight_decay: float = 0.0) -> torch.optim.Optimizer:
     """Return the optimizer ``name`` ("adam" or "sgd") over ``params`` (``momentum``: SGD's)."""
     if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+        return torch.optim.Adam(params, lr=learning_rate, weight_decay=weight_decay)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        return torch.optim.SGD(params, lr=learning_rate, momentum=momentum,
+                               weight_decay=weight_decay)
     raise ValueError(f"unknown optimizer '{name}'; allowed: adam, sgd")
 
 
@@ -171,7 +172,7 @@ class Fit:
     y: torch.Tensor
     epochs: int
     batch_size: int
-    lr: float
+    learning_rate: float
     optimizer: str
     proximal_mu: float
     grad_correction: list[torch.Tensor] | None
@@ -185,8 +186,9 @@ class Fit:
     def alone(self) -> float:
         """This call as one by one: :func:`train`."""
         return train(self.model, self.x, self.y, epochs=self.epochs, batch_size=self.batch_size,
-                     lr=self.lr, optimizer=self.optimizer, proximal_mu=self.proximal_mu,
-                     grad_correction=self.grad_correction, steps=self.steps,
+                     learning_rate=self.learning_rate, optimizer=self.optimizer,
+                     proximal_mu=self.proximal_mu, grad_correction=self.grad_correction,
+                     steps=self.steps,
                      momentum=self.momentum, weight_decay=self.weight_decay,
                      clip_norm=self.clip_norm, device=self.device, seed=self.seed)
 
@@ -203,7 +205,7 @@ def stacking_worker() -> bool:
 
 
 def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
-          lr: float, optimizer: str = "adam", proximal_mu: float = 0.0,
+          learning_rate: float, optimizer: str = "adam", proximal_mu: float = 0.0,
           grad_correction: list[torch.Tensor] | None = None, steps: int = 0,
           momentum: float = 0.0, weight_decay: float = 0.0, clip_norm: float = 0.0,
           loss_fn: LossFn | None = None, device: torch.device | str = "cpu", seed: int = 0,
@@ -219,7 +221,7 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, ba
 
     ``epochs`` passes of mini-batches of ``batch_size`` (or ``steps`` > 0 steps) of
     ``optimizer`` ("adam" or "sgd", with ``momentum`` for SGD and ``weight_decay``) at
-    ``lr``, in an order seeded by ``seed``. ``grad_correction``: added to each parameter's
+    ``learning_rate``, in an order seeded by ``seed``. ``grad_correction``: added to each parameter's
     gradient before every step, in ``model.parameters()`` order (SCAFFOLD's ``c - c_i``,
     Karimireddy et al. 2020, Alg. 1 line 10). ``clip_norm`` > 0: the gradients' total norm
     clipped to it before every step. ``dp_sgd``: per-example DP-SGD
@@ -234,15 +236,15 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, ba
     the model trained in place, the same loss returned.
     """
     if stackable and stacking_worker():
-        fit = Fit(model, x, y, epochs, batch_size, lr, optimizer, proximal_mu, grad_correction,
-                  steps, momentum, weight_decay, clip_norm, device, seed)
+        fit = Fit(model, x, y, epochs, batch_size, learning_rate, optimizer, proximal_mu,
+                  grad_correction, steps, momentum, weight_decay, clip_norm, device, seed)
         if STACKING.stacks(fit, "DP-SGD's per-example clipping" if dp_sgd is not None else
                            "a method's own loss" if loss_fn is not None else None):
             return STACKING.park(fit)
     loss_fn = loss_fn or loss_for(y)
     model.to(device).train()
     params = list(model.parameters())
-    opt = make_optimizer(optimizer, params, lr, momentum, weight_decay)
+    opt = make_optimizer(optimizer, params, learning_rate, momentum, weight_decay)
     center = [p.detach().clone() for p in params] if proximal_mu > 0 else None
     correction = [c.to(device) for c in grad_correction] if grad_correction is not None else None
     if dp_sgd is not None:  # its per-example clipping replaces clip_norm

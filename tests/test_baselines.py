@@ -129,8 +129,8 @@ def test_grad_correction_shifts_an_sgd_step_by_lr_times_the_correction():
     b = MLP(3, 2, (4,))
     b.load_state_dict(a.state_dict())
     corr = [torch.full_like(p, 0.5) for p in b.parameters()]
-    train(a, x, y, epochs=1, batch_size=8, lr=0.1, optimizer="sgd")
-    train(b, x, y, epochs=1, batch_size=8, lr=0.1, optimizer="sgd", grad_correction=corr)
+    train(a, x, y, epochs=1, batch_size=8, learning_rate=0.1, optimizer="sgd")
+    train(b, x, y, epochs=1, batch_size=8, learning_rate=0.1, optimizer="sgd", grad_correction=corr)
     for pa, pb in zip(a.parameters(), b.parameters()):
         assert torch.allclose(pb, pa - 0.05, atol=1e-6)
 
@@ -198,7 +198,8 @@ def test_per_fedavg_first_order_step_by_hand():
     x, y = torch.randn(4, 2), torch.randint(0, 2, (4,))
     model = MLP(2, 2, ())
     w0 = [p.detach().clone() for p in model.parameters()]
-    train_per_fedavg(model, x, y, alpha=0.5, epochs=1, batch_size=2, lr=0.1, optimizer="sgd", seed=3)
+    train_per_fedavg(model, x, y, alpha=0.5, epochs=1, batch_size=2, learning_rate=0.1,
+                     optimizer="sgd", seed=3)
     order = torch.randperm(4, generator=torch.Generator().manual_seed(3))
     d, d2 = order[:2], order[2:]
     ref = MLP(2, 2, ())

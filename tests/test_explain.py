@@ -23,7 +23,10 @@ pytestmark = pytest.mark.tuned
 
 def test_auto_is_the_last_layer_that_names_the_key():
     layers = auto_layers("members", "fedamp", "members/federated", table=True)
-    assert len(layers) == 7 and layers[0][1]["batch-size"] == GENERIC_AUTO["batch-size"]
+    assert [layer.name for layer in layers] == ["the key's declaration",
+                                                "the run's task and strategy", "the tuning"]
+    assert layers[0].values["batch-size"] == GENERIC_AUTO["batch-size"]
+    assert layers[1].sources["batch-size"] == "members' tables (TABLE_AUTO)"
     assert auto_values("members", "fedamp", "members/federated", table=True)["batch-size"] \
         == TABLE_AUTO["batch-size"] == RunConfig.from_run_config(TABLE).batch_size
 
@@ -41,7 +44,10 @@ def test_a_members_run_of_the_traffic_gru_gets_panaceas_clip_from_the_model_it_n
 def test_explain_names_the_layer_that_gave_the_value_and_what_it_overrode():
     lines = explain(TABLE, "batch-size")
     assert lines[0].startswith(f"batch-size = {TABLE_AUTO['batch-size']}")
-    assert "members' tables" in lines[0] and "the key's declaration" in lines[1]
+    assert lines == [f'batch-size = {TABLE_AUTO["batch-size"]}: "auto", given by layer 2 of 3, '
+                     "the run's task and strategy: members' tables (TABLE_AUTO)",
+                     "  (overrides layer 1 of 3, the key's declaration: GENERIC_AUTO: "
+                     f"{GENERIC_AUTO['batch-size']})"]
     assert explain({"seed": 3}, "seed") == ["seed = 3: set in the run config"]
     assert "declared default" in explain({}, "seed")[0]
     assert "resolved by the method" in explain({}, "fedamp-sigma")[0]
@@ -55,6 +61,6 @@ def test_explain_refuses_an_unknown_key_and_a_bad_config(capsys):
     assert main(["explain", "learning-rate", "--run-config", "dataset='fmnist'"]) == 0
     assert capsys.readouterr().out.startswith("learning-rate = 0.001")  # not tuned there
     assert main(["explain", "learning-rate"]) == 0  # the default task: tuned for each method
-    assert capsys.readouterr().out.startswith('learning-rate = 0.3: "auto", given by '
-                                              "strategies/tuned.json (fedamp on "
-                                              "synthetic/practical)")
+    assert capsys.readouterr().out.startswith('learning-rate = 0.3: "auto", given by layer 3 '
+                                              "of 3, the tuning: strategies/tuned.json "
+                                              "(fedamp on synthetic/practical)")

@@ -240,9 +240,10 @@ def test_the_client_tests_both_side_models_on_its_held_rows_and_trains_each_as_t
     # the side model trained as its config says, on the rows less the held-out ones
     trained_side = nn.Linear(3, 2)
     trained_side.load_state_dict(records[SIDE].to_torch_state_dict())
-    assert _same(trained_side, _trained(side, x[rest], y[rest], steps=4, batch_size=5, lr=0.05))
+    assert _same(trained_side, _trained(side, x[rest], y[rest], steps=4, batch_size=5,
+                                        learning_rate=0.05))
     # the run's model trained as without a guard: every row, the message's own keys
-    assert _same(model, _trained(received, x, y, steps=6, batch_size=4, lr=0.1))
+    assert _same(model, _trained(received, x, y, steps=6, batch_size=4, learning_rate=0.1))
     # the same rows every round: the split depends on the run's seed and the client only
     assert torch.equal(held_rows(40, 0.25, 7, 2, HOLD_OUT)[0], held)
 
@@ -260,8 +261,8 @@ def test_in_the_watch_the_runs_model_too_trains_without_the_held_out_rows():
                           OTHER: ArrayRecord(model.state_dict())})
     HypernetworkClient().train(_job(model, data, {HOLD_OUT: 0.25, HOLD_OUT_RUN: True}, content))
     _, rest = held_rows(40, 0.25, 7, 2, HOLD_OUT)
-    assert _same(model, _trained(received, x[rest], y[rest], steps=6, batch_size=4, lr=0.1))
-    assert not _same(model, _trained(received, x, y, steps=6, batch_size=4, lr=0.1))
+    assert _same(model, _trained(received, x[rest], y[rest], steps=6, batch_size=4, learning_rate=0.1))
+    assert not _same(model, _trained(received, x, y, steps=6, batch_size=4, learning_rate=0.1))
 
 
 def test_a_client_refuses_a_side_model_it_cannot_train_as_told():
@@ -269,7 +270,7 @@ def test_a_client_refuses_a_side_model_it_cannot_train_as_told():
     x, y = torch.randn(20, 3, generator=gen), torch.randint(0, 2, (20,), generator=gen)
     data = ClientData(x, y, x[:3], y[:3])
     model = nn.Linear(3, 2)
-    expected = _trained(model, x, y, steps=6, batch_size=4, lr=0.1)
+    expected = _trained(model, x, y, steps=6, batch_size=4, learning_rate=0.1)
     _, records = HypernetworkClient().train(_job(model, data, {HOLD_OUT: 0.0}, RecordDict()))
     assert records == {} and _same(model, expected)
     side = ArrayRecord(model.state_dict())

@@ -31,7 +31,7 @@ def test_the_proximal_gradient_is_that_of_the_term_backpropagated():
     reference.load_state_dict(model.state_dict())
     start = [p.detach().clone() for p in reference.parameters()]
     mu, lr = 0.7, 0.5
-    train(model, x, y, epochs=2, batch_size=8, lr=lr, optimizer="sgd", proximal_mu=mu)
+    train(model, x, y, epochs=2, batch_size=8, learning_rate=lr, optimizer="sgd", proximal_mu=mu)
     params = list(reference.parameters())
     for _ in range(2):
         loss = torch.nn.functional.cross_entropy(reference(x), y)
@@ -52,8 +52,8 @@ def test_training_learns_and_proximal_term_holds_the_model_near_its_start():
     free, held = MLP(4, 2, (8,)), MLP(4, 2, (8,))
     held.load_state_dict(free.state_dict())
     start = [p.detach().clone() for p in free.parameters()]
-    train(free, x, y, epochs=30, batch_size=20, lr=1e-2)
-    train(held, x, y, epochs=30, batch_size=20, lr=1e-2, proximal_mu=1e3)
+    train(free, x, y, epochs=30, batch_size=20, learning_rate=1e-2)
+    train(held, x, y, epochs=30, batch_size=20, learning_rate=1e-2, proximal_mu=1e3)
     assert evaluate(free, x, y).accuracy > 0.9
     assert _distance(held, start) < 0.05 * _distance(free, start)
 
@@ -70,7 +70,7 @@ def test_local_steps_override_epochs():
 
     torch.optim.Adam.step = counting
     try:
-        train(model, x, y, epochs=5, steps=3, batch_size=20, lr=1e-3)
+        train(model, x, y, epochs=5, steps=3, batch_size=20, learning_rate=1e-3)
     finally:
         torch.optim.Adam.step = orig
     assert len(opt_steps) == 3

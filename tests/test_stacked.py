@@ -43,7 +43,7 @@ def _fits(kind: str, optimizer: str, **settings) -> list[Fit]:
             model, x, y = MLP(10, 4, (16, 8)), torch.randn(n, 10), torch.randint(0, 4, (n,))
         correction = ([torch.randn_like(p) * 0.01 for p in model.parameters()]
                       if settings.get("correction") else None)
-        fits.append(Fit(model, x, y, epochs=1 + i % 3, batch_size=16, lr=0.01,
+        fits.append(Fit(model, x, y, epochs=1 + i % 3, batch_size=16, learning_rate=0.01,
                         optimizer=optimizer, proximal_mu=settings.get("mu", 0.0) * (i % 2),
                         grad_correction=correction, steps=settings.get("steps", 0),
                         momentum=settings.get("momentum", 0.0),
@@ -225,9 +225,9 @@ def _trainer(fail_on: int | None = None) -> ClientApp:
         order.append(("start", node))
         torch.manual_seed(node)
         model, x, y = MLP(4, 3, (5,)), torch.randn(20 + node, 4), torch.randint(0, 3, (20 + node,))
-        first = train(model, x, y, epochs=1, batch_size=8, lr=0.1, seed=node, stackable=True)
+        first = train(model, x, y, epochs=1, batch_size=8, learning_rate=0.1, seed=node, stackable=True)
         order.append(("between", node))
-        second = train(model, x, y, epochs=1, batch_size=8, lr=0.1, seed=node + 1,
+        second = train(model, x, y, epochs=1, batch_size=8, learning_rate=0.1, seed=node + 1,
                        stackable=True)
         if node == fail_on:
             raise ValueError("this node's own failure")

@@ -181,6 +181,62 @@ def test_the_server_half_of_a_fedamp_round_is_read_in_8_files_and_1500_lines():
     assert len(FEDAMP_ROUND) <= 8 and lines <= 1500, lines
 
 
+def _spells(path: Path, names: set[str]) -> bool:
+    """Whether the code of ``path`` spells one of ``names``: a variable, an attribute, an
+    argument, a keyword, an import or a string (docstrings aside)."""
+    tree = ast.parse(path.read_text())
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr)}
+    words = {getattr(node, field) for node in ast.walk(tree)
+             for field in ("id", "attr", "arg", "asname", "name") if hasattr(node, field)}
+    words |= {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+              and isinstance(node.value, str) and id(node) not in docs}
+    return bool(words & names)
+
+
+def _below(path: list[str]) -> bool:
+    """Whether each module of ``path`` is below the one before it (imported by it, through
+    others maybe): a value that goes along it never steps back up the import floors."""
+    def name(file: str) -> str:
+        return file.removesuffix(".py").replace("/", ".")
+
+    def reached(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in GRAPH[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+    return all(name(b) in reached(name(a)) for a, b in zip(path, path[1:]))
+
+
+#: the modules that the run config's learning rate passes to the optimizer (its message key's
+#: name is strategies/core/protocol.py's; the value never enters it), and FedAMP's sigma to
+#: Eq. 6 (parsed, as every key, by strategies/core/settings.py for fedamp_flwr/config.py):
+#: docs/adding-a-method.md, "Where a run goes"
+LEARNING_RATE_PATH = ["fedamp_flwr/config.py", "strategies/core/client.py", "tasks/train.py"]
+SIGMA_PATH = ["strategies/fedamp.py", "strategies/fedamp_math.py"]
+
+
+def test_the_learning_rate_and_sigma_pass_at_most_4_modules_downward():
+    """Of the modules of a FedAMP round (the server half, :data:`FEDAMP_ROUND`, and the
+    client's), only the learning rate's path spells it, and of the product's modules only
+    sigma's path spells sigma; each path runs down the import floors."""
+    rate = {"learning_rate", "LEARNING_RATE", "learning-rate", "lr"}
+    client = ["fedamp_flwr/client_app.py", "strategies/core/client.py",
+              "strategies/core/protocol.py", "tasks/train.py", "fedamp_flwr/config.py"]
+    spelled = sorted(f for f in {*FEDAMP_ROUND, *client} if _spells(ROOT / f, rate))
+    assert spelled == sorted([*LEARNING_RATE_PATH, "strategies/core/protocol.py"])
+    sigma = {"sigma", "fedamp_sigma", "heurfedamp_sigma", "fedamp-sigma", "heurfedamp-sigma"}
+    spelled = sorted(str(p.relative_to(ROOT)) for p in _modules().values()
+                     if p.relative_to(ROOT).parts[0] in ("fedamp_flwr", "strategies", "tasks")
+                     and _spells(p, sigma))
+    assert spelled == SIGMA_PATH
+    assert len(LEARNING_RATE_PATH) <= 4 and len(SIGMA_PATH) + 2 <= 4  # + settings, config
+    assert _below(LEARNING_RATE_PATH) and _below(["fedamp_flwr/config.py", *SIGMA_PATH])
+
+
 def test_fedamp_is_as_short_as_its_idea():
     """FedAMP's strategy, its client half (Eq. 7: FedProx's until its own) and its math."""
     lines = sum(len((ROOT / "strategies" / f).read_text().splitlines())

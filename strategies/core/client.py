@@ -59,6 +59,7 @@ from .protocol import (
     OPTIMIZER,
     SERVER_ROUND,
     TRAINED_ROUNDS,
+    as_float,
     as_int,
     short_repr,
 )
@@ -89,6 +90,23 @@ class Optim:
     learning_rate: float
     optimizer: str
     device: torch.device
+
+    @classmethod
+    def from_message(cls, config: Mapping[str, Any], run: Mapping[str, Any],
+                     device: torch.device) -> Optim:
+        """The message's batch size, learning rate and optimizer (checked before:
+        :func:`instruction_problem`); ``run``'s (the member's run config,
+        ``RunConfig.training``) where the message has none."""
+        def value(key: str) -> Any:
+            return config.get(key, run[key])
+        return cls(batch_size=as_int(value(BATCH_SIZE), BATCH_SIZE),
+                   learning_rate=as_float(value(LEARNING_RATE), LEARNING_RATE),
+                   optimizer=str(value(OPTIMIZER)), device=device)
+
+    def loop_kwargs(self) -> dict[str, Any]:
+        """The generic loops' optimizer arguments (:func:`tasks.train.train`)."""
+        return dict(batch_size=self.batch_size, learning_rate=self.learning_rate,
+                    optimizer=self.optimizer, device=self.device)
 
 
 @dataclass
@@ -164,9 +182,8 @@ class ClientJob(Generic[S]):
     def loop_kwargs(self) -> dict:
         """The keyword arguments of the generic loops for this job (epochs or steps,
         batch size, learning rate, optimizer, device, seed)."""
-        o = self.optim
-        return dict(epochs=self.epochs, steps=self.steps, batch_size=o.batch_size, lr=o.learning_rate,
-                    optimizer=o.optimizer, device=o.device, seed=self.seed)
+        return dict(epochs=self.epochs, steps=self.steps, **self.optim.loop_kwargs(),
+                    seed=self.seed)
 
     def fit(self, model: nn.Module | None = None, *, seed: int | None = None,
             epochs: int | None = None, steps: int | None = None,
@@ -180,7 +197,8 @@ class ClientJob(Generic[S]):
         each argument given replaces the job's (``extra``: the loop's other
         options: momentum, weight_decay, clip_norm). Returns the mean training loss.
         """
-        given = dict(seed=seed, epochs=epochs, steps=steps, lr=learning_rate, optimizer=optimizer)
+        given = dict(seed=seed, epochs=epochs, steps=steps, learning_rate=learning_rate,
+                     optimizer=optimizer)
         kwargs = {**self.loop_kwargs(), **{k: v for k, v in given.items() if v is not None}}
         return train_loop(self.model if model is None else model, self.data.x_train,
                           self.targets if targets is None else targets,

@@ -11,7 +11,8 @@ Records of a message (``RecordDict`` names)
 Config keys every train / evaluate message may carry
     ``server-round``, ``client-update`` (the name of the client half to run,
     :mod:`strategies.core.client`), ``client-index`` (the client's id in the run),
-    ``local-epochs``, ``local-steps``, ``batch-size``, ``lr``, ``optimizer``;
+    ``local-epochs``, ``local-steps``, ``batch-size``, ``learning-rate``, ``optimizer``
+    (:data:`TRAINING_KEYS`, the run config's keys under their own names);
     in train messages ``trained-rounds``; in evaluate messages of a round whose models
     are kept ``save-model``, ``save-token``, ``save-reason`` and ``save-if-better``.
 Reply metrics
@@ -40,6 +41,11 @@ LOCAL_STEPS = "local-steps"
 BATCH_SIZE = "batch-size"
 LEARNING_RATE = "learning-rate"  # the run config's key, under its own name
 OPTIMIZER = "optimizer"
+#: the run config's local-training keys: every train message carries them under these names,
+#: the run's values (:meth:`fedamp_flwr.config.RunConfig.training`); a member reads them
+#: back (:meth:`strategies.core.client.Optim.from_message`), its own run config's where
+#: a message has none
+TRAINING_KEYS = (LOCAL_EPOCHS, LOCAL_STEPS, BATCH_SIZE, LEARNING_RATE, OPTIMIZER)
 # In train messages: in how many earlier rounds this client's training was used. A
 # client that keeps state across rounds and finds none although this is > 0 has lost
 # it (a restarted SuperNode starts with an empty context.state) and says so.
