@@ -25,6 +25,7 @@ from strategies.core.base import StrategyBase
 from strategies.core.policy import ApartPolicy
 from strategies.core.records import RunFile
 
+from .checkpoint import Checkpoint
 from .config import RunConfig
 from .dashboards import Dashboards
 from .delivery import ModelDelivery
@@ -130,20 +131,18 @@ class RunRecorder:
         run = self.run
         members, cfg, strategy = run.members, run.cfg, run.strategy
         copied = time.perf_counter()
-        state = snapshot({
-            "round": server_round, "config": cfg.to_dict(),
-            "num_clients": run.num_clients, "client_names": list(members.names),
-            "member_keys": {name: key.hex() for name, key in members.keys.items()},
-            "impostors": list(members.attempts), "impostor_count": members.impostors,
-            **({"member_scaling": run.scaling} if run.scaling else {}),
-            **({"collaboration_policy": run.policy.record(cfg.collaboration_policy)}
-               if run.policy is not None else {}),
-            **({"warm_start": run.season.record} if run.season.record else {}),
-            "state_kind": family(strategy, cfg.strategy),
-            "arrays": arrays.to_torch_state_dict(), "random_state": random.getstate(),
-            "strategy": strategy.state_dict(), "run_token": run.token,
-            "wall_time_s": run.spent + time.time() - run.started,
-        })
+        state = snapshot(Checkpoint(
+            round=server_round, config=cfg.to_dict(), num_clients=run.num_clients,
+            arrays=arrays.to_torch_state_dict(), random_state=random.getstate(),
+            strategy=strategy.state_dict(), wall_time_s=run.spent + time.time() - run.started,
+            run_token=run.token, state_kind=family(strategy, cfg.strategy),
+            client_names=list(members.names),
+            member_keys={name: key.hex() for name, key in members.keys.items()},
+            impostors=list(members.attempts), impostor_count=members.impostors,
+            member_scaling=run.scaling or None,
+            collaboration_policy=run.policy.record(cfg.collaboration_policy)
+            if run.policy is not None else None,
+            warm_start=run.season.record or None).to_state())
         copied = time.perf_counter() - copied
 
         def write() -> None:

@@ -61,6 +61,7 @@ from strategies.core.records import RunFile
 from tasks.export import sha256_of
 from tasks.files import atomic_write, private_folder, strict_json
 
+from .checkpoint import Checkpoint, read_state
 from .config import ConfigError, RunConfig
 from .manifest import SEALED, Manifest, generation_floor, no_link
 from .manifest import read as read_manifest
@@ -343,11 +344,12 @@ class RunFolder:
         return path.stat().st_size, time.perf_counter() - started
 
     def load_checkpoint(self, check: Callable[[dict[str, Any]], str | None] | None = None
-                        ) -> dict[str, Any]:
+                        ) -> Checkpoint:
         """The newest intact checkpoint of a run to resume, checked against this run's config.
 
         Each file's sha256 must be the one recorded beside it, every tensor in it
-        finite, and ``check(state)`` (the caller's: shapes against the run's model)
+        finite, its state a :class:`~fedamp_flwr.checkpoint.Checkpoint` of a version this
+        app reads, and ``check(state)`` (the caller's: shapes against the run's model)
         None. A file that fails is refused with a WARNING line naming it and why, and
         the one before is tried (``checkpoint-keep`` are kept).
 
@@ -370,19 +372,21 @@ class RunFolder:
         refused: list[tuple[Path, str]] = []
         for path in self.checkpoints():
             state, problem = read_checkpoint(path, self.secret, self.name, manifest)
+            checkpoint, problem = read_state(state, problem, key)
             if problem is None:
                 problem = check(state) if check is not None else None
             if problem is None:
+                assert checkpoint is not None
                 if refused:
                     log(WARNING, "Resuming from %s (round %d), the newest intact checkpoint",
-                        path.name, state["round"])
-                state = self._same_run(state)
+                        path.name, checkpoint.round)
+                self._same_run(checkpoint)
                 self._manifest = manifest
                 for bad, _ in refused:  # kept for a look, out of the checkpoints' count
                     for f in (bad, digest_path(bad)):
                         if f.exists():
                             f.replace(f.with_name(f.name + ".refused"))
-                return state
+                return checkpoint
             refused.append((path, problem))
             log(WARNING, "Checkpoint %s refused: %s; trying the one before", path, problem)
         # none intact: every file stays as it is (a wrong or missing secret, say, is mended
@@ -391,19 +395,20 @@ class RunFolder:
         raise ConfigError(f"run config 'resume' = true: {self.path / 'checkpoint'} holds no "
                           f"intact checkpoint ({why}); allowed: overwrite = true to start over")
 
-    def _same_run(self, state: dict[str, Any]) -> dict[str, Any]:
-        differ = self.cfg.differences(state["config"], allowed=RESUMABLE_CHANGES)
+    def _same_run(self, checkpoint: Checkpoint) -> None:
+        """Raises ConfigError where the run config differs from the checkpoint's run (but for
+        the keys a resume may change) or asks fewer rounds than it has done."""
+        differ = self.cfg.differences(checkpoint.config, allowed=RESUMABLE_CHANGES)
         if differ:
             changes = ", ".join(f"'{k}' = {self.cfg.to_dict().get(k)!r} (was "
-                                f"{state['config'].get(k)!r})" for k in differ)
+                                f"{checkpoint.config.get(k)!r})" for k in differ)
             raise ConfigError(f"run config 'resume' = true, but the config differs from the run "
                               f"being resumed: {changes}; allowed: the same config, with a larger "
                               f"'num-server-rounds'")
-        if self.cfg.num_server_rounds < state["round"]:
+        if self.cfg.num_server_rounds < checkpoint.round:
             raise ConfigError(f"run config 'num-server-rounds' = {self.cfg.num_server_rounds} is "
-                              f"below the {state['round']} rounds the run has done; allowed: an "
-                              f"integer >= {state['round']}")
-        return state
+                              f"below the {checkpoint.round} rounds the run has done; allowed: "
+                              f"an integer >= {checkpoint.round}")
 
     def write_metrics(self, record: dict[str, Any]) -> None:
         """Rewrite metrics.json (atomic, strict JSON); an inferred client graph the record

@@ -27,6 +27,7 @@ from strategies.core.layout import dtypes_of, with_dtypes
 from strategies.core.roster import ClientInfo
 from tasks.export import sha256_of
 
+from .checkpoint import Checkpoint, read_state
 from .config import ConfigError, RunConfig
 from .manifest import holds_forgotten, no_link
 from .manifest import read as read_manifest
@@ -58,22 +59,28 @@ def family(strategy: StrategyBase, name: str) -> str:
     return f"{kind} of {name}" if strategy.STATE_KIND_OWN else kind
 
 
-def state_family(state: dict[str, Any]) -> str:
+def state_family(checkpoint: Checkpoint) -> str:
     """:func:`family` of a checkpoint (written with it; an older one: its strategy's own)."""
-    return str(state.get("state_kind") or
-               f"the state of {state.get('config', {}).get('strategy', '?')}")
+    return checkpoint.state_kind or f"the state of {checkpoint.config.get('strategy', '?')}"
 
 
 @dataclass
 class WarmStart:
-    """The run a warm start starts from: its folder's name, the round and sha256 of the
-    checkpoint read, the names by row (a forgotten member's is ""), and the state."""
+    """The run a warm start starts from: its folder's name, the sha256 of the checkpoint
+    read, and that checkpoint."""
 
     run: str
-    round: int
     digest: str
-    names: list[str]
-    state: dict[str, Any]
+    checkpoint: Checkpoint
+
+    @property
+    def round(self) -> int:
+        return self.checkpoint.round
+
+    @property
+    def names(self) -> list[str]:
+        """That run's clients by row (a forgotten member's is "")."""
+        return self.checkpoint.names()
 
     def rows(self, names: Sequence[str]) -> list[int | None]:
         """Each of this run's clients' row in that run (by name), None for one new to it."""
@@ -117,35 +124,36 @@ def _read(cfg: RunConfig, key: str, folder: Path, files: list[Path], secret: byt
     refused = []
     for path in files:
         state, problem = read_checkpoint(path, secret, folder.name, manifest)
+        checkpoint, problem = read_state(state, problem, key)
         if problem is None:
             problem = fits(state)
-        names = state.get("client_names") or []
+        names = checkpoint.client_names if checkpoint is not None else []
         # forgotten.json deleted, or not: the manifest remembers
         if problem is None and (gone & set(names) or
                                 holds_forgotten(names, manifest, secret, folder.name)):
             problem = ("it still holds a member the run has forgotten (forgotten.json, "
                        "the manifest)")
         if problem is None:
+            assert checkpoint is not None
             break
         refused.append(f"{path.name}: {problem}")
         log(WARNING, "Warm start: checkpoint %s refused: %s; trying the one before", path, problem)
     else:
         raise ConfigError(f"{key}: no intact checkpoint ({'; '.join(refused)})")
-    theirs = state.get("config", {})
+    assert checkpoint is not None
+    theirs = checkpoint.config
     differ = [k for k in SEASON_KEYS if cfg.value(k) != theirs.get(k, cfg.value(k))]
     if differ:
         raise ConfigError(f"{key}: that run does not fit this one: " + ", ".join(
             f"'{k}' = {cfg.value(k)!r} here, {theirs.get(k)!r} there" for k in differ)
             + "; allowed: the same task, members' schema and model")
-    names = [str(n) for n in state.get("client_names") or
-             [str(i) for i in range(int(state.get("num_clients", 0)))]]
-    return WarmStart(folder.name, int(state["round"]), sha256_of(path), names, state)
+    return WarmStart(folder.name, sha256_of(path), checkpoint)
 
 
 def check_family(warm: WarmStart, strategy: StrategyBase, name: str, key: str) -> None:
     """The method can start from that run's kind of state; a ConfigError says what differs."""
-    mine, theirs = family(strategy, name), state_family(warm.state)
-    if "state_kind" not in warm.state and warm.state.get("config", {}).get("strategy") == name:
+    mine, theirs = family(strategy, name), state_family(warm.checkpoint)
+    if not warm.checkpoint.state_kind and warm.checkpoint.config.get("strategy") == name:
         return  # a checkpoint of an older version: the same method keeps the same state
     if mine != theirs:
         raise ConfigError(f"{key}: run {warm.run!r} keeps {theirs}, strategy {name!r} "
@@ -170,11 +178,11 @@ class Season:
         warm = self.warm
         assert warm is not None
         try:
-            strategy.warm_start(warm.state["strategy"], warm.rows(names), initial)
+            strategy.warm_start(warm.checkpoint.strategy, warm.rows(names), initial)
         except (ValueError, KeyError, RuntimeError, IndexError) as err:
             raise ConfigError(f"{self.key}: run {warm.run!r} does not fit this run's "
                               f"strategy {self.strategy_name!r}: {err}") from None
-        arrays = with_dtypes(ArrayRecord(warm.state["arrays"]), dtypes_of(initial))
+        arrays = with_dtypes(ArrayRecord(warm.checkpoint.arrays), dtypes_of(initial))
         self.record = warm.record(names)
         log(INFO, "Warm start from run '%s' (round %d, checkpoint sha256 %s...): returning %s; "
             "new %s", warm.run, warm.round, warm.digest[:12], self.record["returning"],
@@ -188,7 +196,7 @@ class Season:
             return
         (old,) = self.warm.rows([info.name])
         if old is not None:
-            strategy.warm_row(self.warm.state["strategy"], old, info.client_id)
+            strategy.warm_row(self.warm.checkpoint.strategy, old, info.client_id)
         self.record["returning" if old is not None else "new"].append(info.name)
 
     def card_starts(self, started_from: dict[int, str], names: list[str]

@@ -37,6 +37,7 @@ from tasks.dp import noise_allowance
 from tasks.graphs import GraphError, build_graph, same_group_graph
 from tasks.tabular import pooled
 
+from .checkpoint import Checkpoint
 from .config import GRAPH_K_AUTO, ConfigError, RunConfig
 from .dashboards import Dashboards
 from .delivery import ModelDelivery, new_token
@@ -185,7 +186,7 @@ def member_roster(cfg: RunConfig, pinned: dict[str, bytes]) -> dict[str, bytes] 
 
 
 def member_scaling(cfg: RunConfig, clients: dict[int, ClientInfo],
-                   checkpoint: dict | None) -> dict | None:
+                   checkpoint: Checkpoint | None) -> dict | None:
     """The run's standardizing statistics for members' vector inputs (member-scaling =
     "pooled"): pooled from the column statistics the members found now gave (a resumed run keeps
     its checkpoint's: the models were trained on them); None where there are none (another
@@ -193,15 +194,15 @@ def member_scaling(cfg: RunConfig, clients: dict[int, ClientInfo],
     schema = cfg.member_schema()
     if schema is None or len(schema.input_shape) != 1:
         return None
-    if checkpoint is not None and "member-scaling" not in checkpoint.get("config", {}) \
+    if checkpoint is not None and "member-scaling" not in checkpoint.config \
             and cfg.member_scaling != "none":  # its models were trained on raw inputs
         raise ConfigError(f"run config 'member-scaling' = {cfg.member_scaling!r}: the run being "
                           "resumed (an older version's) did not standardize its members' "
                           "inputs; allowed: none, to resume it")
     if cfg.member_scaling != "pooled":
         return None
-    held = checkpoint.get("member_scaling") if checkpoint else None
-    if isinstance(held, dict):
+    held = checkpoint.member_scaling if checkpoint else None
+    if held is not None:
         return held
     stats = [i.stats for i in clients.values() if i.stats]
     if not stats:
@@ -221,17 +222,17 @@ def member_scaling(cfg: RunConfig, clients: dict[int, ClientInfo],
     return {"mean": mean, "std": std, "members": len(stats), "rows": rows}
 
 
-def checkpoint_keys(checkpoint: dict | None, cfg: RunConfig,
+def checkpoint_keys(checkpoint: Checkpoint | None, cfg: RunConfig,
                     source: str = "run config 'resume' = true") -> dict[str, bytes]:
     """The name -> key bindings a checkpoint holds (hex): a resumed run's own, or those of the
     run a warm start reads (``source`` names which), so that a returning member's name stays
     bound to the key it proved before. A members' checkpoint of an older version binds no
     name: it is resumed or started from only with a roster (else the first node to claim a
     member's name would get that member's stored model)."""
-    if not checkpoint or not checkpoint.get("client_names"):
+    if not checkpoint or not checkpoint.client_names:
         return {}
-    held = checkpoint.get("member_keys")
-    if not isinstance(held, dict):
+    held = checkpoint.member_keys
+    if held is None:
         if not cfg.member_roster:
             raise ConfigError(f"run config 'member-roster' = '': the checkpoint ({source}) "
                               "binds no member name to a key (an older version wrote it), so "
@@ -247,7 +248,7 @@ def checkpoint_keys(checkpoint: dict | None, cfg: RunConfig,
                           ) from None
     # a member of the run whose name binds no key (a roster dropped it, or the record was
     # altered) would go to the first node to claim it, with its stored state
-    unbound = sorted(str(n) for n in checkpoint["client_names"] if n and str(n) not in keys)
+    unbound = sorted(n for n in checkpoint.client_names if n and n not in keys)
     if unbound and not cfg.member_roster:
         raise ConfigError(f"run config 'member-roster' = '': the checkpoint ({source}) binds no "
                           f"key to its member(s) {unbound[:5]}, so any node could take their "
@@ -374,13 +375,13 @@ class ServerRun:
         folder.claim()
         self.checkpoint = folder.load_checkpoint(check=model_fits(cfg)) if cfg.resume else None
         if self.checkpoint is not None:
-            self.same_policy(self.checkpoint.get("collaboration_policy"))
+            self.same_policy(self.checkpoint.collaboration_policy)
         # a new season's run starts from another run's last state (a resumed one has its own)
         self.season = Season(cfg, read_warm_start(cfg, folder.secret, model_fits(cfg))
                              if cfg.warm_start and self.checkpoint is None else None,
-                             self.checkpoint.get("warm_start") if self.checkpoint else None)
+                             self.checkpoint.warm_start if self.checkpoint else None)
         log(INFO, "Run '%s': strategy %s, data %s; results in %s%s", folder.name, cfg.strategy,
-            cfg.data_label, folder.path, f"; resuming after round {self.checkpoint['round']}"
+            cfg.data_label, folder.path, f"; resuming after round {self.checkpoint.round}"
             if self.checkpoint else "")
         if cfg.validation_fraction > 0:
             log(INFO, "validation-fraction = %g: each client trains without that share of its "
@@ -418,22 +419,22 @@ class ServerRun:
     def find(self) -> None:
         """The clients and members (a checkpoint's first, in their order; the others join)."""
         cfg, checkpoint = self.cfg, self.checkpoint
-        known = list(checkpoint.get("client_names", [])) if checkpoint else []
+        known = list(checkpoint.client_names) if checkpoint else []
         # the names bound to keys: the run's own (resumed), or last season's (a warm start)
         warm = self.season.warm
         keys = checkpoint_keys(checkpoint, cfg) if checkpoint else checkpoint_keys(
-            warm.state if warm else None, cfg, self.season.key)
+            warm.checkpoint if warm else None, cfg, self.season.key)
         clients, members = find_clients(cfg, self.grid, known, keys,
                                         "checkpoint" if checkpoint else "warm start")
         if checkpoint:  # the attempts of the run so far, before this session's
-            before = [dict(a) for a in checkpoint.get("impostors", []) if isinstance(a, dict)]
+            before = list(checkpoint.impostors)
             members.attempts[:0] = before
             del members.attempts[:-KEPT_ATTEMPTS]
-            members.impostors += max(int(checkpoint.get("impostor_count", 0)), len(before))
+            members.impostors += max(checkpoint.impostor_count, len(before))
         self.members = members
         # the models a warm start brings were trained on its run's scaling: it is kept
         self.scaling = member_scaling(cfg, clients, checkpoint or (
-            warm.state if warm is not None else None))
+            warm.checkpoint if warm is not None else None))
         self.has_members = bool(members.names)
         # a checkpoint's members first: the strategy resumes with them, newer ones join after
         self.base = known if checkpoint and members.names else list(members.names)
@@ -476,23 +477,23 @@ class ServerRun:
         take the members that join, and open the models' delivery."""
         cfg, checkpoint = self.cfg, self.checkpoint
         self.arrays = self.initial
-        token = str(checkpoint.get("run_token", "")) if checkpoint else ""
+        token = checkpoint.run_token if checkpoint else ""
         self.token = token or new_token()
         if checkpoint is not None:
-            if checkpoint["num_clients"] != self.n:
+            if checkpoint.num_clients != self.n:
                 raise ConfigError(f"run config 'resume' = true: the run had "
-                                  f"{checkpoint['num_clients']} clients, {self.n} are "
+                                  f"{checkpoint.num_clients} clients, {self.n} are "
                                   "connected; allowed: the same clients")
             try:
-                self.strategy.load_state_dict(checkpoint["strategy"], self.initial)
+                self.strategy.load_state_dict(checkpoint.strategy, self.initial)
             except (ValueError, KeyError, RuntimeError) as err:
                 raise ConfigError(f"run config 'resume' = true: the checkpoint's state does "
                                   f"not fit this run's strategy ({type(err).__name__}: {err})"
                                   ) from None
             # in the model's dtypes (a checkpoint of an older version may hold float64 counters)
-            self.arrays = with_dtypes(ArrayRecord(checkpoint["arrays"]), dtypes_of(self.initial))
-            random.setstate(checkpoint["random_state"])
-            self.done, self.spent = checkpoint["round"], checkpoint["wall_time_s"]
+            self.arrays = with_dtypes(ArrayRecord(checkpoint.arrays), dtypes_of(self.initial))
+            random.setstate(checkpoint.random_state)
+            self.done, self.spent = checkpoint.round, checkpoint.wall_time_s
         elif self.season.warm is not None:
             self.arrays = self.season.start(self.strategy,
                                             self.base or [str(i) for i in range(self.n)],

@@ -538,8 +538,9 @@ class MembersFleet:
 
 def as_older_version(run: Path, secret: bytes | None = None) -> None:
     """Make run folder ``run`` look as a version before the manifest wrote it: no
-    ``checkpoint/manifest.json``, no register record, no generation in its checkpoints (each
-    sealed again, with ``secret`` where the run had one)."""
+    ``checkpoint/manifest.json``, no register record, no generation and no checkpoint
+    version (1, :mod:`fedamp_flwr.checkpoint`) in its checkpoints (each sealed again, with
+    ``secret`` where the run had one)."""
     from fedamp_flwr.manifest import MANIFEST, register_path
     from fedamp_flwr.results import checkpoint_files, digest_path, seal
 
@@ -548,5 +549,6 @@ def as_older_version(run: Path, secret: bytes | None = None) -> None:
     for path in checkpoint_files(run):
         state = torch.load(path, weights_only=True)
         state.pop("generation")
+        state.pop("version", None)
         torch.save(state, path)
         digest_path(path).write_text(f"{seal(path, secret, run.name)}  {path.name}\n")

@@ -75,6 +75,59 @@ def test_no_intact_checkpoint_is_one_clear_line(tmp_path):
         RunFolder(cfg).load_checkpoint()
 
 
+def test_a_checkpoint_of_version_1_resumes_and_one_of_a_newer_version_is_refused(tmp_path):
+    """A checkpoint as every version before the typed one wrote it (no ``version``, no
+    manifest or generation) resumes to an uninterrupted run's numbers; one of a version this
+    app does not know is refused, naming it."""
+    from fedamp_flwr.checkpoint import VERSION
+    from fedamp_flwr.results import digest_path, seal
+
+    from .helpers import as_older_version
+
+    whole = _run(tmp_path, "whole", 3)
+    _run(tmp_path, "run", 2, **{"checkpoint-keep": 1})
+    (path,) = checkpoint_files(tmp_path / "run")
+    assert torch.load(path, weights_only=True)["version"] == VERSION
+    as_older_version(tmp_path / "run")
+    assert "version" not in torch.load(path, weights_only=True)
+    resumed = _run(tmp_path, "run", 3, resume=True, **{"checkpoint-keep": 1})
+    assert [r["client_accuracy"] for r in resumed["rounds"]] == [
+        r["client_accuracy"] for r in whole["rounds"]]
+    as_older_version(tmp_path / "run")
+    (path,) = checkpoint_files(tmp_path / "run")
+    state = torch.load(path, weights_only=True)
+    torch.save({**state, "version": VERSION + 1}, path)
+    digest_path(path).write_text(f"{seal(path, None, 'run')}  {path.name}\n")
+    cfg = RunConfig.from_run_config({"results-dir": str(tmp_path), "run-name": "run",
+                                     "resume": True, "num-server-rounds": 4,
+                                     "checkpoint-keep": 1})
+    with pytest.raises(ConfigError, match=rf"round-000003.pt: run config 'resume' = true: the "
+                                          rf"checkpoint's version is {VERSION + 1}; allowed: 1 "
+                                          rf"to {VERSION}"):
+        RunFolder(cfg).load_checkpoint()
+
+
+def test_a_checkpoint_reads_back_what_it_wrote_and_names_a_field_it_lacks():
+    from fedamp_flwr.checkpoint import Checkpoint
+
+    written = Checkpoint(round=2, config={"seed": 0}, num_clients=3,
+                         arrays={"w": torch.ones(2)}, random_state=(3, (1, 2), None),
+                         strategy={"models": torch.zeros(3, 2)}, client_names=["a", "", "c"],
+                         member_keys={"a": "00" * 32}, impostor_count=1)
+    state = written.to_state()
+    assert "member_scaling" not in state and state["version"] == written.version
+    assert Checkpoint.from_state(state, "here") == written
+    # what a version before wrote none of reads as its default
+    old = {k: state[k] for k in Checkpoint.REQUIRED}
+    read = Checkpoint.from_state(old, "here")
+    assert (read.version, read.member_keys, read.client_names, read.names()) == (
+        1, None, [], ["0", "1", "2"])
+    with pytest.raises(ConfigError, match="here: the checkpoint's 'round' is str; allowed: int"):
+        Checkpoint.from_state({**state, "round": "2"}, "here")
+    with pytest.raises(ConfigError, match="'strategy' is NoneType; allowed: dict"):
+        Checkpoint.from_state({k: v for k, v in state.items() if k != "strategy"}, "here")
+
+
 def test_a_state_with_non_finite_values_is_never_checkpointed(tmp_path):
     cfg = RunConfig.from_run_config({"results-dir": str(tmp_path), "run-name": "run"})
     folder = RunFolder(cfg)
@@ -173,14 +226,14 @@ def test_a_sealed_checkpoint_edited_with_its_digest_recomputed_is_refused(tmp_pa
                                      "resume": True, "min-nodes": 3, "local-epochs": 1,
                                      "save-models": "none", "server-device": "cpu"})
     with caplog.at_level(logging.WARNING):
-        assert RunFolder(cfg).load_checkpoint()["round"] == 1
+        assert RunFolder(cfg).load_checkpoint().round == 1
     assert "round-000002.pt the folder's manifest (generation 2) records" in caplog.text
     for kept in (newest, digest_path(newest)):  # put back where the resume moved them
         kept.with_name(kept.name + ".refused").rename(kept)
     held = manifests.read(tmp_path / "open", None, "open", "test")
     held.checkpoints[newest.name] = seal(newest, None, "open")
     manifests.write(tmp_path / "open", held, None, "open")
-    assert RunFolder(cfg).load_checkpoint()["round"] == 2
+    assert RunFolder(cfg).load_checkpoint().round == 2
 
 
 def test_a_checkpoint_secret_is_checked_before_any_work(tmp_path, monkeypatch):

@@ -1,0 +1,155 @@
+"""A run's checkpoint, typed: :class:`Checkpoint` is what the ServerApp writes after a round
+(``fedamp_flwr/recorder.py``) and reads back to resume (``server_app.ServerRun``) or to
+start a new season from (``fedamp_flwr/seasons.py``).
+
+The file around it (its digest or seal, the manifest's generation, ``format``) is
+``fedamp_flwr/results.py``'s. The strategy's own part, ``strategy``, is the strategy's
+(``state_dict`` / ``load_state_dict``; the parts it keeps per client are declared in
+``strategies.core.client_state``): held here whole, never read.
+
+Versions (``version``): 1, every checkpoint written before issue 59 (no ``version`` key;
+what a version before it did not write reads as its default: no member keys, no state
+kind, no token); 2, this one. A file of a newer version is refused, naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .config import ConfigError
+
+#: the checkpoint's version (1: the files before issue 59, which carry none)
+VERSION = 2
+
+
+def _dict_or_none(value: Any) -> dict[str, Any] | None:
+    return dict(value) if isinstance(value, dict) else None
+
+
+def _number(value: Any, kind: type, default: Any) -> Any:
+    """``value`` as a ``kind`` >= 0, or ``default`` where it is none."""
+    try:
+        return max(kind(value), 0)
+    except (TypeError, ValueError, OverflowError):
+        return default
+
+
+@dataclass
+class Checkpoint:
+    """A run's state after round ``round``.
+
+    Attributes
+    ----------
+    round, num_clients : int
+        The rounds done; the clients the strategy holds.
+    config : dict
+        The run config, every key resolved (what a resume is compared with).
+    arrays : dict[str, torch.Tensor]
+        The global model.
+    random_state : Any
+        Python's ``random`` state (Flower's strategies sample with it).
+    strategy : dict
+        The strategy's own state (``state_dict``).
+    wall_time_s : float
+        The run's seconds so far.
+    run_token : str
+        The run's token (its members' model files carry it).
+    state_kind : str
+        The kind of state the method keeps (``seasons.family``; "": version 1's, its
+        strategy's own).
+    client_names : list[str]
+        The members by client id ("": a forgotten one; empty: a partitioned simulation).
+    member_keys : dict[str, str] | None
+        Each member's public key (hex) by name; None: a version that bound no name.
+    impostors, impostor_count
+        The refused attempts to take a member's name (the last ones) and their count.
+    member_scaling, collaboration_policy, warm_start : dict | None
+        The pooled input scaling, the policy's record (its sha256) and the warm start's
+        record, where the run has them.
+    version : int
+        The version it was written in.
+    """
+
+    round: int
+    config: dict[str, Any]
+    num_clients: int
+    arrays: dict[str, torch.Tensor]
+    random_state: Any
+    strategy: dict[str, Any]
+    wall_time_s: float = 0.0
+    run_token: str = ""
+    state_kind: str = ""
+    client_names: list[str] = field(default_factory=list)
+    member_keys: dict[str, str] | None = None
+    impostors: list[dict[str, Any]] = field(default_factory=list)
+    impostor_count: int = 0
+    member_scaling: dict[str, Any] | None = None
+    collaboration_policy: dict[str, Any] | None = None
+    warm_start: dict[str, Any] | None = None
+    version: int = VERSION
+
+    #: written only where the run has them (a run without them writes what it did before)
+    OPTIONAL = ("member_scaling", "collaboration_policy", "warm_start")
+    #: what a file must hold, and of which type
+    REQUIRED = {"round": int, "num_clients": int, "config": dict, "arrays": dict,
+                "strategy": dict}
+
+    def to_state(self) -> dict[str, Any]:
+        """What the checkpoint file holds (``results.RunFolder.save_checkpoint`` adds its
+        ``format`` and ``generation``)."""
+        state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {k: v for k, v in state.items() if not (k in self.OPTIONAL and v is None)}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any], source: str) -> Checkpoint:
+        """The checkpoint a file held (read and checked by ``results.read_checkpoint``), of
+        any version up to :data:`VERSION`; ``source`` names the run-config key that read it.
+        Raises ConfigError for a newer version or a missing or mistyped required field."""
+        version = state.get("version", 1)
+        if isinstance(version, bool) or not isinstance(version, int) or \
+                not 1 <= version <= VERSION:
+            raise ConfigError(f"{source}: the checkpoint's version is {version!r}; allowed: 1 "
+                              f"to {VERSION} (a newer version of the app wrote it: run that "
+                              "version)")
+        for key, kind in cls.REQUIRED.items():
+            value = state.get(key)
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise ConfigError(f"{source}: the checkpoint's {key!r} is "
+                                  f"{type(value).__name__}; allowed: {kind.__name__}")
+        names, impostors = state.get("client_names"), state.get("impostors")
+        return cls(
+            round=state["round"], config=dict(state["config"]), num_clients=state["num_clients"],
+            arrays=dict(state["arrays"]), random_state=state.get("random_state"),
+            strategy=dict(state["strategy"]),
+            wall_time_s=_number(state.get("wall_time_s"), float, 0.0),
+            run_token=str(state.get("run_token") or ""),
+            state_kind=str(state.get("state_kind") or ""),
+            client_names=[str(n) for n in names] if isinstance(names, list) else [],
+            member_keys=_dict_or_none(state.get("member_keys")),
+            impostors=[dict(a) for a in impostors if isinstance(a, dict)]
+            if isinstance(impostors, list) else [],
+            impostor_count=_number(state.get("impostor_count"), int, 0),
+            member_scaling=_dict_or_none(state.get("member_scaling")),
+            collaboration_policy=_dict_or_none(state.get("collaboration_policy")),
+            warm_start=_dict_or_none(state.get("warm_start")), version=version)
+
+    def names(self) -> list[str]:
+        """The members by client id, or, a partitioned simulation, the client ids as text."""
+        return self.client_names or [str(i) for i in range(self.num_clients)]
+
+
+def read_state(state: Mapping[str, Any], problem: str | None, source: str
+               ) -> tuple[Checkpoint | None, str | None]:
+    """A checkpoint file's state (``results.read_checkpoint``: ``state`` and ``problem``) as a
+    :class:`Checkpoint`, or None and why it cannot be one."""
+    if problem is not None:
+        return None, problem
+    try:
+        return Checkpoint.from_state(state, source), None
+    except ConfigError as err:
+        return None, str(err)
