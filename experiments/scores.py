@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,40 +54,63 @@ STATUS_FILE = "status.json"
 COMPLETED = "finished:completed"
 
 
+def _of_file(read: Callable[[RunFile], Any]) -> property:
+    """A :class:`RunRecord`'s fact that is its file's (``run.strategy`` is
+    ``run.file.strategy``)."""
+    return property(lambda self: read(self.file), doc="The run's, as its metrics.json says.")
+
+
 @dataclass
 class RunRecord:
-    """One run, as its ``metrics.json`` (and the runner's ``status.json``) say: the one
-    schema the report reads.
+    """One run, as its ``metrics.json`` (``file``, a :class:`RunFile`) and the runner's
+    ``status.json`` say: the one schema the report reads.
+
+    The file's facts are read through it (``run_name``, ``strategy``, ``label``,
+    ``dataset``, ``seed``, ``num_clients``, ``rounds``, ``config``, ``finished``,
+    ``wall_time_s``, ``novel_clients``, ``attackers``, ``xi``; ``recorded``: the headline
+    numbers the run recorded itself, ``bmta``, ``novel_bmta``, ``best_mean_mse``,
+    ``novel_best_mean_mse``). A ``metrics.json`` without ``finished`` (written by hand, or
+    by an older version) counts as finished. Beside them, what is read from them:
 
     ``kind`` is the task's (``classification``: scored by BMTA; ``regression``: by the
     best mean test MSE), which the ServerApp writes as ``task_kind``; for an older
     ``metrics.json`` without it, it is read from which metrics the rounds hold.
-    ``recorded`` holds the headline numbers the run recorded itself (``bmta``,
-    ``novel_bmta``, ``best_mean_mse``, ``novel_best_mean_mse``). A ``metrics.json``
-    without ``finished`` (written by hand, or by an older version) counts as finished.
+    ``partitioning``: the file's, or a federated task's (which records none) its
+    config's. ``sigma``: each FedAMP method's. ``status``, ``timed_out``,
+    ``flower_run_id``: ``status.json``'s. ``directory``: where the file was found.
     """
 
-    run_name: str = ""
-    strategy: str = "?"
-    label: str = ""
-    dataset: str = "?"
-    partitioning: str = "?"
-    seed: int | None = None
-    num_clients: int | None = None
+    file: RunFile = field(default_factory=RunFile)
     kind: str = CLASSIFICATION
-    rounds: list[dict[str, Any]] = field(default_factory=list)
-    config: dict[str, Any] = field(default_factory=dict)
-    finished: bool = True
+    partitioning: str = "?"
+    sigma: dict[str, Any] = field(default_factory=dict)
     status: str | None = None
     timed_out: bool | None = None
     flower_run_id: str | None = None
-    wall_time_s: float | None = None
-    sigma: dict[str, Any] = field(default_factory=dict)
-    xi: dict[str, Any] | None = None
-    novel_clients: list[Any] = field(default_factory=list)
-    attackers: list[Any] = field(default_factory=list)
-    recorded: dict[str, float] = field(default_factory=dict)
     directory: str = ""
+
+    run_name = _of_file(lambda f: f.run_name)
+    strategy = _of_file(lambda f: f.strategy)
+    label = _of_file(lambda f: f.label)
+    dataset = _of_file(lambda f: f.dataset)
+    seed = _of_file(lambda f: f.seed)
+    num_clients = _of_file(lambda f: f.num_clients)
+    rounds = _of_file(lambda f: f.rounds)
+    config = _of_file(lambda f: f.config)
+    finished = _of_file(lambda f: f.finished)
+    wall_time_s = _of_file(lambda f: f.wall_time_s)
+    novel_clients = _of_file(lambda f: f.novel_clients)
+    attackers = _of_file(lambda f: f.attackers)
+
+    @property
+    def xi(self) -> dict[str, Any] | None:
+        """Where FedAMP's weights are (None: the run kept none)."""
+        return self.file.xi or None
+
+    @property
+    def recorded(self) -> dict[str, float]:
+        """The headline numbers the run recorded itself."""
+        return self.file.headlines
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], directory: str = "",
@@ -102,17 +125,13 @@ class RunRecord:
         if kind not in (CLASSIFICATION, REGRESSION):  # an older metrics.json
             kind = REGRESSION if run.score.metric != score_of(False).metric else CLASSIFICATION
         return cls(
-            run_name=run.run_name, strategy=run.strategy, label=run.label, dataset=run.dataset,
+            file=run, kind=kind,
             # a federated task's metrics.json records no partitioning: its config's (unused)
             partitioning=str(run.partitioning or run.config.get("partitioning") or "?"),
-            seed=run.seed, num_clients=run.num_clients, kind=kind, rounds=run.rounds,
-            config=run.config, finished=run.finished,
-            status=None if status is None else status.get("status"),
+            sigma=_sigmas(run), status=None if status is None else status.get("status"),
             timed_out=None if status is None else status.get("timed_out"),
             flower_run_id=None if status is None else status.get("run_id"),
-            wall_time_s=run.wall_time_s, sigma=_sigmas(run), xi=run.xi or None,
-            novel_clients=list(run.novel_clients), attackers=list(run.attackers),
-            recorded=dict(run.headlines), directory=directory)
+            directory=directory)
 
 
 # ---------------------------------------------------------------------------

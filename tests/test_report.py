@@ -16,6 +16,7 @@ import pytest
 
 from experiments import report, scores, tables
 from experiments.scores import RunRecord
+from strategies.core.records import RunFile
 
 from .helpers import fake_run
 
@@ -145,7 +146,7 @@ def test_horizon_share_gap_and_plots(tmp_path: Path, capsys) -> None:
 
     from experiments import horizon
 
-    run = RunRecord(dataset="fmnist", partitioning="practical")
+    run = RunRecord(RunFile(dataset="fmnist"), partitioning="practical")
     groups = np.repeat(np.arange(5), 4)  # 20 clients, 4 per group
     xi = np.where(groups[:, None] == groups[None, :], 0.25, 0.0)
     assert horizon.own_group_share(run, xi, list(range(20))) == pytest.approx(0.75)
