@@ -74,7 +74,7 @@ from experiments.jobs import parse_jobs
 from experiments.presets import PRESETS, ConfigError, Grid, Run, apply_overrides, expand
 from experiments.runner import run_grid
 from experiments.tuning import VALIDATION_FRACTION, apply_tuned, choose, tuning_runs
-from fedamp_flwr.dashboards import missing_extras
+from fedamp_flwr.server.dashboards import missing_extras
 from strategies.core.registry import budget_tuned
 
 ROOT = Path(__file__).resolve().parent

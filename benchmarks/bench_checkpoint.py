@@ -22,7 +22,7 @@ import torch
 import strategies
 import tasks
 from fedamp_flwr.config import RunConfig
-from fedamp_flwr.results import RunFolder
+from fedamp_flwr.server.results import RunFolder
 from fedamp_flwr.server_app import run_setup
 from strategies.core.roster import ClientInfo
 

@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from experiments.processes import SuperLink, free_port, stop_tree
-from fedamp_flwr.results import strict_json
+from fedamp_flwr.server.results import strict_json
 
 ROOT = Path(__file__).resolve().parents[1]
 

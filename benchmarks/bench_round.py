@@ -1,7 +1,7 @@
 """One round of Fashion-MNIST practical, phase by phase, against its floor in the same process.
 
 For each number of clients and each strategy, a fresh process runs the app in
-process (the real ServerApp and ClientApp, ``fedamp_flwr.inprocess``) for
+process (the real ServerApp and ClientApp, ``fedamp_flwr.tools.inprocess``) for
 ``--rounds`` rounds of ``--local-steps`` Adam steps of the task's CNN per
 client, and times every phase of each round after the first (the first reads
 and partitions the data); the fastest of those rounds is reported:
@@ -40,7 +40,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fedamp_flwr.results import strict_json
+from fedamp_flwr.server.results import strict_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,9 @@ cfg, n, floor_rounds = json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4
 import torch
 from flwr.app import ArrayRecord
 import tasks, strategies
-from fedamp_flwr import client_app, rounds, inprocess, results
+from fedamp_flwr import client_app
+from fedamp_flwr.server import rounds, results
+from fedamp_flwr.tools import inprocess
 from strategies.core import layout, base
 
 PHASES = ("training", "evaluation", "serialisation", "server", "checkpoint")
@@ -88,7 +90,7 @@ for cls in (base.FlowerStrategy, base.PersonalRounds, base.PersonalizedStrategy,
     for name in ("configure_train", "aggregate_train", "configure_evaluate", "aggregate_evaluate"):
         if name in vars(cls):
             patch(cls, name, "server")
-import fedamp_flwr.recorder as recorder
+import fedamp_flwr.server.recorder as recorder
 import fedamp_flwr.server_app as server_app
 # the round's part of a checkpoint: the copy in memory (the writer's thread writes it while
 # the next round runs, off the round's path)

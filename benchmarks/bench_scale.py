@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
 import json, resource, sys, time
-from fedamp_flwr.inprocess import run_inprocess
+from fedamp_flwr.tools.inprocess import run_inprocess
 cfg, n = json.loads(sys.argv[2]), int(sys.argv[3])
 started = time.perf_counter()
 run_inprocess(cfg, n, None)

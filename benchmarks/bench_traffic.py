@@ -51,7 +51,7 @@ def timed(cls, name):
 for cls in (FlowerStrategy, PersonalizedStrategy):
     for name in ("configure_train", "aggregate_train", "configure_evaluate", "aggregate_evaluate"):
         timed(cls, name)
-from fedamp_flwr.inprocess import run_inprocess
+from fedamp_flwr.tools.inprocess import run_inprocess
 cfg, n = json.loads(sys.argv[2]), int(sys.argv[3])
 started = time.perf_counter()
 run_inprocess(cfg, n, None)

@@ -364,7 +364,7 @@ class FlowerRun:
 #: what Flower's SuperLink says of a run whose ServerApp it lost: the task's heartbeat stopped
 #: (it was restarted, or the ServerApp's process died with it)
 LOST_RUN = ("No heartbeat received from the task", "Task failed because the run expired")
-#: what a resumed run says when there was no checkpoint to resume (fedamp_flwr/results.py)
+#: what a resumed run says when there was no checkpoint to resume (fedamp_flwr/server/results.py)
 NO_CHECKPOINT = "holds no checkpoint"
 
 

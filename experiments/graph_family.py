@@ -8,7 +8,7 @@ Each task is GRDA's spiral generator (:mod:`experiments.grda_task`) at a client 
 number of points per class and client (few: a client needs its neighbours, and the graph
 matters a lot; many: a little) and a task seed; the ``choose`` half has the even task seeds,
 the ``report`` half the odd ones, so that no default is tested on a task it was chosen on.
-Every run is the real app in process (:func:`fedamp_flwr.inprocess.run_inprocess`) at the
+Every run is the real app in process (:func:`fedamp_flwr.tools.inprocess.run_inprocess`) at the
 run config's defaults but for the keys ``--set`` gives (pFedHN all but the ``graph-*`` keys,
 which only the inferred graph reads): pFedHN, and Panacea with ``graph = "inferred"``, at
 each run seed. Written: ``<out>/<half>.json`` (one row per task and seed:
@@ -54,7 +54,7 @@ def task_name(task: dict[str, int]) -> str:
 def run(out: Path, task: dict[str, int], strategy: str, seed: int, rounds: int,
         extra: dict[str, Any]) -> dict[str, Any]:
     """One run's metrics.json (run now, or kept from before)."""
-    from fedamp_flwr.inprocess import run_inprocess
+    from fedamp_flwr.tools.inprocess import run_inprocess
 
     npz = out / "tasks" / f"{task_name(task)}.npz"
     if not npz.is_file():

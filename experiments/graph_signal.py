@@ -5,7 +5,7 @@ can be worse than none").
     python -m experiments.graph_signal --task tpt48 --data-dir ../shared/data --rounds 8 \\
         --out /tmp/signal
 
-For each task the real app runs in process (``fedamp_flwr.inprocess``): Panacea with
+For each task the real app runs in process (``fedamp_flwr.tools.inprocess``): Panacea with
 ``graph = "inferred"`` and a warm-up of ``--rounds`` rounds (every client trains from the same
 initial model each round), and pFedHN (no graph) for ``--rounds`` rounds, whose generated
 models and updates are the signal a graph refreshed during training would have. Each round's
@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from fedamp_flwr.inprocess import run_inprocess
+from fedamp_flwr.tools.inprocess import run_inprocess
 from strategies.panacea import Panacea
 from tasks.files import strict_json
 from tasks.graphs import SIMILARITIES, cosine_knn_graph, edge_agreement

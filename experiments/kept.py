@@ -8,7 +8,7 @@ for training). A run (``--strategy``, FedAMP by default) goes at its defaults, e
 unset but the members' schema, in the in-process engine (the real ServerApp and
 ClientApps); every member's node writes the model it takes home and its card (node
 config ``model-dir``; its own rule for the model it keeps at its defaults:
-fedamp_flwr/member_choice.py). From each card: the kept model, and its test rows' scores
+fedamp_flwr/member/member_choice.py). From each card: the kept model, and its test rows' scores
 (scored once, after the choice). The reference is what the member would fit itself:
 scikit-learn's ``LogisticRegression()`` on all of its training rows standardized by their
 own statistics, scored on the same test rows (AUC one-vs-rest, averaged over the classes
@@ -61,7 +61,7 @@ def logistic(path: str, classes: list[str]) -> dict[str, float]:
 def run(dataset: str, seed: int, out: Path, strategy: str, rounds: int | None,
         extra: dict | None = None) -> list[dict]:
     """One run of ``strategy`` over ``dataset``'s members: a row per member."""
-    from fedamp_flwr.inprocess import run_inprocess
+    from fedamp_flwr.tools.inprocess import run_inprocess
 
     folder = out / dataset / f"seed-{seed}"
     nodes, schema = members(dataset, folder, seed)

@@ -167,7 +167,7 @@ def xi_matrices(run: RunRecord) -> tuple[list[int], dict[int, np.ndarray]]:
         return list(xi.get("client_ids") or []), {int(r): np.asarray(m, dtype=float)
                                                   for r, m in xi["rounds"].items() if m}
     if xi.get("recorded_rounds") and run.directory:
-        from fedamp_flwr.results import load_xi
+        from fedamp_flwr.server.results import load_xi
 
         return load_xi(run.directory)
     return [], {}

@@ -37,13 +37,13 @@ from typing import Any, TextIO
 import numpy as np
 
 from experiments.presets import Run
-from fedamp_flwr.rounds import ROUND_DONE, ROUND_START  # a round's start and end in the log
+from fedamp_flwr.server.rounds import ROUND_DONE, ROUND_START  # a round's start and end in the log
 
 #: a run submitted to its SuperLink, as the runner says it (experiments.runner.run_one)
 SUBMITTED = re.compile(r": submitted as run (\d+)")
 #: a run's milestones before its first round, as the ServerApp logs them: its start
 #: (fedamp_flwr.server_app, "Run '<name>': strategy ..."), its clients found
-#: (fedamp_flwr.discovery), its first round's start; each with what the grid says of it
+#: (fedamp_flwr.server.discovery), its first round's start; each with what the grid says of it
 MILESTONES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"Run '[^']*': strategy "), "ServerApp started"),
     (re.compile(r"Asking (\d+) node\(s\) which clients"), "asking {0} node(s) who they are "

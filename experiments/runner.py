@@ -37,7 +37,7 @@ from experiments.presets import Run
 from experiments.processes import SuperLink
 from experiments.progress import GridProgress, shown
 from fedamp_flwr.config import RunConfig, default_values
-from fedamp_flwr.results import checkpoint_files
+from fedamp_flwr.server.results import checkpoint_files
 from strategies.core.records import RunFile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,7 +179,7 @@ def run_one_inprocess(output: Path, run: Run, prefix: str,
                       emit: Callable[[str], None] | None = None) -> RunOutcome:
     """One run of this app's ServerApp and ClientApp in this process (``--engine inprocess``);
     prints a line per round; its outcome goes to ``runs/<name>/status.json`` too."""
-    from fedamp_flwr.inprocess import run_inprocess  # torch and the app: only in process
+    from fedamp_flwr.tools.inprocess import run_inprocess  # torch and the app: only in process
 
     run_dir, run_config, _ = _start(output, run, prefix)
     show = _progress(prefix, emit)

@@ -28,7 +28,7 @@ import numpy as np
 
 import tasks
 from experiments.make_sites import member_name, write_sites
-from fedamp_flwr.inprocess import run_inprocess
+from fedamp_flwr.tools.inprocess import run_inprocess
 from strategies.core.base import PersonalizedStrategy
 from strategies.core.records import client_scores
 from strategies.fedamp import FedAMP

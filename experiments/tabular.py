@@ -8,7 +8,7 @@ rows, 13 columns from about 0.1 to 1,680, 3 classes; ``--dataset breast_cancer``
 30 columns, 2 classes) is cut into three members, each with its own class mix (a member
 draws most of its rows from one class), written as each member's CSV with raw columns, a
 text label and a ``split`` column (70% train). Each method runs at its defaults in the
-in-process engine (``fedamp_flwr.inprocess``: the real ServerApp and ClientApps), once
+in-process engine (``fedamp_flwr.tools.inprocess``: the real ServerApp and ClientApps), once
 per way of standardizing the members' columns (``member-scaling``: pooled, own, none), for
 ``--rounds`` rounds; the table gives each member's test accuracy in the last round (the
 model it takes home), and what it fits alone: scikit-learn's logistic regression on its
@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from flwr.common.config import parse_config_args
 
     extra = parse_config_args([" ".join(args.set)]) if args.set else {}
-    from fedamp_flwr.inprocess import run_inprocess
+    from fedamp_flwr.tools.inprocess import run_inprocess
 
     rows: dict[tuple[str, str], list[float]] = {}
     alone: dict[str, list[float]] = {"logistic (sklearn, own scaling)": [],

@@ -49,7 +49,7 @@ from experiments.budget import budget_of
 from experiments.presets import Grid, Run, expand
 from experiments.scores import complete, is_regression, load_runs, score
 from fedamp_flwr.config import GENERIC_AUTO, RunConfig
-from fedamp_flwr.results import strict_json
+from fedamp_flwr.server.results import strict_json
 from strategies import STRATEGIES
 from strategies.core.registry import untuned
 

@@ -1,4 +1,6 @@
-"""Flower app wiring: ServerApp, ClientApp and the validated run config."""
+"""Flower app wiring, by side: the ServerApp (``server_app.py``, its steps in ``server/``), the
+ClientApp (``client_app.py``, a member's machine in ``member/``), what both share (the
+validated run config, members' keys, model cards) and the tools beside a run (``tools/``)."""
 
 import warnings
 

@@ -125,12 +125,14 @@ from tasks.train import evaluate as evaluate_model
 from tasks.train import num_steps
 from tasks.train import train as train_model
 
-from . import identity, member_choice
+from . import identity
+from .cards import MODEL_DIR
 from .config import ConfigError, RunConfig
-from .delivery import MODEL_DIR, keep_tested_model
 from .identity import IdentityError
-from .ledger import MAX_EPSILON, Declined, Ledger, NodePrivacy, data_digest
-from .member_choice import Choice
+from .member import member_choice
+from .member.keeping import keep_tested_model
+from .member.ledger import MAX_EPSILON, Declined, Ledger, NodePrivacy, data_digest
+from .member.member_choice import Choice
 from .sizes import check_client_memory
 
 app = ClientApp()

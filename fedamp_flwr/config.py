@@ -57,11 +57,11 @@ from .sizes import check_client_memory
 
 #: the longest run-name (a folder name on the coordinator's and the members' machines)
 RUN_NAME_MOST = 200
-#: which models a run keeps (fedamp_flwr/delivery.py)
+#: which models a run keeps (fedamp_flwr/server/delivery.py)
 SAVE_MODES = ("final", "every-checkpoint", "best-validation", "none")
 #: how members' vector inputs are standardized (tasks/tabular.py)
 SCALINGS = ("pooled", "own", "none")
-#: differential privacy on the members' machines (fedamp_flwr/ledger.py)
+#: differential privacy on the members' machines (fedamp_flwr/member/ledger.py)
 DP_MODES = ("none", "update", "dp-sgd")
 
 # The generic settings that take "auto", and their values where neither the task nor the
@@ -316,7 +316,7 @@ class FolderKeys(DataKeys):
 
     def _check_dashboards(self) -> None:
         """The MLflow keys together (the packages are the ServerApp's: a member's node needs
-        neither, :func:`fedamp_flwr.dashboards.check_packages`)."""
+        neither, :func:`fedamp_flwr.server.dashboards.check_packages`)."""
         if self.mlflow_uri and not self.mlflow:
             raise _bad("mlflow-uri", self.mlflow_uri, '"" unless mlflow = true', kind="conflict")
 

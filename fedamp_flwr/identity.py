@@ -6,7 +6,7 @@ its first run (:func:`member_key`), and proves the name with it: in the query ro
 server sends every node a fresh random challenge, and a member answers with its public
 key and its signature over the challenge, its name and its node id (:func:`sign`). The
 server checks the signature (:func:`verify`) and the key against the one bound to the
-name (:mod:`fedamp_flwr.membership`): the key a roster names (run config
+name (:mod:`fedamp_flwr.server.membership`): the key a roster names (run config
 ``member-roster``, a file on the coordinator's machine: :func:`read_roster`), or else the
 key the name was first accepted with in this run (pinned on first use, kept in the
 checkpoint). A node that cannot prove the name gets nothing for it.

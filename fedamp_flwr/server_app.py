@@ -37,22 +37,22 @@ from tasks.dp import noise_allowance
 from tasks.graphs import GraphError, build_graph, same_group_graph
 from tasks.tabular import pooled
 
-from .checkpoint import Checkpoint
 from .config import GRAPH_K_AUTO, ConfigError, RunConfig
-from .dashboards import Dashboards
-from .delivery import ModelDelivery, new_token
-from .discovery import ClientSetupError, discover_clients, discover_members
 from .identity import IdentityError, fingerprint, read_roster
-from .manifest import register_dir
-from .membership import KEPT_ATTEMPTS, Membership
-from .preflight import check_before_clients
-from .recorder import RunRecorder
-from .results import MODELS_FOLDER, RunFolder, Writer, XiFiles
-from .rounds import RoundsFailedError, online_view, run_rounds
-from .run_summary import say_summary
-from .seasons import Season, check_family, read_warm_start
+from .server.checkpoint import Checkpoint
+from .server.dashboards import Dashboards
+from .server.delivery import ModelDelivery, new_token
+from .server.discovery import ClientSetupError, discover_clients, discover_members
+from .server.manifest import register_dir
+from .server.membership import KEPT_ATTEMPTS, Membership
+from .server.preflight import check_before_clients
+from .server.recorder import RunRecorder
+from .server.results import MODELS_FOLDER, RunFolder, Writer, XiFiles
+from .server.rounds import RoundsFailedError, online_view, run_rounds
+from .server.run_summary import say_summary
+from .server.seasons import Season, check_family, read_warm_start
+from .server.transport import send_and_receive
 from .sizes import check_server_memory
-from .transport import send_and_receive
 
 app = ServerApp()
 
@@ -122,7 +122,7 @@ def client_graph(cfg: RunConfig, dc: tasks.DataConfig, names: list[str] | None =
                  policy: ApartPolicy | None = None) -> torch.Tensor | None:
     """The validated client graph of the run (only for strategies that use one).
 
-    Rows are client ids 0..n-1 (:func:`fedamp_flwr.discovery.discover_clients` ensures
+    Rows are client ids 0..n-1 (:func:`fedamp_flwr.server.discovery.discover_clients` ensures
     that every partition id has its node); in a run over members' own data,
     ``names`` are the members' names by client id, which the graph file uses. ``policy``:
     the run's collaboration policy, whose pairs kept apart lose their edge.
@@ -341,10 +341,10 @@ def _main(grid: Grid, context: Context) -> None:
 class ServerRun:
     """One run of the ServerApp, step by step: :meth:`setup` (the run folder, a checkpoint,
     the clients and members, the model and the strategy), :meth:`restore` (a checkpoint's
-    state or a warm start's, :class:`fedamp_flwr.seasons.Season`, then the members that join)
+    state or a warm start's, :class:`fedamp_flwr.server.seasons.Season`, then the members that join)
     and :meth:`execute` (the rounds, each followed by the checkpoint, metrics.json and the
-    dashboards of :class:`fedamp_flwr.recorder.RunRecorder`); the log's summary is
-    :func:`fedamp_flwr.run_summary.say_summary`. Nothing of a step runs before the step before
+    dashboards of :class:`fedamp_flwr.server.recorder.RunRecorder`); the log's summary is
+    :func:`fedamp_flwr.server.run_summary.say_summary`. Nothing of a step runs before the step before
     it has checked its inputs."""
 
     def __init__(self, grid: Grid, cfg: RunConfig) -> None:

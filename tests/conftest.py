@@ -38,7 +38,7 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 import pytest  # noqa: E402 - after the environment the app's modules read
 
-from fedamp_flwr.inprocess import task_identity as inprocess_task_identity  # noqa: E402
+from fedamp_flwr.tools.inprocess import task_identity as inprocess_task_identity  # noqa: E402
 
 from .helpers import MembersFleet, Processes  # noqa: E402
 

@@ -45,7 +45,7 @@ import tasks
 from experiments.make_sites import member_name
 from experiments.processes import SuperLink, free_port, stop_trees
 from fedamp_flwr import server_app
-from fedamp_flwr.inprocess import InProcessGrid, run_inprocess, task_identity
+from fedamp_flwr.tools.inprocess import InProcessGrid, run_inprocess, task_identity
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("FEDAMP_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -66,7 +66,7 @@ def needs_data(name: str) -> Path:
 # In-process Flower
 # ---------------------------------------------------------------------------
 class LocalGrid(InProcessGrid):
-    """The app's in-process grid (``fedamp_flwr.inprocess``): node ``100 + i`` is client ``i``;
+    """The app's in-process grid (``fedamp_flwr.tools.inprocess``): node ``100 + i`` is client ``i``;
     it keeps the messages sent (``grid.sent``)."""
 
     def __init__(self, *args, **kwargs) -> None:
@@ -166,7 +166,7 @@ def setup_strategy(name: str, n: int = 3, roles=None, **run_config):
     import strategies
     import tasks
     from fedamp_flwr.config import RunConfig
-    from fedamp_flwr.discovery import discover_clients
+    from fedamp_flwr.server.discovery import discover_clients
     from fedamp_flwr.server_app import run_setup
 
     cfg = RunConfig.from_run_config({"strategy": name, "server-device": "cpu", **run_config})
@@ -539,10 +539,10 @@ class MembersFleet:
 def as_older_version(run: Path, secret: bytes | None = None) -> None:
     """Make run folder ``run`` look as a version before the manifest wrote it: no
     ``checkpoint/manifest.json``, no register record, no generation and no checkpoint
-    version (1, :mod:`fedamp_flwr.checkpoint`) in its checkpoints (each sealed again, with
+    version (1, :mod:`fedamp_flwr.server.checkpoint`) in its checkpoints (each sealed again, with
     ``secret`` where the run had one)."""
-    from fedamp_flwr.manifest import MANIFEST, register_path
-    from fedamp_flwr.results import checkpoint_files, digest_path, seal
+    from fedamp_flwr.server.manifest import MANIFEST, register_path
+    from fedamp_flwr.server.results import checkpoint_files, digest_path, seal
 
     (run / "checkpoint" / MANIFEST).unlink()
     register_path(run).unlink()

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from fedamp_flwr.config import ConfigError, RunConfig
-from fedamp_flwr.inprocess import run_inprocess
-from fedamp_flwr.results import RunFolder, UnsafeCheckpoint, checkpoint_files
+from fedamp_flwr.server.results import RunFolder, UnsafeCheckpoint, checkpoint_files
+from fedamp_flwr.tools.inprocess import run_inprocess
 
 
 def _run(tmp_path: Path, name: str, rounds: int, **extra) -> dict:
@@ -79,8 +79,8 @@ def test_a_checkpoint_of_version_1_resumes_and_one_of_a_newer_version_is_refused
     """A checkpoint as every version before the typed one wrote it (no ``version``, no
     manifest or generation) resumes to an uninterrupted run's numbers; one of a version this
     app does not know is refused, naming it."""
-    from fedamp_flwr.checkpoint import VERSION
-    from fedamp_flwr.results import digest_path, seal
+    from fedamp_flwr.server.checkpoint import VERSION
+    from fedamp_flwr.server.results import digest_path, seal
 
     from .helpers import as_older_version
 
@@ -108,7 +108,7 @@ def test_a_checkpoint_of_version_1_resumes_and_one_of_a_newer_version_is_refused
 
 
 def test_a_checkpoint_reads_back_what_it_wrote_and_names_a_field_it_lacks():
-    from fedamp_flwr.checkpoint import Checkpoint
+    from fedamp_flwr.server.checkpoint import Checkpoint
 
     written = Checkpoint(round=2, config={"seed": 0}, num_clients=3,
                          arrays={"w": torch.ones(2)}, random_state=(3, (1, 2), None),
@@ -153,7 +153,7 @@ def test_a_sealed_checkpoint_edited_with_its_digest_recomputed_is_refused(tmp_pa
     """With a coordinator secret the digest is an HMAC of the file: a checkpoint edited and
     given a new sha256 is refused like a flipped byte, and so is one given a seal made with
     another secret; without a secret the digest detects damage, not such an edit."""
-    from fedamp_flwr.results import digest_path, seal
+    from fedamp_flwr.server.results import digest_path, seal
 
     secret = tmp_path / "secret"
     secret.write_bytes(b"s" * 40)
@@ -216,7 +216,7 @@ def test_a_sealed_checkpoint_edited_with_its_digest_recomputed_is_refused(tmp_pa
     assert sorted(p.name for p in (tmp_path / "third" / "checkpoint").iterdir()) == before
     # without a secret the same edit with a recomputed sha256 is not the file the manifest
     # lists; with the manifest's sha256 recomputed too, it resumes: damage, not tampering
-    from fedamp_flwr import manifest as manifests
+    from fedamp_flwr.server import manifest as manifests
 
     _run(tmp_path, "open", 2)
     newest = checkpoint_files(tmp_path / "open")[0]
@@ -237,7 +237,7 @@ def test_a_sealed_checkpoint_edited_with_its_digest_recomputed_is_refused(tmp_pa
 
 
 def test_a_checkpoint_secret_is_checked_before_any_work(tmp_path, monkeypatch):
-    from fedamp_flwr.results import SECRET_ENV, checkpoint_secret
+    from fedamp_flwr.server.results import SECRET_ENV, checkpoint_secret
 
     secret = tmp_path / "secret"
     secret.write_bytes(b"short")

@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import tasks
 from fedamp_flwr import client_app
-from fedamp_flwr.inprocess import run_inprocess
+from fedamp_flwr.tools.inprocess import run_inprocess
 from tasks import loading
 
 aten = torch.ops.aten

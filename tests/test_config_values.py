@@ -130,7 +130,7 @@ def test_the_issues_examples_are_refused_by_their_key():
 def test_a_bad_npz_file_is_one_line_before_round_1(tmp_path, caplog, case, says):
     import logging
 
-    from fedamp_flwr.inprocess import run_inprocess
+    from fedamp_flwr.tools.inprocess import run_inprocess
 
     path = tmp_path / "data.npz"
     rng = np.random.default_rng(0)
@@ -257,7 +257,7 @@ def test_a_config_error_stops_the_run_with_one_line_and_no_traceback_of_the_app(
     import traceback
 
     from fedamp_flwr import server_app
-    from fedamp_flwr.inprocess import InProcessGrid, task_identity
+    from fedamp_flwr.tools.inprocess import InProcessGrid, task_identity
 
     cfg = {**run_config, "results-dir": str(tmp_path)}
     caplog.set_level(logging.INFO, logger="flwr")

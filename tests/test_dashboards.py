@@ -1,4 +1,4 @@
-"""TensorBoard and MLflow (fedamp_flwr/dashboards.py): the scalars of a round's record worked by
+"""TensorBoard and MLflow (fedamp_flwr/server/dashboards.py): the scalars of a round's record worked by
 hand, a run killed and resumed with each step once in both (read by TensorBoard's own reader
 and MLflow's client) and equal to metrics.json, Panacea's server losses, a dashboard that fails
 leaving the run whole, a missing package named before any work."""
@@ -15,9 +15,9 @@ import pytest
 from flwr.app import MessageType
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from fedamp_flwr import dashboards
 from fedamp_flwr.config import ConfigError, redact_uri
-from fedamp_flwr.dashboards import EXPERIMENT, heat_image, reason_kind, round_scalars
+from fedamp_flwr.server import dashboards
+from fedamp_flwr.server.dashboards import EXPERIMENT, heat_image, reason_kind, round_scalars
 
 from .helpers import Crash, FaultyGrid, LocalGrid, grid_config, run_on_grid
 
@@ -157,7 +157,7 @@ def test_a_dashboard_without_its_package_is_one_error_before_any_work(tmp_path, 
 
 
 def test_forget_removes_the_event_files_and_names_the_mlflow_run(tmp_path, capsys):
-    from fedamp_flwr.cli import main
+    from fedamp_flwr.tools.cli import main
 
     cfg = grid_config(tmp_path, "fedamp", **{"tensorboard": True, "mlflow": True,
                                         "num-server-rounds": 2})
@@ -204,6 +204,6 @@ def test_a_run_started_again_over_its_folder_shows_its_own_rounds_once(tmp_path)
 
 
 def main_report(folder) -> int:
-    from fedamp_flwr.cli import main
+    from fedamp_flwr.tools.cli import main
 
     return main(["report", str(folder)])

@@ -2,7 +2,7 @@
 ``strategy`` alone, every value of ``graph`` as documented, a mistake as one line before any
 node is waited for, and the closing lines that compare with training alone.
 
-All in process (the real ServerApp and ClientApps, :mod:`fedamp_flwr.inprocess`); what only
+All in process (the real ServerApp and ClientApps, :mod:`fedamp_flwr.tools.inprocess`); what only
 ``flwr run`` shows (Flower's own log and status) is in tests/test_flower_e2e.py.
 """
 
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import strategies
-from fedamp_flwr import cli
 from fedamp_flwr.config import ConfigError, RunConfig
-from fedamp_flwr.inprocess import InProcessGrid, run_inprocess
+from fedamp_flwr.tools import cli
+from fedamp_flwr.tools.inprocess import InProcessGrid, run_inprocess
 from strategies.core.registry import GRAPHS
 from tasks.data import synthetic_graph
 
@@ -176,7 +176,7 @@ def test_check_config_says_a_mistake_in_one_line_and_exits_1(capsys):
 
 
 def test_check_config_is_a_command_with_its_exit_status(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "fedamp_flwr.cli", "check-config",
+    out = subprocess.run([sys.executable, "-m", "fedamp_flwr.tools.cli", "check-config",
                           "--run-config", "fedamp-sigma=-1"], capture_output=True, text=True,
                          cwd=tmp_path)
     assert out.returncode == 1 and out.stdout == ""
@@ -223,7 +223,7 @@ def test_check_config_reads_a_run_config_as_flwr_run_does(text):
 
 
 def test_a_method_that_does_not_federate_is_never_said_to_do_worse_by_federation(tmp_path):
-    from fedamp_flwr.run_summary import alone_lines, alone_summary
+    from fedamp_flwr.server.run_summary import alone_lines, alone_summary
     from strategies import STRATEGIES
     from strategies.core.records import RunFile
 

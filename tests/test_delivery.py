@@ -18,8 +18,8 @@ import pytest
 
 import tasks
 from experiments.make_sites import member_name, write_sites
-from fedamp_flwr import cli
 from fedamp_flwr.config import ConfigError, RunConfig
+from fedamp_flwr.tools import cli
 from tasks.export import ModelFileError, load_model
 
 from .helpers import SHARED_DATA, run_named
@@ -193,7 +193,7 @@ def test_each_member_gets_its_own_model_on_its_own_machine_and_left_out_members_
             np.savez(tmp_path / "t.npz", x=site["x_test"], y=site["y_test"])
         got = _predicted_score(tmp_path / name / "run" / f"{name}.safetensors",
                                tmp_path / "t.npz", tmp_path / "p.csv", capsys)
-        # the model it took home by its own rule (fedamp_flwr/member_choice.py), scored as
+        # the model it took home by its own rule (fedamp_flwr/member/member_choice.py), scored as
         # its card says; the run's own where that is its federated model
         choice = card["choice"]
         assert sorted(choice["held_out"]) == sorted(choice["test"]) == [
@@ -248,7 +248,7 @@ def test_a_client_absent_from_the_last_evaluation_still_gets_its_model(tmp_path)
     from flwr.app import Context, RecordDict
 
     from fedamp_flwr import server_app
-    from fedamp_flwr.inprocess import InProcessGrid, task_identity
+    from fedamp_flwr.tools.inprocess import InProcessGrid, task_identity
 
     class LosesOneReply(InProcessGrid):
         """The last round's evaluation reply of node 101 (client 1) never arrives."""
@@ -282,7 +282,7 @@ def test_a_client_absent_from_the_last_evaluation_still_gets_its_model(tmp_path)
 def test_a_hostile_save_request_never_writes_outside_the_model_dir(tmp_path, caplog):
     from flwr.app import ConfigRecord, Context, RecordDict
 
-    from fedamp_flwr.delivery import keep_tested_model
+    from fedamp_flwr.member.keeping import keep_tested_model
     from strategies.core.protocol import MODEL_KEPT, SAVE_MODEL, SAVE_TOKEN, SERVER_ROUND
 
     with pytest.raises(ConfigError, match="'run-name' = 'grid/a'"):
@@ -380,7 +380,7 @@ def test_predict_on_the_rows_the_run_used_prints_the_cards_score(tmp_path, capsy
 
 def _kept_score(card: dict, recorded: float) -> float:
     """The accuracy on a member's card: that of the model it took home by its own rule
-    (fedamp_flwr/member_choice.py), which is the run's recorded one where that model is its
+    (fedamp_flwr/member/member_choice.py), which is the run's recorded one where that model is its
     federated model."""
     choice = card["choice"]
     assert card["score"]["accuracy"] == choice["test"][choice["kept"]]["accuracy"]

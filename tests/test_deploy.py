@@ -18,7 +18,7 @@ from flwr.app import Context, RecordDict
 from flwr.common.config import parse_config_args
 
 from fedamp_flwr.config import RunConfig
-from fedamp_flwr.ledger import NodePrivacy
+from fedamp_flwr.member.ledger import NodePrivacy
 
 UNIT = Path(__file__).resolve().parents[1] / "deploy" / "member-supernode.service"
 
@@ -90,7 +90,7 @@ def test_a_member_checks_the_installed_app_against_the_reviewed_one(tmp_path, ca
     from flwr.cli.build import build_fab_from_disk
     from flwr.cli.install import install_from_fab
 
-    from fedamp_flwr import cli
+    from fedamp_flwr.tools import cli
 
     root = Path(__file__).resolve().parents[1]
     data = build_fab_from_disk(root)

@@ -7,7 +7,7 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
 from fedamp_flwr import client_app
-from fedamp_flwr.discovery import discover_clients
+from fedamp_flwr.server.discovery import discover_clients
 
 from .helpers import LocalGrid, needs_data
 
@@ -61,7 +61,7 @@ def test_a_deployed_grid_is_pulled_often_and_within_the_timeout(monkeypatch):
 
     from flwr.superlink.grid.http_grid import HttpGrid
 
-    from fedamp_flwr import transport
+    from fedamp_flwr.server import transport
 
     class FakeHttpGrid(HttpGrid):
         def __init__(self, ready_after: int):
@@ -96,7 +96,7 @@ def test_every_message_gets_one_reply_with_its_true_reason(monkeypatch):
     from flwr.common.constant import ErrorCode
     from flwr.superlink.grid.http_grid import HttpGrid
 
-    from fedamp_flwr import transport
+    from fedamp_flwr.server import transport
     from strategies.core.protocol import NO_REPLY
     from strategies.core.screening import error_reason
 
@@ -144,7 +144,7 @@ def test_every_message_gets_one_reply_with_its_true_reason(monkeypatch):
 def test_a_push_that_fails_as_a_whole_is_said_for_every_message():
     from flwr.superlink.grid.http_grid import HttpGrid
 
-    from fedamp_flwr import transport
+    from fedamp_flwr.server import transport
     from strategies.core.screening import error_reason
 
     class Refusing(HttpGrid):

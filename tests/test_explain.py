@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from fedamp_flwr.cli import main
 from fedamp_flwr.config import (
     GENERIC_AUTO,
     TABLE_AUTO,
@@ -14,6 +13,7 @@ from fedamp_flwr.config import (
     auto_values,
     explain,
 )
+from fedamp_flwr.tools.cli import main
 
 TABLE = {"dataset": "members", "member-input-shape": "6", "member-outputs": 3}
 

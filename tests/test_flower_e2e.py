@@ -41,7 +41,7 @@ def test_strategies_by_config_alone_on_flowers_default_federation(simulation_lin
     traceback. What only a process shows: Flower's own log, status and default federation,
     and (the first run) `flwr run` of the checkout itself, as the README's command."""
     from experiments.flower_cli import COMPLETED, FlowerRun
-    from fedamp_flwr.results import load_xi
+    from fedamp_flwr.server.results import load_xi
 
     link = simulation_link.links[0]
     results = tmp_path / "results"

@@ -347,7 +347,7 @@ def test_a_hostile_servers_edges_are_left_off_the_card(tmp_path, caplog, edges, 
 
     import tasks
     from fedamp_flwr.config import RunConfig
-    from fedamp_flwr.delivery import keep_tested_model
+    from fedamp_flwr.member.keeping import keep_tested_model
     from strategies.core.protocol import (
         GRAPH_EDGES,
         MODEL_KEPT,
@@ -379,7 +379,7 @@ def test_a_graph_that_wins_takes_over_the_run_at_the_runs_own_settings(tmp_path,
     round 3, the run is pFedHN again from round 4: its keys, no side."""
     import strategies.panacea_guard as panacea_guard
     from fedamp_flwr.config import RunConfig
-    from fedamp_flwr.results import checkpoint_files
+    from fedamp_flwr.server.results import checkpoint_files
 
     monkeypatch.setattr(panacea_guard, "choose", lambda rounds: GRAPH)  # the rule: tested above
     monkeypatch.setattr(panacea_guard, "falls_behind", lambda rounds: behind)

@@ -17,7 +17,7 @@ import torch
 import tasks
 from experiments import graph_picture
 from fedamp_flwr.config import ConfigError, RunConfig
-from fedamp_flwr.results import checkpoint_files
+from fedamp_flwr.server.results import checkpoint_files
 from fedamp_flwr.server_app import run_setup
 from tasks.graphs import cosine_knn_graph, edge_agreement, read_edge_list
 

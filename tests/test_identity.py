@@ -19,8 +19,8 @@ import tasks
 from experiments.make_sites import member_name, write_sites
 from fedamp_flwr import client_app, identity, server_app
 from fedamp_flwr.config import ConfigError
-from fedamp_flwr.inprocess import InProcessGrid, task_identity
-from fedamp_flwr.results import checkpoint_files
+from fedamp_flwr.server.results import checkpoint_files
+from fedamp_flwr.tools.inprocess import InProcessGrid, task_identity
 
 SIGNED = (b"\x01" * 32, "site-3", 12345)
 
@@ -258,7 +258,7 @@ def test_with_a_roster_only_its_members_join_each_with_its_key(tmp_path, caplog)
     """A roster (the lines fedamp-flwr identity prints): a member not on it is refused, and an
     impostor that connects at the same time as the member it names is refused at once
     rather than holding the member back."""
-    from fedamp_flwr.cli import main
+    from fedamp_flwr.tools.cli import main
 
     run_config, nodes = _sites(tmp_path, 3)
     roster = tmp_path / "roster.txt"
@@ -373,7 +373,7 @@ def test_a_roster_on_resume_rotates_and_revokes_keys_and_an_old_checkpoint_needs
     with pytest.raises(ConfigError, match=r"binds no key to its member\(s\) \['client-2'\]"):
         _app(InProcessGrid(season, node_configs=nodes), season)
     # a checkpoint of an older version binds no name: refused without a roster
-    from fedamp_flwr.results import digest_path, seal
+    from fedamp_flwr.server.results import digest_path, seal
 
     from .helpers import as_older_version
 

@@ -9,7 +9,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import ServerApp
 
 from fedamp_flwr import client_app, server_app
-from fedamp_flwr.inprocess import run_inprocess
+from fedamp_flwr.tools.inprocess import run_inprocess
 
 
 def test_the_inprocess_engine_runs_mods_and_lifespans(tmp_path):
@@ -52,7 +52,7 @@ def test_each_round_line_says_the_rounds_left_and_when_they_end(tmp_path, caplog
     import logging
     import re
 
-    from fedamp_flwr.rounds import eta
+    from fedamp_flwr.server.rounds import eta
 
     # 4 rounds in 100 s: 8 more at that pace take 200 s
     assert re.fullmatch(r"; 8 rounds left, about 0:03:20 \(ETA \d\d:\d\d, at this run's mean "

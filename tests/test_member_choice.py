@@ -1,4 +1,4 @@
-"""A member's own rule for the model it takes home (fedamp_flwr/member_choice.py): its node
+"""A member's own rule for the model it takes home (fedamp_flwr/member/member_choice.py): its node
 config checked, its held-out rows, the choice on them by its metric worked by hand, the
 linear model folded onto the run's inputs, and what the coordinator is told.
 
@@ -18,7 +18,7 @@ from flwr.app import Message, MessageType
 from torch import nn
 
 from fedamp_flwr.config import ConfigError
-from fedamp_flwr.member_choice import (
+from fedamp_flwr.member.member_choice import (
     LEAST_HELD,
     Choice,
     choose,

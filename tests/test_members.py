@@ -21,8 +21,8 @@ import tasks
 from experiments.make_sites import member_name, write_sites
 from fedamp_flwr import server_app
 from fedamp_flwr.config import ConfigError, RunConfig
-from fedamp_flwr.discovery import ClientSetupError
-from fedamp_flwr.inprocess import InProcessGrid, task_identity
+from fedamp_flwr.server.discovery import ClientSetupError
+from fedamp_flwr.tools.inprocess import InProcessGrid, task_identity
 from tasks.members import MemberDataError, MemberSchema, load_member_data
 
 from .helpers import JoiningGrid, RoundGrid, run_app, run_named, site_node_configs
@@ -399,9 +399,9 @@ def test_check_data_refuses_every_file_the_run_refuses_with_the_same_words(tmp_p
     """One checker: what ``fedamp-flwr check-data`` says of a file with the run's config is
     what the run says when it leaves the member out (the wrong column count included), and
     a file that "fits" is one the server accepts."""
-    from fedamp_flwr import cli
-    from fedamp_flwr.discovery import query_nodes
-    from fedamp_flwr.membership import Membership
+    from fedamp_flwr.server.discovery import query_nodes
+    from fedamp_flwr.server.membership import Membership
+    from fedamp_flwr.tools import cli
 
     config = "member-input-shape='3' member-outputs=2 member-class-names='no,yes'"
     run_config = {"dataset": "members", "member-input-shape": "3", "member-outputs": 2,

@@ -14,9 +14,9 @@ from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 import strategies
 import tasks
 from experiments.make_sites import write_sites
-from fedamp_flwr import cli
 from fedamp_flwr.config import ConfigError, RunConfig
-from fedamp_flwr.ledger import Declined, Ledger, NodePrivacy
+from fedamp_flwr.member.ledger import Declined, Ledger, NodePrivacy
+from fedamp_flwr.tools import cli
 from tasks.dp import (
     clipped_gradient_sum,
     epsilon,
@@ -335,7 +335,7 @@ def test_a_members_budget_is_kept_at_its_own_delta_whatever_the_run_asks(tmp_pat
     numbers, the round that would; what it reports is at the stricter of the two deltas."""
     import logging
 
-    from fedamp_flwr.ledger import MEMBER_DELTA
+    from fedamp_flwr.member.ledger import MEMBER_DELTA
 
     run_config, nodes = _members(tmp_path)
     nodes[1].update({"dp-max-epsilon": 8.0, "privacy-dir": str(tmp_path / "ledger")})

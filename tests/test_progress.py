@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_multiplexer import EventMultiple
 import simulation
 from experiments.presets import Run
 from experiments.progress import GridProgress, RunState, fitted, grid_eta, no_eta_yet
-from fedamp_flwr.dashboards import EXPERIMENT
+from fedamp_flwr.server.dashboards import EXPERIMENT
 
 
 def _run(name: str, rounds: int, strategy: str = "fedamp", dataset: str = "mnist") -> Run:

@@ -181,7 +181,7 @@ def _help_options(show_help) -> set[str]:
 
 
 def _subcommands():
-    from fedamp_flwr import cli
+    from fedamp_flwr.tools import cli
 
     parser = cli.parser_of()
     (choices,) = [a.choices for a in parser._actions if a.choices and isinstance(a.choices, dict)]
@@ -284,7 +284,7 @@ def test_the_readme_gives_run_configs_and_a_check_config_example():
 
 @pytest.mark.parametrize("run_config", RUN_CONFIGS)
 def test_every_run_config_of_the_readme_passes_the_offline_check(run_config, capsys):
-    from fedamp_flwr import cli
+    from fedamp_flwr.tools import cli
 
     rc = cli.main(["check-config", "--run-config", run_config, "--app", str(ROOT)])
     assert rc == 0, capsys.readouterr().err
@@ -292,7 +292,7 @@ def test_every_run_config_of_the_readme_passes_the_offline_check(run_config, cap
 
 def test_the_readmes_refused_examples_are_refused_with_the_words_it_quotes(capsys):
     """The ``check-config`` example and the ServerApp's ``Run stopped:`` line."""
-    from fedamp_flwr import cli
+    from fedamp_flwr.tools import cli
 
     quoted = [s for s in spans(PROSE) if s.startswith("error: run config")]
     for run_config in CHECK_CONFIG_EXAMPLES:
@@ -383,11 +383,12 @@ def test_every_flwr_and_supernode_command_parses():
     from flwr.common.config import parse_config_args
     from flwr.supernode.cli.flower_supernode import _parse_args_run_supernode
 
-    from fedamp_flwr import client_app, delivery, identity, ledger
+    from fedamp_flwr import cards, client_app, identity
+    from fedamp_flwr.member import ledger
 
     flwr = _flwr_commands()
     node_keys = {client_app.DATA_PATH, client_app.MEMBER_NAME, ledger.PRIVACY_DIR,
-                 ledger.MAX_EPSILON, ledger.DELTA, delivery.MODEL_DIR, identity.IDENTITY_DIR}
+                 ledger.MAX_EPSILON, ledger.DELTA, cards.MODEL_DIR, identity.IDENTITY_DIR}
     for argv in commands():
         argv = [a for a in argv if a != "..."]  # the README's elision
         if argv[0] == "flwr":
@@ -446,8 +447,9 @@ def test_every_folder_a_command_writes_is_ignored_by_git():
 def test_every_bare_name_in_inline_code_is_a_method_dataset_or_key():
     import strategies
     import tasks
-    from fedamp_flwr import client_app, ledger
+    from fedamp_flwr import client_app
     from fedamp_flwr.config import default_values
+    from fedamp_flwr.member import ledger
     from tasks.recipes import PARTITIONINGS
 
     known = {*strategies.STRATEGIES, *tasks.TASKS, *PARTITIONINGS, *default_values(),

@@ -87,7 +87,7 @@ def test_a_round_is_evaluated_by_its_evaluation_metrics_only():
     """A dp run's training records each member's epsilon (``client_dp_epsilon``): that is
     no evaluation, so a round whose every evaluation failed is a failed round (before the
     records were spelled in one module, any ``client_`` key counted as an evaluation)."""
-    from fedamp_flwr.rounds import round_failure
+    from fedamp_flwr.server.rounds import round_failure
 
     trained = {"round": 1, "trained_clients": [0, 1], "client_dp_epsilon": {0: 1.0, 1: 1.0},
                "absent_evaluation": {0: "no reply within the round timeout (60 s)",

@@ -1,4 +1,4 @@
-"""One page per run (fedamp_flwr/run_page.py, ``fedamp-flwr report``): a FedAMP members run with
+"""One page per run (fedamp_flwr/server/run_page.py, ``fedamp-flwr report``): a FedAMP members run with
 privacy and a Panacea run with an inferred graph, each page opened in headless Chromium with
 the network cut (Playwright): the headline shown, every plot decoded, nothing fetched; a
 member's page names no other member; what a run's files hold is shown, never run."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedamp_flwr.cli import main
+from fedamp_flwr.tools.cli import main
 
 from .helpers import member_sites, run_named
 

@@ -12,8 +12,8 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedamp_flwr import client_app
-from fedamp_flwr.inprocess import run_inprocess
-from fedamp_flwr.rounds import RoundsFailedError
+from fedamp_flwr.server.rounds import RoundsFailedError
+from fedamp_flwr.tools.inprocess import run_inprocess
 
 
 def _crashing_client_0() -> ClientApp:

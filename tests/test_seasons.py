@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fedamp_flwr.config import ConfigError, RunConfig
-from fedamp_flwr.inprocess import InProcessGrid
+from fedamp_flwr.tools.inprocess import InProcessGrid
 from strategies.core.registry import STRATEGIES
 
 from .helpers import initial_accuracy, member_file, run_app
@@ -168,8 +168,8 @@ def _tensors(value, out):
     ("panacea", {"graph": "file", "panacea-server-lr": 0.01, "local-steps": 3}),
 ])
 def test_forget_erases_a_member_from_every_file_of_the_run(tmp_path, strategy, extra, capsys):
-    from fedamp_flwr.cli import main as cli
-    from fedamp_flwr.results import hold_folder
+    from fedamp_flwr.server.results import hold_folder
+    from fedamp_flwr.tools.cli import main as cli
 
     graph = tmp_path / "graph.csv"
     graph.write_text("u,v\nclient-0,client-1\nclient-1,client-2\nclient-2,client-3\n")
@@ -198,7 +198,7 @@ def test_forget_erases_a_member_from_every_file_of_the_run(tmp_path, strategy, e
     assert (audit["member"], audit["client_id"], audit["name_still_found_in"]) == ("client-2", 2, [])
     assert all(f["sha256_before"] != f.get("sha256_after") for f in audit["files"])
     # none of its rows in any kept checkpoint, compared by value; each still verifies
-    from fedamp_flwr.results import read_checkpoint
+    from fedamp_flwr.server.results import read_checkpoint
     for path in sorted((run / "checkpoint").glob("*.pt")):
         state, problem = read_checkpoint(path, None, "s1")
         assert problem is None, problem
@@ -253,7 +253,7 @@ def test_a_returning_member_that_joins_under_way_takes_its_own_model(tmp_path, s
 
 
 def test_forget_takes_the_members_place_from_the_sealed_checkpoints_and_names_exactly(tmp_path):
-    from fedamp_flwr.erasure import Erasure, _scrub_run
+    from fedamp_flwr.tools.erasure import Erasure, _scrub_run
 
     cfg, nodes = _season(tmp_path, "fedamp")
     s1 = {**cfg, "num-server-rounds": 1, "run-name": "s1"}
@@ -289,8 +289,8 @@ def test_an_erasure_rolled_back_is_refused_by_resume_warm_start_and_forget(tmp_p
     deletes forgotten.json (then the manifest of then too, then the manifest at all): resume,
     warm start and ``forget`` itself refuse each, naming what does not match; the folder as
     forget left it is still a season's start."""
-    from fedamp_flwr.erasure import Erasure
-    from fedamp_flwr.manifest import register_path
+    from fedamp_flwr.server.manifest import register_path
+    from fedamp_flwr.tools.erasure import Erasure
 
     secret = tmp_path / "secret"
     secret.write_bytes(b"k" * 40)
@@ -360,7 +360,7 @@ def test_an_erasure_cut_short_is_refused_until_forget_is_run_again(tmp_path, mon
     """``forget`` dies after rewriting one checkpoint: the manifest already lists the new
     seals, so the checkpoint not yet rewritten (still holding the member) is refused by a warm
     start; ``forget`` of the same member (and only it) takes it and finishes the erasure."""
-    from fedamp_flwr import erasure
+    from fedamp_flwr.tools import erasure
 
     cfg, nodes = _season(tmp_path, "fedamp")
     s1 = {**cfg, "num-server-rounds": 3, "run-name": "s1", "checkpoint-keep": 3}
@@ -435,8 +435,8 @@ def test_every_strategy_forgets_a_members_rows_and_only_those(tmp_path, strategy
     the strategy's state that has an axis of the 5 clients is one the strategy declares per
     client (``client_state``); client-3's row (and column) of each is zero, byte for byte, and
     every other byte of every tensor is what it was."""
-    from fedamp_flwr.cli import main as cli
-    from fedamp_flwr.results import read_checkpoint
+    from fedamp_flwr.server.results import read_checkpoint
+    from fedamp_flwr.tools.cli import main as cli
     from strategies.core.client_state import CLIENT_STATE
 
     graph = tmp_path / "graph.csv"
@@ -496,7 +496,7 @@ def test_every_strategy_forgets_a_members_rows_and_only_those(tmp_path, strategy
         "history", "started_from", CLIENT_STATE} - set(json.loads(
             (tmp_path / "r" / "metrics.json").read_text()))
     app = Path(__file__).resolve().parents[1] / "fedamp_flwr"
-    for module in ("erasure.py", "seasons.py"):
+    for module in ("tools/erasure.py", "server/seasons.py"):
         assert own & _words(app / module) == set(), (strategy, module)
 
 

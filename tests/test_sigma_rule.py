@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from fedamp_flwr.config import RunConfig
-from fedamp_flwr.inprocess import run_inprocess
-from fedamp_flwr.results import checkpoint_files
+from fedamp_flwr.server.results import checkpoint_files
+from fedamp_flwr.tools.inprocess import run_inprocess
 from strategies.fedamp_math import median_cosine_distance, median_sq_distance
 
 from .helpers import member_sites

@@ -47,7 +47,7 @@ def _edit_card(weights: Path, **schema) -> Path:
 CHILD = textwrap.dedent("""
     import resource, sys
     import numpy, pandas, safetensors.torch, torch
-    import fedamp_flwr.cli
+    import fedamp_flwr.tools.cli
 
     def virtual_size():
         for line in open("/proc/self/status"):
@@ -56,7 +56,7 @@ CHILD = textwrap.dedent("""
 
     limit = virtual_size() + 100 * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    sys.exit(fedamp_flwr.cli.main(sys.argv[1:]))
+    sys.exit(fedamp_flwr.tools.cli.main(sys.argv[1:]))
 """)
 
 
@@ -116,7 +116,7 @@ def test_every_model_builds_on_the_meta_device_with_its_real_shapes(name):
 
 def test_a_hypernetwork_too_wide_for_the_machine_stops_the_server_with_one_line(tmp_path, caplog):
     from fedamp_flwr import server_app
-    from fedamp_flwr.inprocess import InProcessGrid
+    from fedamp_flwr.tools.inprocess import InProcessGrid
 
     cfg = {"strategy": "panacea", "panacea-hidden": 100000, "results-dir": str(tmp_path)}
     RunConfig.from_run_config(cfg)  # within the key's bound: the clients' check passes

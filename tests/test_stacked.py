@@ -21,7 +21,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedamp_flwr.inprocess import InProcessGrid, task_identity
+from fedamp_flwr.tools.inprocess import InProcessGrid, task_identity
 from tasks import loading, stacked
 from tasks.models import MLP, GRUSeq2Seq, McMahanCNN
 from tasks.train import Fit, Test, run_batches, train

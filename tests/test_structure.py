@@ -106,6 +106,30 @@ def test_no_strategy_module_imports_the_app():
                 and any(_layer(t) == "fedamp_flwr" for t in GRAPH[n])]
 
 
+#: what each side of the app may import of the app (besides itself, docs/adding-a-method.md)
+SIDES = {"fedamp_flwr.server": {"fedamp_flwr"}, "fedamp_flwr.member": {"fedamp_flwr"},
+         "fedamp_flwr.tools": {"fedamp_flwr", "fedamp_flwr.server", "fedamp_flwr.member"},
+         "fedamp_flwr": {"fedamp_flwr"}}
+#: Flower's two apps: each starts its side (the ServerApp the server's, the ClientApp the
+#: member's)
+APPS = {"fedamp_flwr.server_app": "fedamp_flwr.server",
+        "fedamp_flwr.client_app": "fedamp_flwr.member"}
+
+
+def _side(name: str) -> str:
+    return ".".join(name.split(".")[:2]) if name.count(".") >= 2 else "fedamp_flwr"
+
+
+def test_each_side_of_the_app_imports_only_its_own_and_the_shared_modules():
+    """The member's side imports nothing of the server's or the tools', the server's nothing
+    of the member's or the tools', the shared modules neither side (but each app its own)."""
+    wrong = sorted(f"{a} -> {b}" for a, targets in GRAPH.items() if _layer(a) == "fedamp_flwr"
+                   for b in targets if _layer(b) == "fedamp_flwr" and _side(b) != _side(a)
+                   and _side(b) not in SIDES[_side(a)] and APPS.get(a) != _side(b))
+    assert wrong == []
+    assert {_side(n) for n in GRAPH if _layer(n) == "fedamp_flwr"} == set(SIDES)
+
+
 #: the most lines of one function of the product (tests aside), docstring included
 MOST_FUNCTION_LINES = 60
 
@@ -146,9 +170,9 @@ FEDAMP_ROUND = {
     "fedamp_flwr/server_app.py": ["main", "_main", "ServerRun.__init__", "ServerRun.setup",
                                   "ServerRun.find", "ServerRun.build", "ServerRun.restore",
                                   "ServerRun.configs", "ServerRun.execute", "run_setup"],
-    "fedamp_flwr/rounds.py": ["run_rounds", "play_round"],
-    "fedamp_flwr/transport.py": ["send_and_receive"],
-    "fedamp_flwr/recorder.py": ["RunRecorder.after_round"],
+    "fedamp_flwr/server/rounds.py": ["run_rounds", "play_round"],
+    "fedamp_flwr/server/transport.py": ["send_and_receive"],
+    "fedamp_flwr/server/recorder.py": ["RunRecorder.after_round"],
     "strategies/core/registry.py": ["build_strategy"],
     "strategies/core/base.py": [
         "ClientInstructions.train_keys", "ClientInstructions.instruct",

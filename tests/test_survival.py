@@ -11,9 +11,9 @@ from flwr.app import Context, MessageType, RecordDict
 
 from fedamp_flwr import server_app
 from fedamp_flwr.config import ConfigError
-from fedamp_flwr.discovery import discover_clients
-from fedamp_flwr.results import checkpoint_files, load_xi
-from fedamp_flwr.rounds import RoundsFailedError
+from fedamp_flwr.server.discovery import discover_clients
+from fedamp_flwr.server.results import checkpoint_files, load_xi
+from fedamp_flwr.server.rounds import RoundsFailedError
 
 from .helpers import Crash, FaultyGrid, LocalGrid, client_infos, grid_config, run_on_grid
 
@@ -124,7 +124,7 @@ def test_a_checkpoint_of_an_older_version_resumes_when_its_missing_keys_are_defa
     assert changed.differences(older) == ["xi-every"]
     # a key removed since changes nothing; one that only measures beside the run may change
     assert cfg.differences({**older, "member-alone": True}) == []
-    from fedamp_flwr.results import RESUMABLE_CHANGES
+    from fedamp_flwr.server.results import RESUMABLE_CHANGES
 
     assert cfg.differences({**older, "alone": not cfg.alone}, RESUMABLE_CHANGES) == []
 

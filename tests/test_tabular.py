@@ -133,7 +133,7 @@ def test_members_tables_are_standardized_by_pooled_statistics_and_their_cards_sa
 
     import pandas as pd
 
-    from fedamp_flwr import cli
+    from fedamp_flwr.tools import cli
 
     from .helpers import run_named
 
@@ -173,7 +173,7 @@ def test_fedamp_personalizes_the_linear_model_an_analyst_fits(tmp_path, capsys):
 
     from safetensors.torch import load_file
 
-    from fedamp_flwr import cli
+    from fedamp_flwr.tools import cli
 
     from .helpers import run_named
 
@@ -220,7 +220,7 @@ def test_scaling_none_leaves_the_inputs_and_a_bad_message_is_refused(tmp_path):
 
     import tasks
     from fedamp_flwr import client_app
-    from fedamp_flwr.inprocess import task_identity
+    from fedamp_flwr.tools.inprocess import task_identity
 
     from .helpers import run_named
 
@@ -246,7 +246,7 @@ def test_a_member_takes_home_the_best_on_its_held_out_rows_even_where_the_run_sa
         tmp_path, capsys):
     """By default each member keeps the best of its federated model and its models alone
     on rows it held out, by log loss, where it leads the linear model alone by more than one
-    standard error (fedamp_flwr/member_choice.py), whatever the run
+    standard error (fedamp_flwr/member/member_choice.py), whatever the run
     config says (``alone = false`` here): its card records the choice, its score and
     predict's are the kept model's; the run's records keep the federated score."""
     import json
@@ -254,8 +254,9 @@ def test_a_member_takes_home_the_best_on_its_held_out_rows_even_where_the_run_sa
     import pandas as pd
     from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
-    from fedamp_flwr import cli, client_app
-    from fedamp_flwr.inprocess import task_identity
+    from fedamp_flwr import client_app
+    from fedamp_flwr.tools import cli
+    from fedamp_flwr.tools.inprocess import task_identity
 
     from .helpers import run_named
 
@@ -271,7 +272,7 @@ def test_a_member_takes_home_the_best_on_its_held_out_rows_even_where_the_run_sa
         choice = card["choice"]
         on_held = {k: v["log_loss"] for k, v in choice["held_out"].items()}
         # the best by log loss, or the reference where the best does not lead it by more
-        # than one standard error (fedamp_flwr/member_choice.py)
+        # than one standard error (fedamp_flwr/member/member_choice.py)
         assert choice["reference"] == "linear alone"
         assert choice["kept"] in (min(on_held, key=on_held.__getitem__), "linear alone")
         assert choice["test"]["federated"]["accuracy"] == federated
@@ -304,7 +305,7 @@ def test_a_member_takes_home_the_best_on_its_held_out_rows_even_where_the_run_sa
     from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
     from fedamp_flwr import client_app
-    from fedamp_flwr.inprocess import task_identity
+    from fedamp_flwr.tools.inprocess import task_identity
 
     ctx = Context(run_id=1, node_id=7, node_config={**nodes[0], "keep": "sometimes"},
                   state=RecordDict(), run_config=TABLE)
@@ -329,7 +330,7 @@ def test_a_regression_member_chooses_by_mse_and_a_small_one_keeps_its_federated_
     from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
     from fedamp_flwr import client_app
-    from fedamp_flwr.inprocess import task_identity
+    from fedamp_flwr.tools.inprocess import task_identity
 
     from .helpers import run_named
 

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from fedamp_flwr import cli
-from fedamp_flwr.inprocess import run_inprocess
-from fedamp_flwr.results import load_xi
+from fedamp_flwr.server.results import load_xi
+from fedamp_flwr.tools import cli
+from fedamp_flwr.tools.inprocess import run_inprocess
 from tasks.graphs import GraphError, build_graph, knn_graph
 
 
@@ -59,7 +59,7 @@ def test_a_fedamp_runs_weights_seed_a_panacea_run(tmp_path, capsys):
 
 
 def test_a_members_graph_names_the_members(tmp_path):
-    from fedamp_flwr.results import XiFiles
+    from fedamp_flwr.server.results import XiFiles
 
     names = ["site-a", "site-b", "site-c", "site-d"]
     (tmp_path / "run").mkdir()

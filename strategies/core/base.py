@@ -48,7 +48,7 @@ from .tracking import EVALUATE, TRAIN, RunTracking, Tracker
 
 
 class RoundStrategy(Protocol):
-    """What the app's round loop (``fedamp_flwr.rounds``) asks of a strategy: Flower's
+    """What the app's round loop (``fedamp_flwr.server.rounds``) asks of a strategy: Flower's
     Message-API steps, its summary, the tracker of its clients and its records. Every
     strategy of this module is one (:class:`FlowerStrategy`, :class:`PersonalRounds`)."""
 
@@ -369,7 +369,7 @@ class FlowerStrategy(StrategyBase, Strategy):
 
 class GridView:
     """A view of a Flower ``Grid`` whose nodes are ``node_ids``, in that order: the clients
-    chosen to train, or the connected ones (``fedamp_flwr.rounds.online_view``)."""
+    chosen to train, or the connected ones (``fedamp_flwr.server.rounds.online_view``)."""
 
     def __init__(self, grid: Grid, node_ids: list[int]) -> None:
         self._grid, self._nodes = grid, list(node_ids)

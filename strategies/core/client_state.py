@@ -1,5 +1,5 @@
 """Where a strategy's checkpoint state holds something of each client, and that client's part
-zeroed: what ``fedamp-flwr forget`` erases (:mod:`fedamp_flwr.erasure`) without naming any
+zeroed: what ``fedamp-flwr forget`` erases (:mod:`fedamp_flwr.tools.erasure`) without naming any
 strategy's keys.
 
 Each strategy declares, in its state (:meth:`strategies.core.base.StrategyBase.client_state`,

@@ -256,7 +256,7 @@ class RunHistory:
             xi: dict[str, Any] | None = {
                 "client_ids": self.xi_client_ids,
                 "rounds": {str(r): m for r, m in sorted(self.xi.items())}}
-        elif self.xi_rounds:  # the matrices are in files (fedamp_flwr.results.XiFiles)
+        elif self.xi_rounds:  # the matrices are in files (fedamp_flwr.server.results.XiFiles)
             xi = {"client_ids": self.xi_client_ids, "recorded_rounds": list(self.xi_rounds),
                   "folder": "xi"}
         else:

@@ -79,7 +79,7 @@ WARM_RUN, WARM_ROUND, WARM_DIGEST, STARTED_FROM = ("warm-run", "warm-round", "wa
 MODEL_KEPT = "model-kept"
 # In train messages of a run with differential privacy (run config dp): the run's folder,
 # absolute (a partitioned run's clients keep their privacy ledger in its privacy/; a
-# member's node keeps its own in its privacy-dir, fedamp_flwr/ledger.py).
+# member's node keeps its own in its privacy-dir, fedamp_flwr/member/ledger.py).
 DP_RUN = "dp-run"
 # Train reply metric under dp: the epsilon the member has spent, this reply included, over
 # every run its ledger holds (at the run's dp-delta, or its node's stricter one).
@@ -92,7 +92,7 @@ FEATURE_MEAN, FEATURE_STD = "feature-mean", "feature-std"
 # Evaluate reply metrics of a member: what it scores alone on the same test rows (the
 # standardized linear model, the run's model trained alone for the run's budget).
 ALONE_LINEAR, ALONE_MODEL = "alone-linear", "alone-model"
-# ... and the model it took home by its own rule (fedamp_flwr/member_choice.py): 0 its
+# ... and the model it took home by its own rule (fedamp_flwr/member/member_choice.py): 0 its
 # federated model, 1 its linear model alone, 2 the run's model alone; and its federated
 # model's score on its held-out rows against the best alone's (positive: federation better)
 KEPT_MODEL, HELD_OUT_GAIN = "kept-model", "held-out-gain"
@@ -141,11 +141,11 @@ PROOF = "proof"
 # stops the run on this one (:meth:`strategies.core.screening.ReplyScreen.stop_on_refusals`).
 REFUSED = 1001
 # Error code of a member's node that declines a round by its own rule (its privacy budget
-# would be passed, fedamp_flwr/ledger.py): that member's absence, with the reason; never
+# would be passed, fedamp_flwr/member/ledger.py): that member's absence, with the reason; never
 # a reason to stop the run.
 DECLINED = 1002
 # Error code of the reply the server writes itself for a message that got none: within the
-# round timeout, or none at all from the SuperLink (fedamp_flwr/discovery.py
+# round timeout, or none at all from the SuperLink (fedamp_flwr/server/discovery.py
 # ``send_and_receive``): every message sent has exactly one reply, with a true reason.
 NO_REPLY = 1003
 

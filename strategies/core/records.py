@@ -308,7 +308,7 @@ def _fits(value: Any, default: Any, key: str) -> bool:
 
 def kept_said(alone: dict[str, Any]) -> str:
     """What a member's record of its scores alone (metrics.json's ``alone``) says of the
-    model it took home by its own rule (fedamp_flwr/member_choice.py): "; kept: NAME (its
+    model it took home by its own rule (fedamp_flwr/member/member_choice.py): "; kept: NAME (its
     federated model's score on its held-out rows against the best alone's: GAIN)", or ""
     where it says nothing (or nothing readable: a record is untrusted)."""
     code = alone.get("kept")

@@ -310,7 +310,7 @@ def build_strategy(name: str, settings: Settings, run: RunSetup) -> Any:
 def flower_kwargs(run: RunSetup) -> dict[str, Any]:
     """Arguments of Flower's FedAvg family: every connected client evaluates, metrics are
     client means. The ``min_*_nodes`` are 1: the round loop hands the strategy only the
-    connected clients (``fedamp_flwr.rounds.online_view``), and Flower's sampler would
+    connected clients (``fedamp_flwr.server.rounds.online_view``), and Flower's sampler would
     wait for ever for a node that is gone."""
     return dict(
         # Flower's sampler takes every client the run's rule chose (Scenario.sample_training)

@@ -44,8 +44,8 @@ from flwr.supercore import log
 
 from tasks.files import atomic_write
 
-from .config import ConfigError
-from .identity import state_dir
+from ..config import ConfigError
+from ..identity import state_dir
 
 MANIFEST = "manifest.json"
 SEALED = "hmac-sha256:"

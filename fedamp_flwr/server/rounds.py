@@ -221,7 +221,7 @@ def run_rounds(
     strategies that keep their own models (FedAMP, Panacea) leave it as it is. ``on_join``:
     how a member the run does not know yet joins (:func:`refresh_clients`; None: refused).
     ``members``: the run's (none: a partitioned run). ``delivery``: asks for the models of
-    the rounds that keep them, and writes those replied (:mod:`fedamp_flwr.delivery`).
+    the rounds that keep them, and writes those replied (:mod:`fedamp_flwr.server.delivery`).
     Raises :class:`RoundsFailedError` when more than ``max_failed_rounds`` rounds in a row
     had no usable training or evaluation (:func:`round_failure`), after that round's
     ``after_round`` (its records are written).

@@ -1,7 +1,7 @@
 """Who the members of a run are: their names, their data's schema, who is left out, who is
 held back. The app's own state (the strategies never see it), kept by the ServerApp and
-used by the query round (:mod:`fedamp_flwr.discovery`) and the rounds
-(:func:`fedamp_flwr.rounds.refresh_clients`).
+used by the query round (:mod:`fedamp_flwr.server.discovery`) and the rounds
+(:func:`fedamp_flwr.server.rounds.refresh_clients`).
 
 A member is named by its node config's ``client-id`` and numbered in the order of the
 names (a checkpoint's members keep their numbers). A name is bound to a key
@@ -153,7 +153,7 @@ class Membership:
 
     def binding_problem(self, name: str, key: bytes) -> str | None:
         """Why the holder of ``key`` may not speak for ``name`` (None: it may)."""
-        from .identity import fingerprint
+        from ..identity import fingerprint
 
         if self.roster is not None and name not in self.roster:
             return f"'{name}' is not on the run's member-roster"

@@ -10,7 +10,7 @@ results from being lost.
   there); ``"finished": true`` once the last round is done.
 * ``xi/``: FedAMP's weight matrices, one ``.npy`` per recorded round (:class:`XiFiles`).
 * ``models/``: each client's model and card (``save-models``; a partitioned run's:
-  a member's are on its own node, :mod:`fedamp_flwr.delivery`).
+  a member's are on its own node, :mod:`fedamp_flwr.server.delivery`).
 * ``checkpoint/round-NNNNNN.pt``: everything the server needs to continue the
   run (the strategy's state, the global model, the random state, the
   history, the run config), written every ``checkpoint-every`` rounds to a
@@ -28,7 +28,7 @@ results from being lost.
   edited with its digest recomputed is refused like a flipped byte.
 * ``checkpoint/manifest.json``: the folder's generation, each kept checkpoint's seal and
   the marks of the members it forgot, sealed likewise; with the coordinator's register it
-  refuses a folder put back from an older copy (:mod:`fedamp_flwr.manifest`).
+  refuses a folder put back from an older copy (:mod:`fedamp_flwr.server.manifest`).
 
 Rules: the default run name is unique per run (it ends with the start
 time); a folder that already holds a run (metrics or a checkpoint) is used
@@ -61,8 +61,8 @@ from strategies.core.records import RunFile
 from tasks.export import sha256_of
 from tasks.files import atomic_write, private_folder, strict_json
 
+from ..config import ConfigError, RunConfig
 from .checkpoint import Checkpoint, read_state
-from .config import ConfigError, RunConfig
 from .manifest import SEALED, Manifest, generation_floor, no_link
 from .manifest import read as read_manifest
 from .manifest import write as write_manifest
@@ -89,8 +89,8 @@ def write_json(path: Path, record: dict[str, Any]) -> None:
 XI_FOLDER = "xi"
 LOCK = ".lock"  # held (flock) by the ServerApp of a live run
 FORGOTTEN = "forgotten.json"  # the audit of the members a run has forgotten (erasure.py)
-MODELS_FOLDER = "models"  # each client's model and card (fedamp_flwr/delivery.py)
-TENSORBOARD_FOLDER = "tensorboard"  # event files (fedamp_flwr/dashboards.py)
+MODELS_FOLDER = "models"  # each client's model and card (fedamp_flwr/server/delivery.py)
+TENSORBOARD_FOLDER = "tensorboard"  # event files (fedamp_flwr/server/dashboards.py)
 
 
 def load_xi(run_dir: str | Path) -> tuple[list[int], dict[int, np.ndarray]]:
@@ -348,7 +348,7 @@ class RunFolder:
         """The newest intact checkpoint of a run to resume, checked against this run's config.
 
         Each file's sha256 must be the one recorded beside it, every tensor in it
-        finite, its state a :class:`~fedamp_flwr.checkpoint.Checkpoint` of a version this
+        finite, its state a :class:`~fedamp_flwr.server.checkpoint.Checkpoint` of a version this
         app reads, and ``check(state)`` (the caller's: shapes against the run's model)
         None. A file that fails is refused with a WARNING line naming it and why, and
         the one before is tried (``checkpoint-keep`` are kept).

@@ -1,6 +1,6 @@
 """A consortium over seasons: a run that starts from another run's last state, by member name
 (``warm-start``), and the record of the members a run has forgotten (``fedamp-flwr forget``,
-:mod:`fedamp_flwr.erasure`).
+:mod:`fedamp_flwr.tools.erasure`).
 
 A warm start reads the newest intact checkpoint of the run folder ``warm-start`` names, as a
 resume reads its own (its digest or the coordinator's seal, finite tensors), checks that it
@@ -27,11 +27,17 @@ from strategies.core.layout import dtypes_of, with_dtypes
 from strategies.core.roster import ClientInfo
 from tasks.export import sha256_of
 
+from ..config import ConfigError, RunConfig
 from .checkpoint import Checkpoint, read_state
-from .config import ConfigError, RunConfig
 from .manifest import holds_forgotten, no_link
 from .manifest import read as read_manifest
-from .results import FORGOTTEN, checkpoint_files, hold_folder, read_checkpoint, warn_unversioned
+from .results import (
+    FORGOTTEN,
+    checkpoint_files,
+    hold_folder,
+    read_checkpoint,
+    warn_unversioned,
+)
 
 #: what two seasons must share: the task, the members' data schema, the model
 SEASON_KEYS = ("dataset", "model", "member-input-shape", "member-task", "member-outputs",

@@ -51,7 +51,7 @@
 
 ``fedamp-flwr forget RUN_DIR NAME [--report] [--checkpoint-secret FILE]``
     The coordinator's: erases a member that withdraws from every file it keeps for a run
-    (:mod:`fedamp_flwr.erasure`) and audits it in the run's ``forgotten.json``; ``--report``
+    (:mod:`fedamp_flwr.tools.erasure`) and audits it in the run's ``forgotten.json``; ``--report``
     changes nothing and says which kept checkpoints predate the member's first
     contribution. The checkpoints are sealed again with the run's secret (the file, else
     ``$FEDAMP_CHECKPOINT_SECRET``'s). A live run is refused.
@@ -65,7 +65,7 @@
     stop.
 
 ``fedamp-flwr report RUN_DIR [--out FILE] [--member NAME | --members]``
-    The coordinator's: one self-contained HTML page of a run (:mod:`fedamp_flwr.run_page`:
+    The coordinator's: one self-contained HTML page of a run (:mod:`fedamp_flwr.server.run_page`:
     its headline, each client's curve, absences, xi or the inferred graph, each member's
     epsilon, the run config), ``report.html`` in the run's folder; ``--member NAME``: that
     member's page, with its numbers alone, to hand to it (``report-<NAME>.html``);
@@ -96,8 +96,8 @@ from tasks.scores import of_outputs
 from tasks.scores import said as scores_line
 from tasks.train import evaluate
 
-from . import member_choice
-from .config import ConfigError, RunConfig, default_values, explain
+from ..config import ConfigError, RunConfig, default_values, explain
+from ..member import member_choice
 
 #: a ``--run-config`` pair as ``flwr run`` reads one (``flwr.common.config.parse_config_args``)
 _PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
@@ -300,7 +300,7 @@ def xi_graph(run_dir: str, server_round: int | None, k: int, out: str) -> int:
 
     from tasks.graphs import GraphError, knn_graph, write_edge_list
 
-    from .results import load_xi
+    from ..server.results import load_xi
 
     ids, rounds = load_xi(run_dir)
     if not rounds:
@@ -331,7 +331,7 @@ def xi_graph(run_dir: str, server_round: int | None, k: int, out: str) -> int:
 
 def privacy_report(folder: str, delta: float | None) -> int:
     """Print what each ledger in ``folder`` spent; 1 where one cannot be read."""
-    from .ledger import Declined, Ledger
+    from ..member.ledger import Declined, Ledger
 
     files = sorted(Path(folder).expanduser().glob("*.json"))
     if not files:
@@ -364,7 +364,14 @@ def show_identity(name: str, folder: str | None) -> int:
     """Print the member ``name``'s roster line (its key made on first use)."""
     from strategies.core.protocol import is_name
 
-    from .identity import IDENTITY_DIR, IdentityError, identity_dir, key_text, member_key, public_bytes
+    from ..identity import (
+        IDENTITY_DIR,
+        IdentityError,
+        identity_dir,
+        key_text,
+        member_key,
+        public_bytes,
+    )
 
     if not is_name(name):
         print(f"error: --client-id {name!r} is invalid; allowed: letters, digits and - _ . @ "
@@ -461,7 +468,7 @@ def check_config(run_config: str, clients: int | None, app: str) -> int:
     has them); one line, exit status 0 (it would start) or 1 (it would stop)."""
     from tasks.graphs import GraphError
 
-    from .preflight import check_before_clients, check_with_clients
+    from ..server.preflight import check_before_clients, check_with_clients
 
     try:
         cfg = RunConfig.from_run_config({**app_defaults(app), **read_run_config(run_config)})
@@ -491,7 +498,7 @@ def explain_key(key: str, run_config: str) -> int:
 
 def report_page(run: str, out: str | None, member: str | None, members: bool) -> int:
     """``report``: the run's page, a member's, or one per member."""
-    from .run_page import member_names, write_page  # matplotlib: only here
+    from ..server.run_page import member_names, write_page  # matplotlib: only here
 
     try:
         if members:
@@ -519,8 +526,8 @@ def report_page(run: str, out: str | None, member: str | None, members: bool) ->
 
 def forget_member(run: str, name: str, report: bool, secret_file: str) -> int:
     """``forget``: erase (or ``report`` on) member ``name`` of run folder ``run``."""
+    from ..server.results import read_secret
     from .erasure import Erasure
-    from .results import read_secret
 
     try:
         erasure = Erasure(run, name, read_secret(secret_file, "--checkpoint-secret"))

@@ -68,7 +68,7 @@ from tasks.scores import (
     row_losses,
 )
 
-from .config import ConfigError
+from ..config import ConfigError
 
 #: node config: which model a member keeps: "better" (the default: the best on its held-out
 #: rows of its federated model, its linear model alone and the run's model alone) or

@@ -28,7 +28,7 @@ forgot a member cannot be resumed (a new run warm-starts from it), and a warm st
 a checkpoint that still names a forgotten member. A live run (its ServerApp holds the
 folder's ``.lock``) is refused.
 
-The folder's manifest (:mod:`fedamp_flwr.manifest`) is written before the first checkpoint is
+The folder's manifest (:mod:`fedamp_flwr.server.manifest`) is written before the first checkpoint is
 rewritten (one generation on, a mark of the member, the new seals; the old seals kept for this
 member's ``forget`` only) and again after the last (one more generation): the checkpoints from
 before the erasure, put back, are refused by resume, warm start and ``forget``, with or
@@ -62,11 +62,11 @@ from strategies.core.records import (
 from tasks.export import sha256_of
 from tasks.files import atomic_write, strict_json
 
-from .config import ConfigError, redact_uri
-from .manifest import Manifest, mark, no_link
-from .manifest import read as read_manifest
-from .manifest import write as write_manifest
-from .results import (
+from ..config import ConfigError, redact_uri
+from ..server.manifest import Manifest, mark, no_link
+from ..server.manifest import read as read_manifest
+from ..server.manifest import write as write_manifest
+from ..server.results import (
     CHECKPOINT_FORMAT,
     FORGOTTEN,
     LOCK,

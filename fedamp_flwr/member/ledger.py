@@ -42,7 +42,7 @@ from flwr.app import Context
 from tasks.dp import epsilon
 from tasks.files import FILE_MODE, atomic_write, private_folder, strict_json
 
-from .config import ConfigError, RunConfig
+from ..config import ConfigError, RunConfig
 
 #: node config keys
 PRIVACY_DIR, MAX_EPSILON, DELTA = "privacy-dir", "dp-max-epsilon", "dp-delta"

@@ -110,7 +110,7 @@ class InProcessGrid:
             return [Message(RecordDict({"info": ConfigRecord(self.infos[m.metadata.dst_node_id])}),
                             reply_to=m) for m in messages]
         if self.client_app is None:
-            from .client_app import app as client_app
+            from ..client_app import app as client_app
 
             self.client_app = client_app
         clients = sum(m.metadata.message_type in (MessageType.TRAIN, MessageType.EVALUATE)
@@ -274,7 +274,7 @@ def run_inprocess(run_config: dict, num_clients: int, log_file: Path | None = No
     Returns the grid (its nodes' contexts hold the clients' state).
     """
     if server_app is None:
-        from .server_app import app as default_app
+        from ..server_app import app as default_app
 
         server_app = default_app
 

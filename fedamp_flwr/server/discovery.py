@@ -50,7 +50,7 @@ from strategies.core.roster import ClientInfo
 from tasks.members import MemberSchema
 from tasks.tabular import stats_problem
 
-from . import identity
+from .. import identity
 from .membership import Impostor, Membership, Refusal, number_members
 from .transport import send_and_receive
 

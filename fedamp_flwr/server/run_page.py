@@ -49,7 +49,7 @@ from strategies.core.records import (
 from strategies.core.settings import MOST_CLIENTS, MOST_ROUNDS
 from tasks.files import atomic_write, strict_json
 
-from .config import ConfigError, redact_uri
+from ..config import ConfigError, redact_uri
 from .results import load_xi
 
 PAGE = "report.html"

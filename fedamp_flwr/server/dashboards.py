@@ -66,7 +66,7 @@ from strategies.core.records import (
 from strategies.core.screening import REASON_KINDS
 from tasks.files import owner_only_tree, private_folder, strict_json
 
-from .config import ConfigError, RunConfig, redact_uri
+from ..config import ConfigError, RunConfig, redact_uri
 from .results import MODELS_FOLDER, TENSORBOARD_FOLDER, write_json
 
 #: the MLflow experiment every run of this app logs to

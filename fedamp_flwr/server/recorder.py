@@ -3,7 +3,7 @@ metrics.json (its records), both copied in memory at once and written in that or
 run's writer thread while the next round runs, and the dashboards of each round.
 
 :class:`RunRecorder` observes the rounds of a :class:`fedamp_flwr.server_app.ServerRun`
-(:meth:`RunRecorder.after_round`, handed to :func:`fedamp_flwr.rounds.run_rounds`) and closes
+(:meth:`RunRecorder.after_round`, handed to :func:`fedamp_flwr.server.rounds.run_rounds`) and closes
 the dashboards when the run ends (:meth:`RunRecorder.close`). It reads the run's facts through
 :class:`RecordedRun`: it keeps none of its own.
 """
@@ -25,11 +25,11 @@ from strategies.core.base import StrategyBase
 from strategies.core.policy import ApartPolicy
 from strategies.core.records import RunFile
 
+from ..config import RunConfig
+from ..identity import key_text
 from .checkpoint import Checkpoint
-from .config import RunConfig
 from .dashboards import Dashboards
 from .delivery import ModelDelivery
-from .identity import key_text
 from .membership import Membership
 from .results import RunFolder, UnsafeCheckpoint, Writer, XiFiles, snapshot
 from .seasons import Season, family

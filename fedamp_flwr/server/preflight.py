@@ -17,9 +17,9 @@ import tasks
 from tasks.dp import has_batch_statistics
 from tasks.graphs import GraphError, build_graph, check_graph_file
 
-from .config import ConfigError, RunConfig
+from ..config import ConfigError, RunConfig
+from ..sizes import check_server_memory
 from .dashboards import check_packages
-from .sizes import check_server_memory
 
 
 def check_before_clients(cfg: RunConfig) -> None:

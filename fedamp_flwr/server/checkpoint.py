@@ -1,9 +1,9 @@
 """A run's checkpoint, typed: :class:`Checkpoint` is what the ServerApp writes after a round
-(``fedamp_flwr/recorder.py``) and reads back to resume (``server_app.ServerRun``) or to
-start a new season from (``fedamp_flwr/seasons.py``).
+(``fedamp_flwr/server/recorder.py``) and reads back to resume (``server_app.ServerRun``) or to
+start a new season from (``fedamp_flwr/server/seasons.py``).
 
 The file around it (its digest or seal, the manifest's generation, ``format``) is
-``fedamp_flwr/results.py``'s. The strategy's own part, ``strategy``, is the strategy's
+``fedamp_flwr/server/results.py``'s. The strategy's own part, ``strategy``, is the strategy's
 (``state_dict`` / ``load_state_dict``; the parts it keeps per client are declared in
 ``strategies.core.client_state``): held here whole, never read.
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .config import ConfigError
+from ..config import ConfigError
 
 #: the checkpoint's version (1: the files before issue 59, which carry none)
 VERSION = 2
