@@ -38,7 +38,7 @@ from tasks.graphs import GraphError, build_graph, same_group_graph
 from tasks.tabular import pooled
 
 from .config import GRAPH_K_AUTO, ConfigError, RunConfig
-from .identity import IdentityError, fingerprint, read_roster
+from .identity import IdentityError, fingerprint, parse_key, read_roster
 from .server.checkpoint import Checkpoint
 from .server.dashboards import Dashboards
 from .server.delivery import ModelDelivery, new_token
@@ -240,12 +240,7 @@ def checkpoint_keys(checkpoint: Checkpoint | None, cfg: RunConfig,
                               "allowed: a roster of the members' keys (fedamp-flwr identity on "
                               "each member's machine)")
         return {}
-    try:
-        keys = {str(n): bytes.fromhex(k) for n, k in held.items()
-                if isinstance(k, str) and len(k) == 64}
-    except ValueError as err:
-        raise ConfigError(f"{source}: the checkpoint's member keys cannot be read ({err})"
-                          ) from None
+    keys = {n: parse_key(k) for n, k in held.items()}  # read by Checkpoint.from_state
     # a member of the run whose name binds no key (a roster dropped it, or the record was
     # altered) would go to the first node to claim it, with its stored state
     unbound = sorted(n for n in checkpoint.client_names if n and n not in keys)
@@ -419,7 +414,7 @@ class ServerRun:
     def find(self) -> None:
         """The clients and members (a checkpoint's first, in their order; the others join)."""
         cfg, checkpoint = self.cfg, self.checkpoint
-        known = list(checkpoint.client_names) if checkpoint else []
+        known = list(checkpoint.client_names or []) if checkpoint else []
         # the names bound to keys: the run's own (resumed), or last season's (a warm start)
         warm = self.season.warm
         keys = checkpoint_keys(checkpoint, cfg) if checkpoint else checkpoint_keys(
@@ -427,10 +422,10 @@ class ServerRun:
         clients, members = find_clients(cfg, self.grid, known, keys,
                                         "checkpoint" if checkpoint else "warm start")
         if checkpoint:  # the attempts of the run so far, before this session's
-            before = list(checkpoint.impostors)
+            before = list(checkpoint.impostors or [])
             members.attempts[:0] = before
             del members.attempts[:-KEPT_ATTEMPTS]
-            members.impostors += max(checkpoint.impostor_count, len(before))
+            members.impostors += max(checkpoint.impostor_count or 0, len(before))
         self.members = members
         # the models a warm start brings were trained on its run's scaling: it is kept
         self.scaling = member_scaling(cfg, clients, checkpoint or (

@@ -108,20 +108,26 @@ def test_a_checkpoint_of_version_1_resumes_and_one_of_a_newer_version_is_refused
 
 
 def test_a_checkpoint_reads_back_what_it_wrote_and_names_a_field_it_lacks():
+    from fedamp_flwr.identity import key_text
     from fedamp_flwr.server.checkpoint import Checkpoint
 
     written = Checkpoint(round=2, config={"seed": 0}, num_clients=3,
                          arrays={"w": torch.ones(2)}, random_state=(3, (1, 2), None),
                          strategy={"models": torch.zeros(3, 2)}, client_names=["a", "", "c"],
-                         member_keys={"a": "00" * 32}, impostor_count=1)
+                         member_keys={"a": key_text(bytes(32))}, impostor_count=1)
     state = written.to_state()
     assert "member_scaling" not in state and state["version"] == written.version
     assert Checkpoint.from_state(state, "here") == written
+    # version 1 wrote a member's key in hex: read as a roster writes it
+    hexed = Checkpoint.from_state({**state, "member_keys": {"a": "00" * 32}}, "here")
+    assert hexed.member_keys == written.member_keys
+    with pytest.raises(ConfigError, match="here: the checkpoint's member keys cannot be read"):
+        Checkpoint.from_state({**state, "member_keys": {"a": "not a key"}}, "here")
     # what a version before wrote none of reads as its default
     old = {k: state[k] for k in Checkpoint.REQUIRED}
     read = Checkpoint.from_state(old, "here")
     assert (read.version, read.member_keys, read.client_names, read.names()) == (
-        1, None, [], ["0", "1", "2"])
+        1, None, None, ["0", "1", "2"])
     with pytest.raises(ConfigError, match="here: the checkpoint's 'round' is str; allowed: int"):
         Checkpoint.from_state({**state, "round": "2"}, "here")
     with pytest.raises(ConfigError, match="'strategy' is NoneType; allowed: dict"):

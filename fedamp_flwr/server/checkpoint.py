@@ -7,21 +7,28 @@ The file around it (its digest or seal, the manifest's generation, ``format``) i
 (``state_dict`` / ``load_state_dict``; the parts it keeps per client are declared in
 ``strategies.core.client_state``): held here whole, never read.
 
+The facts a run's metrics.json also records (its members, their keys, the refused claims,
+the scaling, the policy, the warm start) are the same values, spelled as metrics.json spells
+them (``fedamp_flwr/server/recorder.py`` makes them once for both), and written only where
+the run has them.
+
 Versions (``version``): 1, every checkpoint written before issue 59 (no ``version`` key;
 what a version before it did not write reads as its default: no member keys, no state
-kind, no token); 2, this one. A file of a newer version is refused, naming it.
+kind, no token; its members' keys in hex, read as the ``ed25519:<base64>`` of a roster);
+2, this one. A file of a newer version is refused, naming it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..config import ConfigError
+from ..identity import key_text, parse_key
 
 #: the checkpoint's version (1: the files before issue 59, which carry none)
 VERSION = 2
@@ -29,6 +36,22 @@ VERSION = 2
 
 def _dict_or_none(value: Any) -> dict[str, Any] | None:
     return dict(value) if isinstance(value, dict) else None
+
+
+def _keys(value: Any, source: str) -> dict[str, str] | None:
+    """Members' public keys by name, as a roster writes them (``ed25519:<base64>``; version 1
+    wrote the raw key in hex); None: none bound."""
+    if not isinstance(value, dict):
+        return None
+    out = {}
+    for name, key in value.items():
+        try:
+            out[str(name)] = key_text(bytes.fromhex(key)) if isinstance(key, str) and \
+                len(key) == 64 else key_text(parse_key(key))
+        except (ValueError, TypeError, AttributeError) as err:
+            raise ConfigError(f"{source}: the checkpoint's member keys cannot be read "
+                              f"({name!r}: {err})") from None
+    return out
 
 
 def _number(value: Any, kind: type, default: Any) -> Any:
@@ -62,12 +85,14 @@ class Checkpoint:
     state_kind : str
         The kind of state the method keeps (``seasons.family``; "": version 1's, its
         strategy's own).
-    client_names : list[str]
-        The members by client id ("": a forgotten one; empty: a partitioned simulation).
+    client_names : list[str] | None
+        The members by client id ("": a forgotten one; None: a partitioned simulation).
     member_keys : dict[str, str] | None
-        Each member's public key (hex) by name; None: a version that bound no name.
+        Each member's public key by name (``ed25519:<base64>``); None: none bound (a
+        partitioned simulation, or a version that bound no name).
     impostors, impostor_count
-        The refused attempts to take a member's name (the last ones) and their count.
+        The refused attempts to take a member's name (the last ones) and their count (None:
+        none).
     member_scaling, collaboration_policy, warm_start : dict | None
         The pooled input scaling, the policy's record (its sha256) and the warm start's
         record, where the run has them.
@@ -84,17 +109,18 @@ class Checkpoint:
     wall_time_s: float = 0.0
     run_token: str = ""
     state_kind: str = ""
-    client_names: list[str] = field(default_factory=list)
+    client_names: list[str] | None = None
     member_keys: dict[str, str] | None = None
-    impostors: list[dict[str, Any]] = field(default_factory=list)
-    impostor_count: int = 0
+    impostors: list[dict[str, Any]] | None = None
+    impostor_count: int | None = None
     member_scaling: dict[str, Any] | None = None
     collaboration_policy: dict[str, Any] | None = None
     warm_start: dict[str, Any] | None = None
     version: int = VERSION
 
-    #: written only where the run has them (a run without them writes what it did before)
-    OPTIONAL = ("member_scaling", "collaboration_policy", "warm_start")
+    #: written only where the run has them, as metrics.json writes them
+    OPTIONAL = ("client_names", "member_keys", "impostors", "impostor_count", "member_scaling",
+                "collaboration_policy", "warm_start")
     #: what a file must hold, and of which type
     REQUIRED = {"round": int, "num_clients": int, "config": dict, "arrays": dict,
                 "strategy": dict}
@@ -129,18 +155,18 @@ class Checkpoint:
             wall_time_s=_number(state.get("wall_time_s"), float, 0.0),
             run_token=str(state.get("run_token") or ""),
             state_kind=str(state.get("state_kind") or ""),
-            client_names=[str(n) for n in names] if isinstance(names, list) else [],
-            member_keys=_dict_or_none(state.get("member_keys")),
+            client_names=[str(n) for n in names] if isinstance(names, list) and names else None,
+            member_keys=_keys(state.get("member_keys"), source),
             impostors=[dict(a) for a in impostors if isinstance(a, dict)]
-            if isinstance(impostors, list) else [],
-            impostor_count=_number(state.get("impostor_count"), int, 0),
+            if isinstance(impostors, list) and impostors else None,
+            impostor_count=_number(state.get("impostor_count"), int, None),
             member_scaling=_dict_or_none(state.get("member_scaling")),
             collaboration_policy=_dict_or_none(state.get("collaboration_policy")),
             warm_start=_dict_or_none(state.get("warm_start")), version=version)
 
     def names(self) -> list[str]:
         """The members by client id, or, a partitioned simulation, the client ids as text."""
-        return self.client_names or [str(i) for i in range(self.num_clients)]
+        return list(self.client_names or [str(i) for i in range(self.num_clients)])
 
 
 def read_state(state: Mapping[str, Any], problem: str | None, source: str

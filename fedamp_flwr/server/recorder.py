@@ -15,7 +15,7 @@ import copy
 import random
 import time
 from logging import ERROR, INFO, WARNING
-from typing import Protocol
+from typing import Any, Protocol
 
 from flwr.app import ArrayRecord
 from flwr.supercore import log
@@ -64,27 +64,36 @@ class RunRecorder:
     def __init__(self, run: RecordedRun) -> None:
         self.run = run
 
+    def facts(self) -> dict[str, Any]:
+        """What both metrics.json and the checkpoint record of the run's members, made once
+        (None: the run has none): the names by client id, who may speak for each (the public
+        keys), every node refused for one, the members' input scaling, the collaboration
+        policy and the warm start."""
+        run = self.run
+        members, named = run.members, bool(run.members.names)
+        return dict(
+            client_names=list(members.names) if named else None,
+            member_keys={n: key_text(k) for n, k in sorted(members.keys.items())}
+            if named else None,
+            impostors=list(members.attempts) if members.attempts else None,
+            impostor_count=members.impostors if members.attempts else None,
+            member_scaling=run.scaling or None,
+            collaboration_policy=run.policy.record(run.cfg.collaboration_policy)
+            if run.policy is not None else None, warm_start=run.season.record or None)
+
     def record(self, completed: int) -> RunFile:
         """metrics.json after ``completed`` rounds."""
         run = self.run
         cfg, members, history = run.cfg, run.members, run.strategy.history
-        named = bool(members.names)
         return history.run_file(
             run_name=run.folder.name, strategy=cfg.strategy, label=cfg.label,
             dataset=cfg.dataset, task_kind=run.kind,
             partitioning=None if tasks.get_task(cfg.dataset).federated else cfg.partitioning,
-            num_clients=run.num_clients, client_names=list(members.names) if named else None,
+            num_clients=run.num_clients, **self.facts(),
             # members whose data did not fit, or that could not join: by node, with why
             left_out={str(node): why for node, why in sorted(members.refused.items())}
-            if members.refused else None,
-            # who may speak for each name (the public keys), and every node refused for one
-            member_keys={n: key_text(k) for n, k in sorted(members.keys.items())}
-            if named else None, member_roster=cfg.member_roster or None,
-            impostors=list(members.attempts) if members.attempts else None,
-            impostor_count=members.impostors if members.attempts else None,
-            member_scaling=run.scaling or None, seed=cfg.seed, config=cfg.to_dict(),
-            collaboration_policy=run.policy.record(cfg.collaboration_policy)
-            if run.policy is not None else None, warm_start=run.season.record,
+            if members.refused else None, member_roster=cfg.member_roster or None,
+            seed=cfg.seed, config=cfg.to_dict(),
             extra=cfg.settings.record(cfg.context()), completed_rounds=completed,
             finished=completed == cfg.num_server_rounds,
             coverage=history.coverage(run.num_clients),
@@ -129,20 +138,14 @@ class RunRecorder:
     def _checkpoint(self, server_round: int, arrays: ArrayRecord) -> None:
         """Copy the run's state now; the writer's thread writes it."""
         run = self.run
-        members, cfg, strategy = run.members, run.cfg, run.strategy
+        cfg, strategy = run.cfg, run.strategy
         copied = time.perf_counter()
         state = snapshot(Checkpoint(
             round=server_round, config=cfg.to_dict(), num_clients=run.num_clients,
             arrays=arrays.to_torch_state_dict(), random_state=random.getstate(),
             strategy=strategy.state_dict(), wall_time_s=run.spent + time.time() - run.started,
             run_token=run.token, state_kind=family(strategy, cfg.strategy),
-            client_names=list(members.names),
-            member_keys={name: key.hex() for name, key in members.keys.items()},
-            impostors=list(members.attempts), impostor_count=members.impostors,
-            member_scaling=run.scaling or None,
-            collaboration_policy=run.policy.record(cfg.collaboration_policy)
-            if run.policy is not None else None,
-            warm_start=run.season.record or None).to_state())
+            **self.facts()).to_state())
         copied = time.perf_counter() - copied
 
         def write() -> None:

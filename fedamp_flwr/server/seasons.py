@@ -133,7 +133,7 @@ def _read(cfg: RunConfig, key: str, folder: Path, files: list[Path], secret: byt
         checkpoint, problem = read_state(state, problem, key)
         if problem is None:
             problem = fits(state)
-        names = checkpoint.client_names if checkpoint is not None else []
+        names = (checkpoint.client_names or []) if checkpoint is not None else []
         # forgotten.json deleted, or not: the manifest remembers
         if problem is None and (gone & set(names) or
                                 holds_forgotten(names, manifest, secret, folder.name)):
