@@ -71,7 +71,7 @@ from experiments import report
 from experiments.budget import Budget, apply_budget
 from experiments.flower_cli import FlowerCliError
 from experiments.jobs import parse_jobs
-from experiments.presets import PRESETS, ConfigError, Grid, Run, apply_overrides, expand
+from experiments.presets import PRESETS, ConfigError, Grid, PlannedRun, apply_overrides, expand
 from experiments.runner import run_grid
 from experiments.tuning import VALIDATION_FRACTION, apply_tuned, choose, tuning_runs
 from fedamp_flwr.server.dashboards import missing_extras
@@ -240,7 +240,7 @@ def dashboard_settings(args: argparse.Namespace, output: Path) -> list[str]:
     return out
 
 
-def grid_runs(args: argparse.Namespace, grid: Grid, output: Path) -> list[Run]:
+def grid_runs(args: argparse.Namespace, grid: Grid, output: Path) -> list[PlannedRun]:
     """The grid's runs (a tuning grid's trials with ``--tune``), with the tuned values of
     ``--tuned`` or of ``--budget`` (strategies/tuned.json's "budgets") and the budget applied;
     ``--set`` and ``--rounds`` win over tuned values."""

@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from experiments.presets import Run
+from experiments.presets import PlannedRun
 from fedamp_flwr.config import ConfigError, RunConfig
 
 UNITS = ("rounds", "steps")
@@ -73,7 +73,7 @@ class Budget:
 MOST_WRITES = 50
 
 
-def apply_budget(runs: Sequence[Run], budget: Budget | None) -> list[Run]:
+def apply_budget(runs: Sequence[PlannedRun], budget: Budget | None) -> list[PlannedRun]:
     """``runs`` with the rounds that spend ``budget`` (each run's local steps resolved as it
     will run them: "auto" and tuned values included), and at most :data:`MOST_WRITES`
     checkpoints where the run does not say how often."""

@@ -178,7 +178,7 @@ def plot_xi(run: RunRecord, path: str | Path, title: str = "", round_: int | Non
 
     Parameters
     ----------
-    run : Run
+    run : RunRecord
         One run (FedAMP / HeurFedAMP).
     path : str | Path
         The PNG file to write.

@@ -1,7 +1,7 @@
 r"""The experiment grids: presets of the papers' tables and figures, and the runs they expand to.
 
 A :class:`Grid` is strategies x data settings x scenarios x seeds;
-:func:`expand` turns it into :class:`Run`\ s, each with its validated run
+:func:`expand` turns it into :class:`PlannedRun`\ s, each with its validated run
 config (every run is checked before anything runs). The presets
 (:data:`PRESETS`) are the papers' experiments; ``simulation.py --list``
 prints them, and its options narrow or change one (:func:`apply_overrides`).
@@ -74,7 +74,7 @@ class Grid:
 
 
 @dataclasses.dataclass(frozen=True)
-class Run:
+class PlannedRun:
     """One run of a grid: its name, number of SuperNodes and full run-config overrides."""
 
     name: str
@@ -259,7 +259,7 @@ def run_name(strategy: str, setting: Setting, scenario: dict[str, Any], seed: in
     return "-".join(parts + [f"s{seed}"])
 
 
-def expand(grid: Grid, data_dir: str | None, output: Path, check_data: bool = True) -> list[Run]:
+def expand(grid: Grid, data_dir: str | None, output: Path, check_data: bool = True) -> list[PlannedRun]:
     """The runs of ``grid``, each with its validated run config.
 
     ``check_data``: the dataset folders under ``data_dir`` must exist.
@@ -303,7 +303,7 @@ def expand(grid: Grid, data_dir: str | None, output: Path, check_data: bool = Tr
             RunConfig.from_run_config(cfg)
         except ConfigError as err:
             raise ConfigError(f"run {name}: {err}") from None
-        runs.append(Run(name, n, cfg))
+        runs.append(PlannedRun(name, n, cfg))
     return runs
 
 

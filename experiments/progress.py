@@ -36,7 +36,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from experiments.presets import Run
+from experiments.presets import PlannedRun
 from fedamp_flwr.server.rounds import ROUND_DONE, ROUND_START  # a round's start and end in the log
 
 #: a run submitted to its SuperLink, as the runner says it (experiments.runner.run_one)
@@ -60,11 +60,11 @@ def shown(line: str) -> bool:
             or any(pattern.search(line) for pattern, _ in MILESTONES))
 
 
-def rounds_of(run: Run) -> int:
+def rounds_of(run: PlannedRun) -> int:
     return int(run.run_config.get("num-server-rounds", 10))
 
 
-def work_of(run: Run) -> float:
+def work_of(run: PlannedRun) -> float:
     """A round's local work, by the run config: its local steps, else its local epochs (1
     where it names neither): the trials of one method differ in it."""
     c = run.run_config
@@ -87,7 +87,7 @@ def fitted(points: Sequence[tuple[float, float]], work: float) -> float:
     return _mean(paces) * work / works[0]
 
 
-def group_of(run: Run) -> tuple[str, str]:
+def group_of(run: PlannedRun) -> tuple[str, str]:
     """The runs whose rounds take alike: a strategy on a dataset."""
     c = run.run_config
     return str(c.get("strategy", "?")), str(c.get("dataset", "?"))
@@ -95,7 +95,7 @@ def group_of(run: Run) -> tuple[str, str]:
 
 @dataclass
 class RunState:
-    run: Run
+    run: PlannedRun
     started: float | None = None
     ended: float | None = None
     failed: bool = False
@@ -220,7 +220,7 @@ class GridProgress:
     threads; drawn by rich in a terminal (``live``), else one line per event to ``out``.
     ``clock``: the seconds it reads (tests give a fake one)."""
 
-    def __init__(self, runs: Sequence[Run], jobs: int, out: TextIO | None = None,
+    def __init__(self, runs: Sequence[PlannedRun], jobs: int, out: TextIO | None = None,
                  live: bool | None = None, resumed: Mapping[str, int] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.out = out or sys.stdout
@@ -237,7 +237,7 @@ class GridProgress:
         self._grid: Any = None
 
     # --- what the jobs tell ---
-    def start(self, run: Run) -> None:
+    def start(self, run: PlannedRun) -> None:
         with self._lock:
             st = self.states[run.name]
             st.started, st.ended, st.done = self.clock(), None, st.resumed_from
@@ -248,7 +248,7 @@ class GridProgress:
                                                             completed=st.done)
             self._refresh()
 
-    def line(self, run: Run, text: str) -> None:
+    def line(self, run: PlannedRun, text: str) -> None:
         """One of a run's lines: a round's end is counted (and said with the grid's state); a
         milestone before its first round's end (:data:`SUBMITTED`, :data:`MILESTONES`) is
         said once, with the seconds since the run started; a later round's start is not
@@ -299,7 +299,7 @@ class GridProgress:
             return said.format(*found.groups()) if st.first_at is None else ""
         return None
 
-    def end(self, run: Run, ok: bool) -> None:
+    def end(self, run: PlannedRun, ok: bool) -> None:
         with self._lock:
             st = self.states[run.name]
             st.ended, st.failed = self.clock(), not ok
@@ -336,7 +336,7 @@ class GridProgress:
                 f"ETA {clock(eta)} ({time.strftime('%H:%M', time.localtime(time.time() + eta))})")
         return f"{done}/{total} runs done, {running} running, {failed} failed; {when}"
 
-    def _name(self, run: Run) -> str:
+    def _name(self, run: PlannedRun) -> str:
         return f"[{self.order[run.name] + 1}/{len(self.states)}] {run.name}"
 
     def _described(self, st: RunState) -> str:

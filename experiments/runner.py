@@ -33,7 +33,7 @@ from experiments.flower_cli import (
     write_outcome,
 )
 from experiments.jobs import Children, pool, threads_per_job
-from experiments.presets import Run
+from experiments.presets import PlannedRun
 from experiments.processes import SuperLink
 from experiments.progress import GridProgress, shown
 from fedamp_flwr.config import RunConfig, default_values
@@ -49,11 +49,11 @@ DASHBOARD_KEYS = ("tensorboard", "mlflow", "mlflow-uri")
 NOT_SUBMITTED = "not-submitted"
 
 
-def metrics_path(output: Path, run: Run) -> Path:
+def metrics_path(output: Path, run: PlannedRun) -> Path:
     return output / "runs" / run.name / "metrics.json"
 
 
-def previous_run(output: Path, run: Run) -> RunFile | None:
+def previous_run(output: Path, run: PlannedRun) -> RunFile | None:
     """The metrics.json ``run`` left before, if its run config is the same."""
     try:
         metrics = RunFile.read(metrics_path(output, run))
@@ -70,7 +70,7 @@ def previous_run(output: Path, run: Run) -> RunFile | None:
     return metrics if same else None
 
 
-def is_done(output: Path, run: Run) -> bool:
+def is_done(output: Path, run: PlannedRun) -> bool:
     """Whether ``run`` finished before with the same run config (resume)."""
     metrics = previous_run(output, run)
     rounds = run.run_config.get("num-server-rounds")
@@ -78,7 +78,7 @@ def is_done(output: Path, run: Run) -> bool:
                 and metrics.config.get("num-server-rounds") == rounds)
 
 
-def resumable(output: Path, run: Run) -> int:
+def resumable(output: Path, run: PlannedRun) -> int:
     """The rounds a half-finished ``run`` has done and checkpointed (0: start afresh)."""
     metrics = previous_run(output, run)
     if not metrics or not checkpoint_files(output / "runs" / run.name):
@@ -116,7 +116,7 @@ def _teller(emit: Callable[[str], None] | None) -> Callable[[str], None]:
     return lambda text: print(text, flush=True)
 
 
-def _start(output: Path, run: Run, prefix: str) -> tuple[Path, dict[str, Any], bool]:
+def _start(output: Path, run: PlannedRun, prefix: str) -> tuple[Path, dict[str, Any], bool]:
     """The run's folder and run config: continue a half-finished run from its checkpoint,
     else start afresh over what is there. The bool: whether it resumes."""
     run_dir = output / "runs" / run.name
@@ -128,7 +128,7 @@ def _start(output: Path, run: Run, prefix: str) -> tuple[Path, dict[str, Any], b
     return run_dir, {**run.run_config, **extra}, bool(done)
 
 
-def run_one(link: SuperLink, output: Path, run: Run, fed_config: str, prefix: str,
+def run_one(link: SuperLink, output: Path, run: PlannedRun, fed_config: str, prefix: str,
             timeout: float, app: Path = ROOT, emit: Callable[[str], None] | None = None
             ) -> RunOutcome:
     """One run of ``app`` through Flower's CLI (:class:`experiments.flower_cli.FlowerRun`),
@@ -175,7 +175,7 @@ def run_one(link: SuperLink, output: Path, run: Run, fed_config: str, prefix: st
     return outcome
 
 
-def run_one_inprocess(output: Path, run: Run, prefix: str,
+def run_one_inprocess(output: Path, run: PlannedRun, prefix: str,
                       emit: Callable[[str], None] | None = None) -> RunOutcome:
     """One run of this app's ServerApp and ClientApp in this process (``--engine inprocess``);
     prints a line per round; its outcome goes to ``runs/<name>/status.json`` too."""
@@ -205,7 +205,7 @@ def run_one_inprocess(output: Path, run: Run, prefix: str,
     return outcome
 
 
-def _identity(run: Run) -> dict[str, Any]:
+def _identity(run: PlannedRun) -> dict[str, Any]:
     """What ``status.json`` says of the run besides its outcome (its row in results.csv
     when it wrote no metrics.json)."""
     c = run.run_config
@@ -215,13 +215,13 @@ def _identity(run: Run) -> dict[str, Any]:
         "num_clients": run.num_clients, "config": c}}
 
 
-def succeeded(output: Path, run: Run, outcome: RunOutcome) -> bool:
+def succeeded(output: Path, run: PlannedRun, outcome: RunOutcome) -> bool:
     """Whether a run ended well: Flower says ``finished:completed`` and its metrics.json says
     it finished."""
     return outcome.status == COMPLETED and is_done(output, run)
 
 
-def _report(output: Path, run: Run, outcome: RunOutcome, prefix: str, started: float) -> bool:
+def _report(output: Path, run: PlannedRun, outcome: RunOutcome, prefix: str, started: float) -> bool:
     """Print how a run ended; whether it succeeded."""
     if succeeded(output, run, outcome):
         kind, best = RunFile.read(metrics_path(output, run)).headline()
@@ -235,7 +235,7 @@ def _report(output: Path, run: Run, outcome: RunOutcome, prefix: str, started: f
     return False
 
 
-def federation_for(run: Run, cpus: float, gpus: float, ray_address: str | None,
+def federation_for(run: PlannedRun, cpus: float, gpus: float, ray_address: str | None,
                    threads: int | None) -> str:
     """A run's ``--federation-config``; with ``threads`` (one of several jobs on a local Ray),
     Ray gets that many CPUs (at least one client's), so the jobs share the cores."""
@@ -245,7 +245,7 @@ def federation_for(run: Run, cpus: float, gpus: float, ray_address: str | None,
     return fed
 
 
-def run_grid(runs: list[Run], output: Path, cpus: float, gpus: float, ray_address: str | None,
+def run_grid(runs: list[PlannedRun], output: Path, cpus: float, gpus: float, ray_address: str | None,
              timeout: float, engine: str = "flower", jobs: int = 1) -> list[str]:
     """Run every run not done yet, ``jobs`` at a time; return the names of the runs that failed.
 
@@ -276,7 +276,7 @@ def run_grid(runs: list[Run], output: Path, cpus: float, gpus: float, ray_addres
     return [run.name for run, good in zip(todo, ok) if not good]
 
 
-def _run_all(todo: list[Run], output: Path, cpus: float, gpus: float, ray_address: str | None,
+def _run_all(todo: list[PlannedRun], output: Path, cpus: float, gpus: float, ray_address: str | None,
              timeout: float, engine: str, jobs: int, progress: GridProgress, app: Path
              ) -> list[bool]:
     """:func:`run_grid`'s runs (of ``app`` on the Flower engine): whether each succeeded."""
@@ -288,7 +288,7 @@ def _run_all(todo: list[Run], output: Path, cpus: float, gpus: float, ray_addres
             _said_superlink(output / ".flwr-home", ray_address, progress.say, "grid")
             if engine == "flower" else contextlib.nullcontext())
         with link_or_none as link:
-            def one(i: int, run: Run) -> bool:
+            def one(i: int, run: PlannedRun) -> bool:
                 prefix = f"[{i + 1}/{len(todo)}] {run.name}"
                 print(f"{prefix}: {run.num_clients} clients", flush=True)
                 started = time.monotonic()
@@ -320,7 +320,7 @@ def _said_superlink(home: Path, ray_address: str | None, say: Callable[[str], No
         yield link
 
 
-def _run_parallel(todo: list[Run], output: Path, cpus: float, gpus: float,
+def _run_parallel(todo: list[PlannedRun], output: Path, cpus: float, gpus: float,
                   ray_address: str | None, timeout: float, engine: str, jobs: int,
                   progress: GridProgress, app: Path) -> list[bool]:
     """:func:`run_grid` with several jobs: one child process per run, ``jobs`` at a time."""
@@ -330,7 +330,7 @@ def _run_parallel(todo: list[Run], output: Path, cpus: float, gpus: float,
     slots = list(range(jobs))
     slot_lock = threading.Lock()
 
-    def one(i: int, run: Run) -> bool:
+    def one(i: int, run: PlannedRun) -> bool:
         prefix = f"[{i + 1}/{len(todo)}] {run.name}"
         with slot_lock:
             slot = slots.pop()
@@ -366,7 +366,7 @@ def _run_parallel(todo: list[Run], output: Path, cpus: float, gpus: float,
         children.stop()
 
 
-def read_outcome(output: Path, run: Run, exit_code: int) -> RunOutcome:
+def read_outcome(output: Path, run: PlannedRun, exit_code: int) -> RunOutcome:
     """The outcome a child process wrote to the run's status.json (FAILED with the exit code
     if it wrote none)."""
     try:
@@ -385,7 +385,7 @@ def _child(spec_text: str) -> int:
     130 when interrupted."""
     spec = json.loads(spec_text)
     output = Path(spec["output"])
-    run = Run(spec["name"], int(spec["num_clients"]), dict(spec["run_config"]))
+    run = PlannedRun(spec["name"], int(spec["num_clients"]), dict(spec["run_config"]))
     # the previous status of a resumed run must not be read as this one's
     (output / "runs" / run.name / STATUS_FILE).unlink(missing_ok=True)
     if spec["engine"] == "flower":

@@ -205,7 +205,7 @@ def round_means(run: RunRecord, novel: bool = False) -> tuple[np.ndarray, np.nda
 
     Parameters
     ----------
-    run : Run
+    run : RunRecord
         One run.
     novel : bool
         The novel clients' mean instead of the benign training clients'.
@@ -229,7 +229,7 @@ def score(run: RunRecord, novel: bool = False) -> float | None:
 
     Parameters
     ----------
-    run : Run
+    run : RunRecord
         One run.
     novel : bool
         The novel clients' BMTA / best MSE instead.
@@ -251,7 +251,7 @@ def final_mean(run: RunRecord) -> float | None:
 
     Parameters
     ----------
-    run : Run
+    run : RunRecord
         One run.
     """
     _, values = round_means(run)
@@ -263,7 +263,7 @@ def best_round_clients(run: RunRecord) -> np.ndarray:
 
     Parameters
     ----------
-    run : Run
+    run : RunRecord
         One run. Novel clients and attackers are left
         out, like in the mean.
 
@@ -295,7 +295,7 @@ def scenario_value(run: RunRecord, key: str) -> Any:
 
     Parameters
     ----------
-    run : Run
+    run : RunRecord
         One run.
     key : str
         One of :data:`SCENARIOS`.
@@ -345,7 +345,7 @@ def data_setting_of(run: RunRecord, keys: Iterable[str] | None = None) -> str:
 
     Parameters
     ----------
-    run : Run
+    run : RunRecord
         One run.
     keys : Iterable[str] | None
         Scenario keys to name (numbers always, heterogeneous-epochs only when

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.budget import budget_of
-from experiments.presets import Grid, Run, expand
+from experiments.presets import Grid, PlannedRun, expand
 from experiments.scores import complete, is_regression, load_runs, score
 from fedamp_flwr.config import GENERIC_AUTO, RunConfig
 from fedamp_flwr.server.results import strict_json
@@ -180,7 +180,7 @@ def _is_choice(values: Sequence[Any]) -> bool:
 
 
 def tuning_runs(grid: Grid, k: int, data_dir: str | None, output: Path,
-                fraction: float = VALIDATION_FRACTION) -> list[Run]:
+                fraction: float = VALIDATION_FRACTION) -> list[PlannedRun]:
     """The tuning grid of ``grid``: ``k`` trials of every strategy in every data setting
     (scenarios and seeds: the grid's first), each scored on its held-out validation share."""
     first = dataclasses.replace(grid, scenarios=grid.scenarios[:1], seeds=grid.seeds[:1])
@@ -195,7 +195,7 @@ def tuning_runs(grid: Grid, k: int, data_dir: str | None, output: Path,
             cfg = {**run.run_config, **values, "validation-fraction": fraction,
                    "label": label, "run-name": name}
             RunConfig.from_run_config(cfg)
-            runs.append(Run(name, run.num_clients, cfg))
+            runs.append(PlannedRun(name, run.num_clients, cfg))
     return runs
 
 
@@ -204,13 +204,13 @@ def _trial_of(label: str) -> tuple[str, int]:
     return method, int(trial)
 
 
-def choose(runs: Sequence[Run], output: Path, command: str = "", budget: str = ""
+def choose(runs: Sequence[PlannedRun], output: Path, command: str = "", budget: str = ""
            ) -> dict[str, Any]:
     """Each method's best trial per data setting by its validation score; written to
     ``output``/tuned.json and tuned.md, and returned. ``budget``: the ``--budget`` every
     trial spent ("" for the preset's rounds), recorded so that the values run only under
     it. A method none of whose trials finished is left out (and named in ``missing``)."""
-    by_method: dict[tuple[str, str], list[tuple[int, Run, float | None]]] = {}
+    by_method: dict[tuple[str, str], list[tuple[int, PlannedRun, float | None]]] = {}
     regression: dict[str, bool] = {}
     for run in runs:
         cfg = RunConfig.from_run_config(run.run_config)
@@ -252,12 +252,12 @@ def choose(runs: Sequence[Run], output: Path, command: str = "", budget: str = "
     return result
 
 
-def cfg_of(run: Run) -> dict[str, Any]:
+def cfg_of(run: PlannedRun) -> dict[str, Any]:
     """A run's config as it runs ("auto" resolved)."""
     return RunConfig.from_run_config(run.run_config).to_dict()
 
 
-def trials_keys(run: Run) -> list[str]:
+def trials_keys(run: PlannedRun) -> list[str]:
     """The keys a trial of ``run``'s strategy sets (its search space's)."""
     steps = int(RunConfig.from_run_config(run.run_config).local_steps) > 0
     method = _trial_of(run.run_config["label"])[0]
@@ -281,8 +281,8 @@ def tuned_table(result: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def apply_tuned(runs: Sequence[Run], tuned: Mapping[str, Any], forced: Sequence[str] = ()
-                ) -> list[Run]:
+def apply_tuned(runs: Sequence[PlannedRun], tuned: Mapping[str, Any], forced: Sequence[str] = ()
+                ) -> list[PlannedRun]:
     """``runs`` with the values of a ``tuned.json`` for their strategy (or variant) and data
     setting, except the keys in ``forced`` (``--set``, ``--rounds``)."""
     out = []
@@ -299,7 +299,7 @@ def apply_tuned(runs: Sequence[Run], tuned: Mapping[str, Any], forced: Sequence[
                   if k not in forced and k not in paired}
         new = {**run.run_config, **values}
         RunConfig.from_run_config(new)
-        out.append(Run(run.name, run.num_clients, new))
+        out.append(PlannedRun(run.name, run.num_clients, new))
     return out
 
 

@@ -12,13 +12,13 @@ import pytest
 from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 
 import simulation
-from experiments.presets import Run
+from experiments.presets import PlannedRun
 from experiments.progress import GridProgress, RunState, fitted, grid_eta, no_eta_yet
 from fedamp_flwr.server.dashboards import EXPERIMENT
 
 
-def _run(name: str, rounds: int, strategy: str = "fedamp", dataset: str = "mnist") -> Run:
-    return Run(name, 3, {"strategy": strategy, "dataset": dataset, "num-server-rounds": rounds})
+def _run(name: str, rounds: int, strategy: str = "fedamp", dataset: str = "mnist") -> PlannedRun:
+    return PlannedRun(name, 3, {"strategy": strategy, "dataset": dataset, "num-server-rounds": rounds})
 
 
 def test_the_eta_by_hand():
@@ -77,9 +77,9 @@ def test_a_trials_pace_follows_its_local_work():
     assert fitted([(50, 1.5), (100, 0.5)], 200) == pytest.approx(0.05)  # never below a tenth
     # in the ETA: C (25 steps) after A (50 steps, 1.5 s a round, its second round just ended)
     # and B (100 steps, 2.8 s a round, ended): 2 rounds at 0.85 s
-    run = lambda name, steps: Run(name, 3, {"strategy": "s", "dataset": "d",  # noqa: E731
+    run = lambda name, steps: PlannedRun(name, 3, {"strategy": "s", "dataset": "d",  # noqa: E731
                                             "num-server-rounds": 2, "local-steps": steps})
-    a = RunState(Run("a", 3, {**run("a", 50).run_config, "num-server-rounds": 3}), started=0.0,
+    a = RunState(PlannedRun("a", 3, {**run("a", 50).run_config, "num-server-rounds": 3}), started=0.0,
                  done=2, seconds=[1.5, 1.5], first_at=1.5, last_at=3.0)
     b = RunState(run("b", 100), started=0.0, ended=5.6, done=2, seconds=[2.8, 2.8],
                  first_at=2.8, last_at=5.6)
@@ -138,7 +138,7 @@ def test_events_as_lines_or_bars(live):
         assert "grid: " in text and "runs done" in text
 
 
-def _replay(runs: list[Run], timeline: list[tuple[float, str, str]]) -> tuple[str, list]:
+def _replay(runs: list[PlannedRun], timeline: list[tuple[float, str, str]]) -> tuple[str, list]:
     """Feed a grid's recorded timeline (seconds, run name, event: "start", "end", or a line of
     the run) to a GridProgress with a fake clock: its lines, and (seconds, ETA) after each
     event."""
@@ -178,7 +178,7 @@ def _grid_run(name: str, start: float, head: list[float], rounds: list[float],
 def test_the_first_eta_of_a_recorded_grid():
     # the small grid of docs/performance.md ("A grid's ETA"), as its lines came (seconds
     # since simulation.py started): `--datasets mnist --strategies separate,fedavg --rounds 3`
-    runs = [Run(f"{s}-mnist-practical-s0", 20, {"strategy": s, "dataset": "mnist",
+    runs = [PlannedRun(f"{s}-mnist-practical-s0", 20, {"strategy": s, "dataset": "mnist",
                                                  "num-server-rounds": 3})
             for s in ("separate", "fedavg")]
     timeline = (_grid_run(runs[0].name, 6.8, [3.4, 9.3, 45.3], [96.50, 91.64, 94.00], 10.7)
@@ -210,7 +210,7 @@ def test_a_slow_first_round_is_head_not_pace():
     # the quick preset's shape: 12 runs of 5 rounds, each with 40 s before its first round,
     # a first round of 100 s (the data loaded, the workers warmed up) where its others take
     # 50 s, and 10 s after its last; one method in two 20% slower
-    runs = [Run(f"r{i}", 20, {"strategy": f"s{i}", "dataset": "mnist", "num-server-rounds": 5})
+    runs = [PlannedRun(f"r{i}", 20, {"strategy": f"s{i}", "dataset": "mnist", "num-server-rounds": 5})
             for i in range(12)]
     timeline: list[tuple[float, str, str]] = []
     at = 0.0

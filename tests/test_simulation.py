@@ -139,7 +139,7 @@ def test_a_timed_out_run_is_stopped_and_the_grid_goes_on(tmp_path, capsys):
 def test_a_run_that_hangs_silently_times_out_by_the_clock(tmp_path):
     """A ClientApp that sleeps without a word: no log line ever comes, the clock stops it."""
     out = tmp_path / "grid"
-    run = presets.Run("sleepy", 2, {"sleep-seconds": 3600.0})
+    run = presets.PlannedRun("sleepy", 2, {"sleep-seconds": 3600.0})
     with SuperLink(tmp_path / "home") as link:
         started = time.monotonic()
         outcome = runner.run_one(link, out, run, "num-supernodes=2", "[sleepy]", timeout=8,

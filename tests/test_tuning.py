@@ -253,7 +253,7 @@ def test_fl60_with_another_noise_is_another_setting_than_the_tuned_one():
 
 
 def test_a_finished_run_is_run_again_where_auto_now_gives_other_values(tmp_path, monkeypatch):
-    from experiments.presets import Run
+    from experiments.presets import PlannedRun
     from experiments.runner import is_done
 
     cfg = {"strategy": "fedavg", "dataset": "synthetic", "num-server-rounds": 1,
@@ -263,7 +263,7 @@ def test_a_finished_run_is_run_again_where_auto_now_gives_other_values(tmp_path,
     folder.mkdir(parents=True)
     (folder / "metrics.json").write_text(json.dumps({"config": recorded, "finished": True,
                                                       "completed_rounds": 1}))
-    run = Run("r", 2, cfg)
+    run = PlannedRun("r", 2, cfg)
     assert is_done(tmp_path, run)
     monkeypatch.setattr(registry, "_TUNED", {"fedavg": {"synthetic/practical": {"values": {
         "learning-rate": 0.5}}}})
