@@ -1,39 +1,7 @@
 """A client's model card and the data schema it records: what a member's node writes
 beside its model (:mod:`fedamp_flwr.member.keeping`) and what the server writes for a
-partitioned run's clients (:mod:`fedamp_flwr.server.delivery`).
-
-Each client's model delivered: to the member's own machine, or to the run's folder.
-
-What is kept (run config ``save-models``): the model whose score the run
-records for a client in a round, i.e. the model the client tests in its
-evaluate message (FedAMP/HeurFedAMP: its personalized cloud model; Panacea and
-pFedHN: its generated model; FedAvg-FT/FedProx-FT: the fine-tuned one; APFL:
-the mixed one; pFedMe: theta; the global methods: the global model):
-
-* ``final`` (default): in the last round;
-* ``every-checkpoint``: in every round that writes a checkpoint (the file is
-  replaced: one model per client, the latest);
-* ``best-validation``: with ``validation-fraction > 0``, in each round where the
-  client's validation score beats its best of the earlier rounds (never a test score);
-* ``none``.
-
-Who writes it:
-
-* a node whose node config names a ``model-dir`` (a member's SuperNode) writes
-  ``<model-dir>/<run>/<client-id>.safetensors`` and its card itself; nothing
-  leaves its machine. Without a ``model-dir`` a member's node writes nothing and
-  says so once in its log;
-* a node of a partitioned run (simulation, or a fleet of partitions) without a
-  ``model-dir`` replies the model, and the server writes it under
-  ``<results-dir>/<run>/models/``.
-
-The server asks for the models in the evaluate messages of those rounds (keys
-of :mod:`strategies.core.protocol`: ``save-model``, ...); a reply's model is
-checked like every reply (keys, shapes, dtypes, finite) and written only if the
-run recorded that client's evaluation. A member absent from the last round's
-evaluation still gets its model: after the last round every connected client
-without one is sent the model the server holds for it (its card says so).
-The file format and the card: :mod:`tasks.export`.
+partitioned run's clients (:mod:`fedamp_flwr.server.delivery`, which also says what is
+kept and who writes it).
 """
 
 from __future__ import annotations

@@ -99,21 +99,22 @@ TABLE_AUTO: dict[str, Any] = {"batch-size": 16, "learning-rate": 3e-3, "alone": 
 @dataclass(frozen=True)
 class AutoLayer:
     """One of the three layers of "auto" values (:func:`auto_layers`): its name, its values
-    and, for each key, which of the layer's tables gave it."""
+    and, for each key, the layer's tables that name it, in order (the last gives it)."""
 
     name: str
     values: dict[str, Any]
-    sources: dict[str, str]
+    sources: dict[str, list[tuple[str, Any]]]
 
 
 def _layer(name: str, tables: list[tuple[str, Mapping[str, Any]]]) -> AutoLayer:
     """The layer ``name`` of ``tables`` (where, in words; values), each overriding the ones
     before it."""
     values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
+    sources: dict[str, list[tuple[str, Any]]] = {}
     for where, table in tables:
         values.update(table)
-        sources.update(dict.fromkeys(table, where))
+        for key, value in table.items():
+            sources.setdefault(key, []).append((where, value))
     return AutoLayer(name, values, sources)
 
 
@@ -177,8 +178,8 @@ def explain(run_config: Mapping[str, Any], key: str) -> list[str]:
         return [f"{key} = {value!r}: the key's declared default"]
     layers = auto_layers(cfg.dataset, cfg.strategy, cfg.tuning_key, cfg.table_inputs,
                          cfg.model)
-    found = [(f"layer {n} of {len(layers)}, {layer.name}", layer.sources[key],
-              layer.values[key]) for n, layer in enumerate(layers, 1) if key in layer.values]
+    found = [(f"layer {n} of {len(layers)}, {layer.name}", table, v)
+             for n, layer in enumerate(layers, 1) for table, v in layer.sources.get(key, [])]
     if not found:
         doc = {**RunConfig.generic_fields(), **method_keys()}[key].metadata.get("doc", "")
         when = "when the run knows its clients" if key in LATE_AUTO else \

@@ -35,7 +35,7 @@ from strategies.core.settings import MOST_CLIENTS, RunCannotGoOn
 from strategies.core.tracking import RunTracking
 from tasks.dp import noise_allowance
 from tasks.graphs import GraphError, build_graph, same_group_graph
-from tasks.tabular import pooled
+from tasks.tabular import pooled, scaling_problem
 
 from .config import GRAPH_K_AUTO, ConfigError, RunConfig
 from .identity import IdentityError, fingerprint, parse_key, read_roster
@@ -202,7 +202,12 @@ def member_scaling(cfg: RunConfig, clients: dict[int, ClientInfo],
     if cfg.member_scaling != "pooled":
         return None
     held = checkpoint.member_scaling if checkpoint else None
-    if held is not None:
+    if held is not None:  # what the members standardize by: checked as a message's is
+        problem = scaling_problem(held.get("mean"), held.get("std"), schema.input_shape[0])
+        if problem is not None:
+            raise ConfigError(f"run config 'member-scaling' = 'pooled': the checkpoint's pooled "
+                              f"scaling cannot be used ({problem}); allowed: a checkpoint "
+                              "this app wrote")
         return held
     stats = [i.stats for i in clients.values() if i.stats]
     if not stats:
@@ -224,7 +229,7 @@ def member_scaling(cfg: RunConfig, clients: dict[int, ClientInfo],
 
 def checkpoint_keys(checkpoint: Checkpoint | None, cfg: RunConfig,
                     source: str = "run config 'resume' = true") -> dict[str, bytes]:
-    """The name -> key bindings a checkpoint holds (hex): a resumed run's own, or those of the
+    """The name -> key bindings a checkpoint holds: a resumed run's own, or those of the
     run a warm start reads (``source`` names which), so that a returning member's name stays
     bound to the key it proved before. A members' checkpoint of an older version binds no
     name: it is resumed or started from only with a roster (else the first node to claim a

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from pathlib import Path
 
 import pytest
@@ -79,7 +80,7 @@ def test_a_checkpoint_of_version_1_resumes_and_one_of_a_newer_version_is_refused
     """A checkpoint as every version before the typed one wrote it (no ``version``, no
     manifest or generation) resumes to an uninterrupted run's numbers; one of a version this
     app does not know is refused, naming it."""
-    from fedamp_flwr.server.checkpoint import VERSION
+    from fedamp_flwr.server.checkpoint import VERSION, NewerCheckpoint
     from fedamp_flwr.server.results import digest_path, seal
 
     from .helpers import as_older_version
@@ -93,18 +94,22 @@ def test_a_checkpoint_of_version_1_resumes_and_one_of_a_newer_version_is_refused
     resumed = _run(tmp_path, "run", 3, resume=True, **{"checkpoint-keep": 1})
     assert [r["client_accuracy"] for r in resumed["rounds"]] == [
         r["client_accuracy"] for r in whole["rounds"]]
-    as_older_version(tmp_path / "run")
-    (path,) = checkpoint_files(tmp_path / "run")
+    # a newer version's checkpoint stops the resume, naming it: the run never goes back to
+    # the older checkpoint it could read
+    _run(tmp_path, "newer", 3)  # checkpoint-keep 2: rounds 2 and 3
+    as_older_version(tmp_path / "newer")
+    path = checkpoint_files(tmp_path / "newer")[0]
     state = torch.load(path, weights_only=True)
     torch.save({**state, "version": VERSION + 1}, path)
-    digest_path(path).write_text(f"{seal(path, None, 'run')}  {path.name}\n")
-    cfg = RunConfig.from_run_config({"results-dir": str(tmp_path), "run-name": "run",
-                                     "resume": True, "num-server-rounds": 4,
-                                     "checkpoint-keep": 1})
-    with pytest.raises(ConfigError, match=rf"round-000003.pt: run config 'resume' = true: the "
-                                          rf"checkpoint's version is {VERSION + 1}; allowed: 1 "
-                                          rf"to {VERSION}"):
+    digest_path(path).write_text(f"{seal(path, None, 'newer')}  {path.name}\n")
+    cfg = RunConfig.from_run_config({"results-dir": str(tmp_path), "run-name": "newer",
+                                     "resume": True, "num-server-rounds": 4})
+    with pytest.raises(NewerCheckpoint, match=rf"run config 'resume' = true: the checkpoint's "
+                                              rf"version is {VERSION + 1}; allowed: 1 to "
+                                              rf"{VERSION} .*round-000003.pt"):
         RunFolder(cfg).load_checkpoint()
+    assert [p.name for p in checkpoint_files(tmp_path / "newer")] == [
+        "round-000003.pt", "round-000002.pt"]  # none refused, none renamed
 
 
 def test_a_checkpoint_reads_back_what_it_wrote_and_names_a_field_it_lacks():
@@ -112,26 +117,36 @@ def test_a_checkpoint_reads_back_what_it_wrote_and_names_a_field_it_lacks():
     from fedamp_flwr.server.checkpoint import Checkpoint
 
     written = Checkpoint(round=2, config={"seed": 0}, num_clients=3,
-                         arrays={"w": torch.ones(2)}, random_state=(3, (1, 2), None),
+                         arrays={"w": torch.ones(2)}, random_state=random.getstate(),
                          strategy={"models": torch.zeros(3, 2)}, client_names=["a", "", "c"],
                          member_keys={"a": key_text(bytes(32))}, impostor_count=1)
     state = written.to_state()
     assert "member_scaling" not in state and state["version"] == written.version
     assert Checkpoint.from_state(state, "here") == written
     # version 1 wrote a member's key in hex: read as a roster writes it
-    hexed = Checkpoint.from_state({**state, "member_keys": {"a": "00" * 32}}, "here")
-    assert hexed.member_keys == written.member_keys
+    hexed = {k: v for k, v in state.items() if k != "version"} | {"member_keys": {"a": "00" * 32}}
+    assert Checkpoint.from_state(hexed, "here").member_keys == written.member_keys
     with pytest.raises(ConfigError, match="here: the checkpoint's member keys cannot be read"):
-        Checkpoint.from_state({**state, "member_keys": {"a": "not a key"}}, "here")
+        Checkpoint.from_state({**state, "member_keys": {"a": "00" * 32}}, "here")  # version 2
     # what a version before wrote none of reads as its default
-    old = {k: state[k] for k in Checkpoint.REQUIRED}
+    old = {k: state[k] for k in (*Checkpoint.REQUIRED, "random_state")}
     read = Checkpoint.from_state(old, "here")
     assert (read.version, read.member_keys, read.client_names, read.names()) == (
         1, None, None, ["0", "1", "2"])
-    with pytest.raises(ConfigError, match="here: the checkpoint's 'round' is str; allowed: int"):
+    with pytest.raises(ConfigError, match="here: the checkpoint's 'round' is '2'; allowed: an "
+                                          "int >= 0"):
         Checkpoint.from_state({**state, "round": "2"}, "here")
-    with pytest.raises(ConfigError, match="'strategy' is NoneType; allowed: dict"):
+    with pytest.raises(ConfigError, match="'num_clients' is -1; allowed: an int >= 0"):
+        Checkpoint.from_state({**state, "num_clients": -1}, "here")
+    with pytest.raises(ConfigError, match="'strategy' is None; allowed: dict"):
         Checkpoint.from_state({k: v for k, v in state.items() if k != "strategy"}, "here")
+    # a tampered random state is refused here, not by random.setstate in the run
+    with pytest.raises(ConfigError, match="here: the checkpoint's 'random_state' cannot be used"):
+        Checkpoint.from_state({**state, "random_state": (3, (1, 2), None)}, "here")
+    # what is only recorded takes its default where it is not a finite number >= 0
+    odd = Checkpoint.from_state({**state, "wall_time_s": float("nan"), "impostor_count": True},
+                                "here")
+    assert (odd.wall_time_s, odd.impostor_count) == (0.0, None)
 
 
 def test_a_state_with_non_finite_values_is_never_checkpointed(tmp_path):

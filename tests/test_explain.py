@@ -26,7 +26,11 @@ def test_auto_is_the_last_layer_that_names_the_key():
     assert [layer.name for layer in layers] == ["the key's declaration",
                                                 "the run's task and strategy", "the tuning"]
     assert layers[0].values["batch-size"] == GENERIC_AUTO["batch-size"]
-    assert layers[1].sources["batch-size"] == "members' tables (TABLE_AUTO)"
+    assert layers[1].sources["batch-size"] == [("members' tables (TABLE_AUTO)",
+                                                TABLE_AUTO["batch-size"])]
+    # within a layer, the most specific table last: Panacea's own on TPT-48 over the task's
+    assert [where for where, _ in auto_layers("tpt48", "panacea")[1].sources["batch-size"]] \
+        == ["the task 'tpt48'", "the strategy 'panacea' on 'tpt48'"]
     assert auto_values("members", "fedamp", "members/federated", table=True)["batch-size"] \
         == TABLE_AUTO["batch-size"] == RunConfig.from_run_config(TABLE).batch_size
 

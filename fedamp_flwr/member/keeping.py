@@ -1,6 +1,6 @@
 """A member's node keeps the model it just tested, as an evaluate message asks: written
 to its own ``model-dir`` with its card, never leaving its machine (what is kept and who
-writes it: :mod:`fedamp_flwr.cards`)."""
+writes it: :mod:`fedamp_flwr.server.delivery`; its card: :mod:`fedamp_flwr.cards`)."""
 
 from __future__ import annotations
 

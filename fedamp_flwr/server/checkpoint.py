@@ -21,8 +21,11 @@ kind, no token; its members' keys in hex, read as the ``ed25519:<base64>`` of a 
 from __future__ import annotations
 
 import dataclasses
+import math
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,7 +41,12 @@ def _dict_or_none(value: Any) -> dict[str, Any] | None:
     return dict(value) if isinstance(value, dict) else None
 
 
-def _keys(value: Any, source: str) -> dict[str, str] | None:
+class NewerCheckpoint(ConfigError):
+    """A checkpoint of a version this app does not know: the run stops, naming it, rather
+    than go back to an older checkpoint it can read."""
+
+
+def _keys(value: Any, source: str, version: int) -> dict[str, str] | None:
     """Members' public keys by name, as a roster writes them (``ed25519:<base64>``; version 1
     wrote the raw key in hex); None: none bound."""
     if not isinstance(value, dict):
@@ -46,8 +54,8 @@ def _keys(value: Any, source: str) -> dict[str, str] | None:
     out = {}
     for name, key in value.items():
         try:
-            out[str(name)] = key_text(bytes.fromhex(key)) if isinstance(key, str) and \
-                len(key) == 64 else key_text(parse_key(key))
+            out[str(name)] = key_text(bytes.fromhex(key)) if version == 1 and \
+                isinstance(key, str) and len(key) == 64 else key_text(parse_key(key))
         except (ValueError, TypeError, AttributeError) as err:
             raise ConfigError(f"{source}: the checkpoint's member keys cannot be read "
                               f"({name!r}: {err})") from None
@@ -55,11 +63,20 @@ def _keys(value: Any, source: str) -> dict[str, str] | None:
 
 
 def _number(value: Any, kind: type, default: Any) -> Any:
-    """``value`` as a ``kind`` >= 0, or ``default`` where it is none."""
+    """``value`` where it is a finite number >= 0 (an int for ``kind`` int), else
+    ``default``."""
+    ok = isinstance(value, int if kind is int else (int, float)) and not isinstance(value, bool)
+    return kind(value) if ok and math.isfinite(value) and value >= 0 else default
+
+
+def _random_state(value: Any, source: str) -> Any:
+    """Python's ``random`` state as the file holds it, if ``random.setstate`` takes it."""
     try:
-        return max(kind(value), 0)
-    except (TypeError, ValueError, OverflowError):
-        return default
+        random.Random().setstate(value)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise ConfigError(f"{source}: the checkpoint's 'random_state' cannot be used ({err})"
+                          ) from None
+    return value
 
 
 @dataclass
@@ -135,28 +152,33 @@ class Checkpoint:
     def from_state(cls, state: Mapping[str, Any], source: str) -> Checkpoint:
         """The checkpoint a file held (read and checked by ``results.read_checkpoint``), of
         any version up to :data:`VERSION`; ``source`` names the run-config key that read it.
-        Raises ConfigError for a newer version or a missing or mistyped required field."""
+        Raises :class:`NewerCheckpoint` for a newer version, ConfigError for a bad one or a
+        missing, mistyped or negative required field."""
         version = state.get("version", 1)
-        if isinstance(version, bool) or not isinstance(version, int) or \
-                not 1 <= version <= VERSION:
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
             raise ConfigError(f"{source}: the checkpoint's version is {version!r}; allowed: 1 "
-                              f"to {VERSION} (a newer version of the app wrote it: run that "
-                              "version)")
+                              f"to {VERSION}")
+        if version > VERSION:
+            raise NewerCheckpoint(f"{source}: the checkpoint's version is {version}; allowed: "
+                                  f"1 to {VERSION} (a newer version of the app wrote it: run "
+                                  "that version)")
         for key, kind in cls.REQUIRED.items():
             value = state.get(key)
-            if isinstance(value, bool) or not isinstance(value, kind):
-                raise ConfigError(f"{source}: the checkpoint's {key!r} is "
-                                  f"{type(value).__name__}; allowed: {kind.__name__}")
+            if isinstance(value, bool) or not isinstance(value, kind) or \
+                    (isinstance(value, int) and value < 0):
+                raise ConfigError(f"{source}: the checkpoint's {key!r} is {value!r:.40}; "
+                                  f"allowed: {'an int >= 0' if kind is int else kind.__name__}")
         names, impostors = state.get("client_names"), state.get("impostors")
         return cls(
             round=state["round"], config=dict(state["config"]), num_clients=state["num_clients"],
-            arrays=dict(state["arrays"]), random_state=state.get("random_state"),
+            arrays=dict(state["arrays"]),
+            random_state=_random_state(state.get("random_state"), source),
             strategy=dict(state["strategy"]),
             wall_time_s=_number(state.get("wall_time_s"), float, 0.0),
             run_token=str(state.get("run_token") or ""),
             state_kind=str(state.get("state_kind") or ""),
             client_names=[str(n) for n in names] if isinstance(names, list) and names else None,
-            member_keys=_keys(state.get("member_keys"), source),
+            member_keys=_keys(state.get("member_keys"), source, version),
             impostors=[dict(a) for a in impostors if isinstance(a, dict)]
             if isinstance(impostors, list) and impostors else None,
             impostor_count=_number(state.get("impostor_count"), int, None),
@@ -169,13 +191,16 @@ class Checkpoint:
         return list(self.client_names or [str(i) for i in range(self.num_clients)])
 
 
-def read_state(state: Mapping[str, Any], problem: str | None, source: str
+def read_state(state: Mapping[str, Any], problem: str | None, source: str, path: Path
                ) -> tuple[Checkpoint | None, str | None]:
     """A checkpoint file's state (``results.read_checkpoint``: ``state`` and ``problem``) as a
-    :class:`Checkpoint`, or None and why it cannot be one."""
+    :class:`Checkpoint`, or None and why it cannot be one (the caller tries an older file);
+    a file of a newer version raises :class:`NewerCheckpoint`, naming ``path``."""
     if problem is not None:
         return None, problem
     try:
         return Checkpoint.from_state(state, source), None
+    except NewerCheckpoint as err:
+        raise NewerCheckpoint(f"{err} ({path})") from None
     except ConfigError as err:
         return None, str(err)

@@ -76,7 +76,7 @@ class RunRecorder:
             member_keys={n: key_text(k) for n, k in sorted(members.keys.items())}
             if named else None,
             impostors=list(members.attempts) if members.attempts else None,
-            impostor_count=members.impostors if members.attempts else None,
+            impostor_count=members.impostors or None,
             member_scaling=run.scaling or None,
             collaboration_policy=run.policy.record(run.cfg.collaboration_policy)
             if run.policy is not None else None, warm_start=run.season.record or None)

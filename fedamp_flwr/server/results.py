@@ -88,7 +88,7 @@ def write_json(path: Path, record: dict[str, Any]) -> None:
 
 XI_FOLDER = "xi"
 LOCK = ".lock"  # held (flock) by the ServerApp of a live run
-FORGOTTEN = "forgotten.json"  # the audit of the members a run has forgotten (erasure.py)
+FORGOTTEN = "forgotten.json"  # the audit of the members a run has forgotten (tools/erasure.py)
 MODELS_FOLDER = "models"  # each client's model and card (fedamp_flwr/server/delivery.py)
 TENSORBOARD_FOLDER = "tensorboard"  # event files (fedamp_flwr/server/dashboards.py)
 
@@ -372,7 +372,7 @@ class RunFolder:
         refused: list[tuple[Path, str]] = []
         for path in self.checkpoints():
             state, problem = read_checkpoint(path, self.secret, self.name, manifest)
-            checkpoint, problem = read_state(state, problem, key)
+            checkpoint, problem = read_state(state, problem, key, path)
             if problem is None:
                 problem = check(state) if check is not None else None
             if problem is None:

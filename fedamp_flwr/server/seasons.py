@@ -130,7 +130,7 @@ def _read(cfg: RunConfig, key: str, folder: Path, files: list[Path], secret: byt
     refused = []
     for path in files:
         state, problem = read_checkpoint(path, secret, folder.name, manifest)
-        checkpoint, problem = read_state(state, problem, key)
+        checkpoint, problem = read_state(state, problem, key, path)
         if problem is None:
             problem = fits(state)
         names = (checkpoint.client_names or []) if checkpoint is not None else []

@@ -63,6 +63,7 @@ from tasks.export import sha256_of
 from tasks.files import atomic_write, strict_json
 
 from ..config import ConfigError, redact_uri
+from ..server.checkpoint import read_state
 from ..server.manifest import Manifest, mark, no_link
 from ..server.manifest import read as read_manifest
 from ..server.manifest import write as write_manifest
@@ -299,6 +300,8 @@ class Erasure:
         for path in checkpoint_files(self.folder):
             state, problem = read_checkpoint(path, self.secret, self.folder.name, manifest,
                                               self.name)
+            # a version this app cannot read is not rewritten (a newer one raises here)
+            _, problem = read_state(state, problem, "RUN_DIR", path)
             names = state.get("client_names") or []
             if problem is None and self.name in names and names.index(self.name) != self.cid:
                 problem = (f"it holds member {self.name!r} as client {names.index(self.name)}, "
