@@ -17,10 +17,10 @@ import numpy as np
 
 from .scores import (
     RunRecord,
-    _stats,
     best_round_clients,
     group_runs,
     is_regression,
+    mean_std,
     round_means,
     scenario_value,
     score,
@@ -277,7 +277,7 @@ def plot_versus(runs: Sequence[RunRecord], key: str, path: str | Path,
             xs = np.array([scenario_value(r, key) for r in rs])
             ys = np.array([score(r) for r in rs])
             x = np.unique(xs)
-            stats = [st for v in x if (st := _stats(ys[xs == v])) is not None]
+            stats = [st for v in x if (st := mean_std(ys[xs == v])) is not None]
             ax.errorbar(x, [s[0] for s in stats], yerr=[s[1] for s in stats], color=colors[m],
                         marker="o", capsize=3, label=m)
         if regression:

@@ -369,7 +369,7 @@ def data_setting_of(run: RunRecord, keys: Iterable[str] | None = None) -> str:
     return ", ".join([base, *parts])
 
 
-def _first_seen(items: Iterable[Any]) -> dict[Any, int]:
+def first_seen(items: Iterable[Any]) -> dict[Any, int]:
     order: dict[Any, int] = {}
     for item in items:
         order.setdefault(item, len(order))
@@ -392,7 +392,7 @@ def strategies_of(runs: Sequence[RunRecord], strategy_order: Sequence[str] | Non
     strategy_order : Sequence[str] | None
         Preferred order of the rows; strategies without runs are left out.
     """
-    present = list(_first_seen(method_of(r) for r in runs))
+    present = list(first_seen(method_of(r) for r in runs))
     wanted = [s for s in (strategy_order or []) if s in present]
     return list(dict.fromkeys(wanted)) + [s for s in present if s not in wanted]
 
@@ -425,7 +425,7 @@ def group_runs(runs: Sequence[RunRecord], strategy_order: Sequence[str] | None =
     for run in runs:
         pairs.setdefault((run.dataset, run.partitioning), []).append(run)
     keys = {pair: [k for k in scenario_keys(rs) if k not in exclude] for pair, rs in pairs.items()}
-    datasets = _first_seen(d for d, _ in pairs)
+    datasets = first_seen(d for d, _ in pairs)
     order: dict[str, tuple] = {}
     groups: dict[tuple[str, str], list[RunRecord]] = {}
     for i, (pair, pair_runs) in enumerate(pairs.items()):
@@ -438,7 +438,7 @@ def group_runs(runs: Sequence[RunRecord], strategy_order: Sequence[str] | None =
     return settings, strategies_of(runs, strategy_order), groups
 
 
-def _stats(values: Sequence[float | None]) -> tuple[float, float, int] | None:
+def mean_std(values: Sequence[float | None]) -> tuple[float, float, int] | None:
     """Mean, population std and count of the non-missing values; None if there are none."""
     arr = np.array([v for v in values if v is not None], dtype=float)
     return (float(arr.mean()), float(arr.std()), arr.size) if arr.size else None

@@ -22,11 +22,11 @@ from .paper_numbers import paper_line, variant_of
 from .scores import (
     SCENARIOS,
     RunRecord,
-    _first_seen,
-    _stats,
     final_mean,
+    first_seen,
     group_runs,
     is_regression,
+    mean_std,
     scenario_value,
     score,
 )
@@ -63,7 +63,7 @@ def csv_rows(runs: Sequence[RunRecord]) -> tuple[list[str], list[dict[str, Any]]
         :data:`CSV_COLUMNS` then ``config.<key>`` for every other config key
         (by first appearance), and one dict per run (None for missing values).
     """
-    config_keys = list(_first_seen(k for r in runs for k in r.config
+    config_keys = list(first_seen(k for r in runs for k in r.config
                                    if k not in CSV_COLUMNS))
     rows = []
     for run in runs:
@@ -146,7 +146,7 @@ def markdown_table(runs: Sequence[RunRecord], strategy_order: Sequence[str] | No
         has a value.
     """
     settings, strategies, groups = group_runs(runs, strategy_order)
-    stats = {key: _stats([score(r, novel) for r in rs]) for key, rs in groups.items()}
+    stats = {key: mean_std([score(r, novel) for r in rs]) for key, rs in groups.items()}
     settings = [s for s in settings if any(stats.get((s, m)) for m in strategies)]
     if not settings:
         return None

@@ -101,6 +101,17 @@ def test_no_module_imports_itself_through_others():
     assert circles == []
 
 
+def test_no_module_imports_another_modules_private_names():
+    """A name that starts with "_" is its module's own: no other module of the project
+    imports it (``from x import _y``)."""
+    found = sorted(f"{name}: {node.module} {alias.name}" for name, path in _modules().items()
+                   for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "")
+                                                           .split(".")[0] in PACKAGES)
+                   for alias in node.names if alias.name.startswith("_"))
+    assert found == []
+
+
 def test_no_strategy_module_imports_the_app():
     assert not [n for n in GRAPH if _layer(n) == "strategies"
                 and any(_layer(t) == "fedamp_flwr" for t in GRAPH[n])]
