@@ -98,24 +98,26 @@ TABLE_AUTO: dict[str, Any] = {"batch-size": 16, "learning-rate": 3e-3, "alone": 
 
 @dataclass(frozen=True)
 class AutoLayer:
-    """One of the three layers of "auto" values (:func:`auto_layers`): its name, its values
-    and, for each key, the layer's tables that name it, in order (the last gives it)."""
+    """One of the three layers of "auto" values (:func:`auto_layers`): its name and, for each
+    key, the layer's tables that name it with their values, in order (the last gives it)."""
 
     name: str
-    values: dict[str, Any]
     sources: dict[str, list[tuple[str, Any]]]
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """The layer's value of each key it names."""
+        return {key: tables[-1][1] for key, tables in self.sources.items()}
 
 
 def _layer(name: str, tables: list[tuple[str, Mapping[str, Any]]]) -> AutoLayer:
     """The layer ``name`` of ``tables`` (where, in words; values), each overriding the ones
     before it."""
-    values: dict[str, Any] = {}
     sources: dict[str, list[tuple[str, Any]]] = {}
     for where, table in tables:
-        values.update(table)
         for key, value in table.items():
             sources.setdefault(key, []).append((where, value))
-    return AutoLayer(name, values, sources)
+    return AutoLayer(name, sources)
 
 
 def auto_layers(dataset: str, strategy: str, setting: str = "", table: bool = False,
@@ -831,7 +833,8 @@ class RunConfig(TaskKeys):
         """The local training every train message carries, under the run config's own keys
         (:data:`strategies.core.protocol.TRAINING_KEYS`): a member's node reads them back
         (``Optim.from_message``), its own run config's where a message has none."""
-        return {key: getattr(self, key.replace("-", "_")) for key in TRAINING_KEYS}
+        values = self.to_dict()
+        return {key: values[key] for key in TRAINING_KEYS}
 
 
 def generic_reference() -> str:

@@ -548,7 +548,7 @@ def as_older_version(run: Path, secret: bytes | None = None) -> None:
     register_path(run).unlink()
     for path in checkpoint_files(run):
         state = torch.load(path, weights_only=True)
-        state.pop("generation")
+        state.pop("generation", None)  # (a checkpoint made older before has none)
         state.pop("version", None)
         torch.save(state, path)
         digest_path(path).write_text(f"{seal(path, secret, run.name)}  {path.name}\n")

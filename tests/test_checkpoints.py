@@ -86,29 +86,28 @@ def test_a_checkpoint_of_version_1_resumes_and_one_of_a_newer_version_is_refused
     from .helpers import as_older_version
 
     whole = _run(tmp_path, "whole", 3)
-    _run(tmp_path, "run", 2, **{"checkpoint-keep": 1})
-    (path,) = checkpoint_files(tmp_path / "run")
+    _run(tmp_path, "run", 2)  # checkpoint-keep 2: rounds 1 and 2
+    path = checkpoint_files(tmp_path / "run")[0]
     assert torch.load(path, weights_only=True)["version"] == VERSION
     as_older_version(tmp_path / "run")
     assert "version" not in torch.load(path, weights_only=True)
-    resumed = _run(tmp_path, "run", 3, resume=True, **{"checkpoint-keep": 1})
+    resumed = _run(tmp_path, "run", 3, resume=True)
     assert [r["client_accuracy"] for r in resumed["rounds"]] == [
         r["client_accuracy"] for r in whole["rounds"]]
     # a newer version's checkpoint stops the resume, naming it: the run never goes back to
-    # the older checkpoint it could read
-    _run(tmp_path, "newer", 3)  # checkpoint-keep 2: rounds 2 and 3
-    as_older_version(tmp_path / "newer")
-    path = checkpoint_files(tmp_path / "newer")[0]
+    # the older checkpoint (round 2's) it could read
+    as_older_version(tmp_path / "run")
+    path = checkpoint_files(tmp_path / "run")[0]
     state = torch.load(path, weights_only=True)
     torch.save({**state, "version": VERSION + 1}, path)
-    digest_path(path).write_text(f"{seal(path, None, 'newer')}  {path.name}\n")
-    cfg = RunConfig.from_run_config({"results-dir": str(tmp_path), "run-name": "newer",
+    digest_path(path).write_text(f"{seal(path, None, 'run')}  {path.name}\n")
+    cfg = RunConfig.from_run_config({"results-dir": str(tmp_path), "run-name": "run",
                                      "resume": True, "num-server-rounds": 4})
     with pytest.raises(NewerCheckpoint, match=rf"run config 'resume' = true: the checkpoint's "
                                               rf"version is {VERSION + 1}; allowed: 1 to "
                                               rf"{VERSION} .*round-000003.pt"):
         RunFolder(cfg).load_checkpoint()
-    assert [p.name for p in checkpoint_files(tmp_path / "newer")] == [
+    assert [p.name for p in checkpoint_files(tmp_path / "run")] == [
         "round-000003.pt", "round-000002.pt"]  # none refused, none renamed
 
 

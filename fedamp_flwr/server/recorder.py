@@ -81,15 +81,15 @@ class RunRecorder:
             collaboration_policy=run.policy.record(run.cfg.collaboration_policy)
             if run.policy is not None else None, warm_start=run.season.record or None)
 
-    def record(self, completed: int) -> RunFile:
-        """metrics.json after ``completed`` rounds."""
+    def record(self, completed: int, facts: dict[str, Any] | None = None) -> RunFile:
+        """metrics.json after ``completed`` rounds (``facts``: :meth:`facts`, made already)."""
         run = self.run
         cfg, members, history = run.cfg, run.members, run.strategy.history
         return history.run_file(
             run_name=run.folder.name, strategy=cfg.strategy, label=cfg.label,
             dataset=cfg.dataset, task_kind=run.kind,
             partitioning=None if tasks.get_task(cfg.dataset).federated else cfg.partitioning,
-            num_clients=run.num_clients, **self.facts(),
+            num_clients=run.num_clients, **(facts or self.facts()),
             # members whose data did not fit, or that could not join: by node, with why
             left_out={str(node): why for node, why in sorted(members.refused.items())}
             if members.refused else None, member_roster=cfg.member_roster or None,
@@ -108,10 +108,11 @@ class RunRecorder:
         last = server_round == cfg.num_server_rounds or stopping  # the run's last round
         checkpoint = bool(cfg.checkpoint_every) and (server_round % cfg.checkpoint_every == 0
                                                      or last)
+        facts = self.facts()  # the same for both files
         if checkpoint:
-            self._checkpoint(server_round, arrays)
+            self._checkpoint(server_round, arrays, facts)
         if checkpoint or not cfg.checkpoint_every:  # with its checkpoint, else every round
-            metrics = copy.deepcopy(self.record(server_round).to_dict())  # the next round adds
+            metrics = copy.deepcopy(self.record(server_round, facts).to_dict())  # the next adds
             run.writer.submit(lambda: run.folder.write_metrics(metrics))
         if run.boards is not None:  # every round; MLflow's once its checkpoint is written
             boards = run.boards
@@ -135,8 +136,10 @@ class RunRecorder:
         except Exception as err:
             log(WARNING, "Dashboards: not closed (%s: %s)", type(err).__name__, err)
 
-    def _checkpoint(self, server_round: int, arrays: ArrayRecord) -> None:
-        """Copy the run's state now; the writer's thread writes it."""
+    def _checkpoint(self, server_round: int, arrays: ArrayRecord, facts: dict[str, Any]
+                    ) -> None:
+        """Copy the run's state now (``facts``: :meth:`facts`); the writer's thread writes
+        it."""
         run = self.run
         cfg, strategy = run.cfg, run.strategy
         copied = time.perf_counter()
@@ -145,7 +148,7 @@ class RunRecorder:
             arrays=arrays.to_torch_state_dict(), random_state=random.getstate(),
             strategy=strategy.state_dict(), wall_time_s=run.spent + time.time() - run.started,
             run_token=run.token, state_kind=family(strategy, cfg.strategy),
-            **self.facts()).to_state())
+            **facts).to_state())
         copied = time.perf_counter() - copied
 
         def write() -> None:
