@@ -37,7 +37,11 @@ from typing import Any, TextIO
 import numpy as np
 
 from experiments.presets import PlannedRun
-from fedamp_flwr.server.rounds import ROUND_DONE, ROUND_START  # a round's start and end in the log
+from fedamp_flwr.server.rounds import (  # a round's start and end in the log, a paused one
+    ROUND_DONE,
+    ROUND_START,
+    unpaused,
+)
 
 #: a run submitted to its SuperLink, as the runner says it (experiments.runner.run_one)
 SUBMITTED = re.compile(r": submitted as run (\d+)")
@@ -109,10 +113,11 @@ class RunState:
 
     @property
     def steady(self) -> list[float]:
-        """Its rounds after the first (which also loads the data); of a run that ended well
+        """Its rounds after the first (which also loads the data), but a round the machine
+        was paused in (:func:`fedamp_flwr.server.rounds.unpaused`); of a run that ended well
         after one round, that round; else none."""
-        return self.seconds[1:] or (self.seconds if self.ended is not None and not self.failed
-                                    else [])
+        return unpaused(self.seconds[1:]) or (
+            self.seconds if self.ended is not None and not self.failed else [])
 
     @property
     def total(self) -> int:

@@ -56,9 +56,14 @@ def test_each_round_line_says_the_rounds_left_and_when_they_end(tmp_path, caplog
 
     # 4 rounds in 100 s: 8 more at that pace take 200 s
     assert re.fullmatch(r"; 8 rounds left, about 0:03:20 \(ETA \d\d:\d\d, at this run's mean "
-                        r"pace\)", eta(100.0, 4, 8))
-    assert eta(7300.0, 1, 1).startswith("; 1 round left, about 2:01:40 ")
-    assert eta(5.0, 3, 0) == ""
+                        r"pace\)", eta([20.0, 30.0, 25.0, 25.0], 8))
+    assert eta([7300.0], 1).startswith("; 1 round left, about 2:01:40 ")
+    assert eta([2.0, 2.0, 1.0], 0) == ""
+    # a round the machine slept in (over 10 x the median, 25 s) is left out: 3 rounds of 25 s
+    paused = eta([20.0, 7500.0, 30.0, 25.0], 8)
+    assert paused.startswith("; 8 rounds left, about 0:03:20 ")
+    assert "1 round over 10 times the median left out" in paused
+    assert eta([20.0, 240.0, 30.0], 1).startswith("; 1 round left, about 0:01:36 ")  # kept
     with caplog.at_level(logging.INFO):
         run_inprocess({"strategy": "fedavg", "num-server-rounds": 3, "local-epochs": 1,
                        "results-dir": str(tmp_path), "run-name": "r", "server-device": "cpu"}, 2)

@@ -43,6 +43,11 @@ def test_the_eta_by_hand():
     assert grid_eta([a, c, d], jobs=1, now=now) == pytest.approx(21.25)  # C after A
     assert grid_eta([a, c, d], jobs=2, now=now) == pytest.approx(13.0)  # C beside A
     assert grid_eta([RunState(_run("e", 3))], jobs=1, now=now) is None  # nothing measured
+    # A resumed grid whose machine slept through a round (7,500 s, over 10 x the median 2 s):
+    # that round says nothing of the pace, and A's 11 s left stand
+    a.seconds = [3.0, 2.0, 7500.0, 2.0, 2.0]
+    assert a.steady == [2.0, 2.0, 2.0]
+    assert grid_eta([a], jobs=1, now=now) == pytest.approx(11.0)
 
 
 def test_no_eta_from_a_first_round_alone():

@@ -29,7 +29,7 @@ import dataclasses
 import re
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from logging import INFO, WARNING
 from typing import Any, cast
 
@@ -233,6 +233,7 @@ def run_rounds(
     strategy.summary()
     started = time.monotonic()
     failed_in_a_row = 0
+    seconds: list[float] = []  # each round's, for the ETA
     for server_round in range(first_round, last_round + 1):
         round_started = time.monotonic()
         log(INFO, "")
@@ -254,26 +255,41 @@ def run_rounds(
         if failure:
             log(WARNING, "Round %d: %s (%d of max-failed-rounds = %d in a row)", server_round,
                 failure, failed_in_a_row, max_failed_rounds)
-        _say_done(server_round, round_started, started, first_round, last_round)
+        seconds.append(time.monotonic() - round_started)
+        log(INFO, ROUND_DONE_LINE, server_round, seconds[-1],
+            eta(seconds, last_round - server_round))
     log(INFO, "Rounds %d to %d done in %.2fs", first_round, last_round, time.monotonic() - started)
     return arrays
 
 
-def _say_done(server_round: int, round_started: float, started: float, first_round: int,
-              last_round: int) -> None:
-    now = time.monotonic()
-    log(INFO, ROUND_DONE_LINE, server_round, now - round_started,
-        eta(now - started, server_round - first_round + 1, last_round - server_round))
+#: a round over this many times the median of a run's rounds is left out of its pace: the
+#: machine was paused or asleep during it (a laptop's lid, a VM between sittings), and its
+#: seconds say nothing of the rounds left
+PAUSED = 10.0
 
 
-def eta(seconds: float, done: int, left: int) -> str:
+def unpaused(seconds: Sequence[float]) -> list[float]:
+    """The rounds' ``seconds`` but those over :data:`PAUSED` times their median (a paused
+    machine); all of them where there are fewer than 3 (no median to trust)."""
+    if len(seconds) < 3:
+        return list(seconds)
+    limit = PAUSED * float(np.median(seconds))
+    return [s for s in seconds if s <= limit]
+
+
+def eta(seconds: Sequence[float], left: int) -> str:
     """The rest of a round's log line: the rounds left and how long they take at the mean
-    pace of the ``done`` rounds so far (``seconds`` in all), e.g. "; 8 rounds left, about
-    0:04:10 (ETA 14:32)"; "" when none is left."""
-    if left <= 0 or done <= 0:
+    pace of the rounds done so far (their ``seconds``, each round's; a round over
+    :data:`PAUSED` times their median left out, :func:`unpaused`), e.g. "; 8 rounds left,
+    about 0:04:10 (ETA 14:32, at this run's mean pace)"; "" when none is left."""
+    steady = unpaused(seconds)
+    if left <= 0 or not steady:
         return ""
-    rest = seconds / done * left
+    rest = sum(steady) / len(steady) * left
+    paused = len(seconds) - len(steady)
     clock = time.strftime("%H:%M", time.localtime(time.time() + rest))
     return (f"; {left} round{'s' if left > 1 else ''} left, about "
             f"{int(rest) // 3600}:{int(rest) // 60 % 60:02d}:{int(rest) % 60:02d} "
-            f"(ETA {clock}, at this run's mean pace)")
+            f"(ETA {clock}, at this run's mean pace"
+            + (f"; {paused} round{'s' if paused > 1 else ''} over {PAUSED:g} times the median "
+               "left out: the machine paused?" if paused else "") + ")")
