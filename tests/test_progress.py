@@ -285,3 +285,32 @@ def test_a_two_run_grid_compares_in_one_tensorboard_and_one_mlflow_experiment(tm
                             "--num-supernodes", "3", "--set", "local-epochs=1",
                             "--set", "test-samples=50", "--output", str(out)]) == 0
     assert "2 runs, 2 already done, 0 to run" in capsys.readouterr().out
+
+
+def test_a_grids_round_digest_counts_its_rounds_without_the_paused_one(tmp_path):
+    import json
+
+    from experiments.round_digest import main
+
+    done, running = tmp_path / "runs" / "sfl-a-s0", tmp_path / "runs" / "sfl-b-s0"
+    for d in (done, running):
+        d.mkdir(parents=True)
+    rounds = [{"round": r, "mean_mse": 0.1 / r, "train_loss": 0.2 / r, "client_mse": {}}
+              for r in (1, 2, 3, 4)]
+    done.joinpath("metrics.json").write_text(json.dumps(
+        {"strategy": "sfl", "finished": True, "wall_time_s": 7530.0, "best_mean_mse": 0.025,
+         "rounds": rounds}))
+    # round 3 ran twice (before and after a resume: the last counts), round 2 slept
+    done.joinpath("log.txt").write_text(
+        "INFO : Round 1 done in 2.00s; 3 rounds left\nRound 2 done in 7500.00s\n"
+        "Round 3 done in 9.00s\nresuming\nRound 3 done in 3.00s\nRound 4 done in 2.50s\n")
+    running.joinpath("metrics.json").write_text(json.dumps({"finished": False, "rounds": []}))
+    out = tmp_path / "rounds.json"
+    main([str(tmp_path), "--out", str(out)])
+    digest = json.loads(out.read_text())
+    assert list(digest) == ["sfl-a-s0"]  # the unfinished run is left out
+    run = digest["sfl-a-s0"]
+    assert run["rounds_s"] == 7507.5 and run["rounds_s_unpaused"] == 7.5
+    assert run["paused_rounds"] == 1 and run["wall_time_s"] == 7530.0
+    assert run["best_mean_mse"] == 0.025
+    assert run["rounds"][1] == {"round": 2, "mean_mse": 0.05, "train_loss": 0.1}

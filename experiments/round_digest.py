@@ -1,0 +1,81 @@
+"""Every round of a grid's finished runs in one small file, for the docs beside its table.
+
+    python -m experiments.round_digest results/traffic-steps1000 --out docs/traffic-steps1000/rounds.json
+
+For each run under ``<grid>/runs`` that finished (its ``metrics.json`` says so), by run name:
+its best mean test score, each round's mean test score (``mean_mse`` for regression, else
+``mean_accuracy``) and clients' training loss, its recorded ``wall_time_s``, and the seconds
+its rounds took by its log (``log.txt``'s "Round N done in" lines; a round run twice, once
+before a resume, counted at its last): in all, and without the rounds the machine slept
+through (:func:`fedamp_flwr.server.rounds.unpaused`: over 10 times the median). A grid run in
+pieces, on a machine paused between sittings, has a wall time that counts the pauses; its
+rounds' seconds without the paused ones are what the runs cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fedamp_flwr.server.rounds import ROUND_DONE, unpaused
+from tasks.files import strict_json
+
+#: each round's keys kept, the first present of each pair
+SCORES = (("mean_mse", "mean_accuracy"), ("train_loss",))
+
+
+def round_seconds(log: str) -> dict[int, float]:
+    """Each round's seconds by its log's "Round N done in S s" lines (the last of a round)."""
+    return {int(m.group(1)): float(m.group(2)) for m in ROUND_DONE.finditer(log)}
+
+
+def digest(run_dir: Path) -> dict[str, Any] | None:
+    """One run's digest (the module's docstring), or None where it has not finished."""
+    path = run_dir / "metrics.json"
+    if not path.is_file():
+        return None
+    metrics = json.loads(path.read_text())
+    if not metrics.get("finished"):
+        return None
+    rounds = []
+    for entry in metrics.get("rounds", []):
+        row = {"round": entry["round"]}
+        for keys in SCORES:
+            key = next((k for k in keys if k in entry), None)
+            if key is not None:
+                row[key] = entry[key]
+        rounds.append(row)
+    log = run_dir / "log.txt"
+    seconds = list(round_seconds(log.read_text(errors="replace")).values()) \
+        if log.is_file() else []
+    steady = unpaused(seconds)
+    best = {k: v for k, v in metrics.items() if k.startswith("best_mean_")}
+    return {"strategy": metrics.get("strategy"), **best,
+            "wall_time_s": metrics.get("wall_time_s"),
+            "rounds_s": round(sum(seconds), 2),
+            "rounds_s_unpaused": round(sum(steady), 2),
+            "paused_rounds": len(seconds) - len(steady),
+            "rounds": rounds}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m experiments.round_digest",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("grid", type=Path, help="a grid's output folder (simulation.py --output)")
+    p.add_argument("--out", type=Path, required=True, help="the JSON file to write")
+    args = p.parse_args(argv)
+    runs = args.grid / "runs"
+    if not runs.is_dir():
+        raise SystemExit(f"{runs} is not a folder: give a grid's output folder "
+                         "(simulation.py --output)")
+    out = {d.name: s for d in sorted(runs.iterdir()) if d.is_dir()
+           for s in [digest(d)] if s is not None}
+    args.out.write_text(json.dumps(strict_json(out), indent=1, allow_nan=False) + "\n")
+    print(f"{len(out)} finished run(s) written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
