@@ -3,13 +3,13 @@
     python -m experiments.round_digest results/traffic-steps1000 --out docs/traffic-steps1000/rounds.json
 
 For each run under ``<grid>/runs`` that finished (its ``metrics.json`` says so), by run name:
-its best mean test score, each round's mean test score (``mean_mse`` for regression, else
-``mean_accuracy``) and clients' training loss, its recorded ``wall_time_s``, and the seconds
-its rounds took by its log (``log.txt``'s "Round N done in" lines; a round run twice, once
-before a resume, counted at its last): in all, and without the rounds the machine slept
-through (:func:`fedamp_flwr.server.rounds.unpaused`: over 10 times the median). A grid run in
-pieces, on a machine paused between sittings, has a wall time that counts the pauses; its
-rounds' seconds without the paused ones are what the runs cost.
+its headline (``best_mean_mse`` for regression, else ``bmta``), each round's mean test score
+(``mean_mse``, else ``mean_accuracy``) and clients' training loss, its recorded
+``wall_time_s``, and the seconds its rounds took by its log (``log.txt``'s "Round N done in"
+lines; a round run twice, once before a resume, counted at its last): in all, and without the
+rounds the machine slept through (:func:`fedamp_flwr.server.rounds.unpaused`: over 10 times
+the median). A grid run in pieces, on a machine paused between sittings, has a wall time that
+counts the pauses; its rounds' seconds without the paused ones are what the runs cost.
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from fedamp_flwr.server.rounds import ROUND_DONE, unpaused
+from strategies.core.records import MEAN_TRAIN_LOSS, RunFile, mean_key, mean_score
 from tasks.files import strict_json
-
-#: each round's keys kept, the first present of each pair
-SCORES = (("mean_mse", "mean_accuracy"), ("train_loss",))
 
 
 def round_seconds(log: str) -> dict[int, float]:
@@ -37,28 +35,19 @@ def digest(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / "metrics.json"
     if not path.is_file():
         return None
-    metrics = json.loads(path.read_text())
-    if not metrics.get("finished"):
+    run = RunFile.read(path)
+    if not run.finished or not run.rounds:
         return None
-    rounds = []
-    for entry in metrics.get("rounds", []):
-        row = {"round": entry["round"]}
-        for keys in SCORES:
-            key = next((k for k in keys if k in entry), None)
-            if key is not None:
-                row[key] = entry[key]
-        rounds.append(row)
+    score, best = run.headline()
+    rounds = [{"round": r.get("round"), mean_key(score.metric): mean_score(r, score),
+               MEAN_TRAIN_LOSS: r.get(MEAN_TRAIN_LOSS)} for r in run.rounds]
     log = run_dir / "log.txt"
     seconds = list(round_seconds(log.read_text(errors="replace")).values()) \
         if log.is_file() else []
     steady = unpaused(seconds)
-    best = {k: v for k, v in metrics.items() if k.startswith("best_mean_")}
-    return {"strategy": metrics.get("strategy"), **best,
-            "wall_time_s": metrics.get("wall_time_s"),
-            "rounds_s": round(sum(seconds), 2),
-            "rounds_s_unpaused": round(sum(steady), 2),
-            "paused_rounds": len(seconds) - len(steady),
-            "rounds": rounds}
+    return {"strategy": run.strategy, score.headline: best, "wall_time_s": run.wall_time_s,
+            "rounds_s": round(sum(seconds), 2), "rounds_s_unpaused": round(sum(steady), 2),
+            "paused_rounds": len(seconds) - len(steady), "rounds": rounds}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

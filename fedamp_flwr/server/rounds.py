@@ -222,9 +222,8 @@ def run_rounds(
     how a member the run does not know yet joins (:func:`refresh_clients`; None: refused).
     ``members``: the run's (none: a partitioned run). ``delivery``: asks for the models of
     the rounds that keep them, and writes those replied (:mod:`fedamp_flwr.server.delivery`).
-    Raises :class:`RoundsFailedError` when more than ``max_failed_rounds`` rounds in a row
-    had no usable training or evaluation (:func:`round_failure`), after that round's
-    ``after_round`` (its records are written).
+    Raises :class:`RoundsFailedError` when more than ``max_failed_rounds`` rounds in a row had
+    no usable training or evaluation (:func:`round_failure`), after that round's ``after_round``.
     """
     tracker: Tracker = strategy.tracker
     tracker.replies.round_timeout = round_timeout
@@ -255,11 +254,16 @@ def run_rounds(
         if failure:
             log(WARNING, "Round %d: %s (%d of max-failed-rounds = %d in a row)", server_round,
                 failure, failed_in_a_row, max_failed_rounds)
-        seconds.append(time.monotonic() - round_started)
-        log(INFO, ROUND_DONE_LINE, server_round, seconds[-1],
-            eta(seconds, last_round - server_round))
+        _round_done(server_round, round_started, seconds, last_round)
     log(INFO, "Rounds %d to %d done in %.2fs", first_round, last_round, time.monotonic() - started)
     return arrays
+
+
+def _round_done(server_round: int, round_started: float, seconds: list[float],
+                last_round: int) -> None:
+    """Add the round's seconds to ``seconds`` and say them, with the rounds left (:func:`eta`)."""
+    seconds.append(time.monotonic() - round_started)
+    log(INFO, ROUND_DONE_LINE, server_round, seconds[-1], eta(seconds, last_round - server_round))
 
 
 #: a round over this many times the median of a run's rounds is left out of its pace: the
