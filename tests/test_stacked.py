@@ -39,6 +39,8 @@ def _fits(kind: str, optimizer: str, **settings) -> list[Fit]:
     for i, n in enumerate(SIZES):
         if kind == "gru":
             model, x, y = GRUSeq2Seq(12), torch.randn(n, 12), torch.randn(n, 12)
+        elif kind == "cnn":  # 8 x 8 images, 4 classes: the McMahan CNN's layers, small
+            model, x, y = McMahanCNN(1, 4, 8), torch.randn(n, 1, 8, 8), torch.randint(0, 4, (n,))
         else:
             model, x, y = MLP(10, 4, (16, 8)), torch.randn(n, 10), torch.randint(0, 4, (n,))
         correction = ([torch.randn_like(p) * 0.01 for p in model.parameters()]
@@ -52,7 +54,7 @@ def _fits(kind: str, optimizer: str, **settings) -> list[Fit]:
     return fits
 
 
-@pytest.mark.parametrize("kind", ["mlp", "gru"])
+@pytest.mark.parametrize("kind", ["mlp", "gru", "cnn"])
 @pytest.mark.parametrize("optimizer,settings", [
     ("adam", {}), ("adam", {"mu": 0.1, "wd": 0.01}), ("adam", {"clip": 0.1, "mu": 1.0, "steps": 20}),
     ("sgd", {"momentum": 0.9, "wd": 1e-3, "clip": 0.5}), ("sgd", {"correction": True, "steps": 7}),
@@ -94,7 +96,7 @@ def test_a_clients_batches_are_those_of_the_one_by_one_loop():
     assert whole[0].shape == (fit.epochs, 10) and whole[1].tolist() == [10] * fit.epochs
 
 
-@pytest.mark.parametrize("kind", ["mlp", "gru"])
+@pytest.mark.parametrize("kind", ["mlp", "gru", "cnn"])
 def test_stacked_tests_give_each_clients_own_scores(kind):
     """:func:`tasks.train.evaluate`'s loss and accuracy or MSE, client by client: rows in
     several batches of ``batch_size``, of different counts (one client without any)."""
@@ -110,6 +112,22 @@ def test_a_chunk_fits_the_memory_budget(monkeypatch):
     big = Fit(**{**vars(_fits("mlp", "adam")[0]), "model": MLP(4000, 10, (2000, 2000))})
     assert stacked.chunk_for(big, 50) < stacked.CHUNK  # 12M weights x 6 copies: 290 MB each
     assert stacked.chunk_for(_fits("gru", "adam")[0], 700) == stacked.CHUNK
+    # the CNN's every layer's outputs count: 28 x 28 images, batches of 100, 600 rows a client
+    cnn = Fit(**{**vars(_fits("cnn", "adam")[0]), "model": McMahanCNN(), "batch_size": 100,
+                 "x": torch.zeros(600, 1, 28, 28), "y": torch.zeros(600, dtype=torch.long)})
+    outputs = 2 * 32 * 28 * 28 + 32 * 14 * 14 + 2 * 64 * 14 * 14 + 2 * 64 * 7 * 7 + 2 * 512 + 10
+    assert stacked._outputs_per_row(cnn.model, (1, 28, 28)) == outputs
+    floats = 6 * 1_663_370 + 600 * (784 + 1) + 100 * 3 * outputs
+    assert stacked.chunk_for(cnn, 600) == stacked.MEMORY_BUDGET // (4 * floats) == 3  # 148 MB
+    # on a GPU the budget is an eighth of its memory (here, one of 141 GB): as many as CHUNK
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: type("P", (), {"total_memory": 141 * 10**9}))
+    stacked.memory_budget.cache_clear()
+    try:
+        assert stacked.memory_budget("cuda") == 141 * 10**9 // 8
+        assert stacked.chunk_for(Fit(**{**vars(cnn), "device": "cuda"}), 600) == stacked.CHUNK
+    finally:
+        stacked.memory_budget.cache_clear()
     # on a machine of 1 GB the budget is an eighth of it: the GRUs are stacked fewer at once
     gru = _fits("gru", "adam")[0]
     per = stacked.MEMORY_BUDGET // stacked.chunk_for(gru, 700, most=10**6)
@@ -134,7 +152,11 @@ def test_a_huge_batch_size_or_plan_stays_within_the_data_or_runs_one_by_one():
 
 def test_what_cannot_be_stacked_says_why():
     assert stacked.stack_problem(MLP(3, 2)) is None and stacked.stack_problem(GRUSeq2Seq(4)) is None
-    assert "no stacked form of McMahanCNN" in stacked.stack_problem(McMahanCNN())
+    assert stacked.stack_problem(McMahanCNN()) is None
+    # ... but on a CPU the CNN trains faster one by one (docs/performance.md): not stacked there
+    cnn = Fit(**{**vars(_fits("cnn", "adam")[0]), "model": McMahanCNN(1, 4, 8)})
+    assert "McMahanCNN trains faster one by one on a CPU" in stacked.call_problem(cnn)
+    assert stacked.call_problem(_fits("mlp", "adam")[0]) is None
     frozen = MLP(3, 2)
     next(frozen.parameters()).requires_grad_(False)
     assert stacked.stack_problem(frozen) == "some of the model's parameters are frozen"
