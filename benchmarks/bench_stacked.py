@@ -91,7 +91,7 @@ def _one_repeat(fits: list[Fit], data: list[tasks.ClientData], device: str,
 def _largest_difference(alone: list, stacked_: list, scores: list, stacked_scores: list
                         ) -> str:
     """The largest relative difference of a client's training loss, and of its test score
-    (MSE; accuracy: the test samples that differ)."""
+    (MSE; for classification its test loss, and the largest difference of its accuracy)."""
     loss = max(abs(a - b) / abs(a) for a, b in zip(alone, stacked_) if a)
     if scores[0].mse is not None:
         mse = max(abs(a.mse - b.mse) / a.mse for a, b in zip(scores, stacked_scores))
@@ -123,8 +123,11 @@ def main() -> None:
     what = (f"{len(fits)} sensors' GRUs (traffic-generated on {args.graph}'s road graph)"
             if args.task == "traffic" else
             f"{len(fits)} {args.task} clients' CNNs (practical partition)")
+    chunk = stacked.chunk_for(fits[0], max(len(f.x) for f in fits), steps=max(
+        num_steps(len(f.x), f.batch_size, f.epochs, f.steps) for f in fits))
     print(f"{what}, one round's local work: {steps} client-steps, on {args.device}, torch "
-          f"threads {torch.get_num_threads()}; best of {args.repeat}\n")
+          f"threads {torch.get_num_threads()}, stacked {chunk} at most at once; best of "
+          f"{args.repeat}\n")
     print("| | one by one (plain loop) | stacked | stacked / one by one |")
     print("|---|---:|---:|---:|")
     print(f"| training, s | {best['one by one']:.2f} | {best['stacked']:.2f} | "

@@ -149,13 +149,13 @@ def grid_eta(states: Iterable[RunState], jobs: int, now: float) -> float | None:
     its end (the models delivered, the files written). A run not started takes head +
     rounds x pace + tail; a running one the rest of that; head is the mean over the runs of
     its method whose first round ended (else of all such runs: from the first run's first
-    round on), tail over the ended runs of its method (else of all; 0 before any ended).
+    round on), tail over the ended runs of its method (else of all; 0 before any ended); a
+    round, head or tail the machine was paused in left out (:func:`rounds.unpaused`).
     """
     states = list(states)
     if states and all(st.ended is not None for st in states):
         return 0.0
-    measured = [st for st in states if st.steady]
-    if not measured:
+    if not (measured := [st for st in states if st.steady]):
         return None
     overall = _mean([s for st in measured for s in st.steady])
     points: dict[tuple[str, str], list[tuple[float, float]]] = {}
@@ -180,11 +180,11 @@ def grid_eta(states: Iterable[RunState], jobs: int, now: float) -> float | None:
             if st.ended is not None and st.last_at is not None:
                 tails.setdefault(key, []).append(max(0.0, st.ended - st.last_at))
 
-    def head(st: RunState) -> float:
-        return _mean(heads.get(group_of(st.run)) or heads.get(None) or [])
+    def head(st: RunState) -> float:  # (a start or an end the machine slept in: left out)
+        return _mean(unpaused(heads.get(group_of(st.run)) or heads.get(None) or []))
 
     def tail(st: RunState) -> float:
-        return _mean(tails.get(group_of(st.run)) or tails.get(None) or [])
+        return _mean(unpaused(tails.get(group_of(st.run)) or tails.get(None) or []))
 
     running = []
     for st in states:

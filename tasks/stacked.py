@@ -154,9 +154,10 @@ def _outputs_per_row(model: nn.Module, shape: Sequence[int]) -> int:
     sizes: list[int] = []
     hooks = [m.register_forward_hook(lambda _m, _i, out: sizes.append(out[0].numel()))
              for m in model.modules() if not any(True for _ in m.children())]
+    first = next(model.parameters())
     try:
         with torch.no_grad():
-            model(torch.zeros((1, *shape), device=next(model.parameters()).device))
+            model(torch.zeros((1, *shape), device=first.device, dtype=first.dtype))
     finally:
         for hook in hooks:
             hook.remove()
@@ -387,6 +388,7 @@ def _cnn(model: nn.Module, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch
     h = x.transpose(0, 1).flatten(1, 2)  # rows x (clients x channels) x height x width
     for i, m in enumerate(model.features):
         if isinstance(m, nn.Conv2d):
+            assert m.groups == 1 and m.padding_mode == "zeros", "the McMahan CNN's convolutions"
             h = nn.functional.conv2d(h, p[f"features.{i}.weight"].flatten(0, 1),
                                      p[f"features.{i}.bias"].flatten(), m.stride, m.padding,
                                      m.dilation, groups=clients)
@@ -462,8 +464,9 @@ def _gru_seq2seq(model: nn.Module, p: dict[str, torch.Tensor], x: torch.Tensor) 
 _FORWARDS: dict[type, Callable[..., torch.Tensor]] = {MLP: _mlp, GRUSeq2Seq: _gru_seq2seq,
                                                       McMahanCNN: _cnn}
 #: models that train (and test) faster one by one on a CPU, stacked only on another device:
-#: the CNN's convolutions already fill a CPU's cores one client at a time (stacked, 100 rows
-#: a batch: 1.4 times the one-by-one time here, docs/performance.md)
+#: the CNN's convolutions already fill a CPU's cores one client at a time (100 FMNIST clients,
+#: batches of 100 rows, stacked: 1.33 times the one-by-one training's time here, 2.18 times
+#: its tests', docs/performance.md)
 ONE_BY_ONE_ON_CPU = (McMahanCNN,)
 
 

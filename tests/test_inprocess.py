@@ -59,11 +59,17 @@ def test_each_round_line_says_the_rounds_left_and_when_they_end(tmp_path, caplog
                         r"pace\)", eta([20.0, 30.0, 25.0, 25.0], 8))
     assert eta([7300.0], 1).startswith("; 1 round left, about 2:01:40 ")
     assert eta([2.0, 2.0, 1.0], 0) == ""
-    # a round the machine slept in (over 10 x the median, 25 s) is left out: 3 rounds of 25 s
-    paused = eta([20.0, 7500.0, 30.0, 25.0], 8)
-    assert paused.startswith("; 8 rounds left, about 0:03:20 ")
-    assert "1 round over 10 times the median left out" in paused
+    # a round the machine slept in (over 10 x the median, 25 s) is left out: 3 rounds of 25 s,
+    # said on its own line only
+    said = "this round left out: over 10 times the others, the machine paused?)"
+    paused = eta([20.0, 30.0, 25.0, 7500.0], 8)
+    assert paused.startswith("; 8 rounds left, about 0:03:20 ") and paused.endswith(said)
+    later = eta([20.0, 7500.0, 30.0, 25.0], 8)
+    assert later.startswith("; 8 rounds left, about 0:03:20 ") and said not in later
     assert eta([20.0, 240.0, 30.0], 1).startswith("; 1 round left, about 0:01:36 ")  # kept
+    # of two rounds, the longer is left out where it is over 10 x the other
+    assert eta([10.5, 7522.7], 98).startswith("; 98 rounds left, about 0:17:09 ")
+    assert eta([10.0, 90.0], 2).startswith("; 2 rounds left, about 0:01:40 ")
     with caplog.at_level(logging.INFO):
         run_inprocess({"strategy": "fedavg", "num-server-rounds": 3, "local-epochs": 1,
                        "results-dir": str(tmp_path), "run-name": "r", "server-device": "cpu"}, 2)

@@ -48,6 +48,13 @@ def test_the_eta_by_hand():
     a.seconds = [3.0, 2.0, 7500.0, 2.0, 2.0]
     assert a.steady == [2.0, 2.0, 2.0]
     assert grid_eta([a], jobs=1, now=now) == pytest.approx(11.0)
+    # ... and a run whose start the machine slept through (S: a head of 7,201 s, beside A's
+    # 0 s and D's 2 s; one round of 1 s, a tail of 2 s) says nothing of C's head: all rounds'
+    # pace (3 x 2 + 1 + 1) / 5 = 1.6 s; heads (0 + 2) / 2 = 1 s; tails 2 s: C = 1 + 3 x 1.6 + 2
+    # = 7.8 s, after A's 13 s on one job
+    slept = RunState(_run("s", 1, strategy="y"), started=0.0, ended=7205.0, done=1,
+                     seconds=[1.0], first_at=7202.0, last_at=7203.0)
+    assert grid_eta([a, c, d, slept], jobs=1, now=now) == pytest.approx(13.0 + 7.8)
 
 
 def test_no_eta_from_a_first_round_alone():

@@ -76,6 +76,24 @@ def test_stacked_training_gives_each_client_its_own_training(kind, optimizer, se
         assert torch.equal(p, s)  # no step for a client without data
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("kind", ["mlp", "gru", "cnn"])
+def test_stacked_training_on_a_gpu_gives_each_client_its_own_training(kind, monkeypatch):
+    """The same on CUDA, TF32 off (with it, a grouped convolution rounds otherwise than one
+    client's: docs/performance.md)."""
+    one_by_one = [Fit(**{**vars(f), "device": "cuda"}) for f in _fits(kind, "adam", mu=0.1)]
+    together = [Fit(**{**vars(f), "model": copy.deepcopy(f.model)}) for f in one_by_one]
+    assert all(stacked.call_problem(f) is None for f in together)  # the CNN too, on a GPU
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        alone = [f.alone() for f in one_by_one]
+        losses = stacked.train_stacked(together, chunk=3)
+    assert losses == pytest.approx(alone, rel=1e-5)
+    for a, b in zip(one_by_one, together):
+        for p, q in zip(a.model.parameters(), b.model.parameters()):
+            torch.testing.assert_close(q, p, rtol=0, atol=1e-4)
+
+
 def test_a_clients_batches_are_those_of_the_one_by_one_loop():
     fit = _fits("mlp", "adam")[2]  # 64 rows, 3 epochs of 16: 12 steps
     seen: list[torch.Tensor] = []

@@ -266,34 +266,37 @@ def _round_done(server_round: int, round_started: float, seconds: list[float],
     log(INFO, ROUND_DONE_LINE, server_round, seconds[-1], eta(seconds, last_round - server_round))
 
 
-#: a round over this many times the median of a run's rounds is left out of its pace: the
-#: machine was paused or asleep during it (a laptop's lid, a VM between sittings), and its
-#: seconds say nothing of the rounds left
-PAUSED = 10.0
+#: a round over this many times the median of a run's rounds (and over PAUSED_LEAST
+#: seconds) is left out of its pace: the machine was paused or asleep during it (a laptop's
+#: lid, a VM between sittings), and its seconds say nothing of the rounds left
+PAUSED, PAUSED_LEAST = 10.0, 10.0
 
 
 def unpaused(seconds: Sequence[float]) -> list[float]:
-    """The rounds' ``seconds`` but those over :data:`PAUSED` times their median (a paused
-    machine); all of them where there are fewer than 3 (no median to trust)."""
-    if len(seconds) < 3:
+    """The ``seconds`` (a run's rounds, its start's or end's) but those over :data:`PAUSED`
+    times their median and over :data:`PAUSED_LEAST` (a paused machine); of two, the longer
+    where it is so over the shorter; one as it is."""
+    if len(seconds) < 2:
         return list(seconds)
-    limit = PAUSED * float(np.median(seconds))
+    typical = float(np.median(seconds) if len(seconds) > 2 else min(seconds))
+    limit = max(PAUSED * typical, PAUSED_LEAST)
     return [s for s in seconds if s <= limit]
 
 
 def eta(seconds: Sequence[float], left: int) -> str:
     """The rest of a round's log line: the rounds left and how long they take at the mean
-    pace of the rounds done so far (their ``seconds``, each round's; a round over
-    :data:`PAUSED` times their median left out, :func:`unpaused`), e.g. "; 8 rounds left,
-    about 0:04:10 (ETA 14:32, at this run's mean pace)"; "" when none is left."""
+    pace of the rounds done so far (their ``seconds``, each round's, the newest last; a round
+    the machine was paused in left out, :func:`unpaused`, and said where it is the newest),
+    e.g. "; 8 rounds left, about 0:04:10 (ETA 14:32, at this run's mean pace)"; "" when none
+    is left."""
     steady = unpaused(seconds)
     if left <= 0 or not steady:
         return ""
     rest = sum(steady) / len(steady) * left
-    paused = len(seconds) - len(steady)
     clock = time.strftime("%H:%M", time.localtime(time.time() + rest))
+    newest_left_out = len(steady) < len(seconds) and seconds[-1] not in steady
     return (f"; {left} round{'s' if left > 1 else ''} left, about "
             f"{int(rest) // 3600}:{int(rest) // 60 % 60:02d}:{int(rest) % 60:02d} "
             f"(ETA {clock}, at this run's mean pace"
-            + (f"; {paused} round{'s' if paused > 1 else ''} over {PAUSED:g} times the median "
-               "left out: the machine paused?" if paused else "") + ")")
+            + (f", this round left out: over {PAUSED:g} times the others, the machine paused?"
+               if newest_left_out else "") + ")")
