@@ -2,6 +2,8 @@
 
     python -m experiments.round_digest results/traffic-steps1000 --out docs/traffic-steps1000/rounds.json
 
+It also prints them as a Markdown table (:func:`table`).
+
 For each run under ``<grid>/runs`` that finished (its ``metrics.json`` says so), by run name:
 its headline (``best_mean_mse`` for regression, else ``bmta``), each round's mean test score
 (``mean_mse``, else ``mean_accuracy``) and clients' training loss, its recorded
@@ -55,6 +57,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("grid", type=Path, help="a grid's output folder (simulation.py --output)")
     p.add_argument("--out", type=Path, required=True, help="the JSON file to write")
+    p.add_argument("--scale", type=float, default=1e3,
+                   help="the table's scores and losses times this (default 1e3: MSE x1e-3)")
     args = p.parse_args(argv)
     runs = args.grid / "runs"
     if not runs.is_dir():
@@ -63,7 +67,34 @@ def main(argv: Sequence[str] | None = None) -> None:
     out = {d.name: s for d in sorted(runs.iterdir()) if d.is_dir()
            for s in [digest(d)] if s is not None}
     args.out.write_text(json.dumps(strict_json(out), indent=1, allow_nan=False) + "\n")
-    print(f"{len(out)} finished run(s) written to {args.out}")
+    print(f"{len(out)} finished run(s) written to {args.out}\n")
+    print(table(out, args.scale))
+
+
+def table(runs: dict[str, dict[str, Any]], scale: float) -> str:
+    """The digest as a Markdown table: each run's best mean test score (and its round), its
+    score after a tenth, half and all of its rounds, its clients' training loss in its last
+    round (both x ``scale``), its rounds' minutes without the paused ones, and how many."""
+    lines = ["| run | best (round) | after {10%, 50%, 100%} of the rounds | training loss, "
+             "last round | rounds' minutes (paused rounds left out) |",
+             "|---|---:|---:|---:|---:|"]
+    for name, run in runs.items():
+        rounds = run["rounds"]
+        key = next(k for k in rounds[0] if k not in ("round", MEAN_TRAIN_LOSS))
+        values = [r[key] for r in rounds]
+        known = [(v, r["round"]) for v, r in zip(values, rounds) if v is not None]
+        lower = key != mean_key("accuracy")
+        best, at = (min if lower else max)(known) if known else (None, None)
+        marks = [values[max(0, round(len(values) * f) - 1)] for f in (0.1, 0.5, 1.0)]
+        loss = rounds[-1].get(MEAN_TRAIN_LOSS)
+        lines.append(f"| {name} | {_x(best, scale)} ({at}) | "
+                     f"{' / '.join(_x(v, scale) for v in marks)} | {_x(loss, scale)} | "
+                     f"{run['rounds_s_unpaused'] / 60:.0f} ({run['paused_rounds']}) |")
+    return "\n".join(lines)
+
+
+def _x(value: float | None, scale: float) -> str:
+    return "none" if value is None else f"{value * scale:.2f}"
 
 
 if __name__ == "__main__":

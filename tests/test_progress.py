@@ -321,3 +321,8 @@ def test_a_grids_round_digest_counts_its_rounds_without_the_paused_one(tmp_path)
     assert run["paused_rounds"] == 1 and run["wall_time_s"] == 7530.0
     assert run["best_mean_mse"] == 0.025
     assert run["rounds"][1] == {"round": 2, "mean_mse": 0.05, "train_loss": 0.1}
+    from experiments.round_digest import table
+
+    # best 0.025 in round 4; after 10% (round 1), 50% (round 2), 100% (round 4); x1e3
+    assert table(digest, 1e3).splitlines()[2] == \
+        "| sfl-a-s0 | 25.00 (4) | 100.00 / 50.00 / 25.00 | 50.00 | 0 (1) |"
