@@ -35,21 +35,18 @@ from tasks.train import Fit, Test, num_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = {"metr-la": 207, "pems-bay": 325}
-FOLDERS = {"fmnist": "fashion_mnist", "mnist": "mnist"}  # their folders in ../shared/data
+#: each task's folder in ../shared/data
+FOLDERS = {"traffic": "sensor_graphs", "fmnist": "fashion_mnist", "mnist": "mnist"}
 
 
 def _clients(args: argparse.Namespace) -> tuple[list[Fit], list[tasks.ClientData]]:
+    folder = Path(args.data_dir or ROOT.parent / "shared" / "data" / FOLDERS[args.task])
     if args.task == "traffic":
-        n = CLIENTS[args.graph]
-        given = {"dataset": "traffic-generated", "traffic-graph": args.graph,
-                 "data-dir": str(Path(args.data_dir or ROOT.parent / "shared" / "data"
-                                      / "sensor_graphs").resolve())}
+        n, given = CLIENTS[args.graph], {"dataset": "traffic-generated",
+                                         "traffic-graph": args.graph}
     else:
-        n = args.clients
-        given = {"dataset": args.task, "local-steps": args.local_steps,
-                 "data-dir": str(Path(args.data_dir or ROOT.parent / "shared" / "data"
-                                      / FOLDERS[args.task]).resolve())}
-    cfg = RunConfig.from_run_config(given)
+        n, given = args.clients, {"dataset": args.task, "local-steps": args.local_steps}
+    cfg = RunConfig.from_run_config({**given, "data-dir": str(folder.resolve())})
     dc = cfg.data_config(n)
     data = [tasks.load_client_data(dc, i) for i in range(n)]
     torch.manual_seed(0)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fedamp_flwr.server.rounds import ROUND_DONE, unpaused
-from strategies.core.records import MEAN_TRAIN_LOSS, RunFile, mean_key, mean_score
+from strategies.core.records import MEAN_TRAIN_LOSS, SCORES, RunFile, mean_key, mean_score
 from tasks.files import strict_json
 
 
@@ -80,11 +80,11 @@ def table(runs: dict[str, dict[str, Any]], scale: float) -> str:
              "|---|---:|---:|---:|---:|"]
     for name, run in runs.items():
         rounds = run["rounds"]
-        key = next(k for k in rounds[0] if k not in ("round", MEAN_TRAIN_LOSS))
-        values = [r[key] for r in rounds]
-        known = [(v, r["round"]) for v, r in zip(values, rounds) if v is not None]
-        lower = key != mean_key("accuracy")
-        best, at = (min if lower else max)(known) if known else (None, None)
+        score = next(s for s in SCORES if s.headline in run)  # the run's, as digest wrote it
+        values = [r[mean_key(score.metric)] for r in rounds]
+        known = {r["round"]: v for v, r in zip(values, rounds) if v is not None}
+        best = score.best(known.values()) if known else None
+        at = next((r for r, v in known.items() if v == best), None)
         marks = [values[max(0, round(len(values) * f) - 1)] for f in (0.1, 0.5, 1.0)]
         loss = rounds[-1].get(MEAN_TRAIN_LOSS)
         lines.append(f"| {name} | {_x(best, scale)} ({at}) | "

@@ -116,7 +116,8 @@ def evaluate_stacked(tests: Sequence[Test], chunk: int = CHUNK) -> list[Evaluati
 def memory_budget(device: str | torch.device = "cpu") -> int:
     """The bytes a stacked chunk may take on ``device``: on the host, :data:`MEMORY_BUDGET`,
     or an eighth of this machine's memory where that is less; on a GPU, an eighth of its
-    memory (a GPU pays for stacking many clients at once)."""
+    memory (where many clients at once are meant to pay: not yet measured on one,
+    docs/performance.md)."""
     device = torch.device(device)
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).total_memory) // 8
