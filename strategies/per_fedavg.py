@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tasks.train import loss_for, make_optimizer, run_batches
+from tasks.train import Fit, LocalRule, loss_for, make_optimizer, park, run_batches
 
 from .core.client import ClientJob, ClientUpdate, register_client_update
 from .core.registry import OWN_LOOP, RunSetup, flower_kwargs, register_strategy
@@ -55,6 +55,7 @@ def train_per_fedavg(
     steps: int = 0,
     device: torch.device | str = "cpu",
     seed: int = 0,
+    stackable: bool = False,
 ) -> float:
     """Per-FedAvg's local update, first-order version (Alg. 1, FO).
 
@@ -62,9 +63,16 @@ def train_per_fedavg(
     shuffled data): ``w~ = w - alpha grad f(w; D)``, then the outer step
     ``w <- w - learning_rate * grad f(w~; D')`` (the Hessian term of the MAML gradient
     dropped, as in Per-FedAvg (FO)); with ``optimizer`` = "adam" the outer
-    step is Adam's. Returns the mean loss at w~. Parameters as in
-    :func:`tasks.train.train`.
+    step is Adam's. Returns the mean loss over the batches: at w on each D, at w~ on each D'.
+    Parameters as in :func:`tasks.train.train`; ``stackable``: an engine that trains a
+    round's clients together may take the call (:class:`MetaStep`: the same steps).
     """
+    if stackable:
+        fit = Fit(model, x, y, epochs, batch_size, learning_rate, optimizer, 0.0, None,
+                  2 * steps, 0.0, 0.0, 0.0, device, seed, rule=MetaStep(alpha))
+        parked = park(fit)
+        if parked is not None:
+            return parked
     loss_fn = loss_for(y)
     model.to(device).train()
     params = list(model.parameters())
@@ -89,6 +97,35 @@ def train_per_fedavg(
                        steps=2 * steps if steps > 0 else 0, device=device, seed=seed)
 
 
+class MetaStep(LocalRule):
+    """:func:`train_per_fedavg`'s steps for the stacked path (:mod:`tasks.stacked`): on each
+    D, every client's loss and gradient at its w; on the D' after it, the gradient at its
+    w~ = w - alpha g, the outer optimizer step (its count: the pair's) on w. A client's
+    ``steps`` count its batches, two a step."""
+
+    def __init__(self, alpha: float) -> None:
+        self.alpha = alpha
+
+    def alone(self, fit: Fit) -> float:
+        return train_per_fedavg(fit.model, fit.x, fit.y, alpha=self.alpha, epochs=fit.epochs,
+                                batch_size=fit.batch_size, learning_rate=fit.learning_rate,
+                                optimizer=fit.optimizer, steps=fit.steps // 2,
+                                device=fit.device, seed=fit.seed)
+
+    def key(self) -> tuple:
+        return (MetaStep, self.alpha)
+
+    def step(self, chunk, state: dict, s: int, k: int) -> torch.Tensor:
+        if s % 2 == 0:  # D: the inner gradient, kept for D'
+            loss, state["inner"] = chunk.loss_and_grads(chunk.w(k), s, k)
+            return loss
+        with torch.no_grad():
+            adapted = [w - self.alpha * g[:k] for w, g in zip(chunk.w(k), state["inner"])]
+        loss, grads = chunk.loss_and_grads(adapted, s, k)
+        chunk.optimizer_step(grads, s // 2, k)  # first-order: the gradient at w~ applied to w
+        return loss
+
+
 @register_client_update
 class PerFedAvgClient(ClientUpdate[PerFedAvgSettings]):
     """Per-FedAvg's client: the first-order meta-update; one SGD step at alpha before testing."""
@@ -98,7 +135,8 @@ class PerFedAvgClient(ClientUpdate[PerFedAvgSettings]):
 
     def train(self, job: ClientJob[PerFedAvgSettings]) -> tuple[float, dict]:
         return train_per_fedavg(job.model, job.data.x_train, job.targets,
-                                alpha=job.settings.per_fedavg_alpha, **job.loop_kwargs()), {}
+                                alpha=job.settings.per_fedavg_alpha, **job.loop_kwargs(),
+                                stackable=True), {}
 
     def evaluate(self, job: ClientJob[PerFedAvgSettings]) -> nn.Module:
         return finetune(job, epochs=0, steps=1, learning_rate=job.settings.per_fedavg_alpha,

@@ -25,7 +25,7 @@ import torch
 from flwr.app import ArrayRecord
 from torch import nn
 
-from tasks.train import loss_for, run_batches
+from tasks.train import Fit, LocalRule, loss_for, park, run_batches
 
 from .core.client import ClientJob, ClientUpdate, register_client_update
 from .core.registry import OWN_LOOP, RunSetup, flower_kwargs, register_strategy
@@ -65,6 +65,7 @@ def train_pfedme(
     steps: int = 0,
     device: torch.device | str = "cpu",
     seed: int = 0,
+    stackable: bool = False,
 ) -> float:
     """pFedMe's local update (Alg. 1); both models trained in place.
 
@@ -75,7 +76,15 @@ def train_pfedme(
     Returns the mean loss of theta. Other parameters as in :func:`tasks.train.train`;
     there is no optimizer choice: both updates are the paper's own gradient
     steps (theta's with SGD, w's by line 8), whatever the run's optimizer.
+    ``stackable``: an engine that trains a round's clients together may take the call
+    (:class:`MoreauStep`: the same steps).
     """
+    if stackable:
+        rule = MoreauStep(personal, lam, inner_steps, personal_lr)
+        parked = park(Fit(model, x, y, epochs, batch_size, learning_rate, "sgd", 0.0, None,
+                          steps, 0.0, 0.0, 0.0, device, seed, rule=rule))
+        if parked is not None:
+            return parked
     loss_fn = loss_for(y)
     model.to(device).train()
     personal.to(device).train()
@@ -96,6 +105,51 @@ def train_pfedme(
 
     return run_batches(x, y, step, epochs=epochs, batch_size=batch_size, steps=steps,
                        device=device, seed=seed)
+
+
+class MoreauStep(LocalRule):
+    """:func:`train_pfedme`'s steps for the stacked path (:mod:`tasks.stacked`): every
+    client's theta (from its w) takes the K gradient steps of Eq. 7 on its batch, then its w
+    line 8's step; theta is written into the client's ``personal`` model."""
+
+    def __init__(self, personal: nn.Module, lam: float, inner_steps: int,
+                 personal_lr: float) -> None:
+        self.personal, self.lam = personal, lam
+        self.inner_steps, self.personal_lr = inner_steps, personal_lr
+
+    def alone(self, fit: Fit) -> float:
+        return train_pfedme(fit.model, self.personal, fit.x, fit.y, lam=self.lam,
+                            inner_steps=self.inner_steps, personal_lr=self.personal_lr,
+                            epochs=fit.epochs, batch_size=fit.batch_size,
+                            learning_rate=fit.learning_rate, steps=fit.steps,
+                            device=fit.device, seed=fit.seed)
+
+    def key(self) -> tuple:
+        return (MoreauStep, self.lam, self.inner_steps, self.personal_lr)
+
+    def begin(self, chunk) -> dict:
+        return {"theta": [w.clone() for w in chunk.weights]}
+
+    def step(self, chunk, state: dict, s: int, k: int) -> torch.Tensor:
+        w, theta = chunk.w(k), [t[:k] for t in state["theta"]]
+        for _ in range(self.inner_steps):
+            loss, grads = chunk.loss_and_grads(theta, s, k)
+            with torch.no_grad():  # SGD on f(theta) + lam/2 ||theta - w||^2
+                for t, g, c in zip(theta, grads, w):
+                    t.add_(g.add_(t - c, alpha=self.lam), alpha=-self.personal_lr)
+        with torch.no_grad():  # line 8
+            for p, t in zip(w, theta):
+                p.sub_(chunk.first.learning_rate * self.lam * (p - t))
+        return loss
+
+    def end(self, chunk, state: dict) -> list[torch.Tensor]:
+        return state["theta"]
+
+    def write(self, fit: Fit, extra: list[torch.Tensor]) -> None:
+        self.personal.to(fit.device).train()
+        with torch.no_grad():
+            for p, t in zip(self.personal.parameters(), extra):
+                p.copy_(t)
 
 
 def pfedme_global(previous: ArrayRecord, averaged: ArrayRecord, beta: float) -> ArrayRecord:
@@ -121,7 +175,8 @@ class PFedMeClient(ClientUpdate[PFedMeSettings]):
         loss = train_pfedme(job.model, personal, job.data.x_train, job.targets,
                             lam=job.settings.pfedme_lambda,
                             inner_steps=job.settings.pfedme_inner_steps,
-                            personal_lr=job.settings.pfedme_personal_lr, **loop)
+                            personal_lr=job.settings.pfedme_personal_lr, **loop,
+                            stackable=True)
         job.state[STATE] = ArrayRecord(personal.to("cpu").state_dict())
         return loss, {}
 

@@ -21,7 +21,9 @@ client's state is its own). What stays each client's own:
 Supported models: :class:`tasks.models.MLP`, :class:`tasks.models.GRUSeq2Seq` and
 :class:`tasks.models.McMahanCNN` (grouped convolutions), the CNN on a GPU only: on a CPU it
 trains faster one by one (:func:`call_problem`; :func:`stack_problem` says why another model
-cannot be); DP-SGD (per-example clipping) and a method's own loss are not stacked. The
+cannot be); DP-SGD (per-example clipping) and a method's own loss are not stacked; a
+method's own loop is where its module gives its step (a :class:`tasks.train.LocalRule`:
+Per-FedAvg's, pFedMe's; :class:`Chunk` is what the step works on). The
 numbers equal the one-by-one loop's to float rounding: a batched product or a grouped
 convolution sums in another order than a single one, and the GRU's gates are computed by hand
 here (:class:`_GRUGates`) rather than by torch's fused cell (``tests/test_stacked.py`` states
@@ -40,7 +42,7 @@ import torch
 from torch import nn
 
 from .models import MLP, GRUSeq2Seq, McMahanCNN
-from .train import Evaluation, Fit, Test, num_steps
+from .train import Evaluation, Fit, LocalRule, Test, num_steps
 
 #: clients trained at once at most (measured best of 16-207 for the traffic GRU on 2 cores:
 #: docs/performance.md), and fewer where their state would pass :data:`MEMORY_BUDGET`
@@ -76,7 +78,8 @@ def group_key(call: Fit | Test) -> tuple:
     if isinstance(call, Test):
         return common
     return (*common, call.optimizer, call.learning_rate, call.momentum, call.weight_decay,
-            call.clip_norm, call.grad_correction is None)
+            call.clip_norm, call.grad_correction is None,
+            None if call.rule is None else call.rule.key())
 
 
 @torch.no_grad()
@@ -221,17 +224,20 @@ def train_stacked(fits: Sequence[Fit], chunk: int = CHUNK) -> list[float]:
     losses, trained = [0.0] * len(fits), []
     for start in range(0, len(order), chunk):  # the models written once every chunk is done
         part = order[start:start + chunk]
-        done, weights = _train_chunk([fits[i] for i in part],
-                                     [batch_plan(fits[i], width) for i in part])
-        trained.append((part, weights))
+        done, weights, extra = _train_chunk([fits[i] for i in part],
+                                            [batch_plan(fits[i], width) for i in part])
+        trained.append((part, weights, extra))
         for i, loss in zip(part, done):
             losses[i] = loss
-    for part, weights in trained:
+    for part, weights, extra in trained:
         for j, i in enumerate(part):
             fits[i].model.to(fits[i].device).train()  # as train leaves it
             with torch.no_grad():
                 for p, w in zip(fits[i].model.parameters(), weights):
                     p.copy_(w[j])
+            rule = fits[i].rule
+            if rule is not None:
+                rule.write(fits[i], [e[j] for e in extra])
     return losses
 
 
@@ -249,43 +255,94 @@ def _padded(tensors: list[torch.Tensor], device) -> torch.Tensor:
     return out.to(device)
 
 
+class Chunk:
+    """A chunk of clients trained together (sorted by their mini-batches, most first): their
+    stacked weights (updated in place), data, plans of batches and optimizer state; what a
+    step (:class:`_Plain`, a method's :class:`tasks.train.LocalRule`) works on."""
+
+    def __init__(self, fits: list[Fit], plans: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        first, device = fits[0], fits[0].device
+        self.fits, self.first, self.device = fits, first, device
+        self.names = [n for n, _ in first.model.named_parameters()]
+        self.weights = _stacked_params([f.model for f in fits], device)
+        self.x, self.y = _padded([f.x for f in fits], device), _padded([f.y for f in fits], device)
+        self.steps = [len(sizes) for _, sizes in plans]
+        self.idx = _padded([i for i, _ in plans], device) if self.steps[0] else None
+        self.sizes = _padded([s[:, None] for _, s in plans], device)[..., 0] \
+            if self.steps[0] else None
+        self.forward, self.loss_of = _FORWARDS[type(first.model)], _loss(first.y)
+        self.optimizer_state: list[list[torch.Tensor]] = []
+
+    def w(self, k: int) -> list[torch.Tensor]:
+        """The first k clients' weights (views: updated in place)."""
+        return [w[:k] for w in self.weights]
+
+    def batch_sizes(self, s: int, k: int) -> torch.Tensor:
+        """The rows of the first k clients' batch ``s``."""
+        assert self.sizes is not None
+        return self.sizes[:k, s]
+
+    def loss_and_grads(self, params: list[torch.Tensor], s: int, k: int
+                       ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The first k clients' mean losses on their batch ``s`` at ``params`` (stacked, one
+        per weight: the weights, or a method's other point) and each one's gradient there."""
+        assert self.idx is not None
+        rows = torch.arange(k, device=self.device)[:, None]
+        picked, size = self.idx[:k, s], self.batch_sizes(s, k)
+        mask = (torch.arange(picked.shape[1], device=self.device)[None, :] < size[:, None])
+        params = [p.detach().requires_grad_() for p in params]
+        per_client = self.loss_of(
+            self.forward(self.first.model, dict(zip(self.names, params)), self.x[rows, picked]),
+            self.y[rows, picked], mask, size)
+        return per_client.detach(), list(torch.autograd.grad(per_client.sum(), params))
+
+    def optimizer_step(self, grads: list[torch.Tensor], step: int, k: int) -> None:
+        """The fits' optimizer's step ``step`` (from 0) on the first k clients' weights."""
+        _optimizer_step(self.first, self.w(k), grads, self.optimizer_state, step, k)
+
+
+class _Plain(LocalRule):
+    """:func:`tasks.train.train`'s step: the optimizer on each client's gradient, with its
+    own proximal term, correction and clipping (:func:`_adjust`)."""
+
+    def begin(self, chunk: Chunk) -> dict:
+        fits, weights, device = chunk.fits, chunk.weights, chunk.device
+        mu = torch.tensor([f.proximal_mu for f in fits], dtype=weights[0].dtype, device=device)
+        return {"mu": mu,
+                "center": [w.clone() for w in weights] if bool((mu > 0).any()) else None,
+                "correction": None if fits[0].grad_correction is None else [
+                    torch.stack([f.grad_correction[j] for f in fits]).to(device)  # type: ignore
+                    for j in range(len(weights))]}
+
+    def step(self, chunk: Chunk, state: dict, s: int, k: int) -> torch.Tensor:
+        loss, grads = chunk.loss_and_grads(chunk.w(k), s, k)
+        _adjust(grads, chunk.w(k), state["center"], state["mu"][:k], state["correction"],
+                chunk.first.clip_norm, k)
+        chunk.optimizer_step(grads, s, k)
+        return loss
+
+
+_PLAIN = _Plain()
+
+
 def _train_chunk(fits: list[Fit], plans: list[tuple[torch.Tensor, torch.Tensor]]
-                 ) -> tuple[list[float], list[torch.Tensor]]:
-    """Train one chunk (sorted by steps, most first); their mean training losses and their
-    trained weights, stacked."""
-    first, device = fits[0], fits[0].device
-    names = [n for n, _ in first.model.named_parameters()]
-    weights = _stacked_params([f.model for f in fits], device)
-    x, y = _padded([f.x for f in fits], device), _padded([f.y for f in fits], device)
-    steps = [len(sizes) for _, sizes in plans]
-    idx = _padded([i for i, _ in plans], device) if steps[0] else None
-    sizes = _padded([s[:, None] for _, s in plans], device)[..., 0] if steps[0] else None
-    mu = torch.tensor([f.proximal_mu for f in fits], dtype=weights[0].dtype, device=device)
-    center = [w.clone() for w in weights] if bool((mu > 0).any()) else None
-    correction = None if first.grad_correction is None else [
-        torch.stack([f.grad_correction[j] for f in fits]).to(device)  # type: ignore[index]
-        for j in range(len(names))]
-    state: list[list[torch.Tensor]] = []
-    totals = torch.zeros(len(fits), dtype=torch.float64, device=device)
-    counts = torch.zeros(len(fits), dtype=torch.long, device=device)
-    forward, loss_of = _FORWARDS[type(first.model)], _loss(first.y)
+                 ) -> tuple[list[float], list[torch.Tensor], list[torch.Tensor]]:
+    """Train one chunk (sorted by steps, most first) by its rule (the fits' ``rule``, else
+    the plain step); their mean training losses, their trained weights, stacked, and the
+    rule's other stacked outputs."""
+    chunk = Chunk(fits, plans)
+    rule = fits[0].rule or _PLAIN
+    state = rule.begin(chunk)
+    totals = torch.zeros(len(fits), dtype=torch.float64, device=chunk.device)
+    counts = torch.zeros(len(fits), dtype=torch.long, device=chunk.device)
     k = len(fits)
-    for s in range(steps[0]):
-        while steps[k - 1] <= s:  # the clients that still have steps: a prefix, shrinking
+    for s in range(chunk.steps[0]):
+        while chunk.steps[k - 1] <= s:  # the clients that still have steps: a prefix, shrinking
             k -= 1
-        assert idx is not None and sizes is not None
-        rows = torch.arange(k, device=device)[:, None]
-        picked, size = idx[:k, s], sizes[:k, s]
-        mask = (torch.arange(picked.shape[1], device=device)[None, :] < size[:, None])
-        params = [w[:k].detach().requires_grad_() for w in weights]
-        per_client = loss_of(forward(first.model, dict(zip(names, params)), x[rows, picked]),
-                             y[rows, picked], mask, size)
-        grads = list(torch.autograd.grad(per_client.sum(), params))
-        _adjust(grads, [w[:k] for w in weights], center, mu[:k], correction, first.clip_norm, k)
-        _optimizer_step(first, [w[:k] for w in weights], grads, state, s, k)
-        totals[:k] += per_client.detach().double() * size
+        size = chunk.batch_sizes(s, k)
+        totals[:k] += rule.step(chunk, state, s, k).double() * size
         counts[:k] += size
-    return (totals / counts.clamp(min=1)).tolist(), weights
+    return (totals / counts.clamp(min=1)).tolist(), chunk.weights, rule.end(chunk, state)
 
 
 def _loss(y: torch.Tensor) -> Callable[..., torch.Tensor]:

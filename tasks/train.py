@@ -14,7 +14,7 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -162,6 +162,38 @@ def _adjust_gradients(params: list[nn.Parameter], center: list[torch.Tensor] | N
         nn.utils.clip_grad_norm_(params, clip_norm)
 
 
+class LocalRule:
+    """A method's own local update, which an engine that trains a round's clients together
+    (:mod:`tasks.stacked`) can run stacked: :meth:`alone` is the method's one-by-one loop,
+    :meth:`step` the same step of every client of a chunk at once. Subclassed beside the
+    method's loop (``strategies/per_fedavg.py``, ``strategies/pfedme.py``); one instance per
+    client's call (a :class:`Fit` whose ``steps`` count its mini-batches)."""
+
+    def alone(self, fit: Fit) -> float:
+        """The method's own loop on ``fit`` (one by one); its mean training loss."""
+        raise NotImplementedError
+
+    def key(self) -> tuple:
+        """The rule's settings, which clients trained together share."""
+        return (type(self),)
+
+    def begin(self, chunk: Any) -> dict:
+        """The rule's own state for a chunk of clients (a ``tasks.stacked.Chunk``)."""
+        return {}
+
+    def step(self, chunk: Any, state: dict, s: int, k: int) -> torch.Tensor:
+        """Mini-batch ``s`` of the chunk's first ``k`` clients (those that still have one):
+        their weights (``chunk.weights``, updated in place); each one's batch loss."""
+        raise NotImplementedError
+
+    def end(self, chunk: Any, state: dict) -> list[torch.Tensor]:
+        """Stacked tensors the rule writes back besides the weights (:meth:`write`)."""
+        return []
+
+    def write(self, fit: Fit, extra: list[torch.Tensor]) -> None:
+        """Write one client's share of :meth:`end`'s tensors (once every chunk is done)."""
+
+
 @dataclass
 class Fit:
     """One client's call of :func:`train` (its arguments), as an engine that trains a round's
@@ -182,9 +214,14 @@ class Fit:
     clip_norm: float
     device: torch.device | str
     seed: int
+    #: a method's own local update in place of :func:`train`'s step (Per-FedAvg's, pFedMe's),
+    #: or None
+    rule: LocalRule | None = None
 
     def alone(self) -> float:
-        """This call as one by one: :func:`train`."""
+        """This call as one by one: :func:`train`, or the method's own loop."""
+        if self.rule is not None:
+            return self.rule.alone(self)
         return train(self.model, self.x, self.y, epochs=self.epochs, batch_size=self.batch_size,
                      learning_rate=self.learning_rate, optimizer=self.optimizer,
                      proximal_mu=self.proximal_mu, grad_correction=self.grad_correction,
@@ -202,6 +239,15 @@ STACKING = threading.local()
 def stacking_worker() -> bool:
     """Whether this thread is one of an engine's client threads that train together."""
     return getattr(STACKING, "park", None) is not None
+
+
+def park(fit: Fit, problem: str | None = None) -> float | None:
+    """``fit``'s loss, trained by the engine with the round's other clients where this thread
+    is one of its client threads (:func:`stacking_worker`) and the engine can stack it
+    (``problem``: a reason it cannot, said once); else None: the caller trains it here."""
+    if stacking_worker() and STACKING.stacks(fit, problem):
+        return STACKING.park(fit)
+    return None
 
 
 def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
@@ -238,9 +284,10 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, ba
     if stackable and stacking_worker():
         fit = Fit(model, x, y, epochs, batch_size, learning_rate, optimizer, proximal_mu,
                   grad_correction, steps, momentum, weight_decay, clip_norm, device, seed)
-        if STACKING.stacks(fit, "DP-SGD's per-example clipping" if dp_sgd is not None else
-                           "a method's own loss" if loss_fn is not None else None):
-            return STACKING.park(fit)
+        parked = park(fit, "DP-SGD's per-example clipping" if dp_sgd is not None else
+                      "a method's own loss" if loss_fn is not None else None)
+        if parked is not None:
+            return parked
     loss_fn = loss_fn or loss_for(y)
     model.to(device).train()
     params = list(model.parameters())

@@ -22,6 +22,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.clientapp import ClientApp
 
 from fedamp_flwr.tools.inprocess import InProcessGrid, task_identity
+from strategies.per_fedavg import MetaStep
+from strategies.pfedme import MoreauStep
 from tasks import loading, stacked
 from tasks.models import MLP, GRUSeq2Seq, McMahanCNN
 from tasks.train import Fit, Test, run_batches, train
@@ -74,6 +76,39 @@ def test_stacked_training_gives_each_client_its_own_training(kind, optimizer, se
             torch.testing.assert_close(q, p, rtol=0, atol=1e-4)
     for p, s in zip(together[-1].model.parameters(), before[-1].parameters()):
         assert torch.equal(p, s)  # no step for a client without data
+
+
+def _with_rule(fits: list[Fit], rule: str) -> list[Fit]:
+    """The fits with Per-FedAvg's ("meta") or pFedMe's ("moreau") own step, each its own
+    personal model."""
+    return [Fit(**{**vars(f), "rule": MetaStep(0.05) if rule == "meta" else
+                   MoreauStep(copy.deepcopy(f.model), 15.0, 3, 0.01)}) for f in fits]
+
+
+@pytest.mark.parametrize("kind", ["mlp", "gru"])
+@pytest.mark.parametrize("rule,optimizer,steps", [
+    ("meta", "adam", 0), ("meta", "sgd", 8), ("moreau", "sgd", 0), ("moreau", "sgd", 7)])
+def test_a_methods_own_step_stacked_gives_each_client_its_own_training(kind, rule, optimizer,
+                                                                       steps):
+    """Per-FedAvg's meta-step and pFedMe's Moreau-envelope step, stacked (their
+    :class:`tasks.train.LocalRule`), give each client the weights, personal model and loss of
+    the method's own loop one by one: its own batches (pairs of them, an odd last one), steps
+    and seed, in chunks of 3."""
+    one_by_one = _with_rule(_fits(kind, optimizer, steps=steps), rule)
+    together = [Fit(**{**vars(f), "model": copy.deepcopy(f.model),
+                       "rule": copy.deepcopy(f.rule)}) for f in one_by_one]
+    alone = [f.alone() for f in one_by_one]
+    losses = stacked.train_stacked(together, chunk=3)
+    assert losses == pytest.approx(alone, rel=1e-5) and losses[-1] == 0.0
+    for a, b in zip(one_by_one, together):
+        models = [(a.model, b.model)]
+        if rule == "moreau":
+            models.append((a.rule.personal, b.rule.personal))  # type: ignore[union-attr]
+        for m, n in models:
+            for p, q in zip(m.parameters(), n.parameters()):
+                torch.testing.assert_close(q, p, rtol=0, atol=1e-4)
+    assert stacked.group_key(together[0]) != stacked.group_key(
+        Fit(**{**vars(together[0]), "rule": None}))  # never stacked with plain training
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -215,7 +250,7 @@ def stacked_fits(monkeypatch):
 
 
 @pytest.mark.parametrize("strategy", ["fedavg", "fedprox", "fedamp", "scaffold", "sfl",
-                                      "panacea", "pfedhn"])
+                                      "panacea", "pfedhn", "per-fedavg", "pfedme"])
 def test_a_run_stacked_has_the_numbers_of_one_by_one(strategy, tmp_path, stacked_fits):
     """The real ServerApp and ClientApps on the default task (the MLP), 6 clients, 2 rounds,
     with a scenario's heterogeneous epochs: ``client-batching`` auto and off agree."""
@@ -223,12 +258,13 @@ def test_a_run_stacked_has_the_numbers_of_one_by_one(strategy, tmp_path, stacked
     off, _ = run_local(tmp_path / "off", strategy, n=6, **extra, **{"client-batching": "off"})
     assert stacked_fits[0] == 0
     auto, grid = run_local(tmp_path / "auto", strategy, n=6, **extra)  # auto: the default
-    assert stacked_fits[0] == 12 and grid.batching  # every client, both rounds
+    # every client, both rounds (Per-FedAvg: and its one step before each test)
+    assert stacked_fits[0] == (24 if strategy == "per-fedavg" else 12) and grid.batching
     _assert_same_runs(off, auto)
     assert not loading._SPARE  # the clients' threads' models are not kept past the run
 
 
-@pytest.mark.parametrize("strategy", ["fedavg", "sfl", "panacea"])
+@pytest.mark.parametrize("strategy", ["fedavg", "sfl", "panacea", "per-fedavg", "pfedme"])
 def test_sensors_gru_forecasts_stacked_are_those_of_one_by_one(strategy, tmp_path, stacked_fits):
     """The traffic GRU, on sensors that are members (3 road sensors' windows, 2 rounds)."""
     graph, files = sensor_sites(tmp_path)
@@ -238,7 +274,7 @@ def test_sensors_gru_forecasts_stacked_are_those_of_one_by_one(strategy, tmp_pat
         runs[mode] = run_named(tmp_path / mode, strategy, {
             **SENSOR_CONFIG, "strategy": strategy, "graph-file": str(graph),
             "num-server-rounds": 2, "client-batching": mode}, 3, nodes)
-    assert stacked_fits[0] == 6
+    assert stacked_fits[0] == (12 if strategy == "per-fedavg" else 6)
     _assert_same_runs(runs["off"], runs["auto"])
 
 
