@@ -12,6 +12,8 @@ lines; a round run twice, once before a resume, counted at its last): in all, an
 rounds the machine slept through (:func:`fedamp_flwr.server.rounds.unpaused`: over 10 times
 the median). A grid run in pieces, on a machine paused between sittings, has a wall time that
 counts the pauses; its rounds' seconds without the paused ones are what the runs cost.
+An earlier digest in ``--out`` keeps its runs that are not in the folder (a grid run in
+pieces, the earlier pieces' folders gone): no run's record is lost by a later piece.
 """
 
 from __future__ import annotations
@@ -56,7 +58,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m experiments.round_digest",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("grid", type=Path, help="a grid's output folder (simulation.py --output)")
-    p.add_argument("--out", type=Path, required=True, help="the JSON file to write")
+    p.add_argument("--out", type=Path, required=True,
+                   help="the JSON file to write; where it holds an earlier digest, its runs "
+                        "not in this grid's folder are kept, and those in it replaced")
     p.add_argument("--scale", type=float, default=1e3,
                    help="the table's scores and losses times this (default 1e3: MSE x1e-3)")
     args = p.parse_args(argv)
@@ -64,11 +68,34 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not runs.is_dir():
         raise SystemExit(f"{runs} is not a folder: give a grid's output folder "
                          "(simulation.py --output)")
-    out = {d.name: s for d in sorted(runs.iterdir()) if d.is_dir()
-           for s in [digest(d)] if s is not None}
+    found = {d.name: s for d in sorted(runs.iterdir()) if d.is_dir()
+             for s in [digest(d)] if s is not None}
+    earlier = _earlier(args.out)
+    kept = {name: run for name, run in earlier.items() if name not in found}
+    out = {**kept, **found}
     args.out.write_text(json.dumps(strict_json(out), indent=1, allow_nan=False) + "\n")
-    print(f"{len(out)} finished run(s) written to {args.out}\n")
+    print(f"{len(found)} finished run(s) written to {args.out}"
+          + (f" ({len(earlier) - len(kept)} of its earlier runs replaced; {len(kept)} kept, "
+             "not in this grid's folder)" if earlier else "") + "\n")
     print(table(out, args.scale))
+
+
+def _earlier(path: Path) -> dict[str, dict[str, Any]]:
+    """The runs an earlier digest at ``path`` holds (a grid run in pieces, whose earlier
+    pieces' folders are gone, adds to it); refused where it is not one."""
+    if not path.exists():
+        return {}
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as ex:
+        raise SystemExit(f"--out {path} exists and is not a round digest ({ex}): give "
+                         "another file, or remove it") from ex
+    if not isinstance(earlier, dict) or not all(
+            isinstance(run, dict) and isinstance(run.get("rounds"), list)
+            for run in earlier.values()):
+        raise SystemExit(f"--out {path} exists and is not a round digest (a JSON object of "
+                         "runs by name, each with its 'rounds'): give another file, or remove it")
+    return earlier
 
 
 def table(runs: dict[str, dict[str, Any]], scale: float) -> str:
