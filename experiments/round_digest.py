@@ -12,14 +12,16 @@ lines; a round run twice, once before a resume, counted at its last): in all, an
 rounds the machine slept through (:func:`fedamp_flwr.server.rounds.unpaused`: over 10 times
 the median). A grid run in pieces, on a machine paused between sittings, has a wall time that
 counts the pauses; its rounds' seconds without the paused ones are what the runs cost.
-An earlier digest in ``--out`` keeps its runs that are not in the folder (a grid run in
-pieces, the earlier pieces' folders gone): no run's record is lost by a later piece.
+An earlier digest in ``--out`` is never lost: its runs that this folder finished are replaced;
+where it holds others, ``--add`` keeps them beside (a grid run in pieces, the earlier pieces'
+folders gone), and without it the command refuses, writing nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -59,8 +61,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("grid", type=Path, help="a grid's output folder (simulation.py --output)")
     p.add_argument("--out", type=Path, required=True,
-                   help="the JSON file to write; where it holds an earlier digest, its runs "
-                        "not in this grid's folder are kept, and those in it replaced")
+                   help="the JSON file to write (an earlier digest there: its runs that this "
+                        "folder finished are replaced; one with others is refused, but --add)")
+    p.add_argument("--add", action="store_true",
+                   help="keep the runs of an earlier digest in --out that this folder has not "
+                        "finished (a grid run in pieces, the earlier pieces' folders gone)")
     p.add_argument("--scale", type=float, default=1e3,
                    help="the table's scores and losses times this (default 1e3: MSE x1e-3)")
     args = p.parse_args(argv)
@@ -72,17 +77,22 @@ def main(argv: Sequence[str] | None = None) -> None:
              for s in [digest(d)] if s is not None}
     earlier = _earlier(args.out)
     kept = {name: run for name, run in earlier.items() if name not in found}
-    out = {**kept, **found}
-    args.out.write_text(json.dumps(strict_json(out), indent=1, allow_nan=False) + "\n")
+    if kept and not args.add:
+        raise SystemExit(f"--out {args.out} holds {len(kept)} run(s) this grid's folder has not "
+                         f"finished ({', '.join(sorted(kept)[:3])}{', ...' if len(kept) > 3 else ''})"
+                         ": give --add to keep them beside this folder's, or another file")
+    out = dict(sorted({**kept, **found}.items()))
+    temporary = args.out.with_name(args.out.name + ".tmp")
+    temporary.write_text(json.dumps(strict_json(out), indent=1, allow_nan=False) + "\n")
+    os.replace(temporary, args.out)  # the earlier digest is never half written
     print(f"{len(found)} finished run(s) written to {args.out}"
-          + (f" ({len(earlier) - len(kept)} of its earlier runs replaced; {len(kept)} kept, "
-             "not in this grid's folder)" if earlier else "") + "\n")
+          + (f" ({len(earlier) - len(kept)} of its earlier runs replaced, {len(kept)} kept)"
+             if earlier else "") + "\n")
     print(table(out, args.scale))
 
 
 def _earlier(path: Path) -> dict[str, dict[str, Any]]:
-    """The runs an earlier digest at ``path`` holds (a grid run in pieces, whose earlier
-    pieces' folders are gone, adds to it); refused where it is not one."""
+    """The runs an earlier digest at ``path`` holds; refused where it is not one."""
     if not path.exists():
         return {}
     try:
@@ -90,12 +100,20 @@ def _earlier(path: Path) -> dict[str, dict[str, Any]]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as ex:
         raise SystemExit(f"--out {path} exists and is not a round digest ({ex}): give "
                          "another file, or remove it") from ex
-    if not isinstance(earlier, dict) or not all(
-            isinstance(run, dict) and isinstance(run.get("rounds"), list)
-            for run in earlier.values()):
+    if not isinstance(earlier, dict) or not all(_is_digest(run) for run in earlier.values()):
         raise SystemExit(f"--out {path} exists and is not a round digest (a JSON object of "
-                         "runs by name, each with its 'rounds'): give another file, or remove it")
+                         "runs by name, each with its score, rounds and seconds, as this "
+                         "command writes them): give another file, or remove it")
     return earlier
+
+
+def _is_digest(run: Any) -> bool:
+    """Whether ``run`` is one run's digest as :func:`digest` writes it (:func:`table` reads it)."""
+    return (isinstance(run, dict) and isinstance(run.get("rounds"), list) and bool(run["rounds"])
+            and all(isinstance(r, dict) for r in run["rounds"])
+            and any(s.headline in run for s in SCORES)
+            and all(isinstance(run.get(k), (int, float))
+                    for k in ("rounds_s_unpaused", "paused_rounds")))
 
 
 def table(runs: dict[str, dict[str, Any]], scale: float) -> str:

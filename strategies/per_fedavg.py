@@ -68,9 +68,11 @@ def train_per_fedavg(
     round's clients together may take the call (:class:`MetaStep`: the same steps).
     """
     if stackable:
-        fit = Fit(model, x, y, epochs, batch_size, learning_rate, optimizer, 0.0, None,
-                  2 * steps, 0.0, 0.0, 0.0, device, seed, rule=MetaStep(alpha))
-        parked = park(fit)
+        parked = park(Fit(model, x, y, epochs=epochs, batch_size=batch_size,
+                          learning_rate=learning_rate, optimizer=optimizer, proximal_mu=0.0,
+                          grad_correction=None, steps=2 * steps, momentum=0.0,
+                          weight_decay=0.0, clip_norm=0.0, device=device, seed=seed,
+                          rule=MetaStep(alpha)))
         if parked is not None:
             return parked
     loss_fn = loss_for(y)
@@ -107,13 +109,15 @@ class MetaStep(LocalRule):
         self.alpha = alpha
 
     def alone(self, fit: Fit) -> float:
+        if fit.steps % 2:
+            raise ValueError(f"Per-FedAvg's steps are pairs of batches: {fit.steps} batches")
         return train_per_fedavg(fit.model, fit.x, fit.y, alpha=self.alpha, epochs=fit.epochs,
                                 batch_size=fit.batch_size, learning_rate=fit.learning_rate,
                                 optimizer=fit.optimizer, steps=fit.steps // 2,
                                 device=fit.device, seed=fit.seed)
 
     def key(self) -> tuple:
-        return (MetaStep, self.alpha)
+        return (type(self), self.alpha)
 
     def step(self, chunk, state: dict, s: int, k: int) -> torch.Tensor:
         if s % 2 == 0:  # D: the inner gradient, kept for D'

@@ -81,8 +81,10 @@ def train_pfedme(
     """
     if stackable:
         rule = MoreauStep(personal, lam, inner_steps, personal_lr)
-        parked = park(Fit(model, x, y, epochs, batch_size, learning_rate, "sgd", 0.0, None,
-                          steps, 0.0, 0.0, 0.0, device, seed, rule=rule))
+        parked = park(Fit(model, x, y, epochs=epochs, batch_size=batch_size,
+                          learning_rate=learning_rate, optimizer="sgd", proximal_mu=0.0,
+                          grad_correction=None, steps=steps, momentum=0.0, weight_decay=0.0,
+                          clip_norm=0.0, device=device, seed=seed, rule=rule))
         if parked is not None:
             return parked
     loss_fn = loss_for(y)
@@ -125,10 +127,10 @@ class MoreauStep(LocalRule):
                             device=fit.device, seed=fit.seed)
 
     def key(self) -> tuple:
-        return (MoreauStep, self.lam, self.inner_steps, self.personal_lr)
+        return (type(self), self.lam, self.inner_steps, self.personal_lr)
 
-    def begin(self, chunk) -> dict:
-        return {"theta": [w.clone() for w in chunk.weights]}
+    def begin(self, chunk) -> dict:  # theta from each client's personal model, as the loop
+        return {"theta": chunk.stack([f.rule.personal for f in chunk.fits])}
 
     def step(self, chunk, state: dict, s: int, k: int) -> torch.Tensor:
         w, theta = chunk.w(k), [t[:k] for t in state["theta"]]

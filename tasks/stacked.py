@@ -273,6 +273,11 @@ class Chunk:
         self.forward, self.loss_of = _FORWARDS[type(first.model)], _loss(first.y)
         self.optimizer_state: list[list[torch.Tensor]] = []
 
+    def stack(self, models: list[nn.Module]) -> list[torch.Tensor]:
+        """Other models of the chunk's clients (one each, in its order: a method's personal
+        models), their parameters stacked as the weights are."""
+        return _stacked_params(models, self.device)
+
     def w(self, k: int) -> list[torch.Tensor]:
         """The first k clients' weights (views: updated in place)."""
         return [w[:k] for w in self.weights]
@@ -330,8 +335,12 @@ def _train_chunk(fits: list[Fit], plans: list[tuple[torch.Tensor, torch.Tensor]]
     """Train one chunk (sorted by steps, most first) by its rule (the fits' ``rule``, else
     the plain step); their mean training losses, their trained weights, stacked, and the
     rule's other stacked outputs."""
-    chunk = Chunk(fits, plans)
     rule = fits[0].rule or _PLAIN
+    if rule is not _PLAIN and any(f.proximal_mu or f.grad_correction is not None
+                                  or f.clip_norm or f.momentum or f.weight_decay for f in fits):
+        raise ValueError("a method's own step (LocalRule) takes no proximal term, correction, "
+                         "clipping, momentum or weight decay")  # the group runs one by one
+    chunk = Chunk(fits, plans)
     state = rule.begin(chunk)
     totals = torch.zeros(len(fits), dtype=torch.float64, device=chunk.device)
     counts = torch.zeros(len(fits), dtype=torch.long, device=chunk.device)

@@ -167,7 +167,14 @@ class LocalRule:
     (:mod:`tasks.stacked`) can run stacked: :meth:`alone` is the method's one-by-one loop,
     :meth:`step` the same step of every client of a chunk at once. Subclassed beside the
     method's loop (``strategies/per_fedavg.py``, ``strategies/pfedme.py``); one instance per
-    client's call (a :class:`Fit` whose ``steps`` count its mini-batches)."""
+    client's call (a :class:`Fit` whose ``steps`` count its mini-batches).
+
+    Contract: the first client's rule steps the whole chunk (:meth:`begin`, :meth:`step`,
+    :meth:`end` read only settings that :meth:`key` holds, so that they are every client's;
+    a client's own objects, a personal model, are read from ``chunk.fits[j].rule`` and written
+    by :meth:`write`, each client's own rule). A rule's fits carry no proximal term,
+    correction, clipping, momentum or weight decay (the stacked path refuses them: the group
+    runs one by one)."""
 
     def alone(self, fit: Fit) -> float:
         """The method's own loop on ``fit`` (one by one); its mean training loss."""
@@ -281,7 +288,7 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, ba
     :mod:`tasks.stacked`) take this call, where it can: the same steps on the same batches,
     the model trained in place, the same loss returned.
     """
-    if stackable and stacking_worker():
+    if stackable:
         fit = Fit(model, x, y, epochs, batch_size, learning_rate, optimizer, proximal_mu,
                   grad_correction, steps, momentum, weight_decay, clip_norm, device, seed)
         parked = park(fit, "DP-SGD's per-example clipping" if dp_sgd is not None else

@@ -329,8 +329,9 @@ def test_a_grids_round_digest_counts_its_rounds_without_the_paused_one(tmp_path)
 
 
 def test_a_round_digest_adds_to_an_earlier_one_and_refuses_a_foreign_file(tmp_path, capsys):
-    """A grid run in pieces: a later piece's digest keeps the earlier runs it does not hold,
-    replaces those it does; a file that is not a digest is refused, untouched."""
+    """A grid run in pieces: with --add, a later piece's digest keeps the earlier runs it does
+    not hold and replaces those it does; without --add, or where the file is not a digest, the
+    command refuses and the file is left as it was."""
     import json
 
     from experiments.round_digest import main
@@ -341,18 +342,21 @@ def test_a_round_digest_adds_to_an_earlier_one_and_refuses_a_foreign_file(tmp_pa
         {"strategy": "pfedme", "finished": True, "wall_time_s": 5.0, "best_mean_mse": 0.5,
          "rounds": [{"round": 1, "mean_mse": 0.5, "train_loss": 1.0}]}))
     out = tmp_path / "rounds.json"
-    earlier = {"sfl-a-s0": {"strategy": "sfl", "best_mean_mse": 0.1, "rounds_s_unpaused": 60.0,
-                            "paused_rounds": 0, "rounds": [{"round": 1, "mean_mse": 0.1}]},
-               "pfedme-a-s0": {"strategy": "pfedme", "rounds": []}}
+    sfl = {"strategy": "sfl", "best_mean_mse": 0.1, "rounds_s_unpaused": 60.0,
+           "paused_rounds": 0, "rounds": [{"round": 1, "mean_mse": 0.1}]}
+    earlier = {"sfl-a-s0": sfl, "pfedme-a-s0": {**sfl, "strategy": "pfedme"}}
     out.write_text(json.dumps(earlier))
-    main([str(tmp_path), "--out", str(out)])
-    digest = json.loads(out.read_text())
-    assert list(digest) == ["sfl-a-s0", "pfedme-a-s0"]
-    assert digest["sfl-a-s0"] == earlier["sfl-a-s0"]  # kept as it was
-    assert digest["pfedme-a-s0"]["wall_time_s"] == 5.0  # replaced by this folder's
-    assert "1 of its earlier runs replaced; 1 kept" in capsys.readouterr().out
-    out.write_text("[1, 2]")
-    with pytest.raises(SystemExit, match="is not a round digest"):
+    with pytest.raises(SystemExit, match="holds 1 run.*sfl-a-s0.*--add"):
         main([str(tmp_path), "--out", str(out)])
-    assert out.read_text() == "[1, 2]"
-
+    assert json.loads(out.read_text()) == earlier
+    main([str(tmp_path), "--out", str(out), "--add"])
+    digest = json.loads(out.read_text())
+    assert list(digest) == ["pfedme-a-s0", "sfl-a-s0"]  # by name
+    assert digest["sfl-a-s0"] == sfl  # kept as it was
+    assert digest["pfedme-a-s0"]["wall_time_s"] == 5.0  # replaced by this folder's
+    assert "1 of its earlier runs replaced, 1 kept" in capsys.readouterr().out
+    for foreign in ("[1, 2]", json.dumps({"x": {"rounds": []}})):
+        out.write_text(foreign)
+        with pytest.raises(SystemExit, match="is not a round digest"):
+            main([str(tmp_path), "--out", str(out), "--add"])
+        assert out.read_text() == foreign

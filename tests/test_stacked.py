@@ -82,7 +82,17 @@ def _with_rule(fits: list[Fit], rule: str) -> list[Fit]:
     """The fits with Per-FedAvg's ("meta") or pFedMe's ("moreau") own step, each its own
     personal model."""
     return [Fit(**{**vars(f), "rule": MetaStep(0.05) if rule == "meta" else
-                   MoreauStep(copy.deepcopy(f.model), 15.0, 3, 0.01)}) for f in fits]
+                   MoreauStep(_moved(f.model), 15.0, 3, 0.01)}) for f in fits]
+
+
+def _moved(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` a little away from it (pFedMe's theta starts at its personal model,
+    which need not be w)."""
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(0.01)
+    return out
 
 
 @pytest.mark.parametrize("kind", ["mlp", "gru"])
