@@ -1,27 +1,37 @@
 """Turn runs (their ``metrics.json``) into ``results.csv``, ``table.md`` and PNG plots.
 
     python -m experiments.report RESULTS_DIR_OR_METRICS_JSON... [-o OUT_DIR] [--order fedamp,fedavg]
+                                 [--add [--digest ROUNDS_JSON]]
 
 or, from the experiment runner, ``report.write_report(runs, out_dir, strategy_order)``.
 The pieces: :mod:`experiments.scores` (reading runs: :class:`RunRecord`; their
 scores and settings), :mod:`experiments.tables`, :mod:`experiments.plots`.
+
+An earlier report in ``OUT_DIR`` is never lost: where its ``results.csv`` holds runs the
+paths do not, the command refuses, writing nothing, unless ``--add`` keeps them (a grid run
+in pieces, the earlier pieces' run folders gone): their rows stay in ``results.csv`` as they
+were, and the table counts them from their rows; the plots draw their rounds where
+``--digest`` (``experiments.round_digest``'s file) holds them.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from . import round_digest
 from .plots import plot_client_accuracy, plot_convergence, plot_versus, plot_xi_all
 from .scores import COMPLETED, STATUS_FILE, SWEEP_KEYS, RunRecord, complete, load_runs
-from .tables import write_csv, write_table
+from .tables import read_csv, write_csv, write_table
 
 __all__ = ["COMPLETED", "STATUS_FILE", "RunRecord", "load_runs", "main", "write_report"]
 
 
 def write_report(runs: Sequence[RunRecord], out_dir: str | Path,
-                 strategy_order: Sequence[str] | None = None) -> list[Path]:
+                 strategy_order: Sequence[str] | None = None,
+                 kept: Sequence[Mapping[str, str]] = (),
+                 digest: Mapping[str, Mapping] | None = None) -> list[Path]:
     """Write ``results.csv``, ``table.md`` and the PNG plots of the runs into ``out_dir``.
 
     ``results.csv`` has a row for every run, with its ``finished`` flag and
@@ -40,6 +50,13 @@ def write_report(runs: Sequence[RunRecord], out_dir: str | Path,
     strategy_order : Sequence[str] | None
         Preferred order of the strategies (table rows, legends); others follow
         by first appearance.
+    kept : Sequence[Mapping[str, str]]
+        An earlier ``results.csv``'s rows to keep beside ``runs`` (``--add``): in the CSV
+        as they were (but those of a name ``runs`` has), in the table and plots as
+        :meth:`RunRecord.from_row` reads them back.
+    digest : Mapping[str, Mapping] | None
+        A round digest (``experiments.round_digest``: run name -> its ``rounds``) that gives
+        the kept runs their rounds for the plots.
 
     Returns
     -------
@@ -48,10 +65,15 @@ def write_report(runs: Sequence[RunRecord], out_dir: str | Path,
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    everything = list(runs)
+    names = {r.run_name for r in runs}
+    kept = [row for row in kept if row["run_name"] not in names]
+    digest = digest or {}
+    earlier = [RunRecord.from_row(row, (digest.get(row["run_name"]) or {}).get("rounds") or ())
+               for row in kept]
+    written: list[Path | None] = [write_csv(runs, out / "results.csv", kept)]
+    everything = [*earlier, *runs]
     runs = [r for r in everything if complete(r)]
-    written: list[Path | None] = [
-        write_csv(everything, out / "results.csv"),
+    written += [
         write_table(runs, out / "table.md", strategy_order, left_out=len(everything) - len(runs)),
         plot_convergence(runs, out / "convergence.png", strategy_order),
         plot_client_accuracy(runs, out / "client_accuracy.png", strategy_order),
@@ -61,7 +83,7 @@ def write_report(runs: Sequence[RunRecord], out_dir: str | Path,
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: ``report.py PATH... [-o OUT_DIR] [--order a,b,c]``.
+    """Command line: ``report.py PATH... [-o OUT_DIR] [--order a,b,c] [--add [--digest F]]``.
 
     Parameters
     ----------
@@ -72,11 +94,41 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("paths", nargs="+", help="metrics.json files or folders holding them")
     parser.add_argument("-o", "--out", default="report", help="output folder (default: report)")
     parser.add_argument("--order", default="", help="comma-separated strategy order")
+    parser.add_argument("--add", action="store_true",
+                        help="keep the runs of an earlier results.csv in --out that the paths "
+                             "do not hold (a grid run in pieces); without it the command "
+                             "refuses to drop them")
+    parser.add_argument("--digest", type=Path,
+                        help="with --add: a round digest (experiments.round_digest) giving the "
+                             "kept runs their rounds for the plots")
     args = parser.parse_args(argv)
+    if args.digest and not args.add:
+        parser.error("--digest gives the rounds of the runs --add keeps: give --add too")
+    digest = round_digest.load(args.digest, "--digest") if args.digest else None
     runs = load_runs(args.paths)
+    kept = _earlier_rows(Path(args.out) / "results.csv", {r.run_name for r in runs}, args.add)
     order = [s for s in args.order.split(",") if s] or None
-    for path in write_report(runs, args.out, order):
+    for path in write_report(runs, args.out, order, kept, digest):
         print(path)
+    if kept:
+        print(f"{len(kept)} earlier run(s) kept beside these {len(runs)}")
+
+
+def _earlier_rows(path: Path, names: set[str], add: bool) -> list[dict[str, str]]:
+    """The rows of an earlier ``results.csv`` at ``path`` whose runs ``names`` has not:
+    kept with ``add``; without it, the command refuses where there are any."""
+    if not path.exists():
+        return []
+    try:
+        rows = read_csv(path)
+    except ValueError as ex:
+        raise SystemExit(f"--out holds {ex}: give another folder, or remove the file") from ex
+    kept = [row for row in rows if row["run_name"] not in names]
+    if kept and not add:
+        shown = ", ".join(row["run_name"] for row in kept[:3]) + (", ..." if len(kept) > 3 else "")
+        raise SystemExit(f"{path} holds {len(kept)} run(s) the paths do not ({shown}): give "
+                         "--add to keep them beside these, or another --out")
+    return kept
 
 
 if __name__ == "__main__":

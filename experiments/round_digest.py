@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                          "(simulation.py --output)")
     found = {d.name: s for d in sorted(runs.iterdir()) if d.is_dir()
              for s in [digest(d)] if s is not None}
-    earlier = _earlier(args.out)
+    earlier = load(args.out, "--out") if args.out.exists() else {}
     kept = {name: run for name, run in earlier.items() if name not in found}
     if kept and not args.add:
         raise SystemExit(f"--out {args.out} holds {len(kept)} run(s) this grid's folder has not "
@@ -91,19 +91,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(table(out, args.scale))
 
 
-def _earlier(path: Path) -> dict[str, dict[str, Any]]:
-    """The runs an earlier digest at ``path`` holds; refused where it is not one."""
-    if not path.exists():
-        return {}
+def load(path: Path, option: str) -> dict[str, dict[str, Any]]:
+    """The runs of a digest this command wrote at ``path``; refused (SystemExit naming
+    ``option``, the command-line option that gave it) where it is not one."""
     try:
         earlier = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as ex:
-        raise SystemExit(f"--out {path} exists and is not a round digest ({ex}): give "
+        raise SystemExit(f"{option} {path} is not a round digest ({ex}): give "
                          "another file, or remove it") from ex
     if not isinstance(earlier, dict) or not all(_is_digest(run) for run in earlier.values()):
-        raise SystemExit(f"--out {path} exists and is not a round digest (a JSON object of "
-                         "runs by name, each with its score, rounds and seconds, as this "
-                         "command writes them): give another file, or remove it")
+        raise SystemExit(f"{option} {path} is not a round digest (a JSON object of "
+                         "runs by name, each with its score, rounds and seconds, as "
+                         "experiments.round_digest writes them): give another file, or remove it")
     return earlier
 
 

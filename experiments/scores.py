@@ -50,6 +50,8 @@ SCENARIOS: dict[str, tuple[str, Any]] = {
 SWEEP_KEYS = ("drop-rate", "attack-ratio", "novel-client-fraction")
 #: The file the runner writes beside a run's metrics.json: Flower's run id and status.
 STATUS_FILE = "status.json"
+#: the run config's keys that results.csv gives a column of their own, beside the scenario keys
+_CONFIG_COLUMNS = ("strategy", "dataset", "partitioning", "seed")
 #: Flower's status of a run that ended well.
 COMPLETED = "finished:completed"
 
@@ -132,6 +134,51 @@ class RunRecord:
             timed_out=None if status is None else status.get("timed_out"),
             flower_run_id=None if status is None else status.get("run_id"),
             directory=directory)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, str],
+                 rounds: Sequence[Mapping[str, Any]] = ()) -> RunRecord:
+        """The record of an earlier report's ``results.csv`` row (its run's folder gone, a grid
+        run in pieces: ``experiments.report --add``), for the table and the plots: who ran
+        what (as text), its config (``config.<key>`` cells, read back by :func:`cell_value`),
+        its headline numbers (which give its kind), finished and status; its rounds only
+        where a round digest (``experiments.round_digest``) gives them (``rounds``)."""
+        value = {k: cell_value(v) for k, v in row.items() if k}
+        config = {**{k: value[k] for k in (*_CONFIG_COLUMNS, *SCENARIOS)
+                     if value.get(k) is not None},  # config keys with a column of their own
+                  **{k.removeprefix("config."): v for k, v in value.items()
+                     if k.startswith("config.")}}
+        text = {k: row.get(k) or None for k in ("run_name", "strategy", "dataset",
+                                                 "partitioning")}
+        data = {**text, "label": row.get("config.label") or "", "seed": value.get("seed"),
+                "num_clients": value.get("num_clients"), "config": config,
+                "finished": value.get("finished") is True,
+                "wall_time_s": value.get("wall_time_s"), "rounds": [dict(r) for r in rounds],
+                **{k: value[k] for k in HEADLINES if value.get(k) is not None}}
+        status = {"status": value.get("status"), "timed_out": value.get("timed_out"),
+                  "run_id": value.get("flower_run_id")}
+        return cls.from_json({k: v for k, v in data.items() if v is not None}, "", status)
+
+
+def cell_value(text: str | None) -> Any:
+    """A ``results.csv`` cell read back as ``tables.write_csv`` wrote it: empty is None,
+    ``True``/``False`` a bool, a number a number, a JSON list or object itself, else the
+    text."""
+    if text is None or text == "":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    if text[0] in "[{":
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass
+    return text
 
 
 # ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +90,8 @@ def csv_rows(runs: Sequence[RunRecord]) -> tuple[list[str], list[dict[str, Any]]
     return CSV_COLUMNS + [f"config.{k}" for k in config_keys], rows
 
 
-def write_csv(runs: Sequence[RunRecord], path: str | Path) -> Path:
+def write_csv(runs: Sequence[RunRecord], path: str | Path,
+              kept: Sequence[Mapping[str, str]] = ()) -> Path:
     """Write ``results.csv``: a row per run (see :func:`csv_rows`), empty cells for missing values.
 
     Parameters
@@ -99,14 +100,44 @@ def write_csv(runs: Sequence[RunRecord], path: str | Path) -> Path:
         All runs of the report.
     path : str | Path
         The CSV file to write.
+    kept : Sequence[Mapping[str, str]]
+        An earlier ``results.csv``'s rows to keep as they are (:func:`read_csv`,
+        ``experiments.report --add``), first and in their order, but those of a name that
+        ``runs`` has (replaced); their columns that ``runs`` have not after the others.
     """
     path = Path(path)
     columns, rows = csv_rows(runs)
+    names = {row["run_name"] for row in rows}
+    kept = [row for row in kept if row["run_name"] not in names]
+    columns += [c for c in first_seen(c for row in kept for c in row) if c not in columns]
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(columns)
-        writer.writerows([_cell(row[c]) for c in columns] for row in rows)
+        writer.writerows([row.get(c, "") for c in columns] for row in kept)
+        writer.writerows([_cell(row.get(c)) for c in columns] for row in rows)
     return path
+
+
+def read_csv(path: str | Path) -> list[dict[str, str]]:
+    """An earlier ``results.csv``'s rows (column -> cell), refused with the reason where it is
+    not one (no ``run_name`` column, a row without one, or a name twice)."""
+    try:
+        with Path(path).open(newline="") as f:
+            rows = list(csv.DictReader(f))
+            columns = rows[0].keys() if rows else []
+    except (OSError, UnicodeDecodeError, csv.Error) as ex:
+        raise ValueError(f"{path} cannot be read as results.csv: {ex}") from ex
+    if rows and "run_name" not in columns:
+        raise ValueError(f"{path} has no run_name column: not a report's results.csv")
+    names = [row.get("run_name") or "" for row in rows]
+    if not all(names) or any(None in row or None in row.values() for row in rows):
+        raise ValueError(f"{path}: a row without a run name, or of a different width than "
+                         "its header: not a report's results.csv")
+    if len(set(names)) < len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"{path} holds run(s) twice ({', '.join(twice[:3])}): "
+                         "not a report's results.csv")
+    return rows
 
 
 def format_cell(stats: tuple[float, float, int] | None, regression: bool) -> str:

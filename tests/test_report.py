@@ -170,3 +170,67 @@ def test_the_task_kind_comes_from_metrics_json_else_from_its_keys() -> None:
     # the ServerApp names the kind: it wins over what the keys suggest
     assert RunRecord.from_json({**regression, "task_kind": "classification"}).kind ==\
         "classification"
+
+
+def _write_runs(folder: Path, runs: list[dict]) -> Path:
+    for run in runs:
+        (folder / run["run_name"]).mkdir(parents=True)
+        (folder / run["run_name"] / "metrics.json").write_text(json.dumps(run))
+    return folder
+
+
+def test_a_grid_reported_in_pieces_keeps_the_earlier_runs(tmp_path: Path) -> None:
+    """``report --add``: an earlier results.csv's runs that the paths do not hold (their
+    folders gone) stay in it as they were, and the table and the convergence plot (the kept
+    runs' rounds from a round digest) are those of all runs reported at once; without
+    ``--add`` the command refuses, writing nothing; a run in both is reported anew."""
+    runs = fake_grid()
+    first = _write_runs(tmp_path / "first", runs[:4])
+    second = _write_runs(tmp_path / "second", runs[4:])
+    out, together = tmp_path / "out", tmp_path / "together"
+    report.main([str(first), "-o", str(out)])
+    before = {f: (out / f).read_bytes() for f in ("results.csv", "table.md")}
+    with pytest.raises(SystemExit, match="holds 4 run"):
+        report.main([str(second), "-o", str(out)])
+    assert {f: (out / f).read_bytes() for f in before} == before
+    digest = {r["run_name"]: {"strategy": r["strategy"], "bmta": r["bmta"],
+                              "rounds_s_unpaused": 1.0, "paused_rounds": 0,
+                              "rounds": [{"round": x["round"],
+                                          "mean_accuracy": x.get("mean_accuracy")}
+                                         for x in r["rounds"]]} for r in runs[:4]}
+    (tmp_path / "rounds.json").write_text(json.dumps(digest))
+    report.main([str(second), "-o", str(out), "--add", "--digest", str(tmp_path / "rounds.json")])
+    report.main([str(first), str(second), "-o", str(together)])
+    assert (out / "table.md").read_text() == (together / "table.md").read_text()
+    assert (mpimg.imread(out / "convergence.png")
+            == mpimg.imread(together / "convergence.png")).all()
+    earlier = before["results.csv"].decode().splitlines()
+    now = (out / "results.csv").read_text().splitlines()
+    assert now[:len(earlier)] == earlier and len(now) == len(runs) + 1  # kept as they were
+
+    # a run in both: the new one's row, once; a results.csv that is not one is refused
+    runs[0]["bmta"] = 99.0
+    _write_runs(tmp_path / "third", runs[:1])
+    report.main([str(tmp_path / "third"), "-o", str(out), "--add"])
+    rows = tables.read_csv(out / "results.csv")
+    assert [r["bmta"] for r in rows if r["run_name"] == runs[0]["run_name"]] == ["99.0"]
+    assert len(rows) == len(runs)
+    (out / "results.csv").write_text("run_name,bmta\na,1\na,2\n")
+    with pytest.raises(SystemExit, match="twice"):
+        report.main([str(second), "-o", str(out), "--add"])
+    with pytest.raises(SystemExit):
+        report.main([str(second), "-o", str(out), "--digest", str(tmp_path / "rounds.json")])
+
+
+def test_a_results_row_reads_back_as_its_run(tmp_path: Path) -> None:
+    """:meth:`RunRecord.from_row` reads a row as :func:`tables.write_csv` wrote it: the
+    config's types (bools, numbers, lists, text), the headline, who ran what."""
+    run = RunRecord.from_json(fake_run("fedavg", 2, 0.25, dataset="fl60", regression=True))
+    run.config.update({"tensorboard": False, "graph-file": "", "member-roster": [1, "a"]})
+    tables.write_csv([run], tmp_path / "results.csv")
+    back = RunRecord.from_row(tables.read_csv(tmp_path / "results.csv")[0])
+    defaults = {k: d for k, (_, d) in scores.SCENARIOS.items() if k not in run.config}
+    assert back.config == {**run.config, "graph-file": None, **defaults}
+    assert (back.strategy, back.dataset, back.seed, back.num_clients, back.kind) == (
+        run.strategy, run.dataset, run.seed, run.num_clients, run.kind)
+    assert scores.score(back) == 0.25 and back.finished and scores.complete(back)
