@@ -10,13 +10,15 @@ scores and settings), :mod:`experiments.tables`, :mod:`experiments.plots`.
 An earlier report in ``OUT_DIR`` is never lost: where its ``results.csv`` holds runs the
 paths do not, the command refuses, writing nothing, unless ``--add`` keeps them (a grid run
 in pieces, the earlier pieces' run folders gone): their rows stay in ``results.csv`` as they
-were, and the table counts them from their rows; the plots draw their rounds where
-``--digest`` (``experiments.round_digest``'s file) holds them.
+were, and the table counts them from their rows; the convergence plot draws their rounds
+where ``--digest`` (``experiments.round_digest``'s file) holds them.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -39,7 +41,8 @@ def write_report(runs: Sequence[RunRecord], out_dir: str | Path,
     finished all their rounds (:func:`complete`), and the table says how many
     were left out. Plots without data are skipped: ``convergence.png``, ``client_accuracy.png``,
     ``xi_<setting>_<strategy>.png`` and ``vs_<key>.png`` for each key of
-    :data:`SWEEP_KEYS` that some setting varies.
+    :data:`SWEEP_KEYS` that some setting varies. They are written beside and moved in once
+    all are: a report that fails half way replaces none of the last one's files.
 
     Parameters
     ----------
@@ -56,20 +59,38 @@ def write_report(runs: Sequence[RunRecord], out_dir: str | Path,
         :meth:`RunRecord.from_row` reads them back.
     digest : Mapping[str, Mapping] | None
         A round digest (``experiments.round_digest``: run name -> its ``rounds``) that gives
-        the kept runs their rounds for the plots.
+        the kept runs their rounds for the convergence plot (it holds no client's own
+        numbers: the other plots leave the kept runs out).
 
     Returns
     -------
     list[Path]
         The files written.
+
+    Raises
+    ------
+    ValueError
+        A kept row that cannot be read back (:meth:`RunRecord.from_row`), before anything
+        is written.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     names = {r.run_name for r in runs}
     kept = [row for row in kept if row["run_name"] not in names]
-    digest = digest or {}
-    earlier = [RunRecord.from_row(row, (digest.get(row["run_name"]) or {}).get("rounds") or ())
+    earlier = [RunRecord.from_row(row, (digest or {}).get(row["run_name"], {}).get("rounds", ()))
                for row in kept]
+    # written beside, then moved in: a report that fails half way replaces none of the last
+    with tempfile.TemporaryDirectory(dir=out, prefix=".report-") as folder:
+        files = _write_all(runs, earlier, kept, Path(folder), strategy_order)
+        for f in files:
+            os.replace(f, out / f.name)
+    return [out / f.name for f in files]
+
+
+def _write_all(runs: Sequence[RunRecord], earlier: Sequence[RunRecord],
+               kept: Sequence[Mapping[str, str]], out: Path,
+               strategy_order: Sequence[str] | None) -> list[Path]:
+    """:func:`write_report`'s files, into ``out``."""
     written: list[Path | None] = [write_csv(runs, out / "results.csv", kept)]
     everything = [*earlier, *runs]
     runs = [r for r in everything if complete(r)]
@@ -100,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "refuses to drop them")
     parser.add_argument("--digest", type=Path,
                         help="with --add: a round digest (experiments.round_digest) giving the "
-                             "kept runs their rounds for the plots")
+                             "kept runs their rounds for the convergence plot")
     args = parser.parse_args(argv)
     if args.digest and not args.add:
         parser.error("--digest gives the rounds of the runs --add keeps: give --add too")
@@ -108,7 +129,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     runs = load_runs(args.paths)
     kept = _earlier_rows(Path(args.out) / "results.csv", {r.run_name for r in runs}, args.add)
     order = [s for s in args.order.split(",") if s] or None
-    for path in write_report(runs, args.out, order, kept, digest):
+    try:
+        written = write_report(runs, args.out, order, kept, digest)
+    except ValueError as ex:  # a kept row that cannot be read back
+        raise SystemExit(f"{Path(args.out) / 'results.csv'}: {ex}; nothing written") from ex
+    for path in written:
         print(path)
     if kept:
         print(f"{len(kept)} earlier run(s) kept beside these {len(runs)}")
@@ -122,7 +147,7 @@ def _earlier_rows(path: Path, names: set[str], add: bool) -> list[dict[str, str]
     try:
         rows = read_csv(path)
     except ValueError as ex:
-        raise SystemExit(f"--out holds {ex}: give another folder, or remove the file") from ex
+        raise SystemExit(f"{ex}: give another --out, or remove the file") from ex
     kept = [row for row in rows if row["run_name"] not in names]
     if kept and not add:
         shown = ", ".join(row["run_name"] for row in kept[:3]) + (", ..." if len(kept) > 3 else "")

@@ -109,10 +109,20 @@ def load(path: Path, option: str) -> dict[str, dict[str, Any]]:
 def _is_digest(run: Any) -> bool:
     """Whether ``run`` is one run's digest as :func:`digest` writes it (:func:`table` reads it)."""
     return (isinstance(run, dict) and isinstance(run.get("rounds"), list) and bool(run["rounds"])
-            and all(isinstance(r, dict) for r in run["rounds"])
+            and all(isinstance(r, dict) and _is_whole(r.get("round"))
+                    and all(v is None or _is_number(v) for v in r.values())
+                    for r in run["rounds"])
             and any(s.headline in run for s in SCORES)
             and all(isinstance(run.get(k), (int, float))
                     for k in ("rounds_s_unpaused", "paused_rounds")))
+
+
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def table(runs: dict[str, dict[str, Any]], scale: float) -> str:

@@ -52,6 +52,8 @@ SWEEP_KEYS = ("drop-rate", "attack-ratio", "novel-client-fraction")
 STATUS_FILE = "status.json"
 #: the run config's keys that results.csv gives a column of their own, beside the scenario keys
 _CONFIG_COLUMNS = ("strategy", "dataset", "partitioning", "seed")
+#: the run config's keys that a report counts with (``budget.budget_of``): whole numbers
+_WHOLE = ("num-server-rounds", "local-steps")
 #: Flower's status of a run that ended well.
 COMPLETED = "finished:completed"
 
@@ -155,6 +157,10 @@ class RunRecord:
                 "finished": value.get("finished") is True,
                 "wall_time_s": value.get("wall_time_s"), "rounds": [dict(r) for r in rounds],
                 **{k: value[k] for k in HEADLINES if value.get(k) is not None}}
+        for key in _WHOLE:  # what the table's budget line counts with
+            if not (config.get(key) is None or type(config[key]) is int):
+                raise ValueError(f"the row of run {text['run_name']!r} has config.{key} = "
+                                 f"{row.get('config.' + key)!r}, not a whole number")
         status = {"status": value.get("status"), "timed_out": value.get("timed_out"),
                   "run_id": value.get("flower_run_id")}
         return cls.from_json({k: v for k, v in data.items() if v is not None}, "", status)
@@ -176,7 +182,7 @@ def cell_value(text: str | None) -> Any:
     if text[0] in "[{":
         try:
             return json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
             pass
     return text
 

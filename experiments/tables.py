@@ -120,23 +120,24 @@ def write_csv(runs: Sequence[RunRecord], path: str | Path,
 
 def read_csv(path: str | Path) -> list[dict[str, str]]:
     """An earlier ``results.csv``'s rows (column -> cell), refused with the reason where it is
-    not one (no ``run_name`` column, a row without one, or a name twice)."""
+    not one that :func:`write_csv` writes (no ``run_name`` column, a column twice, a row of
+    another width than the header)."""
     try:
         with Path(path).open(newline="") as f:
-            rows = list(csv.DictReader(f))
-            columns = rows[0].keys() if rows else []
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            columns = list(reader.fieldnames or [])
     except (OSError, UnicodeDecodeError, csv.Error) as ex:
         raise ValueError(f"{path} cannot be read as results.csv: {ex}") from ex
-    if rows and "run_name" not in columns:
+    if columns and "run_name" not in columns:
         raise ValueError(f"{path} has no run_name column: not a report's results.csv")
-    names = [row.get("run_name") or "" for row in rows]
-    if not all(names) or any(None in row or None in row.values() for row in rows):
-        raise ValueError(f"{path}: a row without a run name, or of a different width than "
-                         "its header: not a report's results.csv")
-    if len(set(names)) < len(names):
-        twice = sorted({n for n in names if names.count(n) > 1})
-        raise ValueError(f"{path} holds run(s) twice ({', '.join(twice[:3])}): "
-                         "not a report's results.csv")
+    if len(set(columns)) < len(columns):
+        twice = sorted({c for c in columns if columns.count(c) > 1})
+        raise ValueError(f"{path} has column(s) twice ({', '.join(twice[:3])}): not a "
+                         "report's results.csv")
+    if any(None in row or None in row.values() for row in rows):
+        raise ValueError(f"{path} has a row of another width than its header: not a report's "
+                         "results.csv")
     return rows
 
 

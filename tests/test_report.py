@@ -215,11 +215,41 @@ def test_a_grid_reported_in_pieces_keeps_the_earlier_runs(tmp_path: Path) -> Non
     rows = tables.read_csv(out / "results.csv")
     assert [r["bmta"] for r in rows if r["run_name"] == runs[0]["run_name"]] == ["99.0"]
     assert len(rows) == len(runs)
-    (out / "results.csv").write_text("run_name,bmta\na,1\na,2\n")
-    with pytest.raises(SystemExit, match="twice"):
-        report.main([str(second), "-o", str(out), "--add"])
     with pytest.raises(SystemExit):
         report.main([str(second), "-o", str(out), "--digest", str(tmp_path / "rounds.json")])
+
+
+def test_a_report_refuses_what_it_cannot_keep_and_replaces_nothing(tmp_path: Path) -> None:
+    """An earlier results.csv or round digest that cannot be read back (a column twice, a
+    count that is not a whole number, a round that is not one) is refused with its reason
+    before anything is replaced; one the report wrote itself, a run named twice among them,
+    is read back."""
+    run = fake_run("fedavg", 1, 70.0)
+    twice = [_write_runs(tmp_path / f"p{i}", [run]) for i in (1, 2)]
+    out = tmp_path / "out"
+    report.main([*map(str, twice), "-o", str(out)])
+    report.main([*map(str, twice), "-o", str(out)])  # its own file, the run named twice in it
+    assert len(tables.read_csv(out / "results.csv")) == 2
+    new = _write_runs(tmp_path / "new", [fake_run("fedamp", 1, 80.0)])
+    text = (out / "results.csv").read_text()
+    bad = {r"column\(s\) twice": text.replace("run_name,strategy", "run_name,run_name", 1),
+           "not a whole number": text.replace(",3,", ",abc,").replace(",3\r", ",abc\r"),
+           "another width": text + "x,y\r\n",
+           "nested": text.replace(",5,", ',"' + "[" * 100_000 + '",', 1)}
+    for reason, file in bad.items():
+        (out / "results.csv").write_text(file)
+        before = {f.name: f.read_bytes() for f in out.iterdir()}
+        if reason == "nested":  # read back as text, not a crash
+            report.main([str(new), "-o", str(out), "--add"])
+            continue
+        with pytest.raises(SystemExit, match=reason):
+            report.main([str(new), "-o", str(out), "--add"])
+        assert {f.name: f.read_bytes() for f in out.iterdir()} == before, reason
+    digest = {run["run_name"]: {"bmta": 70.0, "rounds_s_unpaused": 1.0, "paused_rounds": 0,
+                                "rounds": [{"round": "x", "mean_accuracy": 0.7}]}}
+    (tmp_path / "rounds.json").write_text(json.dumps(digest))
+    with pytest.raises(SystemExit, match="not a round digest"):
+        report.main([str(new), "-o", str(out), "--add", "--digest", str(tmp_path / "rounds.json")])
 
 
 def test_a_results_row_reads_back_as_its_run(tmp_path: Path) -> None:
