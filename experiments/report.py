@@ -59,8 +59,10 @@ def write_report(runs: Sequence[RunRecord], out_dir: str | Path,
         :meth:`RunRecord.from_row` reads them back.
     digest : Mapping[str, Mapping] | None
         A round digest (``experiments.round_digest``: run name -> its ``rounds``) that gives
-        the kept runs their rounds for the convergence plot (it holds no client's own
-        numbers: the other plots leave the kept runs out).
+        the kept runs their rounds for the convergence plot. It holds no client's own
+        numbers: with kept runs, ``client_accuracy.png`` (the runs' clients side by side) is
+        not written (an earlier one is left as it was), and FedAMP's xi plots are the new
+        runs' alone.
 
     Returns
     -------
@@ -97,7 +99,9 @@ def _write_all(runs: Sequence[RunRecord], earlier: Sequence[RunRecord],
     written += [
         write_table(runs, out / "table.md", strategy_order, left_out=len(everything) - len(runs)),
         plot_convergence(runs, out / "convergence.png", strategy_order),
-        plot_client_accuracy(runs, out / "client_accuracy.png", strategy_order),
+        # its runs side by side, each client's own numbers, which a kept row does not hold
+        None if earlier else plot_client_accuracy(runs, out / "client_accuracy.png",
+                                                  strategy_order),
         *plot_xi_all(runs, out, strategy_order),
         *(plot_versus(runs, k, out / f"vs_{k}.png", strategy_order) for k in SWEEP_KEYS)]
     return [p for p in written if p is not None]

@@ -190,6 +190,7 @@ def test_a_grid_reported_in_pieces_keeps_the_earlier_runs(tmp_path: Path) -> Non
     out, together = tmp_path / "out", tmp_path / "together"
     report.main([str(first), "-o", str(out)])
     before = {f: (out / f).read_bytes() for f in ("results.csv", "table.md")}
+    clients = (out / "client_accuracy.png").read_bytes()
     with pytest.raises(SystemExit, match="holds 4 run"):
         report.main([str(second), "-o", str(out)])
     assert {f: (out / f).read_bytes() for f in before} == before
@@ -202,6 +203,8 @@ def test_a_grid_reported_in_pieces_keeps_the_earlier_runs(tmp_path: Path) -> Non
     report.main([str(second), "-o", str(out), "--add", "--digest", str(tmp_path / "rounds.json")])
     report.main([str(first), str(second), "-o", str(together)])
     assert (out / "table.md").read_text() == (together / "table.md").read_text()
+    # a kept run has no client's numbers: the first piece's plot of its clients is left as it was
+    assert (out / "client_accuracy.png").read_bytes() == clients
     assert (mpimg.imread(out / "convergence.png")
             == mpimg.imread(together / "convergence.png")).all()
     earlier = before["results.csv"].decode().splitlines()
