@@ -186,9 +186,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                  else ""))
         return 1 if failed else 0
     folders = [output / "runs" / r.name for r in runs if (output / "runs" / r.name).is_dir()]
+    # the folder's earlier pieces (other strategies, datasets or seeds run into it) stay
+    kept = report.keep_earlier(output, {r.name for r in runs})
     written = report.write_report(report.load_runs(folders), output,
-                                  strategy_order=grid.strategies)
-    print(f"Wrote {', '.join(p.name for p in written)} to {output}")
+                                  strategy_order=grid.strategies, kept=kept)
+    print(f"Wrote {', '.join(p.name for p in written)} to {output}"
+          + (f" (with {len(kept)} earlier run(s) of its results.csv that this grid does not "
+             "plan)" if kept else ""))
     if failed:
         print(f"{len(failed)} run(s) failed: {', '.join(failed)}")
         return 1

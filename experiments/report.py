@@ -27,7 +27,8 @@ from .plots import plot_client_accuracy, plot_convergence, plot_versus, plot_xi_
 from .scores import COMPLETED, STATUS_FILE, SWEEP_KEYS, RunRecord, complete, load_runs
 from .tables import read_csv, write_csv, write_table
 
-__all__ = ["COMPLETED", "STATUS_FILE", "RunRecord", "load_runs", "main", "write_report"]
+__all__ = ["COMPLETED", "STATUS_FILE", "RunRecord", "keep_earlier", "load_runs", "main",
+           "write_report"]
 
 
 def write_report(runs: Sequence[RunRecord], out_dir: str | Path,
@@ -141,6 +142,27 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(path)
     if kept:
         print(f"{len(kept)} earlier run(s) kept beside these {len(runs)}")
+
+
+def keep_earlier(out_dir: str | Path, names: set[str]) -> list[dict[str, str]]:
+    """The rows of ``out_dir``'s earlier ``results.csv`` whose runs are not in ``names``: the
+    experiment runner keeps them in its report, as ``--add`` does (an earlier piece of a grid
+    run into the same folder, ``simulation.py --strategies ...``). An earlier file that cannot
+    be read back is never overwritten: it is set aside as ``results.csv.unreadable``, said,
+    and none of it is kept."""
+    path = Path(out_dir) / "results.csv"
+    if not path.is_file():
+        return []
+    try:
+        kept = [row for row in read_csv(path) if row["run_name"] not in names]
+        for row in kept:
+            RunRecord.from_row(row)  # read back, or refused
+    except ValueError as ex:
+        aside = path.with_name(path.name + ".unreadable")
+        os.replace(path, aside)
+        print(f"warning: the earlier {ex}: set aside as {aside}; its runs are not in this report")
+        return []
+    return kept
 
 
 def _earlier_rows(path: Path, names: set[str], add: bool) -> list[dict[str, str]]:

@@ -267,3 +267,17 @@ def test_a_results_row_reads_back_as_its_run(tmp_path: Path) -> None:
     assert (back.strategy, back.dataset, back.seed, back.num_clients, back.kind) == (
         run.strategy, run.dataset, run.seed, run.num_clients, run.kind)
     assert scores.score(back) == 0.25 and back.finished and scores.complete(back)
+
+
+def test_the_runner_keeps_an_earlier_report_or_sets_it_aside(tmp_path: Path, capsys) -> None:
+    """:func:`report.keep_earlier` (the experiment runner's report): the rows of runs the grid
+    does not plan; an earlier results.csv that cannot be read back is set aside, never lost."""
+    runs = [RunRecord.from_json(r) for r in fake_grid()[:2]]
+    tables.write_csv(runs, tmp_path / "results.csv")
+    kept = report.keep_earlier(tmp_path, {runs[0].run_name})
+    assert [r["run_name"] for r in kept] == [runs[1].run_name]
+    text = (tmp_path / "results.csv").read_text()
+    (tmp_path / "results.csv").write_text(text.replace(",3,", ",three,"))  # rounds: not whole
+    assert report.keep_earlier(tmp_path, set()) == []
+    assert "set aside" in capsys.readouterr().out and not (tmp_path / "results.csv").exists()
+    assert (tmp_path / "results.csv.unreadable").read_text() == text.replace(",3,", ",three,")

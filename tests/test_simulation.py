@@ -234,6 +234,12 @@ def test_the_inprocess_engine_runs_a_grid_with_variants_and_resumes(tmp_path, ca
     assert "6 runs, 5 already done, 1 to run" in printed and "fedavg-synthetic-practical" in printed
     assert gone.is_file()
     assert (runs / "nonconvex-synthetic-blocks-s0" / "metrics.json").stat().st_mtime_ns == stamp
+    # a piece of the grid into the same folder: the report keeps the other runs' rows
+    before = {r["run_name"]: r for r in csv.DictReader(open(out / "results.csv"))}
+    assert simulation.main([*args, "--strategies", "fedavg"]) == 0
+    assert "with 4 earlier run(s)" in capsys.readouterr().out
+    assert {r["run_name"]: r for r in csv.DictReader(open(out / "results.csv"))} == before
+    assert "| nonconvex@sum |" in (out / "table.md").read_text()
 
 
 def test_run_names_name_the_partitioning_only_for_pool_datasets():
