@@ -27,7 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from fedamp_flwr.server.rounds import ROUND_DONE, unpaused
-from strategies.core.records import MEAN_TRAIN_LOSS, SCORES, RunFile, mean_key, mean_score
+from strategies.core.records import (
+    MEAN_TRAIN_LOSS,
+    SCORES,
+    RunFile,
+    is_number,
+    mean_key,
+    mean_score,
+)
 from tasks.files import strict_json
 
 
@@ -110,7 +117,7 @@ def _is_digest(run: Any) -> bool:
     """Whether ``run`` is one run's digest as :func:`digest` writes it (:func:`table` reads it)."""
     return (isinstance(run, dict) and isinstance(run.get("rounds"), list) and bool(run["rounds"])
             and all(isinstance(r, dict) and _is_whole(r.get("round"))
-                    and all(v is None or _is_number(v) for v in r.values())
+                    and all(v is None or is_number(v) for v in r.values())
                     for r in run["rounds"])
             and any(s.headline in run for s in SCORES)
             and all(isinstance(run.get(k), (int, float))
@@ -119,10 +126,6 @@ def _is_digest(run: Any) -> bool:
 
 def _is_whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def table(runs: dict[str, dict[str, Any]], scale: float) -> str:

@@ -243,7 +243,7 @@ class RunFile:
         defaults = cls()
         for key, value in data.items():
             if key in HEADLINES:
-                if _is_number(value):
+                if is_number(value):
                     kwargs["headlines"][key] = float(value)
             elif key in known and key not in ("extra", "headlines"):
                 if _fits(value, getattr(defaults, key), key):
@@ -281,7 +281,8 @@ class RunFile:
         return score, self.headlines.get(("novel_" if novel else "") + score.headline)
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is a JSON number (an int or float, not a bool)."""
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
@@ -300,7 +301,7 @@ def _fits(value: Any, default: Any, key: str) -> bool:
     if value is None:
         return default is None
     if kind is float:
-        return _is_number(value)
+        return is_number(value)
     if kind is int:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, kind) if kind is not None else True
