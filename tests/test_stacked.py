@@ -222,6 +222,40 @@ def test_a_chunk_fits_the_memory_budget(monkeypatch):
         stacked.memory_budget.cache_clear()
 
 
+def test_two_chunks_run_side_by_side_on_a_cpu_each_on_half_of_the_threads(monkeypatch):
+    """On a CPU of two threads or more, chunks of about one size, an even count of them, at most
+    CHUNK clients in flight in all and each chunk within half of the memory budget; two run
+    at once, each on one of torch's threads, which are restored after, and the results come
+    back in order; a chunk's error is raised, the threads restored too."""
+    gru = _fits("gru", "adam")[0]
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for n, sizes in ((1, [1]), (3, [2, 1]), (9, [5, 4]), (207, [26] * 7 + [25])):
+            parts, side = stacked.chunks([gru] * n, list(range(n)), 700)
+            assert [len(p) for p in parts] == sizes and sum(parts, []) == list(range(n))
+            assert side == (2 if n > 1 else 1)
+        alone = stacked.chunk_for(gru, 700, most=10**6)
+        assert stacked.chunk_for(gru, 700, most=10**6, share=2) == alone // 2
+        seen = stacked.side_by_side(lambda part: (part, torch.get_num_threads()),
+                                    [[0], [1], [2]], 2)
+        assert seen == [([0], 1), ([1], 1), ([2], 1)] and torch.get_num_threads() == 2
+
+        def broken(part):
+            if part == [1]:
+                raise ValueError("chunk 1 failed")
+            return part
+        with pytest.raises(ValueError, match="chunk 1 failed"):
+            stacked.side_by_side(broken, [[0], [1], [2]], 2)
+        assert torch.get_num_threads() == 2
+        # on a GPU, or with torch on one thread, one chunk after another
+        assert stacked.workers("cuda", 207) == 1
+        torch.set_num_threads(1)
+        assert stacked.chunks([gru] * 9, list(range(9)), 700)[1] == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_huge_batch_size_or_plan_stays_within_the_data_or_runs_one_by_one():
     fits = _fits("gru", "adam")[:3]
     huge = [Fit(**{**vars(f), "model": copy.deepcopy(f.model), "batch_size": 10**6}) for f in fits]
