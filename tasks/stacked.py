@@ -54,8 +54,9 @@ from .train import Evaluation, Fit, LocalRule, Test, num_steps
 #: CPU, split between two chunks that run side by side (:func:`workers`)
 CHUNK = 64
 #: chunks run side by side on a CPU of two threads or more, each on half of torch's threads:
-#: 207 GRUs trained in 0.91 of one chunk at a time's time (64, two threads), in chunks of 26
-#: in 0.94 of that, of 16 in 1.17 (paired runs, 2 cores: docs/performance.md)
+#: 207 GRUs trained in 0.91 of one chunk at a time's time (chunks of 52 on two threads), in
+#: chunks of 26 in 0.94 of that again; chunks of 16 took 1.17 times 26's (paired runs, 2 cores:
+#: docs/performance.md)
 WORKERS = 2
 #: bytes a chunk's stacked state may take (:func:`chunk_for`): the most the stacked path
 #: needs beyond one client's training, and at most an eighth of the machine's memory
@@ -141,10 +142,10 @@ def workers(device: str | torch.device, clients: int) -> int:
 def chunks(calls: Sequence[Fit] | Sequence[Test], order: list[int], rows: int,
            most: int | None = None, steps: int = 0) -> tuple[list[list[int]], int]:
     """``order`` (indices of ``calls``, of at most ``rows`` rows) cut into chunks of about one
-    size (207 clients by at most 64: 4 of 52, not 3 of 64 and one of 15), and how many run side
-    by side (:func:`workers`): each at most ``most`` (by default :data:`CHUNK` shared among
-    them) and what their share of the memory budget holds (:func:`chunk_for`); a multiple of
-    them in count, so that none waits alone at the end."""
+    size (207 clients by at most 32: 7 of 26 and one of 25, not 6 of 32 and one of 15), and how
+    many run side by side (:func:`workers`): each at most ``most`` (by default :data:`CHUNK`
+    shared among them) and what their share of the memory budget holds (:func:`chunk_for`); a
+    multiple of them in count, so that none waits alone at the end."""
     side = workers(calls[0].device, len(order))
     size = chunk_for(calls[0], rows, most or max(1, CHUNK // side), steps, share=side)
     count = math.ceil(len(order) / size)
