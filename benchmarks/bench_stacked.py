@@ -15,14 +15,24 @@ difference of a client's training loss and of its test score between the two. Th
 is measured here on any device; a run stacks it on a GPU only (on a CPU it is the slower,
 :data:`tasks.stacked.ONE_BY_ONE_ON_CPU`).
 
+With ``--against FILE`` (another version of ``tasks/stacked.py``, e.g. ``git show
+HEAD~1:tasks/stacked.py > /tmp/old.py``) it times that version's stacked training against this
+tree's instead, in one process, alternating, ``--pairs`` pairs (the machine's speed drifts
+between runs by more than a change makes): each pair's new / old and their median, and the
+largest relative difference of a client's loss between the two.
+
     python -m benchmarks.bench_stacked [--graph metr-la] [--device cpu] [--repeat 2]
     python -m benchmarks.bench_stacked --task fmnist --clients 100 [--device cuda]
+    python -m benchmarks.bench_stacked --against /tmp/old.py [--pairs 6]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
+import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -99,6 +109,34 @@ def _largest_difference(alone: list, stacked_: list, scores: list, stacked_score
             "(absolute)")
 
 
+def _paired(fits: list[Fit], against: str, pairs: int) -> None:
+    """The stacked training of ``against`` (a version of tasks/stacked.py) and of this tree's,
+    alternating, on fresh copies of the models."""
+    spec = importlib.util.spec_from_file_location("tasks._stacked_against", against)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--against {against}: not a Python file")
+    old = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = old  # its relative imports: this tree's tasks package
+    spec.loader.exec_module(old)
+    seconds: dict[str, list[float]] = {"old": [], "new": []}
+    losses: dict[str, list[float]] = {}
+    for i in range(pairs):
+        for name in (("old", "new") if i % 2 == 0 else ("new", "old")):
+            copies = [Fit(**{**vars(f), "model": copy.deepcopy(f.model)}) for f in fits]
+            module = old if name == "old" else stacked
+            s, losses[name] = _timed(lambda: module.train_stacked(copies))  # noqa: B023
+            seconds[name].append(s)
+    ratios = [n / o for n, o in zip(seconds["new"], seconds["old"])]
+    print(f"{len(fits)} clients' stacked training, {against} (old) against this tree's (new), "
+          f"{pairs} pairs, alternating")
+    print("old s: " + ", ".join(f"{v:.2f}" for v in seconds["old"]))
+    print("new s: " + ", ".join(f"{v:.2f}" for v in seconds["new"]))
+    print("new / old: " + ", ".join(f"{r:.3f}" for r in ratios)
+          + f"; median {statistics.median(ratios):.3f}")
+    print("largest relative difference of a client's loss: "
+          f"{max(abs(a - b) / abs(a) for a, b in zip(losses['old'], losses['new']) if a):.1e}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", choices=["traffic", "fmnist", "mnist"], default="traffic")
@@ -109,8 +147,15 @@ def main() -> None:
                    help="default: ../shared/data's sensor_graphs, fashion_mnist or mnist")
     p.add_argument("--device", default="cpu")
     p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--against", help="another tasks/stacked.py: time its stacked training "
+                                     "against this tree's, paired")
+    p.add_argument("--pairs", type=int, default=6, help="with --against")
     args = p.parse_args()
+    if args.against and not Path(args.against).is_file():
+        p.error(f"--against {args.against}: no such file (a version of tasks/stacked.py)")
     fits, data = _clients(args)
+    if args.against:
+        return _paired(fits, args.against, args.pairs)
     steps = sum(num_steps(len(f.x), f.batch_size, f.epochs, f.steps) for f in fits)
     rows: dict[str, list[float]] = {"one by one": [], "stacked": [], "tests one by one": [],
                                     "tests stacked": []}
@@ -120,11 +165,12 @@ def main() -> None:
     what = (f"{len(fits)} sensors' GRUs (traffic-generated on {args.graph}'s road graph)"
             if args.task == "traffic" else
             f"{len(fits)} {args.task} clients' CNNs (practical partition)")
-    chunk = stacked.chunk_for(fits[0], max(len(f.x) for f in fits), steps=max(
-        num_steps(len(f.x), f.batch_size, f.epochs, f.steps) for f in fits))
+    parts, side = stacked.chunks(fits, list(range(len(fits))), max(len(f.x) for f in fits),
+                                 steps=max(num_steps(len(f.x), f.batch_size, f.epochs, f.steps)
+                                           for f in fits))
     print(f"{what}, one round's local work: {steps} client-steps, on {args.device}, torch "
-          f"threads {torch.get_num_threads()}, stacked {chunk} at most at once; best of "
-          f"{args.repeat}\n")
+          f"threads {torch.get_num_threads()}, stacked in {len(parts)} chunks of at most "
+          f"{max(len(c) for c in parts)}, {side} side by side; best of {args.repeat}\n")
     print("| | one by one (plain loop) | stacked | stacked / one by one |")
     print("|---|---:|---:|---:|")
     print(f"| training, s | {best['one by one']:.2f} | {best['stacked']:.2f} | "

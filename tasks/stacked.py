@@ -445,12 +445,12 @@ def _optimizer_step(fit: Fit, weights, grads, state: list[list[torch.Tensor]], s
         if fit.weight_decay != 0:
             grads = [g.add(w, alpha=fit.weight_decay) for g, w in zip(grads, weights)]
         if fit.optimizer == "adam":
-            if not state:  # the kernel's step counts: float32, on the weights' device
+            if not state:  # the kernel's step counts: one float32 tensor's elements, one each
                 state += [[torch.zeros_like(w) for w in weights],
                           [torch.zeros_like(w) for w in weights],
-                          [w.new_zeros((), dtype=torch.float32) for w in weights]]
+                          [weights[0].new_zeros(len(weights), dtype=torch.float32)]]
             _adam_step(weights, grads, [m[:k] for m in state[0]], [v[:k] for v in state[1]],
-                       state[2], step, fit.learning_rate)
+                       state[2][0], step, fit.learning_rate)
         elif fit.optimizer == "sgd":
             if fit.momentum != 0:
                 if not state:
@@ -467,25 +467,25 @@ def _optimizer_step(fit: Fit, weights, grads, state: list[list[torch.Tensor]], s
             raise ValueError(f"unknown optimizer '{fit.optimizer}'; allowed: adam, sgd")
 
 
-def _adam_step(weights, grads, exp_avgs, exp_avg_sqs, steps: list[torch.Tensor], step: int,
+def _adam_step(weights, grads, exp_avgs, exp_avg_sqs, steps: torch.Tensor, step: int,
                learning_rate: float) -> None:
     """torch's Adam step (no amsgrad) on every weight at once, by its fused kernel
     (``torch.optim.adam.adam(fused=True)``: one pass over each tensor, against 7 of the
     single-tensor form's operations, 0.03 s against 0.2-0.25 s for a round's 84 steps of 52
     GRUs here, docs/performance.md; the same formula, rounded in another order); every client
-    in it is at the same ``step`` (from 0); ``steps``: a tensor per weight, for the kernel.
+    in it is at the same ``step`` (from 0); ``steps``: the kernel's count for each weight (one
+    element each, set at once).
     The kernel reads each tensor as one run of memory: given a gradient that is not (a
     transposed weight's), it computed wrong steps without a word (2% off in
     ``tests/test_stacked.py``), so the gradients are made contiguous, and other tensors
     refused (the group then trains one by one)."""
     if not all(t.is_contiguous() for t in (*weights, *exp_avgs, *exp_avg_sqs)):
         raise ValueError("the fused Adam kernel needs contiguous weights and state")
-    for t in steps:
-        t.fill_(step)  # the kernel counts it up to step + 1, as the one-by-one optimizer
+    steps.fill_(step)  # the kernel counts each up to step + 1, as the one-by-one optimizer
     grads = [g.contiguous() for g in grads]
-    adam(weights, grads, exp_avgs, exp_avg_sqs, [], steps, fused=True, amsgrad=False,
-         beta1=_BETAS[0], beta2=_BETAS[1], lr=learning_rate, weight_decay=0.0, eps=_EPS,
-         maximize=False)
+    adam(weights, grads, exp_avgs, exp_avg_sqs, [], list(steps.unbind()), fused=True,
+         amsgrad=False, beta1=_BETAS[0], beta2=_BETAS[1], lr=learning_rate, weight_decay=0.0,
+         eps=_EPS, maximize=False)
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
