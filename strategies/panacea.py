@@ -20,8 +20,9 @@ After clients return trained models, a server step is
 
     psi <- psi - alpha (d theta / d psi)^T (theta - theta_trained)  [- alpha lambda_d grad L_d]
 
-averaged over the sampled clients, computed with ``torch.autograd.grad(theta,
-psi, grad_outputs=(theta - theta_trained) / k)`` for k sampled clients.
+averaged over the sampled clients: the gradient of ``torch.autograd.grad(theta,
+psi, grad_outputs=(theta - theta_trained) / k)`` for k sampled clients (M's linear heads'
+part written out: :func:`strategies.hypernetwork.head_gradients`).
 Deviation: the paper sums over the sampled clients; the mean is the sum with
 step alpha / k, so that alpha needs no retuning when the number of sampled
 clients changes (the sum grows with it). Sign: the paper writes the step

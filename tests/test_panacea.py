@@ -81,19 +81,39 @@ def test_server_step_moves_toward_trained(generator):
     assert cos > 0
 
 
-def test_server_step_uses_autograd_grad_with_the_residual():
-    hnet = _hnet(generator=False)
-    prop = normalized_adjacency(_ring(5))
-    rows = torch.tensor([0, 2])
-    trained = torch.zeros(2, sum(SIZES))
-    hnet_ref = _hnet(generator=False)
+@pytest.mark.parametrize("generator", [True, False])
+def test_server_step_uses_autograd_grad_with_the_residual(generator):
+    """The heads' backward written out (:func:`head_gradients`) gives autograd's gradient
+    of the mean of 1/2 ||theta - trained||^2 (+ lambda_d L_d on psi_e), in float64 to
+    1e-10 (sums in another order), on a subset of rows; the model loss it reports is
+    that mean."""
+    adj = _ring(5).double()
+    prop = normalized_adjacency(adj).double()
+    rows = torch.tensor([4, 0, 2])
+    pairs = sample_pairs(adj, torch.Generator().manual_seed(0))
+    hnet, hnet_ref = _hnet(generator=generator).double(), _hnet(generator=generator).double()
+    trained = torch.randn(3, sum(SIZES), generator=torch.Generator().manual_seed(2),
+                          dtype=torch.float64)
     theta = hnet_ref(prop, rows)
-    (0.5 * ((theta - trained) ** 2).sum() / len(rows)).backward()
-    expected = {n: p - 0.1 * p.grad for n, p in hnet_ref.named_parameters() if p.grad is not None}
-    server_step(hnet, torch.optim.SGD(hnet.parameters(), lr=0.1), prop, rows, trained)
+    model = 0.5 * ((theta - trained) ** 2).sum() / len(rows)
+    loss = model + (0.3 * graph_reconstruction_loss(hnet_ref.generator(hnet_ref.encode(prop)),
+                                                     adj, pairs) if generator else 0.0)
+    # the graph term reaches psi_e only: its gradient is added there, by hand
+    psi_e = {id(p) for p in hnet_ref.encoder_parameters()}
+    model_grads = torch.autograd.grad(model, list(hnet_ref.parameters()), allow_unused=True,
+                                      retain_graph=True)
+    all_grads = torch.autograd.grad(loss, list(hnet_ref.parameters()), allow_unused=True)
+    expected = {}
+    for (name, p), g_model, g_all in zip(hnet_ref.named_parameters(), model_grads, all_grads):
+        g = g_all if id(p) in psi_e else g_model
+        expected[name] = p - 0.1 * (torch.zeros_like(p) if g is None else g)
+    losses: dict[str, float] = {}
+    reported = server_step(hnet, torch.optim.SGD(hnet.parameters(), lr=0.1), prop, rows,
+                           trained, adj, 0.3, pairs, losses=losses)
+    assert reported == pytest.approx(float(model), rel=1e-12) and losses["model"] == reported
     for name, p in hnet.named_parameters():
-        if name in expected:
-            assert torch.allclose(p, expected[name], atol=1e-6), name
+        assert torch.allclose(p, expected[name], rtol=0, atol=1e-10), name
+    assert set(losses) == ({"model", "graph"} if generator else {"model"})
 
 
 def test_graph_loss_on_a_tiny_graph_by_hand():
