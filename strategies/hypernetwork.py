@@ -166,6 +166,24 @@ def head_gradients(heads: Sequence[nn.Linear], features: torch.Tensor, trained: 
     return grads, grad_f, 0.5 * float(squares) / k
 
 
+def _model_term(hnet: GraphHyperNetwork, z: torch.Tensor, trained: torch.Tensor,
+                params: Sequence[torch.Tensor], retain: bool
+                ) -> tuple[list[torch.Tensor | None], float]:
+    """Each of ``params``' gradient of the model term at embeddings ``z`` (None where it has
+    none), and the term: M's heads by :func:`head_gradients`, the rest by autograd."""
+    features = hnet.mlp(z)
+    heads = [cast(nn.Linear, head) for head in hnet.heads]
+    head_grads, grad_features, loss = head_gradients(heads, features, trained)
+    of_heads = dict(zip((id(p) for head in heads for p in (head.weight, head.bias)), head_grads))
+    body = [p for p in params if id(p) not in of_heads]
+    # a scalar whose gradient at the features is grad_features: autograd's backward of M
+    # and E from there (a scalar output, so that torch checks no grad_outputs' shapes)
+    raw = torch.autograd.grad((features * grad_features).sum(), body, allow_unused=True,
+                              retain_graph=retain)
+    of_body = dict(zip((id(p) for p in body), raw))
+    return [of_heads[id(p)] if id(p) in of_heads else of_body[id(p)] for p in params], loss
+
+
 def server_step(
     hnet: GraphHyperNetwork,
     optimizer: torch.optim.Optimizer,
@@ -199,18 +217,9 @@ def server_step(
     """
     params = [p for p in hnet.parameters() if p.requires_grad]
     z = hnet.encode(prop)
-    features = hnet.mlp(z[rows])
-    heads = [cast(nn.Linear, head) for head in hnet.heads]
-    head_grads, grad_features, model_loss = head_gradients(heads, features, trained)
-    of_heads = dict(zip((id(p) for head in heads for p in (head.weight, head.bias)), head_grads))
-    body = [p for p in params if id(p) not in of_heads]
-    # a scalar whose gradient at the features is grad_features: autograd's backward of M
-    # and E from there (a scalar output, so that torch checks no grad_outputs' shapes)
-    raw = torch.autograd.grad((features * grad_features).sum(), body, allow_unused=True,
-                              retain_graph=hnet.generator is not None and lambda_d > 0)
-    of_body = {id(p): g for p, g in zip(body, raw)}
-    grads = [of_heads[id(p)] if id(p) in of_heads else of_body[id(p)] for p in params]
-    grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+    raw, model_loss = _model_term(hnet, z[rows], trained, params,
+                                  retain=hnet.generator is not None and lambda_d > 0)
+    grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, raw)]
     if hnet.generator is not None and lambda_d > 0 and adj is not None and pairs is not None:
         loss_d = graph_reconstruction_loss(hnet.generator(z), adj, pairs)
         if losses is not None:
