@@ -667,8 +667,9 @@ class RunConfig(TaskKeys):
 
     @classmethod
     def generic_fields(cls) -> dict[str, dataclasses.Field]:
-        """The generic run-config keys and their fields."""
-        return {key_of(f.name): f for f in fields(cls) if f.metadata.get("key", True)}
+        """The generic run-config keys and their fields (a copy: a class's are read once,
+        since a ClientApp asks for them in every message)."""
+        return dict(_generic_fields(cls))
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> RunConfig:
@@ -833,8 +834,21 @@ class RunConfig(TaskKeys):
         """The local training every train message carries, under the run config's own keys
         (:data:`strategies.core.protocol.TRAINING_KEYS`): a member's node reads them back
         (``Optim.from_message``), its own run config's where a message has none."""
-        values = self.to_dict()
-        return {key: values[key] for key in TRAINING_KEYS}
+        generic = _generic_fields(type(self))  # generic keys (every message asks: not to_dict)
+        return {key: getattr(self, generic[key].name) if key in generic else
+                self.method_values[key] for key in TRAINING_KEYS}
+
+
+_GENERIC: dict[type, dict[str, dataclasses.Field]] = {}
+
+
+def _generic_fields(cls: type[RunConfig]) -> dict[str, dataclasses.Field]:
+    """A config class's generic keys and fields (:meth:`RunConfig.generic_fields`), read once."""
+    out = _GENERIC.get(cls)
+    if out is None:
+        out = _GENERIC[cls] = {key_of(f.name): f for f in fields(cls)
+                               if f.metadata.get("key", True)}
+    return out
 
 
 def generic_reference() -> str:

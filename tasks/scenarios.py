@@ -16,6 +16,7 @@ are drawn by the server (every strategy) and sent in the messages.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +63,7 @@ class Roles:
         return int(rng.integers(1, 2 * base))
 
 
+@functools.lru_cache(maxsize=16)  # a ClientApp asks in every message; Roles is immutable
 def scenario_roles(num_clients: int, seed: int, novel_fraction: float = 0.0,
                    attack_ratio: float = 0.0, drop_rate: float = 0.0,
                    heterogeneous_epochs: bool = False) -> Roles:

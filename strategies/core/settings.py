@@ -163,6 +163,17 @@ def key_of(field_name: str) -> str:
     return field_name.replace("_", "-")
 
 
+_KEYS: dict[type, dict[str, dataclasses.Field]] = {}
+
+
+def _keys(cls: type) -> dict[str, dataclasses.Field]:
+    """A settings class's run-config keys and fields (:meth:`Settings.keys`), read once."""
+    keys = _KEYS.get(cls)
+    if keys is None:
+        keys = _KEYS[cls] = {key_of(f.name): f for f in dataclasses.fields(cls)}
+    return keys
+
+
 def type_name(annotation: Any) -> str:
     """A field's type as it is written: ``"float | str"`` (from the type itself, or from the
     string a module with ``from __future__ import annotations`` keeps)."""
@@ -325,8 +336,9 @@ class Settings:
 
     @classmethod
     def keys(cls) -> dict[str, dataclasses.Field]:
-        """The run-config keys of this class and their fields."""
-        return {key_of(f.name): f for f in dataclasses.fields(cls)}
+        """The run-config keys of this class and their fields (a copy: a class's are read
+        once, since every message's settings ask for them, a key at a time)."""
+        return dict(_keys(cls))
 
     @classmethod
     def words(cls, key: str) -> tuple[str, ...]:
@@ -356,7 +368,7 @@ class Settings:
     @classmethod
     def message_key(cls, key: str) -> str:
         """The key under which run-config ``key`` travels in messages."""
-        return cls.keys()[key].metadata.get("message_key") or key
+        return _keys(cls)[key].metadata.get("message_key") or key
 
     @classmethod
     def sent_keys(cls, phase: str) -> tuple[str, ...]:
