@@ -82,11 +82,14 @@ def load_federated(dc: DataConfig) -> FederatedData:
 
 def task_graph(dc: DataConfig) -> np.ndarray | None:
     """The client graph the task of ``dc`` defines (``graph = "task"``), None where it has
-    none: a pool task's from its generator (no data loaded), a federated task's from its
-    data (an npz file's optional ``adjacency``)."""
+    none: a pool task's from its generator (no data loaded), a federated task's from its own
+    graph loader where it has one (the traffic stand-in's road graph), else from its data (an
+    npz file's optional ``adjacency``)."""
     spec = get_task(dc.dataset)
     if spec.pool_graph is not None:
         return spec.pool_graph(dc.num_clients)
+    if spec.load_graph is not None:  # the same graph, its data not made
+        return spec.load_graph(dc)
     if spec.load_federated is None or spec.has_graph is False:
         return None
     return load_federated(dc).adjacency

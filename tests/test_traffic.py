@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import tasks
 from fedamp_flwr.config import ConfigError, RunConfig
 from tasks.traffic import (
     TrafficDataError,
@@ -137,6 +138,10 @@ def test_the_standin_couples_each_sensor_to_its_road_neighbours():
     assert gap[u, v].mean() < 0.6 * gap[np.triu_indices(207, 1)].mean()
     data = make_traffic_standin(graph_file, days=14, seed=0)
     assert data.num_clients == 207 and data.extras["generated"]
+    # the server's graph = "task" reads the road graph alone: the data's own adjacency
+    dc = RunConfig.from_run_config({"dataset": "traffic-generated", "data-dir": str(
+        graph_file.parent), "traffic-days": 14}).data_config(207)
+    assert np.array_equal(tasks.task_graph(dc), data.adjacency)
     assert [len(data.train[0].y), len(data.test[0].y)] == [268, 67]
     # the default five weeks: the test week is as hard as the training's (forecasting the last
     # reading), not an easier weekend as 7 days make it
