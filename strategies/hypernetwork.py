@@ -137,7 +137,7 @@ def sample_pairs(adj: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 
 
 def head_gradients(heads: Sequence[nn.Linear], features: torch.Tensor, trained: torch.Tensor
-                   ) -> tuple[list[torch.Tensor], torch.Tensor, float]:
+                   ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
     """The backward of the model term through M's heads, written out: they are linear
     (theta_h = F W_h^T + b_h), so with R_h = (theta_h - trained_h) / k over the k rows of
     ``features`` F, the gradients of the mean of 1/2 ||theta_t - trained_t||^2 are
@@ -147,10 +147,15 @@ def head_gradients(heads: Sequence[nn.Linear], features: torch.Tensor, trained: 
     -------
     tuple
         Each head's weight and bias gradient (in ``heads``' order), F's gradient, and that
-        loss. A head at a time: no (k, d) theta and no copy of it (the residual is made in
-        its head's output, in place), the products autograd's ``AddmmBackward`` would run.
+        loss (a float64 scalar tensor, on F's device: read once the step is queued). A head
+        at a time: no (k, d) theta and no copy of it (the residual is made in its head's
+        output, in place), the products autograd's ``AddmmBackward`` would run.
     """
     f, k = features.detach(), len(features)
+    width = sum(head.out_features for head in heads)
+    if tuple(trained.shape) != (k, width):  # as theta - trained would have refused it
+        raise ValueError(f"trained models of shape {tuple(trained.shape)}; the heads make "
+                         f"({k}, {width})")
     grad_f = torch.zeros_like(f)
     grads: list[torch.Tensor] = []
     squares, start = f.new_zeros((), dtype=torch.float64), 0  # one sync, at the end
@@ -163,12 +168,12 @@ def head_gradients(heads: Sequence[nn.Linear], features: torch.Tensor, trained: 
             grads += [r.t() @ f, r.sum(dim=0)]
             grad_f.addmm_(r, head.weight)
             start = end
-    return grads, grad_f, 0.5 * float(squares) / k
+    return grads, grad_f, squares / (2 * k)
 
 
 def _model_term(hnet: GraphHyperNetwork, z: torch.Tensor, trained: torch.Tensor,
                 params: Sequence[torch.Tensor], retain: bool
-                ) -> tuple[list[torch.Tensor | None], float]:
+                ) -> tuple[list[torch.Tensor | None], torch.Tensor]:
     """Each of ``params``' gradient of the model term at embeddings ``z`` (None where it has
     none), and the term: M's heads by :func:`head_gradients`, the rest by autograd."""
     features = hnet.mlp(z)
@@ -178,8 +183,10 @@ def _model_term(hnet: GraphHyperNetwork, z: torch.Tensor, trained: torch.Tensor,
     body = [p for p in params if id(p) not in of_heads]
     # a scalar whose gradient at the features is grad_features: autograd's backward of M
     # and E from there (a scalar output, so that torch checks no grad_outputs' shapes)
-    raw = torch.autograd.grad((features * grad_features).sum(), body, allow_unused=True,
-                              retain_graph=retain)
+    raw: Sequence[torch.Tensor | None] = [None] * len(body)
+    if body and features.requires_grad:  # (M and E frozen: nothing to take back)
+        raw = torch.autograd.grad((features * grad_features).sum(), body, allow_unused=True,
+                                  retain_graph=retain)
     of_body = dict(zip((id(p) for p in body), raw))
     return [of_heads[id(p)] if id(p) in of_heads else of_body[id(p)] for p in params], loss
 
@@ -236,6 +243,7 @@ def server_step(
     if clip_norm > 0:
         nn.utils.clip_grad_norm_(params, clip_norm)
     optimizer.step()
+    loss = float(model_loss)  # read here, the step queued (on a GPU: its one sync)
     if losses is not None:
-        losses["model"] = model_loss
-    return model_loss
+        losses["model"] = loss
+    return loss

@@ -116,6 +116,24 @@ def test_server_step_uses_autograd_grad_with_the_residual(generator):
     assert set(losses) == ({"model", "graph"} if generator else {"model"})
 
 
+def test_server_step_with_m_and_e_frozen_moves_the_heads_and_refuses_a_wrong_width():
+    """Only the heads trainable (nothing for autograd to take back: the step still runs, as
+    plain autograd's did), and trained models of another width than the heads make refused."""
+    hnet = _hnet(generator=False)
+    for p in [*hnet.embeddings.parameters(), *hnet.encoder.parameters(), *hnet.mlp.parameters()]:
+        p.requires_grad_(False)
+    prop = normalized_adjacency(_ring(5))
+    rows = torch.tensor([0, 3])
+    heads = [h.weight.detach().clone() for h in hnet.heads]
+    frozen = hnet.embeddings.weight.detach().clone()
+    opt = torch.optim.SGD([p for p in hnet.parameters() if p.requires_grad], lr=0.1)
+    server_step(hnet, opt, prop, rows, torch.ones(2, sum(SIZES)))
+    assert all(not torch.equal(h.weight, w) for h, w in zip(hnet.heads, heads))
+    assert torch.equal(hnet.embeddings.weight, frozen)
+    with pytest.raises(ValueError, match="shape"):
+        server_step(hnet, opt, prop, rows, torch.ones(2, sum(SIZES) + 1))
+
+
 def test_graph_loss_on_a_tiny_graph_by_hand():
     f = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 2.0]])
     adj = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])

@@ -122,7 +122,7 @@ def test_a_table_with_object_data_or_missing_files_is_refused(tmp_path):
         read_speed_table(tmp_path / "not.h5")
 
 
-def test_the_standin_couples_each_sensor_to_its_road_neighbours():
+def test_the_standin_couples_each_sensor_to_its_road_neighbours(monkeypatch):
     """Road neighbours' daily profiles are more alike than any two sensors' (the graph
     carries information about each sensor's model), and a seed gives the same speeds."""
     graph_file = SHARED_DATA / "sensor_graphs/metr_la_adjacency.npz"
@@ -141,6 +141,8 @@ def test_the_standin_couples_each_sensor_to_its_road_neighbours():
     # the server's graph = "task" reads the road graph alone: the data's own adjacency
     dc = RunConfig.from_run_config({"dataset": "traffic-generated", "data-dir": str(
         graph_file.parent), "traffic-days": 14}).data_config(207)
+    assert np.array_equal(tasks.task_graph(dc), data.adjacency)
+    monkeypatch.setattr(tasks.loading, "load_federated", lambda dc: 1 / 0)  # not generated
     assert np.array_equal(tasks.task_graph(dc), data.adjacency)
     assert [len(data.train[0].y), len(data.test[0].y)] == [268, 67]
     # the default five weeks: the test week is as hard as the training's (forecasting the last
