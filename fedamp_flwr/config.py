@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
@@ -42,9 +42,9 @@ from strategies.core.settings import (
     bad,
     check_value,
     coerce,
+    field_keys,
     integer_in,
     integer_words,
-    key_of,
     one_of,
     setting,
 )
@@ -667,9 +667,8 @@ class RunConfig(TaskKeys):
 
     @classmethod
     def generic_fields(cls) -> dict[str, dataclasses.Field]:
-        """The generic run-config keys and their fields (a copy: a class's are read once,
-        since a ClientApp asks for them in every message)."""
-        return dict(_generic_fields(cls))
+        """The generic run-config keys and their fields."""
+        return {k: f for k, f in field_keys(cls).items() if f.metadata.get("key", True)}
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> RunConfig:
@@ -834,21 +833,8 @@ class RunConfig(TaskKeys):
         """The local training every train message carries, under the run config's own keys
         (:data:`strategies.core.protocol.TRAINING_KEYS`): a member's node reads them back
         (``Optim.from_message``), its own run config's where a message has none."""
-        generic = _generic_fields(type(self))  # generic keys (every message asks: not to_dict)
-        return {key: getattr(self, generic[key].name) if key in generic else
-                self.method_values[key] for key in TRAINING_KEYS}
-
-
-_GENERIC: dict[type, dict[str, dataclasses.Field]] = {}
-
-
-def _generic_fields(cls: type[RunConfig]) -> dict[str, dataclasses.Field]:
-    """A config class's generic keys and fields (:meth:`RunConfig.generic_fields`), read once."""
-    out = _GENERIC.get(cls)
-    if out is None:
-        out = _GENERIC[cls] = {key_of(f.name): f for f in fields(cls)
-                               if f.metadata.get("key", True)}
-    return out
+        keys = field_keys(type(self))  # (every message asks: not the whole to_dict)
+        return {key: getattr(self, keys[key].name) for key in TRAINING_KEYS}  # generic keys
 
 
 def generic_reference() -> str:

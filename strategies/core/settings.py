@@ -166,8 +166,10 @@ def key_of(field_name: str) -> str:
 _KEYS: dict[type, dict[str, dataclasses.Field]] = {}
 
 
-def _keys(cls: type) -> dict[str, dataclasses.Field]:
-    """A settings class's run-config keys and fields (:meth:`Settings.keys`), read once."""
+def field_keys(cls: type) -> dict[str, dataclasses.Field]:
+    """A dataclass's run-config keys and fields, read once per class (a ClientApp's every
+    message asks: :meth:`Settings.keys`, ``RunConfig.generic_fields``); shared: not to be
+    changed by the caller."""
     keys = _KEYS.get(cls)
     if keys is None:
         keys = _KEYS[cls] = {key_of(f.name): f for f in dataclasses.fields(cls)}
@@ -338,7 +340,7 @@ class Settings:
     def keys(cls) -> dict[str, dataclasses.Field]:
         """The run-config keys of this class and their fields (a copy: a class's are read
         once, since every message's settings ask for them, a key at a time)."""
-        return dict(_keys(cls))
+        return dict(field_keys(cls))
 
     @classmethod
     def words(cls, key: str) -> tuple[str, ...]:
@@ -368,7 +370,7 @@ class Settings:
     @classmethod
     def message_key(cls, key: str) -> str:
         """The key under which run-config ``key`` travels in messages."""
-        return _keys(cls)[key].metadata.get("message_key") or key
+        return field_keys(cls)[key].metadata.get("message_key") or key
 
     @classmethod
     def sent_keys(cls, phase: str) -> tuple[str, ...]:
