@@ -299,3 +299,37 @@ def test_a_runs_records_are_its_owners_alone(tmp_path):
         assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
     for p in [run, *(p for p in run.rglob("*") if p.is_dir())]:
         assert stat.S_IMODE(p.stat().st_mode) == 0o700, p
+
+
+def test_a_run_waits_for_the_serverapp_of_a_superlink_that_went_away(tmp_path, monkeypatch,
+                                                                     caplog):
+    """The ServerApp of a killed SuperLink holds its folder for the seconds it takes to notice;
+    the run resubmitted with resume = true meanwhile waits for it, and one held for longer
+    than the wait is refused, naming the holder's process."""
+    import os
+    import threading
+
+    from fedamp_flwr.server import results
+    from fedamp_flwr.server.results import hold_folder
+
+    cfg = RunConfig.from_run_config({"results-dir": str(tmp_path), "run-name": "run"})
+    (tmp_path / "run").mkdir()
+    orphan = hold_folder(tmp_path / "run")  # the old ServerApp, still ending
+    assert (tmp_path / "run" / ".lock").read_text() == f"{os.getpid()}\n"
+    assert hold_folder(tmp_path / "run") is None
+    threading.Timer(0.6, orphan.close).start()
+    folder = RunFolder(cfg)
+    with caplog.at_level(logging.INFO):
+        folder.hold()  # waits for it
+    assert f"held by process {os.getpid()}" in caplog.text and "is this run's, after" in caplog.text
+    assert hold_folder(tmp_path / "run") is None  # now this run's
+    folder.release()
+    monkeypatch.setattr(results, "HOLD_WAIT", 0.3)
+    live = hold_folder(tmp_path / "run")
+    with pytest.raises(ConfigError, match=rf"'run-name' = 'run': .* is in use by another run of "
+                                          rf"the ServerApp, or fedamp-flwr forget \(process "
+                                          rf"{os.getpid()}\), still after 0 s; allowed"):
+        RunFolder(cfg).hold()
+    live.close()
+    (tmp_path / "run" / ".lock").write_text("../../etc\n")  # a file it did not write
+    assert results.holder_of(tmp_path / "run") == "unknown"

@@ -49,7 +49,7 @@ import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from logging import WARNING
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,7 @@ def write_json(path: Path, record: dict[str, Any]) -> None:
 
 XI_FOLDER = "xi"
 LOCK = ".lock"  # held (flock) by the ServerApp of a live run
+HOLD_WAIT = 30.0  # seconds a run waits for the folder's holder to end (ResultsFolder.hold)
 FORGOTTEN = "forgotten.json"  # the audit of the members a run has forgotten (tools/erasure.py)
 MODELS_FOLDER = "models"  # each client's model and card (fedamp_flwr/server/delivery.py)
 TENSORBOARD_FOLDER = "tensorboard"  # event files (fedamp_flwr/server/dashboards.py)
@@ -289,13 +290,28 @@ class RunFolder:
     def hold(self) -> None:
         """Hold the folder for this run (an exclusive ``flock`` on its ``.lock``, released
         when the process ends, or by :meth:`release`): a second ServerApp of the same run,
-        or ``fedamp-flwr forget``, is refused while it runs."""
+        or ``fedamp-flwr forget``, is refused while it runs.
+
+        A holder is waited for up to :data:`HOLD_WAIT` seconds first: the ServerApp of a
+        SuperLink that went away lives on for a few seconds (Flower's SuperExec and ServerApp
+        each notice their parent's end, then push their last output), and the run resubmitted
+        with ``resume = true`` as soon as the SuperLink is back (``experiments.watch``) must
+        not be refused for it."""
         private_folder(self.path)
         self._lock = hold_folder(self.path)
         if self._lock is None:
+            log(INFO, "%s is held by process %s (another ServerApp of this run, or fedamp-flwr "
+                "forget); waiting up to %.0f s for it to end", self.path, holder_of(self.path),
+                HOLD_WAIT)
+            started = time.monotonic()
+            self._lock = hold_folder(self.path, wait=HOLD_WAIT)
+            if self._lock is not None:
+                log(INFO, "%s is this run's, after %.1f s", self.path, time.monotonic() - started)
+        if self._lock is None:
             raise ConfigError(f"run config 'run-name' = {self.name!r}: {self.path} is in use by "
-                              "another run of the ServerApp, now; allowed: another run-name, or "
-                              "wait for that run to end")
+                              f"another run of the ServerApp, or fedamp-flwr forget (process "
+                              f"{holder_of(self.path)}), still after {HOLD_WAIT:.0f} s; "
+                              "allowed: another run-name, or wait for that run to end")
 
     def release(self) -> None:
         if self._lock is not None:
@@ -425,19 +441,41 @@ class RunFolder:
             atomic_write(self.path / "graph-inferred.csv", lambda f: f.write(text), private=True)
 
 
-def hold_folder(path: Path) -> Any:
-    """An open ``.lock`` file of the run folder ``path`` holding an exclusive ``flock``, or
-    None where another process holds it (the run is live)."""
+def hold_folder(path: Path, wait: float = 0.0) -> Any:
+    """An open ``.lock`` file of the run folder ``path`` holding an exclusive ``flock`` (the
+    holder's process id written in it), or None where another process holds it (the run is
+    live) still after ``wait`` seconds."""
     lock = os.fdopen(os.open(path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600), "r+")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        return None
-    except OSError as err:  # a file system without flock: nothing can hold it
-        log(WARNING, "%s cannot be locked (%s): a second run of it, or fedamp-flwr forget, "
-            "is not kept out while it runs", path, err)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                lock.close()
+                return None
+            time.sleep(0.2)
+        except OSError as err:  # a file system without flock: nothing can hold it
+            log(WARNING, "%s cannot be locked (%s): a second run of it, or fedamp-flwr forget, "
+                "is not kept out while it runs", path, err)
+            return lock
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
     return lock
+
+
+def holder_of(path: Path) -> str:
+    """The process id the holder of the run folder ``path`` wrote in its ``.lock``, as
+    written (at most 20 characters), or "unknown"."""
+    try:
+        with os.fdopen(os.open(path / LOCK, os.O_RDONLY | os.O_NOFOLLOW), "rb") as lock:
+            said = lock.read(21).decode("ascii", "replace").strip()
+    except OSError:
+        return "unknown"
+    return said if said.isdigit() and len(said) <= 20 else "unknown"
 
 
 class UnsafeCheckpoint(RuntimeError):
