@@ -321,7 +321,7 @@ def test_a_run_waits_for_the_serverapp_of_a_superlink_that_went_away(tmp_path, m
     folder = RunFolder(cfg)
     with caplog.at_level(logging.INFO):
         folder.hold()  # waits for it
-    assert f"held by process {os.getpid()}" in caplog.text and "is this run's, after" in caplog.text
+    assert f"held by process {os.getpid()}" in caplog.text and "held by this run, after" in caplog.text
     assert hold_folder(tmp_path / "run") is None  # now this run's
     folder.release()
     monkeypatch.setattr(results, "HOLD_WAIT", 0.3)

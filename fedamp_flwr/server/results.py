@@ -306,7 +306,7 @@ class RunFolder:
             started = time.monotonic()
             self._lock = hold_folder(self.path, wait=HOLD_WAIT)
             if self._lock is not None:
-                log(INFO, "%s is this run's, after %.1f s", self.path, time.monotonic() - started)
+                log(INFO, "%s held by this run, after %.1f s", self.path, time.monotonic() - started)
         if self._lock is None:
             raise ConfigError(f"run config 'run-name' = {self.name!r}: {self.path} is in use by "
                               f"another run of the ServerApp, or fedamp-flwr forget (process "
@@ -460,10 +460,13 @@ def hold_folder(path: Path, wait: float = 0.0) -> Any:
             log(WARNING, "%s cannot be locked (%s): a second run of it, or fedamp-flwr forget, "
                 "is not kept out while it runs", path, err)
             return lock
-    lock.seek(0)
-    lock.truncate()
-    lock.write(f"{os.getpid()}\n")
-    lock.flush()
+    try:  # for the message of a run that finds it held (holder_of): not needed to hold it
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+    except OSError:
+        pass
     return lock
 
 
