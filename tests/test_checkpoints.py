@@ -6,14 +6,22 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
 from fedamp_flwr.config import ConfigError, RunConfig
-from fedamp_flwr.server.results import RunFolder, UnsafeCheckpoint, checkpoint_files
+from fedamp_flwr.server import results
+from fedamp_flwr.server.results import (
+    RunFolder,
+    UnsafeCheckpoint,
+    checkpoint_files,
+    hold_folder,
+)
 from fedamp_flwr.tools.inprocess import run_inprocess
 
 
@@ -306,12 +314,6 @@ def test_a_run_waits_for_the_serverapp_of_a_superlink_that_went_away(tmp_path, m
     """The ServerApp of a killed SuperLink holds its folder for the seconds it takes to notice;
     the run resubmitted with resume = true meanwhile waits for it, and one held for longer
     than the wait is refused, naming the holder's process."""
-    import os
-    import threading
-
-    from fedamp_flwr.server import results
-    from fedamp_flwr.server.results import hold_folder
-
     cfg = RunConfig.from_run_config({"results-dir": str(tmp_path), "run-name": "run"})
     (tmp_path / "run").mkdir()
     orphan = hold_folder(tmp_path / "run")  # the old ServerApp, still ending
