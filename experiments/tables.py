@@ -158,9 +158,73 @@ def format_cell(stats: tuple[float, float, int] | None, regression: bool) -> str
     return fmt(mean) if n == 1 else f"{fmt(mean)} ± {fmt(std)}"
 
 
+def seed_label(seeds: Sequence[int]) -> str:
+    """``"seed 0"``, ``"seeds 0–2"`` (consecutive) or ``"seeds 0, 2"``."""
+    ordered = sorted(seeds)
+    if len(ordered) == 1:
+        return f"seed {ordered[0]}"
+    if ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"seeds {ordered[0]}–{ordered[-1]}"
+    return "seeds " + ", ".join(map(str, ordered))
+
+
+def _seeds_of(runs: Sequence[RunRecord], novel: bool) -> frozenset:
+    """The seeds of the runs that have a score (a run without one counts as seed -1)."""
+    seeds = (r.seed if r.seed is not None else r.config.get("seed")
+             for r in runs if score(r, novel) is not None)
+    return frozenset(s if isinstance(s, int) else -1 for s in seeds)
+
+
+def _mark_column(cells: dict[str, str], means: dict[str, float], seeds: dict[str, frozenset],
+                 lower_is_better: bool) -> bool:
+    """Bold the best cell of a column in place, among cells over the same seeds; where the
+    column's cells are over different seeds, append each cell's seeds. Returns whether it mixed.
+
+    A seed set held by one cell alone gets no bold: it has nothing to be compared with.
+    """
+    sets = set(seeds.values())
+    mixed = len(sets) > 1
+    for same in sets:
+        members = [m for m in means if seeds[m] == same]
+        values = np.array([means[m] for m in members])
+        best = values.min() if lower_is_better else values.max()
+        for m, v in zip(members, values):
+            if len(sets) == 1 or len(members) > 1:
+                cells[m] = f"**{cells[m]}**" if np.isclose(v, best) else cells[m]
+            if mixed:
+                cells[m] += f" ({seed_label(sorted(same))})"
+    return mixed
+
+
+def _description(regression: list[bool], stats: Mapping[Any, tuple[float, float, int] | None],
+                 novel: bool, mixed: bool) -> str:
+    """The line above the table: its metrics, whose numbers, over how many seeds."""
+    counts = sorted({st[2] for st in stats.values() if st})
+    seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    metrics = []
+    if not all(regression):
+        metrics.append("BMTA (best mean test accuracy over the rounds, %, higher is better)")
+    if any(regression):
+        metrics.append("best mean test MSE over the rounds (columns marked MSE, lower is better)")
+    who = "novel clients" if novel else "benign training clients"
+    desc = " and ".join(metrics)
+    line = (f"{desc[0].upper()}{desc[1:]} of the {who}; mean ± std (population) over "
+            f"{seeds} seed(s); best per column in bold.")
+    if mixed:
+        line += (" Where a column's cells are over different seeds, each cell names its seeds "
+                 "and the best is bold among the cells of the same seeds: a seed also draws "
+                 "the data, so compare within a seed set.")
+    return line
+
+
 def markdown_table(runs: Sequence[RunRecord], strategy_order: Sequence[str] | None = None,
                    novel: bool = False) -> str | None:
     """One Markdown table: a row per strategy, a column per setting, the best of each column bold.
+
+    Where a column's cells are means over different seeds (say three seeds for some methods
+    and seed 0 alone for others), a seed's draw of the data can move every method of it
+    together, so the cells are not compared across seed sets: each cell names its seeds and
+    the best is bold among the cells of the same seeds (see :func:`_mark_column`).
 
     Parameters
     ----------
@@ -187,23 +251,17 @@ def markdown_table(runs: Sequence[RunRecord], strategy_order: Sequence[str] | No
     header = ["Method"] + [f"{s} (MSE)" if regression[s] else s for s in settings]
     body = {m: [format_cell(stats.get((s, m)), regression[s]) for s in settings]
             for m in strategies}
+    mixed = False
     for j, s in enumerate(settings):
-        means = np.array([st[0] if (st := stats.get((s, m))) else np.nan for m in strategies])
-        best = np.nanmin(means) if regression[s] else np.nanmax(means)
-        for i in np.flatnonzero(np.isclose(means, best)):
-            body[strategies[i]][j] = f"**{body[strategies[i]][j]}**"
+        means = {m: st[0] for m in strategies if (st := stats.get((s, m)))}
+        column = {m: body[m][j] for m in means}
+        mixed |= _mark_column(column, means,
+                              {m: _seeds_of(groups[(s, m)], novel) for m in means},
+                              regression[s])
+        for m, cell in column.items():
+            body[m][j] = cell
     strategies = [m for m in strategies if any(c != MISSING for c in body[m])]
-    counts = sorted({n for st in stats.values() if st for n in [st[2]]})
-    seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
-    metrics = []
-    if not all(regression.values()):
-        metrics.append("BMTA (best mean test accuracy over the rounds, %, higher is better)")
-    if any(regression.values()):
-        metrics.append("best mean test MSE over the rounds (columns marked MSE, lower is better)")
-    who = "novel clients" if novel else "benign training clients"
-    desc = " and ".join(metrics)
-    line = (f"{desc[0].upper()}{desc[1:]} of the {who}; mean ± std (population) over "
-            f"{seeds} seed(s); best per column in bold.")
+    line = _description(list(regression.values()), stats, novel, mixed)
     lines = [line, "", "| " + " | ".join(header) + " |",
              "|---|" + "---:|" * len(settings)]
     lines += ["| " + " | ".join([m, *body[m]]) + " |" for m in strategies]

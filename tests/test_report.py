@@ -281,3 +281,45 @@ def test_the_runner_keeps_an_earlier_report_or_sets_it_aside(tmp_path: Path, cap
     assert report.keep_earlier(tmp_path, set()) == []
     assert "set aside" in capsys.readouterr().out and not (tmp_path / "results.csv").exists()
     assert (tmp_path / "results.csv.unreadable").read_text() == text.replace(",3,", ",three,")
+
+
+def test_a_column_over_different_seeds_names_them_and_bolds_within_a_seed_set(
+        tmp_path: Path) -> None:
+    """Three methods over seeds 0-2, two over seed 0 alone, one over seeds 0 and 2 (MSE).
+
+    By hand: sfl (2, 1.5, 1.7) -> mean 1.733, std 0.2055; fedavg (2.4, 1.9, 1.9) -> 2.067,
+    0.2357; separate (2.6, 2.0, 2.1) -> 2.233, 0.2625. Over all three seeds sfl is best.
+    Seed 0 alone: per-fedavg 2.3 beats pfedme 19.5, but it is not bolder than sfl's 1.733,
+    and seed 0 alone ranks separate (2.6) under per-fedavg (2.3) though its three-seed mean
+    (2.233) reads better: so each seed set gets its own bold. pfedhn (seeds 0, 2) is alone
+    in its set: named, not bold.
+    """
+    values = {"sfl": (2.0, 1.5, 1.7), "fedavg": (2.4, 1.9, 1.9), "separate": (2.6, 2.0, 2.1),
+              "per-fedavg": (2.3,), "pfedme": (19.5,)}
+    runs = [fake_run(m, seed, v, dataset="fl60", regression=True)
+            for m, vs in values.items() for seed, v in enumerate(vs)]
+    runs += [fake_run("pfedhn", seed, v, dataset="fl60", regression=True)
+             for seed, v in ((0, 17.0), (2, 16.0))]
+    tables.write_table([RunRecord.from_json(r) for r in runs], tmp_path / "table.md")
+    intro, cells = read_table(tmp_path / "table.md")
+    column = {m: c["fl60/practical (MSE)"] for m, c in cells.items()}
+    assert column == {"sfl": "**1.733 ± 0.2055** (seeds 0–2)",
+                      "fedavg": "2.067 ± 0.2357 (seeds 0–2)",
+                      "separate": "2.233 ± 0.2625 (seeds 0–2)",
+                      "per-fedavg": "**2.3** (seed 0)", "pfedme": "19.5 (seed 0)",
+                      "pfedhn": "16.5 ± 0.5 (seeds 0, 2)"}
+    assert "1–3 seed(s)" in intro[0] and "compare within a seed set" in intro[0]
+
+    # the same seeds everywhere: no names, one bold, no caveat
+    same = [r for r in runs if r["strategy"] in ("sfl", "fedavg", "separate")]
+    tables.write_table([RunRecord.from_json(r) for r in same], tmp_path / "same.md")
+    intro, cells = read_table(tmp_path / "same.md")
+    assert cells["sfl"]["fl60/practical (MSE)"] == "**1.733 ± 0.2055**"
+    assert cells["fedavg"]["fl60/practical (MSE)"] == "2.067 ± 0.2357"
+    assert "seed set" not in intro[0]
+
+
+def test_seed_label() -> None:
+    assert tables.seed_label([0]) == "seed 0"
+    assert tables.seed_label([2, 0, 1]) == "seeds 0–2"
+    assert tables.seed_label([0, 2]) == "seeds 0, 2"
