@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -158,21 +158,23 @@ def format_cell(stats: tuple[float, float, int] | None, regression: bool) -> str
     return fmt(mean) if n == 1 else f"{fmt(mean)} ± {fmt(std)}"
 
 
-def seed_label(seeds: Sequence[int]) -> str:
-    """``"seed 0"``, ``"seeds 0–2"`` (consecutive) or ``"seeds 0, 2"``."""
-    ordered = sorted(seeds)
-    if len(ordered) == 1:
-        return f"seed {ordered[0]}"
-    if ordered == list(range(ordered[0], ordered[-1] + 1)):
-        return f"seeds {ordered[0]}–{ordered[-1]}"
-    return "seeds " + ", ".join(map(str, ordered))
+def seed_label(seeds: Iterable[int | None]) -> str:
+    """``"seed 0"``, ``"seeds 0–2"`` (consecutive) or ``"seeds 0, 2"``; a run that names no
+    seed is ``?``."""
+    known = sorted(s for s in seeds if s is not None)
+    names = [*map(str, known), *(["?"] if None in seeds else [])]
+    if len(names) == 1:
+        return f"seed {names[0]}"
+    if len(known) == len(names) and known == list(range(known[0], known[-1] + 1)):
+        return f"seeds {known[0]}–{known[-1]}"
+    return "seeds " + ", ".join(names)
 
 
 def _seeds_of(runs: Sequence[RunRecord], novel: bool) -> frozenset:
-    """The seeds of the runs that have a score (a run without one counts as seed -1)."""
+    """The seeds of the runs that have a score (None for a run that names no whole seed)."""
     seeds = (r.seed if r.seed is not None else r.config.get("seed")
              for r in runs if score(r, novel) is not None)
-    return frozenset(s if isinstance(s, int) else -1 for s in seeds)
+    return frozenset(s if type(s) is int else None for s in seeds)
 
 
 def _mark_column(cells: dict[str, str], means: dict[str, float], seeds: dict[str, frozenset],
@@ -192,7 +194,7 @@ def _mark_column(cells: dict[str, str], means: dict[str, float], seeds: dict[str
             if len(sets) == 1 or len(members) > 1:
                 cells[m] = f"**{cells[m]}**" if np.isclose(v, best) else cells[m]
             if mixed:
-                cells[m] += f" ({seed_label(sorted(same))})"
+                cells[m] += f" ({seed_label(same)})"
     return mixed
 
 

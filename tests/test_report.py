@@ -323,3 +323,5 @@ def test_seed_label() -> None:
     assert tables.seed_label([0]) == "seed 0"
     assert tables.seed_label([2, 0, 1]) == "seeds 0–2"
     assert tables.seed_label([0, 2]) == "seeds 0, 2"
+    assert tables.seed_label({None}) == "seed ?"
+    assert tables.seed_label({1, None, 0}) == "seeds 0, 1, ?"
