@@ -161,6 +161,7 @@ def format_cell(stats: tuple[float, float, int] | None, regression: bool) -> str
 def seed_label(seeds: Iterable[int | None]) -> str:
     """``"seed 0"``, ``"seeds 0–2"`` (consecutive) or ``"seeds 0, 2"``; a run that names no
     seed is ``?``."""
+    seeds = list(seeds)
     known = sorted(s for s in seeds if s is not None)
     names = [*map(str, known), *(["?"] if None in seeds else [])]
     if len(names) == 1:

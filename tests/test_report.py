@@ -325,3 +325,4 @@ def test_seed_label() -> None:
     assert tables.seed_label([0, 2]) == "seeds 0, 2"
     assert tables.seed_label({None}) == "seed ?"
     assert tables.seed_label({1, None, 0}) == "seeds 0, 1, ?"
+    assert tables.seed_label(s for s in (2, 3)) == "seeds 2–3"  # read once
