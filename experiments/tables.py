@@ -72,7 +72,7 @@ def csv_rows(runs: Sequence[RunRecord]) -> tuple[list[str], list[dict[str, Any]]
         row: dict[str, Any] = {
             "run_name": run.run_name, "strategy": strategy,
             "dataset": run.dataset, "partitioning": run.partitioning,
-            "seed": run.seed if run.seed is not None else cfg.get("seed"),
+            "seed": _seed_of(run),
             "num_clients": run.num_clients,
             **{k: scenario_value(run, k) for k in SCENARIOS},
             **{k: run.recorded.get(k) for k in HEADLINES},
@@ -171,10 +171,14 @@ def seed_label(seeds: Iterable[int | None]) -> str:
     return "seeds " + ", ".join(names)
 
 
+def _seed_of(run: RunRecord) -> Any:
+    """The run's seed: its file's, else its config's (None if neither names one)."""
+    return run.seed if run.seed is not None else run.config.get("seed")
+
+
 def _seeds_of(runs: Sequence[RunRecord], novel: bool) -> frozenset:
     """The seeds of the runs that have a score (None for a run that names no whole seed)."""
-    seeds = (r.seed if r.seed is not None else r.config.get("seed")
-             for r in runs if score(r, novel) is not None)
+    seeds = (_seed_of(r) for r in runs if score(r, novel) is not None)
     return frozenset(s if type(s) is int else None for s in seeds)
 
 
