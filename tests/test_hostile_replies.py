@@ -355,3 +355,35 @@ def test_an_array_written_fast_is_flowers_writing_byte_for_byte(dtype, shape, la
     np.testing.assert_array_equal(read(got), expected.numpy())
     rec = record({"b": values, "a": values})
     assert list(rec.keys()) == ["b", "a"] and rec["a"].data == expected.data
+
+
+@settings(max_examples=100, deadline=None)
+@given(shapes=st.lists(st.lists(st.integers(0, 4), max_size=3).map(tuple), min_size=1,
+                       max_size=4),
+       dtypes=st.lists(st.sampled_from(["float32", "float64", "float16", "int64"]),
+                       min_size=4, max_size=4),
+       seed=st.integers(0, 2**16))
+def test_a_flat_model_unflattened_is_flowers_writing_of_each_piece(shapes, dtypes, seed):
+    """``FlatLayout.unflatten`` (every personalized strategy's messages) gives, key by key in
+    the model's order, the Array Flower's ``Array(...)`` gives of the vector's piece as float32
+    (an integer constant as it was), to the byte; a vector of another length is refused."""
+    from strategies.core.layout import FlatLayout, record
+
+    rng = np.random.default_rng(seed)
+    model = {f"k{i}": np.asarray(rng.normal(size=shape) * 100).astype(dtypes[i])
+             for i, shape in enumerate(shapes)}
+    layout = FlatLayout.from_arrays(record(model))
+    vec = torch.from_numpy(rng.normal(size=layout.size)).to(torch.float64)
+    got, at = layout.unflatten(vec), 0
+    assert list(got.keys()) == list(model)
+    pieces = {}
+    for k in layout.float_keys:
+        n = int(np.prod(layout.shapes[k]))
+        pieces[k] = vec[at:at + n].float().numpy().reshape(layout.shapes[k])
+        at += n
+    for k, v in model.items():
+        expected = Array(pieces[k]) if k in pieces else Array(v)
+        assert (got[k].dtype, tuple(got[k].shape), got[k].stype, got[k].data) == \
+            (expected.dtype, tuple(expected.shape), expected.stype, expected.data), k
+    with pytest.raises(ValueError, match="flat model of shape"):
+        layout.unflatten(torch.zeros(layout.size + 1))
