@@ -239,7 +239,7 @@ def _setup(context: Context) -> Setup:
     try:
         data = tasks.load_client_data(dc, partition)
     except FileNotFoundError as err:
-        raise ConfigError(f"run config 'data-dir' = {cfg.data_dir!r}: {err}") from None
+        raise ConfigError(cfg.data_dir_problem(err)) from None
     except tasks.ClientCountError as err:
         raise ConfigError(str(err)) from None
     except ValueError as err:

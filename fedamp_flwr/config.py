@@ -621,6 +621,12 @@ class TaskKeys(GraphKeys):
             schema=self.member_schema(),
         )
 
+    def data_dir_problem(self, err: Exception) -> str:
+        """A data file's error as one line naming ``data-dir``: the error's own words where
+        they name it already (the traffic and CompCars readers' do), else after the key."""
+        said = f"run config 'data-dir' = {self.data_dir!r}"
+        return str(err) if str(err).startswith("run config 'data-dir'") else f"{said}: {err}"
+
     def roles(self, num_clients: int) -> Roles:
         """The scenario of this run: novel clients, attackers, drop-outs, epochs (the same
         on server and clients)."""

@@ -158,6 +158,23 @@ def test_a_bad_npz_file_is_one_line_before_round_1(tmp_path, caplog, case, says)
     assert not any("ROUND" in r.getMessage() for r in caplog.records)
 
 
+def test_a_node_without_the_road_graph_names_data_dir_once(tmp_path):
+    """A traffic stand-in's node whose ``data-dir`` lacks the road graph: one line naming the
+    key and its value once (the reader's words already name them; they were said twice);
+    another file's error after the key."""
+    import tasks
+
+    cfg = RunConfig.from_run_config({"dataset": "traffic-generated", "data-dir": str(tmp_path),
+                                     "strategy": "fedavg"})
+    with pytest.raises(FileNotFoundError) as err:
+        tasks.load_client_data(cfg.data_config(207), 0)
+    said = cfg.data_dir_problem(err.value)
+    assert said.startswith(f"run config 'data-dir' = '{tmp_path}': the metr-la road graph "), said
+    assert said.count("'data-dir'") == 1, said
+    assert cfg.data_dir_problem(FileNotFoundError("x.npz not found")) == \
+        f"run config 'data-dir' = '{tmp_path}': x.npz not found"
+
+
 def test_defaults_are_valid():
     cfg = RunConfig.from_run_config({})
     assert cfg.strategy == "fedamp"

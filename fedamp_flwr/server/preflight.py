@@ -63,7 +63,7 @@ def check_server_data(cfg: RunConfig) -> None:
     try:
         tasks.data_info(cfg.data_config(1))
     except (ValueError, OSError) as err:
-        raise ConfigError(f"run config 'data-dir' = {cfg.data_dir!r}: {err}", key="data-dir",
+        raise ConfigError(cfg.data_dir_problem(err), key="data-dir",
                           value=cfg.data_dir, kind=_kind_of(err)) from None
 
 
