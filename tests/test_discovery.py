@@ -48,6 +48,23 @@ def test_discover_clients_stops_on_a_client_error():
     assert {n: i.client_id for n, i in clients.items()} == {11: 0, 12: 1}
 
 
+def test_many_clients_failing_alike_are_one_line():
+    """207 nodes without their road graph are one line naming how many, the first three and
+    the reason once; other reasons keep their own lines, in the order of the node ids."""
+    good = {"num-partitions": 9, "num-train": 5, "num-test": 5}
+    reason = "ConfigError: run config 'data-dir' = 'x': no road graph"
+    infos = {10 + i: {"client-id": i, "error": reason} for i in range(7)}
+    infos[9] = {"client-id": 8, "error": "ConfigError: other"}
+    infos[30] = {**good, "client-id": 7}
+    with pytest.raises(RuntimeError) as err:
+        discover_clients(LocalGrid(infos=infos), min_nodes=9)
+    assert str(err.value).splitlines() == [
+        "clients could not start:",
+        "  client 8 (node 9): ConfigError: other",
+        "  7 nodes (client 0 (node 10), client 1 (node 11), client 2 (node 12) and 4 more): "
+        + reason]
+
+
 def test_discovery_needs_every_partition():
     good = {"num-partitions": 3, "num-train": 5, "num-test": 5}
     with pytest.raises(RuntimeError, match="set min-nodes = 3"):

@@ -209,6 +209,30 @@ def query_nodes(grid: Grid, node_ids: list[int], timeout: float,
     return infos, errors
 
 
+def setup_failures(errors: dict[int, str]) -> str:
+    """The nodes that could not start (``errors``: node id -> what :func:`query_nodes` said),
+    one line per reason: where several nodes give the same reason (207 sensors without their
+    road graph), it is said once, after how many gave it and the first three, in the order of
+    their node ids."""
+    by_reason: dict[str, list[str]] = {}
+    for node in sorted(errors):
+        text, who, reason = errors[node], f"node {node}", errors[node]
+        for mark in (f" (node {node}): ", f"node {node}: "):
+            at = text.find(mark)
+            if at > 0 or (at == 0 and mark[0] == "n"):
+                who, reason = text[:at + len(mark) - 2], text[at + len(mark):]
+                break
+        by_reason.setdefault(reason, []).append(who)
+    lines = []
+    for reason, nodes in by_reason.items():
+        if len(nodes) == 1:
+            lines.append(f"{nodes[0]}: {reason}")
+        else:
+            more = f" and {len(nodes) - 3} more" if len(nodes) > 3 else ""
+            lines.append(f"{len(nodes)} nodes ({', '.join(nodes[:3])}{more}): {reason}")
+    return "clients could not start:\n  " + "\n  ".join(lines)
+
+
 def discover_clients(
     grid: Grid, min_nodes: int, timeout: float = 600.0, poll: float = 1.0
 ) -> dict[int, ClientInfo]:
@@ -237,7 +261,7 @@ def discover_clients(
                 len(new))
             found, errors = query_nodes(grid, new, max(deadline - time.monotonic(), 1.0))
             if errors:
-                raise ClientSetupError("clients could not start:\n  " + "\n  ".join(errors.values()))
+                raise ClientSetupError(setup_failures(errors))
             infos.update(found)
         if len(infos) >= min_nodes:
             break
