@@ -160,10 +160,10 @@ class FlatLayout:
         :func:`record` of the vector's pieces, from one copy of the vector's bytes rather than
         one numpy array and header lookup a piece (a GRU's: about a third of the time, for each
         of a personalized strategy's hundreds of messages a round)."""
-        raw = vec.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
-        if len(raw) != 4 * self.size or vec.dim() != 1:
+        if vec.dim() != 1 or vec.numel() != self.size:  # checked before the copy
             raise ValueError(f"a flat model of shape {tuple(vec.shape)}, the layout's is "
                              f"({self.size},)")
+        raw = vec.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
         out = ArrayRecord()
         for key, start, stop, shape, header in self._pieces:
             if key in self.constants:
