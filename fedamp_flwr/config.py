@@ -623,9 +623,10 @@ class TaskKeys(GraphKeys):
 
     def data_dir_problem(self, err: Exception) -> str:
         """A data file's error as one line naming ``data-dir``: the error's own words where
-        they name it already (the traffic and CompCars readers' do), else after the key."""
-        said = f"run config 'data-dir' = {self.data_dir!r}"
-        return str(err) if str(err).startswith("run config 'data-dir'") else f"{said}: {err}"
+        they name it already (a reader's :class:`tasks.DataDirError`), else after the key."""
+        if isinstance(err, tasks.DataDirError):
+            return str(err)
+        return f"run config 'data-dir' = {self.data_dir!r}: {err}"
 
     def roles(self, num_clients: int) -> Roles:
         """The scenario of this run: novel clients, attackers, drop-outs, epochs (the same

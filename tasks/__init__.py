@@ -13,6 +13,7 @@ importable from ``tasks`` itself.
 
 from __future__ import annotations
 
+from .data import DataDirError
 from .loading import (
     ClientCountError,
     ClientData,
@@ -43,7 +44,7 @@ from .registry import (
 
 __all__ = [
     "CLASSIFICATION", "MEMBERS", "MODELS", "REGRESSION", "TASKS", "TRAFFIC_GENERATED",
-    "TRAFFIC_GRAPHS", "ClientCountError",
+    "TRAFFIC_GRAPHS", "ClientCountError", "DataDirError",
     "ClientData", "DataConfig", "DataInfo", "MemberDataError", "MemberSchema", "TaskSpec",
     "build_model", "client_groups", "data_info", "get_task", "load_client_data",
     "load_federated", "load_pool", "model_for", "model_name", "task_graph",

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import Split
+from .data import Split, missing_in
 from .federated import FederatedData, split_80_20
 
 #: viewpoint codes of the label files, in the order of adjacency
@@ -124,8 +124,8 @@ def load_compcars(folder: Path, seed: int = 0) -> FederatedData:
     attributes = folder / "misc" / "attributes.txt"
     if not (folder / "image").is_dir() or not (folder / "label").is_dir() or \
             not attributes.is_file():
-        raise FileNotFoundError(f"run config 'data-dir' = '{folder}': dataset 'compcars' needs "
-                                "CompCars' data folder: image/, label/ and misc/attributes.txt")
+        raise missing_in(folder, "dataset 'compcars' needs CompCars' data folder: image/, label/ "
+                                 "and misc/attributes.txt")
     types = read_types(attributes)
     index = {c: i for i, c in enumerate(clients())}
     xs: list[list[np.ndarray]] = [[] for _ in index]

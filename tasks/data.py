@@ -33,6 +33,18 @@ from .graphs import same_group_graph
 from .recipes import client_group
 
 
+class DataDirError(FileNotFoundError):
+    """What a reader of the user's data folder (run config ``data-dir``) needs and did not
+    find there; the message names the key and the folder already (:func:`missing_in`), so
+    that the app says it once (``RunConfig.data_dir_problem``)."""
+
+
+def missing_in(folder: Path | str, need: str) -> DataDirError:
+    """A :class:`DataDirError`: ``need`` (what the reader needs there) after the key and the
+    folder."""
+    return DataDirError(f"run config 'data-dir' = '{folder}': {need}")
+
+
 @dataclass(frozen=True)
 class Split:
     """One split of a dataset: inputs ``x`` (N, ...), integer labels ``y`` (N,) and, for

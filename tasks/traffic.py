@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import Split
+from .data import Split, missing_in
 from .federated import FederatedData, split_80_20
 
 STEPS_IN = STEPS_OUT = 12
@@ -390,9 +390,8 @@ def graph_file(folder: Path, name: str) -> Path:
     for g in FILES[name][1]:
         if (folder / g).is_file():
             return folder / g
-    raise FileNotFoundError(f"run config 'data-dir' = '{folder}': the {name} road graph needs "
-                            f"one of {', '.join(FILES[name][1])} there (shared/data/sensor_graphs "
-                            "holds the .npz)")
+    raise missing_in(folder, f"the {name} road graph needs one of {', '.join(FILES[name][1])} "
+                             "there (shared/data/sensor_graphs holds the .npz)")
 
 
 def load_traffic(folder: Path, name: str, stride: int = 12) -> FederatedData:
@@ -401,9 +400,8 @@ def load_traffic(folder: Path, name: str, stride: int = 12) -> FederatedData:
     table_name, graph_names = FILES[name]
     table = folder / table_name
     if not table.is_file():
-        raise FileNotFoundError(
-            f"run config 'data-dir' = '{folder}': dataset {name!r} needs {table_name} (DCRNN's "
-            f"speed table) and one of {', '.join(graph_names)} (the road graph) there")
+        raise missing_in(folder, f"dataset {name!r} needs {table_name} (DCRNN's speed table) "
+                                 f"and one of {', '.join(graph_names)} (the road graph) there")
     graph = graph_file(folder, name)
     ids, speeds = read_speed_table(table)
     graph_ids, adjacency = read_graph(graph)

@@ -160,19 +160,25 @@ def test_a_bad_npz_file_is_one_line_before_round_1(tmp_path, caplog, case, says)
 
 def test_a_node_without_the_road_graph_names_data_dir_once(tmp_path):
     """A traffic stand-in's node whose ``data-dir`` lacks the road graph: one line naming the
-    key and its value once (the reader's words already name them; they were said twice);
-    another file's error after the key."""
+    key and its value once (the reader's words already name them, a ``tasks.DataDirError``:
+    they were said twice); another file's error after the key, whatever its words."""
     import tasks
+    from tasks.compcars import load_compcars
 
     cfg = RunConfig.from_run_config({"dataset": "traffic-generated", "data-dir": str(tmp_path),
                                      "strategy": "fedavg"})
-    with pytest.raises(FileNotFoundError) as err:
+    with pytest.raises(tasks.DataDirError) as err:
         tasks.load_client_data(cfg.data_config(207), 0)
     said = cfg.data_dir_problem(err.value)
     assert said.startswith(f"run config 'data-dir' = '{tmp_path}': the metr-la road graph "), said
     assert said.count("'data-dir'") == 1, said
     assert cfg.data_dir_problem(FileNotFoundError("x.npz not found")) == \
         f"run config 'data-dir' = '{tmp_path}': x.npz not found"
+    # the error's type, not its words, says whether the key is named already
+    same_words = FileNotFoundError(str(err.value))
+    assert cfg.data_dir_problem(same_words).count("'data-dir'") == 2
+    with pytest.raises(tasks.DataDirError, match="'compcars' needs CompCars' data folder"):
+        load_compcars(tmp_path)
 
 
 def test_defaults_are_valid():
