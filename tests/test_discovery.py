@@ -65,6 +65,19 @@ def test_many_clients_failing_alike_are_one_line():
         + reason]
 
 
+def test_failures_are_grouped_by_reason_not_by_parsing_the_line():
+    """A reason is a node's own words: words that look like another line's ``(node N): ``
+    do not move where its reason starts; a line that is not a ``Problem`` is said as it is."""
+    from fedamp_flwr.server.discovery import Problem, setup_failures
+
+    odd = "ConfigError: no file (node 3): here"
+    said = setup_failures({4: Problem("client 1 (node 4)", odd), 3: Problem("node 3", odd),
+                           5: "node 5: its own line"})
+    assert said.splitlines()[1:] == [f"  2 nodes (node 3, client 1 (node 4)): {odd}",
+                                     "  node 5: its own line"]
+    assert Problem("node 3", odd) == f"node 3: {odd}"
+
+
 def test_discovery_needs_every_partition():
     good = {"num-partitions": 3, "num-train": 5, "num-test": 5}
     with pytest.raises(RuntimeError, match="set min-nodes = 3"):

@@ -59,6 +59,20 @@ class ClientSetupError(RuntimeError):
     """The clients cannot run: one could not load its data, too few joined, or they disagree."""
 
 
+class Problem(str):
+    """Why a node cannot take part, as its line says it (``who: reason``), with who and the
+    reason kept apart: :func:`setup_failures` groups nodes by their reason without parsing
+    the line back (a reason is an untrusted node's own words)."""
+
+    who: str
+    reason: str
+
+    def __new__(cls, who: str, reason: str) -> Problem:
+        said = super().__new__(cls, f"{who}: {reason}")
+        said.who, said.reason = who, reason
+        return said
+
+
 def _text(value: object) -> str:
     """A value of an untrusted reply as text (bytes decoded, at most 1,000 characters)."""
     text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
@@ -74,23 +88,23 @@ def _parse_info(node: int, reply: Message, members: Membership | None = None,
     a member whose data does not fit is a :class:`Refusal`.
     """
     if reply.has_error():
-        return f"node {node}: {reply.error.reason}"
+        return Problem(f"node {node}", str(reply.error.reason))
     cfg = reply.content.config_records.get(INFO_RECORD)
     if cfg is None:
-        return f"node {node}: no '{INFO_RECORD}' record in the query answer"
+        return Problem(f"node {node}", f"no '{INFO_RECORD}' record in the query answer")
     if members is not None and members.schema is not None:
         return _parse_member(node, cfg, members, members.schema, challenge)
     if cfg.get(ERROR):
-        return f"client {_text(cfg.get(CLIENT_ID, '?'))} (node {node}): {_text(cfg[ERROR])}"
+        return Problem(f"client {_text(cfg.get(CLIENT_ID, '?'))} (node {node})", _text(cfg[ERROR]))
     values = {}
     for key, low in ((CLIENT_ID, 0), (NUM_PARTITIONS, 1), (NUM_TRAIN, 0), (NUM_TEST, 0)):
         v = cfg.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            return f"node {node}: query answer '{key}' = {v!r} is not an integer >= {low}"
+            return Problem(f"node {node}", f"query answer '{key}' = {v!r} is not an integer >= {low}")
         values[key] = v
     if values[CLIENT_ID] >= values[NUM_PARTITIONS]:
-        return (f"node {node}: query answer '{CLIENT_ID}' = {values[CLIENT_ID]} is outside "
-                f"[0, num-partitions = {values[NUM_PARTITIONS]})")
+        return Problem(f"node {node}", f"query answer '{CLIENT_ID}' = {values[CLIENT_ID]} is "
+                       f"outside [0, num-partitions = {values[NUM_PARTITIONS]})")
     return ClientInfo(node, values[CLIENT_ID], values[NUM_PARTITIONS], values[NUM_TRAIN],
                       values[NUM_TEST])
 
@@ -205,7 +219,7 @@ def query_nodes(grid: Grid, node_ids: list[int], timeout: float,
             errors[node] = parsed
     for node in node_ids:
         if node not in infos and node not in errors:
-            errors[node] = f"node {node}: no answer to the query within {timeout:.0f}s"
+            errors[node] = Problem(f"node {node}", f"no answer to the query within {timeout:.0f}s")
     return infos, errors
 
 
@@ -213,20 +227,18 @@ def setup_failures(errors: dict[int, str]) -> str:
     """The nodes that could not start (``errors``: node id -> what :func:`query_nodes` said),
     one line per reason: where several nodes give the same reason (207 sensors without their
     road graph), it is said once, after how many gave it and the first three, in the order of
-    their node ids."""
+    their node ids. A reason that is not a :class:`Problem` is its node's own line."""
     by_reason: dict[str, list[str]] = {}
+    alone: dict[str, str] = {}  # a reason given once -> its node's whole line
     for node in sorted(errors):
-        text, who, reason = errors[node], f"node {node}", errors[node]
-        for mark in (f" (node {node}): ", f"node {node}: "):
-            at = text.find(mark)
-            if at > 0 or (at == 0 and mark[0] == "n"):
-                who, reason = text[:at + len(mark) - 2], text[at + len(mark):]
-                break
+        said = errors[node]
+        who, reason = (said.who, said.reason) if isinstance(said, Problem) else (f"node {node}", said)
         by_reason.setdefault(reason, []).append(who)
+        alone[reason] = str(said)
     lines = []
     for reason, nodes in by_reason.items():
         if len(nodes) == 1:
-            lines.append(f"{nodes[0]}: {reason}")
+            lines.append(alone[reason])
         else:
             more = f" and {len(nodes) - 3} more" if len(nodes) > 3 else ""
             lines.append(f"{len(nodes)} nodes ({', '.join(nodes[:3])}{more}): {reason}")
