@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from fedamp_flwr.config import ConfigError, RunConfig
-from tasks import get_task
+from tasks import TRAFFIC_GENERATED, get_task
 
 # Subfolder of --data-dir for each dataset (laid out like ../shared/data).
 DATA_SUBDIRS = {"mnist": "mnist", "fmnist": "fashion_mnist", "emnist": "emnist",
                 "cifar10": "cifar10", "cifar100": "cifar100", "tpt48": "tpt48",
                 "traffic-generated": "sensor_graphs", "metr-la": "metr-la",
                 "pems-bay": "pems-bay", "compcars": "compcars"}
-# Datasets whose number of clients is fixed by the data.
+# Datasets whose number of clients is fixed by the data (the traffic stand-in's: its road
+# graph's, by its run config's traffic-graph).
 FIXED_CLIENTS = {"fl60": 60, "tpt48": 48, "metr-la": 207, "pems-bay": 325, "compcars": 30}
 #: datasets whose files only their users have (not on these machines): a preset's setting of
 #: one is left out, with a line saying so, where its folder is absent and --datasets does not
@@ -300,9 +301,11 @@ def expand(grid: Grid, data_dir: str | None, output: Path, check_data: bool = Tr
                                   "../shared/data, or --data-dir '' to load from the Hugging Face hub")
             cfg["data-dir"] = str(folder.resolve())
         try:
-            RunConfig.from_run_config(cfg)
+            parsed = RunConfig.from_run_config(cfg)
         except ConfigError as err:
             raise ConfigError(f"run {name}: {err}") from None
+        if setting.dataset == TRAFFIC_GENERATED:  # one client per sensor of the graph it runs
+            n = cfg["min-nodes"] = FIXED_CLIENTS[parsed.traffic_graph]
         runs.append(PlannedRun(name, n, cfg))
     return runs
 

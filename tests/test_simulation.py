@@ -93,6 +93,22 @@ def test_command_line_values_win_over_a_settings_own(tmp_path):
     assert all(r.run_config["num-server-rounds"] == 2 and r.num_clients == 4 for r in runs)
 
 
+def test_the_traffic_stand_in_has_its_graphs_sensors_whatever_the_preset(tmp_path):
+    """``--datasets traffic-generated`` with a preset that lacks it (the quick preset's 20
+    clients) plans one client per sensor of the road graph the run config names, as the
+    panacea-tables preset does: 20 failed on every node ("defines 207 clients")."""
+    quick = presets.PRESETS["quick"]
+    for sets, sensors in (([], 207), (["traffic-graph=pems-bay"], 325)):
+        grid = presets.apply_overrides(quick, "fedavg", None, 1, sets, None, "traffic-generated")
+        runs = presets.expand(grid, "/data", tmp_path, check_data=False)
+        assert [(r.num_clients, r.run_config["min-nodes"]) for r in runs] == \
+            [(sensors, sensors)] * len(runs) and runs
+    tables = presets.expand(presets.apply_overrides(
+        presets.PRESETS["panacea-tables"], "fedavg", "0", 1, [], None, "traffic-generated"),
+        "/data", tmp_path, check_data=False)
+    assert sorted({r.num_clients for r in tables}) == [207, 325]
+
+
 def test_stop_tree_stops_children_that_started_their_own_session():
     # The SuperLink's shape: it starts a SuperExec in a session of its own, which
     # starts the simulation. Stopping the SuperLink's group alone leaves those running.
