@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedamp_flwr.config import ConfigError, RunConfig
-from tasks import TRAFFIC_GENERATED, get_task
+from tasks import TRAFFIC_GENERATED, TRAFFIC_GRAPHS, get_task
 
 # Subfolder of --data-dir for each dataset (laid out like ../shared/data).
 DATA_SUBDIRS = {"mnist": "mnist", "fmnist": "fashion_mnist", "emnist": "emnist",
@@ -295,10 +295,7 @@ def expand(grid: Grid, data_dir: str | None, output: Path, check_data: bool = Tr
                           "missing", flush=True)
                 continue
             if check_data and not folder.is_dir():
-                sub = DATA_SUBDIRS[setting.dataset]
-                raise ConfigError(f"--data-dir {data_dir!r} has no folder {sub}/ "
-                                  f"for dataset {setting.dataset!r}; allowed: a folder laid out like "
-                                  "../shared/data, or --data-dir '' to load from the Hugging Face hub")
+                raise ConfigError(_no_folder(data_dir, setting.dataset))
             cfg["data-dir"] = str(folder.resolve())
         try:
             parsed = RunConfig.from_run_config(cfg)
@@ -308,6 +305,22 @@ def expand(grid: Grid, data_dir: str | None, output: Path, check_data: bool = Tr
             n = cfg["min-nodes"] = FIXED_CLIENTS[parsed.traffic_graph]
         runs.append(PlannedRun(name, n, cfg))
     return runs
+
+
+def _no_folder(data_dir: str, dataset: str) -> str:
+    """Why ``dataset`` cannot run from ``data_dir``, and what would do: the hub only for a
+    dataset it has; the stand-in on its road graph for a traffic dataset's own files."""
+    sub = DATA_SUBDIRS[dataset]
+    said = (f"--data-dir {data_dir!r} has no folder {sub}/ for dataset {dataset!r}; allowed: a "
+            "folder laid out like ../shared/data")
+    if dataset in USERS_FILES:
+        said += f", with your own {dataset} files in {sub}/ (docs/reproducing.md names them)"
+        if dataset in TRAFFIC_GRAPHS:
+            said += (f"; without them, --datasets traffic-generated --set traffic-graph={dataset} "
+                     "runs the stand-in on its road graph")
+    elif not get_task(dataset).needs_data_dir:
+        said += ", or --data-dir '' to load from the Hugging Face hub"
+    return said
 
 
 def with_datasets(settings: Sequence[Setting], datasets: Sequence[str]) -> tuple[Setting, ...]:

@@ -77,8 +77,17 @@ def test_presets_expand_to_valid_runs(tmp_path):
         assert len({r.name for r in runs}) == len(runs), name
     quick = presets.expand(presets.PRESETS["quick"], "/data", tmp_path, check_data=False)
     assert {r.run_config["data-dir"] for r in quick} == {"/data/mnist", "/data/fashion_mnist"}
-    with pytest.raises(ConfigError, match="no folder mnist/"):
+    with pytest.raises(ConfigError, match="no folder mnist/.*or --data-dir '' to load from the Hug"):
         presets.expand(presets.PRESETS["quick"], str(tmp_path), tmp_path)
+    # a dataset of the user's own files: no hub, and the stand-in where there is one
+    for named, says in (("metr-la", "own metr-la files in metr-la/.*without them, --datasets "
+                                    "traffic-generated --set traffic-graph=metr-la runs"),
+                        ("compcars", "own compcars files in compcars/ \\(docs/reproducing.md names "
+                                     "them\\)$")):
+        grid = presets.apply_overrides(presets.PRESETS["quick"], "fedavg", None, 1, [], None, named)
+        with pytest.raises(ConfigError, match=says) as err:
+            presets.expand(grid, str(tmp_path), tmp_path)
+        assert "Hugging Face" not in str(err.value)
 
 
 def test_command_line_values_win_over_a_settings_own(tmp_path):
