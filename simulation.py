@@ -111,7 +111,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "per client spent as each run's local-steps k chooses (S / k rounds); "
                         "experiments/budget.py")
     p.add_argument("--num-supernodes", type=int,
-                   help="clients per run of a partitioned dataset (fl60, tpt48, traffic: their data's)")
+                   help="clients per run of a partitioned dataset (a federated one has its own)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a run-config value for every run (repeatable)")
     p.add_argument("--cpus-per-client", type=float, default=1.0,

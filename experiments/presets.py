@@ -72,6 +72,7 @@ class Grid:
     run_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     per_strategy: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     named_datasets: tuple[str, ...] = ()  # what --datasets named (refused if absent)
+    preset_settings: tuple[Setting, ...] = ()  # the preset's own before --datasets (advice)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,7 +296,8 @@ def expand(grid: Grid, data_dir: str | None, output: Path, check_data: bool = Tr
                           "missing", flush=True)
                 continue
             if check_data and not folder.is_dir():
-                raise ConfigError(_no_folder(data_dir, setting.dataset))
+                raise ConfigError(_no_folder(data_dir, setting.dataset,
+                                             grid.preset_settings or grid.settings))
             cfg["data-dir"] = str(folder.resolve())
         try:
             parsed = RunConfig.from_run_config(cfg)
@@ -307,17 +309,21 @@ def expand(grid: Grid, data_dir: str | None, output: Path, check_data: bool = Tr
     return runs
 
 
-def _no_folder(data_dir: str, dataset: str) -> str:
+def _no_folder(data_dir: str, dataset: str, settings: Sequence[Setting] = ()) -> str:
     """Why ``dataset`` cannot run from ``data_dir``, and what would do: the hub only for a
-    dataset it has; the stand-in on its road graph for a traffic dataset's own files."""
+    dataset it has; for a traffic dataset's own files, the stand-in on its road graph (the
+    grid's setting of it where ``settings`` has one: a ``--set`` would move every setting)."""
     sub = DATA_SUBDIRS[dataset]
     said = (f"--data-dir {data_dir!r} has no folder {sub}/ for dataset {dataset!r}; allowed: a "
             "folder laid out like ../shared/data")
     if dataset in USERS_FILES:
         said += f", with your own {dataset} files in {sub}/ (docs/reproducing.md names them)"
         if dataset in TRAFFIC_GRAPHS:
-            said += (f"; without them, --datasets traffic-generated --set traffic-graph={dataset} "
-                     "runs the stand-in on its road graph")
+            labelled = any(s.dataset == TRAFFIC_GENERATED and s.label == dataset for s in settings)
+            how = (f"traffic-generated/{dataset}" if labelled else
+                   f"traffic-generated --set traffic-graph={dataset}")
+            said += (f"; without them, --datasets {how} runs the stand-in on its road graph "
+                     f"(from {DATA_SUBDIRS[TRAFFIC_GENERATED]}/ there)")
     elif not get_task(dataset).needs_data_dir:
         said += ", or --data-dir '' to load from the Hugging Face hub"
     return said
@@ -358,6 +364,7 @@ def apply_overrides(grid: Grid, strategies: str | None, seeds: str | None,
         named = [d.strip() for d in datasets.split(",") if d.strip()]
         changes["settings"] = with_datasets(grid.settings, named)
         changes["named_datasets"] = tuple(d.partition("/")[0] for d in named)
+        changes["preset_settings"] = grid.preset_settings or grid.settings
     if strategies:
         changes["strategies"] = tuple(s.strip() for s in strategies.split(",") if s.strip())
     if seeds:

@@ -75,7 +75,12 @@ def test_failures_are_grouped_by_reason_not_by_parsing_the_line():
                            5: "node 5: its own line"})
     assert said.splitlines()[1:] == [f"  2 nodes (node 3, client 1 (node 4)): {odd}",
                                      "  node 5: its own line"]
-    assert Problem("node 3", odd) == f"node 3: {odd}"
+    import copy
+    import pickle
+
+    said = Problem("node 3", odd)
+    for again in (pickle.loads(pickle.dumps(said)), copy.deepcopy(said), copy.copy(said)):
+        assert (again, again.who, again.reason) == (f"node 3: {odd}", "node 3", odd)
 
 
 def test_discovery_needs_every_partition():

@@ -19,6 +19,7 @@ import simulation
 from experiments import presets, runner
 from experiments.processes import SuperLink, alive, process_tree, processes_with_env, stop_tree
 from fedamp_flwr.config import ConfigError
+from tasks import TRAFFIC_GRAPHS
 
 from .helpers import ROOT
 
@@ -80,14 +81,23 @@ def test_presets_expand_to_valid_runs(tmp_path):
     with pytest.raises(ConfigError, match="no folder mnist/.*or --data-dir '' to load from the Hug"):
         presets.expand(presets.PRESETS["quick"], str(tmp_path), tmp_path)
     # a dataset of the user's own files: no hub, and the stand-in where there is one
-    for named, says in (("metr-la", "own metr-la files in metr-la/.*without them, --datasets "
-                                    "traffic-generated --set traffic-graph=metr-la runs"),
-                        ("compcars", "own compcars files in compcars/ \\(docs/reproducing.md names "
-                                     "them\\)$")):
-        grid = presets.apply_overrides(presets.PRESETS["quick"], "fedavg", None, 1, [], None, named)
+    # (the stand-in as the preset names it: its labelled setting where it has one)
+    for preset, named, says in (
+            ("quick", "metr-la", "own metr-la files in metr-la/.*without them, --datasets "
+                                 "traffic-generated --set traffic-graph=metr-la runs"),
+            ("panacea-tables", "pems-bay", "without them, --datasets traffic-generated/pems-bay "
+                                           "runs the stand-in .* \\(from sensor_graphs/ there\\)$"),
+            ("quick", "compcars", "own compcars files in compcars/ \\(docs/reproducing.md names "
+                                  "them\\)$")):
+        grid = presets.apply_overrides(presets.PRESETS[preset], "fedavg", None, 1, [], None, named)
         with pytest.raises(ConfigError, match=says) as err:
             presets.expand(grid, str(tmp_path), tmp_path)
         assert "Hugging Face" not in str(err.value)
+    # and that advice plans the stand-in's runs on that graph alone
+    advised = presets.apply_overrides(presets.PRESETS["panacea-tables"], "fedavg", None, 1, [],
+                                      None, "traffic-generated/pems-bay")
+    assert {(r.run_config["traffic-graph"], r.num_clients) for r in presets.expand(
+        advised, "/data", tmp_path, check_data=False)} == {("pems-bay", 325)}
 
 
 def test_command_line_values_win_over_a_settings_own(tmp_path):
@@ -116,6 +126,8 @@ def test_the_traffic_stand_in_has_its_graphs_sensors_whatever_the_preset(tmp_pat
         presets.PRESETS["panacea-tables"], "fedavg", "0", 1, [], None, "traffic-generated"),
         "/data", tmp_path, check_data=False)
     assert sorted({r.num_clients for r in tables}) == [207, 325]
+    # every road graph the stand-in can run on has its count of sensors here
+    assert set(TRAFFIC_GRAPHS) <= set(presets.FIXED_CLIENTS)
 
 
 def test_stop_tree_stops_children_that_started_their_own_session():

@@ -72,6 +72,9 @@ class Problem(str):
         said.who, said.reason = who, reason
         return said
 
+    def __getnewargs__(self) -> tuple[str, str]:  # type: ignore[override]  # copied, pickled
+        return self.who, self.reason
+
 
 def _text(value: object) -> str:
     """A value of an untrusted reply as text (bytes decoded, at most 1,000 characters)."""
@@ -113,9 +116,9 @@ def _parse_member(node: int, cfg, members: Membership, schema: MemberSchema,
                   challenge: bytes) -> ClientInfo | str:
     name = cfg.get(MEMBER)
     if not is_name(name):
-        return f"node {node}: the query answer names no member ('{MEMBER}' = " \
-               f"{_text(repr(name))[:80]}); is the fleet running this app with dataset = " \
-               '"members" (client-id: letters, digits and - _ . @, at most 64)?'
+        return Problem(f"node {node}", f"the query answer names no member ('{MEMBER}' = "
+                       f"{_text(repr(name))[:80]}); is the fleet running this app with dataset "
+                       '= "members" (client-id: letters, digits and - _ . @, at most 64)?')
     who = f"member '{name}' (node {node})"
     # nothing a node says is believed before it proves the name it claims
     key, proof = cfg.get(MEMBER_KEY), cfg.get(PROOF)
