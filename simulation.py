@@ -253,6 +253,11 @@ def grid_runs(args: argparse.Namespace, grid: Grid, output: Path) -> list[Planne
         runs = tuning_runs(grid, args.tune, data_dir, output, args.validation_fraction)
     else:
         runs = expand(grid, data_dir, output)
+    fixed = sorted({r.run_config["dataset"] for r in runs
+                    if args.num_supernodes and r.num_clients != args.num_supernodes})
+    if fixed:
+        print(f"note: --num-supernodes {args.num_supernodes} is not for {', '.join(fixed)}: "
+              "their data fix their clients")
     forced = [i.partition("=")[0].strip() for i in args.set] + (
         ["num-server-rounds"] if args.rounds else [])
     if args.budget and not args.tune and not args.tuned:

@@ -112,7 +112,7 @@ def test_command_line_values_win_over_a_settings_own(tmp_path):
     assert all(r.run_config["num-server-rounds"] == 2 and r.num_clients == 4 for r in runs)
 
 
-def test_the_traffic_stand_in_has_its_graphs_sensors_whatever_the_preset(tmp_path):
+def test_the_traffic_stand_in_has_its_graphs_sensors_whatever_the_preset(tmp_path, capsys):
     """``--datasets traffic-generated`` with a preset that lacks it (the quick preset's 20
     clients) plans one client per sensor of the road graph the run config names, as the
     panacea-tables preset does: 20 failed on every node ("defines 207 clients")."""
@@ -128,6 +128,15 @@ def test_the_traffic_stand_in_has_its_graphs_sensors_whatever_the_preset(tmp_pat
     assert sorted({r.num_clients for r in tables}) == [207, 325]
     # every road graph the stand-in can run on has its count of sensors here
     assert set(TRAFFIC_GRAPHS) <= set(presets.FIXED_CLIENTS)
+    # --num-supernodes is a partitioned dataset's: the others' runs say that it is not theirs
+    args = simulation.parse_args(["--datasets", "traffic-generated,synthetic", "--strategies",
+                                  "fedavg", "--num-supernodes", "5", "--output", str(tmp_path)])
+    grid = presets.apply_overrides(presets.PRESETS[args.preset], args.strategies, None, None, [],
+                                   args.num_supernodes, args.datasets)
+    runs = simulation.grid_runs(args, grid, tmp_path)
+    assert sorted(r.num_clients for r in runs) == [5, 207]
+    assert "--num-supernodes 5 is not for traffic-generated: their data fix their clients" in \
+        capsys.readouterr().out
 
 
 def test_stop_tree_stops_children_that_started_their_own_session():
